@@ -1,0 +1,376 @@
+//! Device memory: the [`Allocator`] contract and the [`Buffer`] handle with zero-copy views.
+//!
+//! A `Buffer` is a typed window (dtype, element offset, element count) onto a lazily
+//! allocated base allocation. Views share the base; the memory goes back to the allocator
+//! when the last view is dropped. Every host transfer checks sizes exactly.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use kiln_ir::{DeviceSpec, Scalar};
+
+use crate::error::{Error, Result};
+
+/// An opaque device address (a host pointer on the CPU, a `cl_mem` on OpenCL, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawPtr(pub *mut c_void);
+
+// SAFETY: a RawPtr is an address value; all access through it goes through an Allocator or a
+// Program, whose contracts require the memory to be live and the accesses race-free.
+unsafe impl Send for RawPtr {}
+// SAFETY: as above; sharing the address value itself is harmless.
+unsafe impl Sync for RawPtr {}
+
+/// A byte window of one allocation, as handed to programs and allocators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawView {
+    pub base: RawPtr,
+    pub offset: usize,
+    pub bytes: usize,
+}
+
+impl RawView {
+    /// The host address of the window's start (only meaningful on host-addressable devices).
+    pub fn host_ptr(&self) -> *mut u8 {
+        (self.base.0 as *mut u8).wrapping_add(self.offset)
+    }
+}
+
+/// Counters an allocator keeps; every field is in bytes except the hit/miss counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocatorStats {
+    /// Bytes handed out and not yet freed.
+    pub in_use: usize,
+    /// Bytes held in the reuse cache.
+    pub cached: usize,
+    /// The largest `in_use + cached` seen.
+    pub high_water: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub budget: Option<usize>,
+}
+
+/// Device memory. Implementations are `Send + Sync`; callers serialize nothing.
+pub trait Allocator: Send + Sync {
+    fn device(&self) -> &DeviceSpec;
+
+    /// Allocates `bytes` (> 0) bytes, aligned to at least 64 bytes on host devices.
+    fn alloc(&self, bytes: usize) -> Result<RawPtr>;
+
+    /// Returns memory to the allocator.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc(bytes)` of this allocator and is not used afterwards.
+    unsafe fn free(&self, ptr: RawPtr, bytes: usize);
+
+    /// Copies host bytes into device memory.
+    ///
+    /// # Safety
+    /// `dst` lies within a live allocation of this allocator and `src.len() == dst.bytes`.
+    unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()>;
+
+    /// Copies device memory out to the host.
+    ///
+    /// # Safety
+    /// `src` lies within a live allocation of this allocator and `dst.len() == src.bytes`.
+    unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()>;
+
+    /// Copies between two windows of this allocator's memory (same size, may not overlap).
+    ///
+    /// # Safety
+    /// Both windows lie within live allocations of this allocator and `dst.bytes == src.bytes`.
+    unsafe fn copy(&self, dst: RawView, src: RawView) -> Result<()> {
+        let mut tmp = vec![0u8; src.bytes];
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            self.copyout(&mut tmp, src)?;
+            self.copyin(dst, &tmp)
+        }
+    }
+
+    /// Whether `RawView::host_ptr` is a valid host address for this allocator's memory.
+    fn is_host(&self) -> bool {
+        false
+    }
+
+    fn stats(&self) -> AllocatorStats {
+        AllocatorStats::default()
+    }
+
+    /// Drops cached free blocks (if any); returns the bytes released.
+    fn trim(&self) -> usize {
+        0
+    }
+}
+
+/// Rust types that are plain element values of a [`Scalar`] (every bit pattern valid).
+pub trait Element: Copy + Default + Send + Sync + 'static {
+    const SCALAR: Scalar;
+}
+macro_rules! element {
+    ($($t:ty => $s:ident),*) => {$( impl Element for $t { const SCALAR: Scalar = Scalar::$s; } )*};
+}
+element!(i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16, u32 => U32, u64 => U64, f32 => F32, f64 => F64);
+
+struct BufferBase {
+    allocator: Arc<dyn Allocator>,
+    bytes: usize,
+    ptr: OnceLock<RawPtr>,
+}
+
+impl Drop for BufferBase {
+    fn drop(&mut self) {
+        if let Some(ptr) = self.ptr.get() {
+            // SAFETY: `ptr` came from `allocator.alloc(bytes)` in `BufferBase::ptr` and this is
+            // the last owner: every view holds an Arc to this base.
+            unsafe { self.allocator.free(*ptr, self.bytes) }
+        }
+    }
+}
+
+impl BufferBase {
+    fn ptr(&self) -> Result<RawPtr> {
+        if let Some(p) = self.ptr.get() {
+            return Ok(*p);
+        }
+        let p = self.allocator.alloc(self.bytes.max(1))?;
+        match self.ptr.set(p) {
+            Ok(()) => Ok(p),
+            Err(p) => {
+                // Another thread allocated first: give ours back.
+                // SAFETY: `p` was just allocated with this size and never shared.
+                unsafe { self.allocator.free(p, self.bytes.max(1)) };
+                Ok(*self.ptr.get().unwrap_or(&p))
+            }
+        }
+    }
+}
+
+/// A typed window onto device memory. Cloning is cheap and shares the memory.
+#[derive(Clone)]
+pub struct Buffer {
+    base: Arc<BufferBase>,
+    dtype: Scalar,
+    /// Window start in bytes from the base.
+    offset: usize,
+    /// Window length in elements.
+    len: usize,
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Buffer({} x {} at +{} B on {})",
+            self.len,
+            self.dtype,
+            self.offset,
+            self.device()
+        )
+    }
+}
+
+impl Buffer {
+    /// A buffer of `len` elements of `dtype`; memory is allocated on first use.
+    pub fn new(allocator: Arc<dyn Allocator>, dtype: Scalar, len: usize) -> Result<Buffer> {
+        let bytes = len.checked_mul(dtype.size()).ok_or_else(|| {
+            Error::Buffer(format!(
+                "{len} elements of {dtype} overflow the address space"
+            ))
+        })?;
+        Ok(Buffer {
+            base: Arc::new(BufferBase {
+                allocator,
+                bytes,
+                ptr: OnceLock::new(),
+            }),
+            dtype,
+            offset: 0,
+            len,
+        })
+    }
+
+    pub fn dtype(&self) -> Scalar {
+        self.dtype
+    }
+
+    /// Length in elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.len * self.dtype.size()
+    }
+
+    pub fn device(&self) -> &DeviceSpec {
+        self.base.allocator.device()
+    }
+
+    pub fn allocator(&self) -> &Arc<dyn Allocator> {
+        &self.base.allocator
+    }
+
+    pub fn is_allocated(&self) -> bool {
+        self.base.ptr.get().is_some()
+    }
+
+    /// A zero-copy view of elements `offset..offset + len` of this buffer.
+    pub fn view(&self, offset: usize, len: usize) -> Result<Buffer> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Error::Buffer(format!(
+                "view {offset}..{} is outside a buffer of {} elements",
+                offset.saturating_add(len),
+                self.len
+            )));
+        }
+        Ok(Buffer {
+            base: self.base.clone(),
+            dtype: self.dtype,
+            offset: self.offset + offset * self.dtype.size(),
+            len,
+        })
+    }
+
+    /// The same bytes seen as another element type (length must divide evenly).
+    pub fn reinterpret(&self, dtype: Scalar) -> Result<Buffer> {
+        if self.nbytes() % dtype.size() != 0 || self.offset % dtype.size() != 0 {
+            return Err(Error::Buffer(format!(
+                "{} bytes at +{} cannot be viewed as {dtype}",
+                self.nbytes(),
+                self.offset
+            )));
+        }
+        Ok(Buffer {
+            base: self.base.clone(),
+            dtype,
+            offset: self.offset,
+            len: self.nbytes() / dtype.size(),
+        })
+    }
+
+    /// The window as raw device memory, allocating on first use.
+    pub fn raw(&self) -> Result<RawView> {
+        Ok(RawView {
+            base: self.base.ptr()?,
+            offset: self.offset,
+            bytes: self.nbytes(),
+        })
+    }
+
+    /// Identity of the underlying allocation and the byte range of this window in it: two
+    /// buffers conflict exactly when their allocation ids match and their ranges overlap.
+    pub fn byte_range(&self) -> (usize, std::ops::Range<usize>) {
+        (
+            Arc::as_ptr(&self.base) as *const () as usize,
+            self.offset..self.offset + self.nbytes(),
+        )
+    }
+
+    /// Whether the two windows share any byte.
+    pub fn overlaps(&self, other: &Buffer) -> bool {
+        let (a, ra) = self.byte_range();
+        let (b, rb) = other.byte_range();
+        a == b && ra.start < rb.end && rb.start < ra.end
+    }
+
+    /// Copies `src` (exactly `nbytes()` bytes) into the buffer.
+    pub fn copyin(&self, src: &[u8]) -> Result<()> {
+        if src.len() != self.nbytes() {
+            return Err(Error::Buffer(format!(
+                "copyin of {} bytes into a buffer of {} bytes",
+                src.len(),
+                self.nbytes()
+            )));
+        }
+        let view = self.raw()?;
+        // SAFETY: `view` is this buffer's window of a live allocation (we hold the base) and
+        // the sizes were checked equal above.
+        unsafe { self.base.allocator.copyin(view, src) }
+    }
+
+    /// Copies the buffer out into `dst` (exactly `nbytes()` bytes).
+    pub fn copyout(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != self.nbytes() {
+            return Err(Error::Buffer(format!(
+                "copyout of a {}-byte buffer into {} bytes",
+                self.nbytes(),
+                dst.len()
+            )));
+        }
+        let view = self.raw()?;
+        // SAFETY: as in `copyin`.
+        unsafe { self.base.allocator.copyout(dst, view) }
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_slice<T: Element>(allocator: Arc<dyn Allocator>, data: &[T]) -> Result<Buffer> {
+        let b = Buffer::new(allocator, T::SCALAR, data.len())?;
+        b.copy_from_slice(data)?;
+        Ok(b)
+    }
+
+    /// Typed copyin; `T` must match the dtype and the length must match exactly.
+    pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
+        self.check_type::<T>()?;
+        // SAFETY: T is a plain element type (no padding, any bit pattern valid), so its
+        // memory is a valid byte slice of the same total size.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+        };
+        self.copyin(bytes)
+    }
+
+    /// Typed copyout into a new vector; `T` must match the dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.check_type::<T>()?;
+        let mut out = vec![T::default(); self.len];
+        // SAFETY: as in `copy_from_slice`; every bit pattern written is a valid T.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, self.nbytes()) };
+        self.copyout(bytes)?;
+        Ok(out)
+    }
+
+    fn check_type<T: Element>(&self) -> Result<()> {
+        if T::SCALAR != self.dtype {
+            return Err(Error::Buffer(format!(
+                "host access as {} to a buffer of {}",
+                T::SCALAR,
+                self.dtype
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into this buffer: same byte size, any devices (staged through host
+    /// memory when the allocators differ). Overlapping windows are refused.
+    pub fn copy_from(&self, src: &Buffer) -> Result<()> {
+        if src.nbytes() != self.nbytes() {
+            return Err(Error::Buffer(format!(
+                "copy of {} bytes into a buffer of {} bytes",
+                src.nbytes(),
+                self.nbytes()
+            )));
+        }
+        if self.overlaps(src) {
+            return Err(Error::Buffer(
+                "copy between overlapping windows of one buffer".into(),
+            ));
+        }
+        if Arc::ptr_eq(&self.base.allocator, &src.base.allocator) {
+            let (d, s) = (self.raw()?, src.raw()?);
+            // SAFETY: both windows belong to live allocations of this allocator, sizes are
+            // equal and they do not overlap (checked above).
+            return unsafe { self.base.allocator.copy(d, s) };
+        }
+        let mut staging = vec![0u8; src.nbytes()];
+        src.copyout(&mut staging)?;
+        self.copyin(&staging)
+    }
+}

@@ -1,0 +1,428 @@
+//! Renderer → ProgramSpec → Compiler → CompiledSpec → RuntimeFactory → Program.
+//!
+//! Metadata about a kernel (its buffers, variables and launch sizes) is derived from the
+//! graph in one place, [`ProgramSpec::from_sink`], so no renderer types it by hand.
+
+use std::sync::Arc;
+
+use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, validate, variables};
+
+use crate::buffer::RawView;
+use crate::error::{Error, Result};
+
+/// A runtime integer variable of a kernel with its inclusive bounds.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Variable {
+    pub name: String,
+    pub min: i64,
+    pub max: i64,
+}
+
+/// A buffer parameter: slot, element type and element count (an expression over the vars).
+#[derive(Debug, Clone)]
+pub struct ParamInfo {
+    pub slot: usize,
+    pub scalar: Scalar,
+    pub len: Arc<UOp>,
+}
+
+/// Concrete launch sizes after binding the variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub global: [usize; 3],
+    /// `None` when the kernel uses direct global indices (`idxN`): the backend picks.
+    pub local: Option<[usize; 3]>,
+}
+
+/// A rendered kernel plus everything needed to launch it.
+#[derive(Debug, Clone)]
+pub struct ProgramSpec {
+    /// Entry point name.
+    pub name: String,
+    /// Backend source code.
+    pub src: String,
+    pub device: DeviceSpec,
+    /// The kernel's SINK.
+    pub ast: Arc<UOp>,
+    /// Launch sizes as expressions over the variables (from SPECIAL extents).
+    pub global_size: [Arc<UOp>; 3],
+    pub local_size: Option<[Arc<UOp>; 3]>,
+    /// Variables sorted by name; `var_names` is the positional order of `vals`.
+    pub vars: Vec<Variable>,
+    pub var_names: Vec<String>,
+    /// Parameter slots (sorted), slots written by STOREs, slots read by LOADs.
+    pub globals: Vec<usize>,
+    pub outs: Vec<usize>,
+    pub ins: Vec<usize>,
+    /// One entry per slot in `globals`, same order.
+    pub params: Vec<ParamInfo>,
+}
+
+impl ProgramSpec {
+    /// Validates `sink` and derives all metadata from it; `src` is the rendered source.
+    ///
+    /// Slots must be dense (0..n): buffers are passed positionally.
+    pub fn from_sink(
+        name: &str,
+        src: String,
+        device: DeviceSpec,
+        sink: &Arc<UOp>,
+    ) -> Result<ProgramSpec> {
+        validate(sink)?;
+        let one = || UOp::index_const(1);
+        let mut global = [one(), one(), one()];
+        let mut local: Option<[Arc<UOp>; 3]> = Some([one(), one(), one()]);
+        let (mut globals, mut outs, mut ins, mut params) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for node in sink.toposort() {
+            match node.op() {
+                Op::Param => {
+                    let slot = node.arg_int().unwrap_or(0) as usize;
+                    if !globals.contains(&slot) {
+                        globals.push(slot);
+                        let scalar = node.dtype().scalar().unwrap_or(Scalar::U8);
+                        params.push(ParamInfo {
+                            slot,
+                            scalar,
+                            len: node.src()[0].clone(),
+                        });
+                    }
+                }
+                Op::Special => {
+                    let name = node.arg_name().unwrap_or_default();
+                    let (kind, axis) = special_axis(name)
+                        .ok_or_else(|| Error::Render(format!("unknown launch index `{name}` (use gidxN, lidxN, idxN with N < 3, or core_id)")))?;
+                    let extent = node.src()[0].clone();
+                    match kind {
+                        'g' => global[axis] = extent,
+                        'l' => local.get_or_insert_with(|| [one(), one(), one()])[axis] = extent,
+                        _ => {
+                            global[axis] = extent;
+                            local = None;
+                        }
+                    }
+                }
+                Op::Store | Op::Load => {
+                    if let Some(slot) = param_slot(&node.src()[0]) {
+                        if node.op() == Op::Store {
+                            outs.push(slot)
+                        } else {
+                            ins.push(slot)
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        params.sort_by_key(|p| p.slot);
+        globals.sort_unstable();
+        for v in [&mut outs, &mut ins] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        if let Some((i, s)) = globals.iter().enumerate().find(|(i, s)| *i != **s) {
+            return Err(Error::Render(format!(
+                "buffer slots must be 0..{} without gaps; slot {i} is missing (found {s})",
+                globals.len()
+            )));
+        }
+        let vars: Vec<Variable> = variables(sink)
+            .iter()
+            .filter_map(|v| match v.arg() {
+                Arg::Var { name, min, max } => Some(Variable {
+                    name: name.clone(),
+                    min: *min,
+                    max: *max,
+                }),
+                _ => None,
+            })
+            .collect();
+        let var_names = vars.iter().map(|v| v.name.clone()).collect();
+        Ok(ProgramSpec {
+            name: name.to_string(),
+            src,
+            device,
+            ast: sink.clone(),
+            global_size: global,
+            local_size: local,
+            vars,
+            var_names,
+            globals,
+            outs,
+            ins,
+            params,
+        })
+    }
+
+    /// Checks `vals` (positional, `var_names` order) against the variables' bounds.
+    pub fn check_vals(&self, vals: &[i64]) -> Result<()> {
+        if vals.len() != self.vars.len() {
+            return Err(Error::Launch(format!(
+                "kernel `{}` takes {} variable(s) ({}), got {} value(s)",
+                self.name,
+                self.vars.len(),
+                self.var_names.join(", "),
+                vals.len()
+            )));
+        }
+        for (v, &x) in self.vars.iter().zip(vals) {
+            if x < v.min || x > v.max {
+                return Err(kiln_ir::IrError::VarOutOfRange {
+                    name: v.name.clone(),
+                    value: x,
+                    min: v.min,
+                    max: v.max,
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluates an expression of this kernel with positional `vals`.
+    pub fn eval(&self, expr: &Arc<UOp>, vals: &[i64]) -> Result<i64> {
+        let lookup = |name: &str| {
+            self.var_names
+                .iter()
+                .position(|n| n == name)
+                .and_then(|i| vals.get(i).copied())
+        };
+        Ok(eval_int(expr, &lookup)?)
+    }
+
+    /// Launch sizes for `vals`: checked arithmetic, every variable within bounds, and every
+    /// dimension ≥ 1.
+    pub fn launch_dims(&self, vals: &[i64]) -> Result<LaunchDims> {
+        self.check_vals(vals)?;
+        let dims = |exprs: &[Arc<UOp>; 3], what: &str| -> Result<[usize; 3]> {
+            let mut out = [1usize; 3];
+            for (axis, e) in exprs.iter().enumerate() {
+                let v = self.eval(e, vals)?;
+                if v <= 0 {
+                    return Err(Error::Launch(format!(
+                        "{what} size on axis {axis} evaluated to {v}; it must be ≥ 1"
+                    )));
+                }
+                out[axis] = usize::try_from(v)
+                    .map_err(|_| Error::Launch(format!("{what} size {v} does not fit")))?;
+            }
+            Ok(out)
+        };
+        Ok(LaunchDims {
+            global: dims(&self.global_size, "global")?,
+            local: self
+                .local_size
+                .as_ref()
+                .map(|l| dims(l, "local"))
+                .transpose()?,
+        })
+    }
+
+    /// Element counts of every parameter for `vals`.
+    pub fn param_lens(&self, vals: &[i64]) -> Result<Vec<usize>> {
+        self.params
+            .iter()
+            .map(|p| {
+                let n = self.eval(&p.len, vals)?;
+                usize::try_from(n)
+                    .map_err(|_| Error::Launch(format!("buffer {} has negative size {n}", p.slot)))
+            })
+            .collect()
+    }
+
+    /// The linearized kernel (what renderers walk).
+    pub fn linear(&self) -> Result<Vec<Arc<UOp>>> {
+        Ok(linearize(&self.ast)?)
+    }
+
+    /// This spec as a PROGRAM value: `PROGRAM(sink, DEVICE, LINEAR, SOURCE[, BINARY])`.
+    /// A compiled kernel is then itself content-addressed.
+    pub fn to_uop(&self, binary: Option<&[u8]>) -> Result<Arc<UOp>> {
+        let device = UOp::new(
+            Op::Device,
+            DType::Void,
+            Arg::Device(self.device.clone()),
+            vec![],
+        );
+        let linear = UOp::new(Op::Linear, DType::Void, Arg::None, self.linear()?);
+        let source = UOp::new(Op::Source, DType::Void, Arg::Str(self.src.clone()), vec![]);
+        let mut src = vec![self.ast.clone(), device, linear, source];
+        if let Some(b) = binary {
+            src.push(UOp::new(
+                Op::Binary,
+                DType::Void,
+                Arg::Bytes(b.to_vec()),
+                vec![],
+            ));
+        }
+        Ok(UOp::new(
+            Op::Program,
+            DType::Void,
+            Arg::Str(self.name.clone()),
+            src,
+        ))
+    }
+
+    /// Rebuilds the spec from a PROGRAM value; metadata is derived again from its SINK.
+    pub fn from_uop(program: &Arc<UOp>) -> Result<ProgramSpec> {
+        let bad = |m: &str| Error::Invalid(format!("not a PROGRAM value: {m}"));
+        if program.op() != Op::Program {
+            return Err(bad(&format!("got {}", program.op())));
+        }
+        let stage = |op: Op| program.src().iter().find(|s| s.op() == op);
+        let sink = stage(Op::Sink).ok_or_else(|| bad("no SINK stage"))?;
+        let Some(Arg::Device(device)) = stage(Op::Device).map(|d| d.arg()) else {
+            return Err(bad("no DEVICE stage"));
+        };
+        let Some(Arg::Str(src)) = stage(Op::Source).map(|s| s.arg()) else {
+            return Err(bad("no SOURCE stage"));
+        };
+        let name = program.arg_name().unwrap_or("kernel");
+        ProgramSpec::from_sink(name, src.clone(), device.clone(), sink)
+    }
+}
+
+/// `gidx1` → ('g', 1), `lidx0` → ('l', 0), `idx2` → ('i', 2), `core_id` → ('g', 0).
+pub fn special_axis(name: &str) -> Option<(char, usize)> {
+    if name == "core_id" {
+        return Some(('g', 0));
+    }
+    let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
+    let prefix = &name[..name.len() - digits.len()];
+    let axis: usize = digits.parse().ok().filter(|a| *a < 3)?;
+    match prefix {
+        "gidx" => Some(('g', axis)),
+        "lidx" => Some(('l', axis)),
+        "idx" => Some(('i', axis)),
+        _ => None,
+    }
+}
+
+/// The PARAM slot an INDEX (or a cast of one) addresses.
+fn param_slot(index: &Arc<UOp>) -> Option<usize> {
+    let mut node = index;
+    while matches!(node.op(), Op::Index | Op::Cast) {
+        node = &node.src()[0];
+    }
+    (node.op() == Op::Param).then(|| node.arg_int().unwrap_or(0) as usize)
+}
+
+/// A compiled kernel: source for JIT backends, bytes for AOT backends, plus its spec.
+#[derive(Debug, Clone)]
+pub struct CompiledSpec {
+    pub name: String,
+    pub src: Option<String>,
+    pub bytes: Vec<u8>,
+    pub spec: Arc<ProgramSpec>,
+}
+
+/// Turns a kernel graph into a [`ProgramSpec`] for one backend.
+pub trait Renderer: Send + Sync {
+    /// Renders `ast` (a SINK). Must call [`ProgramSpec::from_sink`] for metadata.
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec>;
+
+    /// The device family rendered for.
+    fn device(&self) -> &DeviceSpec;
+
+    /// Rewrites this backend needs before rendering (ops it lacks, expressed in ops it has).
+    fn decompositor(&self) -> Option<kiln_ir::rewrite::RewriteRules> {
+        None
+    }
+
+    /// Identifies the renderer and its version in cache keys: change it when output changes.
+    fn cache_key(&self) -> String;
+}
+
+/// Turns source into something loadable.
+pub trait Compiler: Send + Sync {
+    fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec>;
+
+    /// The backend name ("clang", "opencl", ...).
+    fn cache_key(&self) -> &'static str;
+
+    /// Everything besides the kernel that changes the binary: compiler path and version,
+    /// flags, target. A toolchain change must change this string.
+    fn fingerprint(&self) -> String;
+}
+
+/// A loaded kernel. Programs are `Send + Sync` and reentrant: the runtime calls one program
+/// from several threads at once when the buffers are provably disjoint.
+pub trait Program: Send + Sync {
+    /// Runs the kernel to completion.
+    ///
+    /// # Safety
+    /// `bufs` must be live device memory of this program's device, one per parameter slot,
+    /// each at least as large as the parameter's declared size for `vals`; `vals` must be
+    /// within the variables' bounds and `launch` must come from [`ProgramSpec::launch_dims`].
+    /// No other thread may write memory this launch reads or writes while it runs.
+    /// [`crate::Kernel::launch`] checks all of this; call that instead.
+    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()>;
+
+    fn name(&self) -> &str;
+}
+
+/// Loads a compiled kernel.
+pub type RuntimeFactory = Arc<dyn Fn(&CompiledSpec) -> Result<Arc<dyn Program>> + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{KernelBuilder, Scalar};
+
+    fn elementwise() -> Arc<UOp> {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 20);
+        let a = k.param(0, Scalar::F32, &n);
+        let c = k.param(1, Scalar::F32, &n);
+        let i = k.special("gidx0", &n / 4);
+        let l = k.special("lidx0", 4);
+        let idx = &i * 4 + &l;
+        let v = a.at(&idx).load();
+        k.store(&c.at(&idx), &(v * 2.0));
+        k.finish().unwrap()
+    }
+
+    #[test]
+    fn metadata_is_derived_from_the_graph() {
+        let spec =
+            ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        assert_eq!(spec.globals, vec![0, 1]);
+        assert_eq!(spec.ins, vec![0]);
+        assert_eq!(spec.outs, vec![1]);
+        assert_eq!(spec.var_names, vec!["n".to_string()]);
+        let d = spec.launch_dims(&[64]).unwrap();
+        assert_eq!(
+            d,
+            LaunchDims {
+                global: [16, 1, 1],
+                local: Some([4, 1, 1])
+            }
+        );
+        assert_eq!(spec.param_lens(&[64]).unwrap(), vec![64, 64]);
+    }
+
+    #[test]
+    fn bad_launches_are_errors() {
+        let spec =
+            ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        // n / 4 == 0 for n = 3: a zero dimension.
+        assert!(matches!(spec.launch_dims(&[3]), Err(Error::Launch(_))));
+        assert!(matches!(
+            spec.launch_dims(&[1 << 21]),
+            Err(Error::Ir(kiln_ir::IrError::VarOutOfRange { .. }))
+        ));
+        assert!(matches!(spec.launch_dims(&[]), Err(Error::Launch(_))));
+    }
+
+    #[test]
+    fn program_value_round_trips() {
+        let spec =
+            ProgramSpec::from_sink("k", "src".into(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let p = spec.to_uop(Some(b"bin")).unwrap();
+        let back = ProgramSpec::from_uop(&p).unwrap();
+        assert_eq!(back.src, "src");
+        assert_eq!(back.outs, spec.outs);
+        assert!(Arc::ptr_eq(&back.ast, &spec.ast));
+        assert!(special_axis("gidx3").is_none() && special_axis("foo0").is_none());
+    }
+}

@@ -1,0 +1,397 @@
+//! Element types and device names.
+//!
+//! A [`DType`] is a scalar, a short vector of one scalar, a pointer to either, or `void`
+//! (the type of effects such as STORE and SINK). Every dtype has exactly one text form,
+//! printed by `Display` and read back by `FromStr`, so the kernel text format is exact.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::IrError;
+
+/// A scalar element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scalar {
+    Bool,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl Scalar {
+    pub const ALL: [Scalar; 13] = [
+        Scalar::Bool,
+        Scalar::I8,
+        Scalar::I16,
+        Scalar::I32,
+        Scalar::I64,
+        Scalar::U8,
+        Scalar::U16,
+        Scalar::U32,
+        Scalar::U64,
+        Scalar::F16,
+        Scalar::BF16,
+        Scalar::F32,
+        Scalar::F64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            Scalar::Bool | Scalar::I8 | Scalar::U8 => 1,
+            Scalar::I16 | Scalar::U16 | Scalar::F16 | Scalar::BF16 => 2,
+            Scalar::I32 | Scalar::U32 | Scalar::F32 => 4,
+            Scalar::I64 | Scalar::U64 | Scalar::F64 => 8,
+        }
+    }
+
+    pub const fn is_float(self) -> bool {
+        matches!(self, Scalar::F16 | Scalar::BF16 | Scalar::F32 | Scalar::F64)
+    }
+
+    pub const fn is_int(self) -> bool {
+        !self.is_float() && !matches!(self, Scalar::Bool)
+    }
+
+    pub const fn is_signed(self) -> bool {
+        matches!(self, Scalar::I8 | Scalar::I16 | Scalar::I32 | Scalar::I64)
+    }
+
+    /// The short name used in text and in NumPy-like contexts (`f32`, `u8`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Scalar::Bool => "bool",
+            Scalar::I8 => "i8",
+            Scalar::I16 => "i16",
+            Scalar::I32 => "i32",
+            Scalar::I64 => "i64",
+            Scalar::U8 => "u8",
+            Scalar::U16 => "u16",
+            Scalar::U32 => "u32",
+            Scalar::U64 => "u64",
+            Scalar::F16 => "f16",
+            Scalar::BF16 => "bf16",
+            Scalar::F32 => "f32",
+            Scalar::F64 => "f64",
+        }
+    }
+}
+
+impl FromStr for Scalar {
+    type Err = IrError;
+    fn from_str(s: &str) -> Result<Self, IrError> {
+        Scalar::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| IrError::Invalid(format!("unknown scalar type `{s}`")))
+    }
+}
+
+/// Where a pointer points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AddrSpace {
+    /// Device memory reachable by every work item (kernel parameters).
+    Global,
+    /// Work-group shared memory.
+    Local,
+}
+
+/// The type of a UOp's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// No value: effects (STORE, SINK, END of a loop without a result).
+    Void,
+    /// One scalar.
+    Scalar(Scalar),
+    /// `width` lanes of one scalar (2 ≤ width ≤ 64).
+    Vector(Scalar, u8),
+    /// A pointer to elements of `scalar` (accessed `width` lanes at a time; 1 = scalar).
+    Ptr {
+        scalar: Scalar,
+        width: u8,
+        space: AddrSpace,
+    },
+}
+
+impl DType {
+    pub const BOOL: DType = DType::Scalar(Scalar::Bool);
+    pub const I32: DType = DType::Scalar(Scalar::I32);
+    pub const I64: DType = DType::Scalar(Scalar::I64);
+    pub const U8: DType = DType::Scalar(Scalar::U8);
+    pub const F16: DType = DType::Scalar(Scalar::F16);
+    pub const F32: DType = DType::Scalar(Scalar::F32);
+    pub const F64: DType = DType::Scalar(Scalar::F64);
+    /// The type of index arithmetic produced by the builder.
+    pub const INDEX: DType = DType::I32;
+
+    /// A vector of `width` lanes; `width == 1` gives the scalar.
+    pub fn vec(scalar: Scalar, width: u8) -> DType {
+        if width <= 1 {
+            DType::Scalar(scalar)
+        } else {
+            DType::Vector(scalar, width)
+        }
+    }
+
+    /// A global pointer to `scalar` elements.
+    pub fn ptr(scalar: Scalar) -> DType {
+        DType::Ptr {
+            scalar,
+            width: 1,
+            space: AddrSpace::Global,
+        }
+    }
+
+    /// The scalar underneath (for pointers: the pointee's scalar).
+    pub fn scalar(self) -> Option<Scalar> {
+        match self {
+            DType::Void => None,
+            DType::Scalar(s) | DType::Vector(s, _) | DType::Ptr { scalar: s, .. } => Some(s),
+        }
+    }
+
+    /// Number of lanes of a value (1 for scalars, 0 for void); for pointers, the access width.
+    pub fn width(self) -> u8 {
+        match self {
+            DType::Void => 0,
+            DType::Scalar(_) => 1,
+            DType::Vector(_, w) | DType::Ptr { width: w, .. } => w,
+        }
+    }
+
+    /// The value type a load through this pointer produces.
+    pub fn pointee(self) -> Option<DType> {
+        match self {
+            DType::Ptr { scalar, width, .. } => Some(DType::vec(scalar, width)),
+            _ => None,
+        }
+    }
+
+    /// The same dtype with one lane (vectors) or unchanged.
+    pub fn lane(self) -> DType {
+        match self {
+            DType::Vector(s, _) => DType::Scalar(s),
+            other => other,
+        }
+    }
+
+    pub fn is_ptr(self) -> bool {
+        matches!(self, DType::Ptr { .. })
+    }
+
+    pub fn is_float(self) -> bool {
+        !self.is_ptr() && self.scalar().is_some_and(Scalar::is_float)
+    }
+
+    pub fn is_int(self) -> bool {
+        !self.is_ptr() && self.scalar().is_some_and(Scalar::is_int)
+    }
+
+    pub fn is_bool(self) -> bool {
+        !self.is_ptr() && self.scalar() == Some(Scalar::Bool)
+    }
+
+    /// Bytes of one value (pointers: 8).
+    pub fn size(self) -> usize {
+        match self {
+            DType::Void => 0,
+            DType::Scalar(s) => s.size(),
+            DType::Vector(s, w) => s.size() * w as usize,
+            DType::Ptr { .. } => 8,
+        }
+    }
+}
+
+impl From<Scalar> for DType {
+    fn from(s: Scalar) -> Self {
+        DType::Scalar(s)
+    }
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            DType::Void => f.write_str("void"),
+            DType::Scalar(s) => write!(f, "{s}"),
+            DType::Vector(s, w) => write!(f, "{s}x{w}"),
+            DType::Ptr {
+                scalar,
+                width,
+                space,
+            } => {
+                let space = match space {
+                    AddrSpace::Global => "ptr",
+                    AddrSpace::Local => "lptr",
+                };
+                write!(f, "{space}<{}>", DType::vec(scalar, width))
+            }
+        }
+    }
+}
+
+impl FromStr for DType {
+    type Err = IrError;
+    fn from_str(s: &str) -> Result<Self, IrError> {
+        let bad = || {
+            IrError::Invalid(format!(
+                "unknown dtype `{s}` (examples: f32, f32x4, ptr<f32>, lptr<f32x4>, void)"
+            ))
+        };
+        if s == "void" {
+            return Ok(DType::Void);
+        }
+        for (prefix, space) in [("ptr<", AddrSpace::Global), ("lptr<", AddrSpace::Local)] {
+            if let Some(inner) = s.strip_prefix(prefix).and_then(|r| r.strip_suffix('>')) {
+                let inner: DType = inner.parse().map_err(|_| bad())?;
+                return match inner {
+                    DType::Scalar(scalar) => Ok(DType::Ptr {
+                        scalar,
+                        width: 1,
+                        space,
+                    }),
+                    DType::Vector(scalar, width) => Ok(DType::Ptr {
+                        scalar,
+                        width,
+                        space,
+                    }),
+                    _ => Err(bad()),
+                };
+            }
+        }
+        if let Some((base, width)) = s.split_once('x') {
+            let scalar: Scalar = base.parse().map_err(|_| bad())?;
+            let width: u8 = width.parse().map_err(|_| bad())?;
+            if !(2..=64).contains(&width) {
+                return Err(IrError::Invalid(format!(
+                    "vector width in `{s}` must be 2..=64"
+                )));
+            }
+            return Ok(DType::Vector(scalar, width));
+        }
+        s.parse::<Scalar>().map(DType::Scalar).map_err(|_| bad())
+    }
+}
+
+/// Names a device: its backend type and, for multi-device backends, an ordinal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceSpec {
+    Cpu,
+    OpenCl { ordinal: u32 },
+    Cuda { ordinal: u32 },
+}
+
+impl DeviceSpec {
+    /// The backend name without ordinal: kernels compiled for `CUDA:0` serve `CUDA:1`.
+    pub fn base_type(&self) -> &'static str {
+        match self {
+            DeviceSpec::Cpu => "CPU",
+            DeviceSpec::OpenCl { .. } => "OPENCL",
+            DeviceSpec::Cuda { .. } => "CUDA",
+        }
+    }
+
+    pub fn ordinal(&self) -> u32 {
+        match self {
+            DeviceSpec::Cpu => 0,
+            DeviceSpec::OpenCl { ordinal } | DeviceSpec::Cuda { ordinal } => *ordinal,
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("CPU"),
+            other => write!(f, "{}:{}", other.base_type(), other.ordinal()),
+        }
+    }
+}
+
+impl FromStr for DeviceSpec {
+    type Err = IrError;
+    /// Accepts `CPU`, `OPENCL`, `OPENCL:1`, `CUDA:0`, case-insensitively (`CL` = OpenCL).
+    fn from_str(s: &str) -> Result<Self, IrError> {
+        let upper = s.trim().to_ascii_uppercase();
+        let (base, ordinal) = match upper.split_once(':') {
+            Some((b, o)) => {
+                let ordinal = o.parse::<u32>().map_err(|_| {
+                    IrError::Invalid(format!(
+                        "device `{s}`: ordinal `{o}` is not a non-negative integer"
+                    ))
+                })?;
+                (b.to_string(), Some(ordinal))
+            }
+            None => (upper.clone(), None),
+        };
+        match (base.as_str(), ordinal) {
+            ("CPU", None | Some(0)) => Ok(DeviceSpec::Cpu),
+            ("OPENCL" | "CL", o) => Ok(DeviceSpec::OpenCl {
+                ordinal: o.unwrap_or(0),
+            }),
+            ("CUDA" | "GPU", o) => Ok(DeviceSpec::Cuda {
+                ordinal: o.unwrap_or(0),
+            }),
+            _ => Err(IrError::Invalid(format!(
+                "unknown device `{s}` (expected CPU, OPENCL[:n] or CUDA[:n])"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_text_round_trips() {
+        let mut all = vec![DType::Void];
+        for s in Scalar::ALL {
+            all.push(DType::Scalar(s));
+            all.push(DType::Vector(s, 4));
+            all.push(DType::ptr(s));
+            all.push(DType::Ptr {
+                scalar: s,
+                width: 8,
+                space: AddrSpace::Local,
+            });
+        }
+        for d in all {
+            assert_eq!(d.to_string().parse::<DType>().unwrap(), d, "{d}");
+        }
+        assert!("f33".parse::<DType>().is_err());
+        assert!("f32x1".parse::<DType>().is_err());
+        assert!("ptr<void>".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn device_spec_parses_and_prints() {
+        assert_eq!("CPU".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!(
+            "cuda:1".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Cuda { ordinal: 1 }
+        );
+        assert_eq!(
+            "OPENCL:0".parse::<DeviceSpec>().unwrap().to_string(),
+            "OPENCL:0"
+        );
+        assert_eq!(DeviceSpec::Cuda { ordinal: 1 }.base_type(), "CUDA");
+        assert!("TPU".parse::<DeviceSpec>().is_err());
+        assert!("CUDA:x".parse::<DeviceSpec>().is_err());
+        assert!("CPU:1".parse::<DeviceSpec>().is_err());
+    }
+}

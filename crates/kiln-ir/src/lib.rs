@@ -1,0 +1,61 @@
+//! kiln-ir: the kernel language kiln compiles.
+//!
+//! A kernel is a hash-consed [`UOp`] DAG rooted at SINK. Build one with [`KernelBuilder`] or
+//! parse it from text ([`parse`]); [`validate`] checks it, [`linearize`] orders it for a
+//! renderer, [`print`] writes it back out (the round trip is exact).
+
+mod builder;
+mod dtype;
+mod linearize;
+pub mod rewrite;
+mod symbolic;
+mod text;
+mod uop;
+mod validate;
+
+pub use builder::{Acc, IntoVal, KernelBuilder, Loop, Val};
+pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
+pub use linearize::linearize;
+pub use symbolic::{eval_int, variables};
+pub use text::{parse, print};
+pub use uop::{Arg, ContentHash, Op, UOp};
+pub use validate::validate;
+
+/// Everything that can be wrong with a kernel or a size expression.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum IrError {
+    /// Kernel text that does not parse.
+    #[error("line {line}, column {col}: {message}")]
+    Parse {
+        line: usize,
+        col: usize,
+        message: String,
+    },
+    /// A node that breaks an operand or dtype rule. `node` is its `%N` number in `print` order.
+    #[error("%{node} {op}: {message}")]
+    Type {
+        node: usize,
+        op: &'static str,
+        message: String,
+    },
+    /// Loops that cannot be laid out (an unclosed range, a cycle through END).
+    #[error("kernel structure: {message}", message = .0)]
+    Structure(String),
+    /// A variable the caller did not bind.
+    #[error("variable `{0}` has no value: pass it (e.g. --var {0}=N)")]
+    MissingVar(String),
+    /// A variable bound outside its declared bounds.
+    #[error("variable `{name}` = {value} is outside its bounds [{min}, {max}]")]
+    VarOutOfRange {
+        name: String,
+        value: i64,
+        min: i64,
+        max: i64,
+    },
+    /// A size expression that cannot be evaluated (overflow, division by zero, bad op).
+    #[error("size expression: {0}")]
+    Eval(String),
+    /// Anything else malformed (bad dtype or device name).
+    #[error("{0}")]
+    Invalid(String),
+}

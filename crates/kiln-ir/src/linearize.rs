@@ -1,0 +1,362 @@
+//! Turns a kernel DAG into the block-structured order renderers print.
+//!
+//! Each node lives in the innermost loop whose index it (transitively) uses. Loops nest by
+//! co-occurrence: if one node uses two ranges, the one with the smaller axis id is outer.
+//! A DEFINE_ACC lives just outside its outermost reduce range. END(r, ...) closes `r`.
+//!
+//! Output contract: a list where RANGE opens a loop, the first END naming that range closes
+//! it, and every END of a range follows that loop's body directly. Constants, parameters,
+//! variables and SPECIALs come first (they are in no loop). Within a block, nodes keep the
+//! order of `toposort()` as far as dependencies allow, so the output is deterministic.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::IrError;
+use crate::uop::{Op, UOp};
+
+type Chain = Vec<usize>; // range indices, outermost first
+
+/// Linearizes the kernel rooted at `sink`.
+pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
+    let topo = sink.toposort();
+    let index: HashMap<*const UOp, usize> = topo
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (Arc::as_ptr(n), i))
+        .collect();
+    let at = |n: &Arc<UOp>| index[&Arc::as_ptr(n)];
+
+    // Ranges ordered by (axis, topo position): that order is the nesting order.
+    let mut ranges: Vec<usize> = (0..topo.len())
+        .filter(|&i| topo[i].op() == Op::Range)
+        .collect();
+    ranges.sort_by_key(|&i| (topo[i].arg_int().unwrap_or(0), i));
+    let rank: HashMap<usize, usize> = ranges.iter().enumerate().map(|(r, &i)| (i, r)).collect();
+    let structural = |msg: String| IrError::Structure(msg);
+
+    // Pass 1: the set of ranges each node uses (by rank).
+    let mut raw: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); topo.len()];
+    for (i, node) in topo.iter().enumerate() {
+        let mut s = BTreeSet::new();
+        match node.op() {
+            Op::DefineAcc => s.extend(raw[at(&node.src()[0])].iter().copied()),
+            Op::End => {
+                let r = rank[&at(&node.src()[0])];
+                for src in node.src() {
+                    s.extend(raw[at(src)].iter().copied());
+                }
+                s.remove(&r);
+                if let Some(inner) = s.iter().find(|&&x| x > r) {
+                    return Err(structural(format!(
+                        "END of range %{} leaves the inner range %{} open: close inner loops first",
+                        ranges[r], ranges[*inner]
+                    )));
+                }
+            }
+            _ => {
+                for src in node.src() {
+                    s.extend(raw[at(src)].iter().copied());
+                }
+                if node.op() == Op::Range {
+                    s.insert(rank[&i]);
+                }
+            }
+        }
+        raw[i] = s;
+    }
+
+    // Nesting: ranges used together are nested, the smaller rank outside.
+    let mut outer: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); ranges.len()];
+    for s in &raw {
+        for &a in s {
+            for &b in s.range(a + 1..) {
+                outer[b].insert(a);
+            }
+        }
+    }
+    // Transitive closure, innermost last: outer ranks are smaller, so one pass in rank order works.
+    for r in 0..ranges.len() {
+        let extra: Vec<usize> = outer[r]
+            .iter()
+            .flat_map(|&o| outer[o].iter().copied())
+            .collect();
+        outer[r].extend(extra);
+    }
+    let close = |s: &BTreeSet<usize>| -> BTreeSet<usize> {
+        let mut c = s.clone();
+        for &r in s {
+            c.extend(outer[r].iter().copied());
+        }
+        c
+    };
+
+    // Pass 2: the full chain of open loops of every node.
+    let mut chain: Vec<Chain> = Vec::with_capacity(topo.len());
+    for (i, node) in topo.iter().enumerate() {
+        let mut c = close(&raw[i]);
+        match node.op() {
+            Op::DefineAcc => {
+                for red in &node.src()[1..] {
+                    let r = rank[&at(red)];
+                    c.extend(outer[r].iter().copied());
+                }
+                for red in &node.src()[1..] {
+                    c.remove(&rank[&at(red)]);
+                }
+            }
+            Op::End => {
+                let r = rank[&at(&node.src()[0])];
+                c.extend(outer[r].iter().copied());
+                c.remove(&r);
+            }
+            _ => {}
+        }
+        chain.push(c.into_iter().collect());
+    }
+    if !chain[topo.len() - 1].is_empty() {
+        let open = chain[topo.len() - 1][0];
+        return Err(structural(format!(
+            "range %{} is never closed by an END",
+            ranges[open]
+        )));
+    }
+
+    // Group nodes into blocks keyed by chain; a RANGE heads the block of its own chain, an END
+    // belongs to the block of the range it closes (emitted right after that loop's body).
+    let mut ends_of: HashMap<usize, Vec<usize>> = HashMap::new();
+    let mut members: HashMap<Chain, Vec<usize>> = HashMap::new();
+    for (i, node) in topo.iter().enumerate() {
+        match node.op() {
+            Op::Range => {}
+            Op::End => ends_of
+                .entry(rank[&at(&node.src()[0])])
+                .or_default()
+                .push(i),
+            _ => members.entry(chain[i].clone()).or_default().push(i),
+        }
+    }
+    // Every node's item within the block `parent`: itself if its chain is `parent`, or the
+    // child loop of `parent` that contains it. None if it lives outside `parent`.
+    let item_in = |node: usize, parent: &[usize]| -> Option<Item> {
+        let c: &[usize] = match topo[node].op() {
+            Op::End => {
+                // An END sits in the loop it closes, for ordering purposes.
+                let r = rank[&at(&topo[node].src()[0])];
+                return item_for_chain(&chain_of_range(&chain, &ranges, r), parent);
+            }
+            _ => &chain[node],
+        };
+        if topo[node].op() == Op::Range {
+            return item_for_chain(c, parent);
+        }
+        if c == parent {
+            Some(Item::Node(node))
+        } else {
+            item_for_chain(c, parent)
+        }
+    };
+
+    let mut out = Vec::with_capacity(topo.len());
+    emit_block(
+        &[],
+        &topo,
+        &at,
+        &members,
+        &ranges,
+        &chain,
+        &ends_of,
+        &item_in,
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Item {
+    Node(usize),
+    /// The loop of this range rank (header, body, ENDs).
+    Loop(usize),
+}
+
+fn item_for_chain(c: &[usize], parent: &[usize]) -> Option<Item> {
+    if c.len() > parent.len() && c.starts_with(parent) {
+        Some(Item::Loop(c[parent.len()]))
+    } else {
+        None
+    }
+}
+
+fn chain_of_range(chain: &[Chain], ranges: &[usize], r: usize) -> Chain {
+    chain[ranges[r]].clone()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit_block(
+    block: &[usize],
+    topo: &[Arc<UOp>],
+    at: &dyn Fn(&Arc<UOp>) -> usize,
+    members: &HashMap<Chain, Vec<usize>>,
+    ranges: &[usize],
+    chain: &[Chain],
+    ends_of: &HashMap<usize, Vec<usize>>,
+    item_in: &dyn Fn(usize, &[usize]) -> Option<Item>,
+    out: &mut Vec<Arc<UOp>>,
+) -> Result<(), IrError> {
+    // Items of this block: its own nodes and its direct child loops.
+    let mut items: Vec<Item> = members
+        .get(block)
+        .map(|m| m.iter().map(|&i| Item::Node(i)).collect())
+        .unwrap_or_default();
+    for (r, &ri) in ranges.iter().enumerate() {
+        let c = &chain[ri];
+        if c.len() == block.len() + 1 && c.starts_with(block) && c[block.len()] == r {
+            items.push(Item::Loop(r));
+        }
+    }
+    // Nodes inside each loop item (transitively), to collect that item's external deps.
+    let nodes_of = |item: Item| -> Vec<usize> {
+        match item {
+            Item::Node(i) => vec![i],
+            Item::Loop(r) => {
+                let mut v = vec![ranges[r]];
+                for (c, m) in members {
+                    if c.len() > block.len() && c.starts_with(block) && c[block.len()] == r {
+                        v.extend(m.iter().copied());
+                    }
+                }
+                for (&er, e) in ends_of {
+                    let c = &chain[ranges[er]];
+                    if c.len() > block.len() && c.starts_with(block) && c[block.len()] == r {
+                        v.extend(e.iter().copied());
+                        v.push(ranges[er]);
+                    }
+                }
+                v
+            }
+        }
+    };
+    let pos: HashMap<Item, usize> = items.iter().enumerate().map(|(k, it)| (*it, k)).collect();
+    let mut deps: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); items.len()];
+    let mut key: Vec<usize> = vec![usize::MAX; items.len()];
+    for (k, item) in items.iter().enumerate() {
+        for n in nodes_of(*item) {
+            key[k] = key[k].min(n);
+            // A DEFINE_ACC names its reduce ranges but is defined before them.
+            let srcs = if topo[n].op() == Op::DefineAcc {
+                &topo[n].src()[..1]
+            } else {
+                topo[n].src()
+            };
+            for s in srcs {
+                if let Some(d) = item_in(at(s), block)
+                    && let Some(&dk) = pos.get(&d)
+                    && dk != k
+                {
+                    deps[k].insert(dk);
+                }
+            }
+        }
+    }
+    // Kahn's algorithm, smallest topo position first.
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); items.len()];
+    let mut missing: Vec<usize> = deps.iter().map(BTreeSet::len).collect();
+    for (k, d) in deps.iter().enumerate() {
+        for &dk in d {
+            users[dk].push(k);
+        }
+    }
+    let mut ready: BTreeSet<(usize, usize)> = (0..items.len())
+        .filter(|&k| missing[k] == 0)
+        .map(|k| (key[k], k))
+        .collect();
+    let mut done = 0;
+    while let Some((_, k)) = ready.pop_first() {
+        done += 1;
+        match items[k] {
+            Item::Node(i) => out.push(topo[i].clone()),
+            Item::Loop(r) => {
+                out.push(topo[ranges[r]].clone());
+                let mut inner = block.to_vec();
+                inner.push(r);
+                emit_block(
+                    &inner, topo, at, members, ranges, chain, ends_of, item_in, out,
+                )?;
+                for &e in ends_of.get(&r).map(Vec::as_slice).unwrap_or(&[]) {
+                    out.push(topo[e].clone());
+                }
+            }
+        }
+        for &u in &users[k] {
+            missing[u] -= 1;
+            if missing[u] == 0 {
+                ready.insert((key[u], u));
+            }
+        }
+    }
+    if done != items.len() {
+        return Err(IrError::Structure(
+            "a value computed inside a loop is used inside that same loop through its END (cycle)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, KernelBuilder, Scalar, Val};
+
+    fn names(order: &[Arc<UOp>]) -> Vec<&'static str> {
+        order.iter().map(|n| n.op().name()).collect()
+    }
+
+    #[test]
+    fn matmul_nests_loops_and_hoists_the_accumulator() {
+        // C[i,j] = sum_k A[i,k] * B[k,j], with i, j, k all loops.
+        let mut k = KernelBuilder::new();
+        let (a, b, c) = (
+            k.param(0, Scalar::F32, 16),
+            k.param(1, Scalar::F32, 16),
+            k.param(2, Scalar::F32, 16),
+        );
+        let i = k.range(4);
+        let j = k.range(4);
+        let r = k.range(4);
+        let acc = k.acc(&Val::constant(DType::F32, 0.0), &[&r]);
+        let prod = a.at(&(&i * 4 + &r)).load() * b.at(&(&r * 4 + &j)).load();
+        let total = acc.update(&(acc.get() + prod));
+        let st = k.store(&c.at(&(&i * 4 + &j)), &total);
+        let ej = k.end(&j, &[&st]);
+        k.end(&i, &[&ej]);
+        let sink = k.finish().unwrap();
+        let order = linearize(&sink).unwrap();
+        let ops = names(&order);
+        let pos = |n: &Arc<UOp>| order.iter().position(|x| Arc::ptr_eq(x, n)).unwrap();
+        // i opens before j before k; the accumulator sits between j and k.
+        assert!(pos(&i.0) < pos(&j.0) && pos(&j.0) < pos(&r.0));
+        let acc_pos = order.iter().position(|n| n.op() == Op::DefineAcc).unwrap();
+        assert!(pos(&j.0) < acc_pos && acc_pos < pos(&r.0));
+        // The store is after k's END and before j's END.
+        let store_pos = order.iter().position(|n| n.op() == Op::Store).unwrap();
+        let ends: Vec<usize> = order
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.op() == Op::End)
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(ends.len(), 3);
+        assert!(ends[0] < store_pos && store_pos < ends[1]);
+        assert_eq!(ops.last(), Some(&"SINK"));
+    }
+
+    #[test]
+    fn unclosed_range_is_an_error() {
+        let mut k = KernelBuilder::new();
+        let a = k.param(0, Scalar::F32, 4);
+        let i = k.range(4);
+        k.store(&a.at(&i), &Val::f32(1.0));
+        assert!(matches!(k.finish(), Err(IrError::Structure(_))));
+    }
+}

@@ -1,0 +1,656 @@
+//! The hash-consed UOp DAG.
+//!
+//! A UOp is `(op, dtype, arg, src)`. Every UOp is interned: constructing a node equal to a
+//! live one returns the same `Arc`, so structural equality is pointer equality and common
+//! subexpressions are shared for free. The identity of a node is its [`ContentHash`], a
+//! SHA-256 over a fixed byte encoding of op, dtype, arg and the children's hashes; it does
+//! not depend on the process, pointer values or the Rust version, so it keys the disk cache.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use sha2::{Digest, Sha256};
+
+use crate::dtype::{AddrSpace, DType, DeviceSpec};
+
+/// Every operation a kernel can contain.
+///
+/// Operand conventions (the `src` list) are documented per op; [`crate::validate`] checks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    // --- structure ---
+    /// Root of a kernel. src: the effects (STORE/END) it consists of.
+    Sink,
+    /// A kernel buffer parameter. arg: slot. src: [element count] (an integer expression
+    /// over DEFINE_VARs). dtype: pointer.
+    Param,
+    /// A runtime integer variable. arg: `Var { name, min, max }`.
+    DefineVar,
+    /// A constant. arg: `Int`/`Float`/`Bool`.
+    Const,
+    /// A launch index. arg: name (`gidx0`, `lidx1`, `idx0`, `core_id`). src: [extent].
+    Special,
+    /// A loop. arg: axis id (smaller id = outer when nested). src: [extent]. Runs 0..extent.
+    Range,
+    /// Closes a loop. src: [range, values computed inside...]. Its value (when not void) is
+    /// the value of src[1] after the loop finishes (e.g. a finished accumulator).
+    End,
+    /// Binds a variable to a value. src: [define_var, value].
+    Bind,
+    /// A value ordered after effects. src: [value, deps...]. Evaluates to src[0].
+    After,
+
+    // --- memory ---
+    /// Pointer arithmetic. src: [buffer pointer, element index]. dtype: pointer (its width
+    /// is the access width of the LOAD/STORE that uses it).
+    Index,
+    /// Read through a pointer. src: [index] or [index, alt, gate]: when the gate is false the
+    /// memory is not touched and the result is `alt`.
+    Load,
+    /// Write through a pointer. src: [index, value] or [index, value, gate].
+    Store,
+    /// A local accumulator. src: [initial value, reduce ranges...]. Defined just outside the
+    /// outermost of its reduce ranges.
+    DefineAcc,
+    /// Update an accumulator. src: [acc, new value]. Evaluates to the new value.
+    Assign,
+
+    // --- unary ALU ---
+    Neg,
+    Not,
+    Sqrt,
+    Recip,
+    Exp2,
+    Log2,
+    Exp,
+    Log,
+    Sin,
+    Cos,
+    Trunc,
+    Abs,
+
+    // --- binary ALU (both operands of the result dtype, comparisons give bool) ---
+    Add,
+    Sub,
+    Mul,
+    /// Float division.
+    Div,
+    /// Integer division truncating toward zero.
+    Idiv,
+    /// Integer remainder (sign of the dividend).
+    Mod,
+    Max,
+    Min,
+    Pow,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+
+    // --- ternary ALU ---
+    /// src: [cond, a, b].
+    Where,
+    /// src: [a, b, c] → a*b + c.
+    MulAcc,
+
+    // --- types and vectors ---
+    /// Value conversion to dtype.
+    Cast,
+    /// Reinterpretation of the bits (sizes must match).
+    Bitcast,
+    /// Build a vector from scalars (one src per lane, or one src broadcast to every lane).
+    Vectorize,
+    /// Extract lane `arg` of a vector.
+    Gep,
+
+    // --- compiled kernels as values ---
+    /// A compiled kernel. src: [sink, device, linear?, source?, binary?] (stages as present).
+    Program,
+    /// The device a PROGRAM targets. arg: `Device`.
+    Device,
+    /// The linearized kernel. src: nodes in emission order.
+    Linear,
+    /// Rendered source. arg: `Str`.
+    Source,
+    /// Compiled bytes. arg: `Bytes`.
+    Binary,
+}
+
+impl Op {
+    pub const ALL: &'static [Op] = &[
+        Op::Sink,
+        Op::Param,
+        Op::DefineVar,
+        Op::Const,
+        Op::Special,
+        Op::Range,
+        Op::End,
+        Op::Bind,
+        Op::After,
+        Op::Index,
+        Op::Load,
+        Op::Store,
+        Op::DefineAcc,
+        Op::Assign,
+        Op::Neg,
+        Op::Not,
+        Op::Sqrt,
+        Op::Recip,
+        Op::Exp2,
+        Op::Log2,
+        Op::Exp,
+        Op::Log,
+        Op::Sin,
+        Op::Cos,
+        Op::Trunc,
+        Op::Abs,
+        Op::Add,
+        Op::Sub,
+        Op::Mul,
+        Op::Div,
+        Op::Idiv,
+        Op::Mod,
+        Op::Max,
+        Op::Min,
+        Op::Pow,
+        Op::And,
+        Op::Or,
+        Op::Xor,
+        Op::Shl,
+        Op::Shr,
+        Op::Lt,
+        Op::Le,
+        Op::Eq,
+        Op::Ne,
+        Op::Where,
+        Op::MulAcc,
+        Op::Cast,
+        Op::Bitcast,
+        Op::Vectorize,
+        Op::Gep,
+        Op::Program,
+        Op::Device,
+        Op::Linear,
+        Op::Source,
+        Op::Binary,
+    ];
+
+    /// The upper-case name used in the text format.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Sink => "SINK",
+            Op::Param => "PARAM",
+            Op::DefineVar => "DEFINE_VAR",
+            Op::Const => "CONST",
+            Op::Special => "SPECIAL",
+            Op::Range => "RANGE",
+            Op::End => "END",
+            Op::Bind => "BIND",
+            Op::After => "AFTER",
+            Op::Index => "INDEX",
+            Op::Load => "LOAD",
+            Op::Store => "STORE",
+            Op::DefineAcc => "DEFINE_ACC",
+            Op::Assign => "ASSIGN",
+            Op::Neg => "NEG",
+            Op::Not => "NOT",
+            Op::Sqrt => "SQRT",
+            Op::Recip => "RECIP",
+            Op::Exp2 => "EXP2",
+            Op::Log2 => "LOG2",
+            Op::Exp => "EXP",
+            Op::Log => "LOG",
+            Op::Sin => "SIN",
+            Op::Cos => "COS",
+            Op::Trunc => "TRUNC",
+            Op::Abs => "ABS",
+            Op::Add => "ADD",
+            Op::Sub => "SUB",
+            Op::Mul => "MUL",
+            Op::Div => "DIV",
+            Op::Idiv => "IDIV",
+            Op::Mod => "MOD",
+            Op::Max => "MAX",
+            Op::Min => "MIN",
+            Op::Pow => "POW",
+            Op::And => "AND",
+            Op::Or => "OR",
+            Op::Xor => "XOR",
+            Op::Shl => "SHL",
+            Op::Shr => "SHR",
+            Op::Lt => "CMPLT",
+            Op::Le => "CMPLE",
+            Op::Eq => "CMPEQ",
+            Op::Ne => "CMPNE",
+            Op::Where => "WHERE",
+            Op::MulAcc => "MULACC",
+            Op::Cast => "CAST",
+            Op::Bitcast => "BITCAST",
+            Op::Vectorize => "VECTORIZE",
+            Op::Gep => "GEP",
+            Op::Program => "PROGRAM",
+            Op::Device => "DEVICE",
+            Op::Linear => "LINEAR",
+            Op::Source => "SOURCE",
+            Op::Binary => "BINARY",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.iter().copied().find(|op| op.name() == name)
+    }
+
+    pub fn is_unary(self) -> bool {
+        matches!(
+            self,
+            Op::Neg
+                | Op::Not
+                | Op::Sqrt
+                | Op::Recip
+                | Op::Exp2
+                | Op::Log2
+                | Op::Exp
+                | Op::Log
+                | Op::Sin
+                | Op::Cos
+                | Op::Trunc
+                | Op::Abs
+        )
+    }
+
+    pub fn is_binary(self) -> bool {
+        matches!(
+            self,
+            Op::Add
+                | Op::Sub
+                | Op::Mul
+                | Op::Div
+                | Op::Idiv
+                | Op::Mod
+                | Op::Max
+                | Op::Min
+                | Op::Pow
+                | Op::And
+                | Op::Or
+                | Op::Xor
+                | Op::Shl
+                | Op::Shr
+                | Op::Lt
+                | Op::Le
+                | Op::Eq
+                | Op::Ne
+        )
+    }
+
+    pub fn is_comparison(self) -> bool {
+        matches!(self, Op::Lt | Op::Le | Op::Eq | Op::Ne)
+    }
+
+    pub fn is_ternary(self) -> bool {
+        matches!(self, Op::Where | Op::MulAcc)
+    }
+
+    pub fn is_alu(self) -> bool {
+        self.is_unary() || self.is_binary() || self.is_ternary()
+    }
+
+    fn tag(self) -> u8 {
+        // The position in ALL is the stable tag: new ops are appended, never inserted.
+        Op::ALL
+            .iter()
+            .position(|o| *o == self)
+            .unwrap_or(usize::MAX) as u8
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The non-UOp payload of a node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Arg {
+    None,
+    Int(i64),
+    /// Floats compare by bits so that NaN constants intern and round-trip exactly.
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Var {
+        name: String,
+        min: i64,
+        max: i64,
+    },
+    Device(DeviceSpec),
+    Bytes(Vec<u8>),
+}
+
+impl Eq for Arg {}
+
+impl Hash for Arg {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let mut bytes = Vec::new();
+        self.encode(&mut bytes);
+        bytes.hash(state);
+    }
+}
+
+impl Arg {
+    fn encode(&self, out: &mut Vec<u8>) {
+        fn s(out: &mut Vec<u8>, v: &[u8]) {
+            out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            out.extend_from_slice(v);
+        }
+        match self {
+            Arg::None => out.push(0),
+            Arg::Int(v) => {
+                out.push(1);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Arg::Float(v) => {
+                out.push(2);
+                out.extend_from_slice(&v.to_bits().to_le_bytes());
+            }
+            Arg::Bool(v) => out.extend_from_slice(&[3, *v as u8]),
+            Arg::Str(v) => {
+                out.push(4);
+                s(out, v.as_bytes());
+            }
+            Arg::Var { name, min, max } => {
+                out.push(5);
+                s(out, name.as_bytes());
+                out.extend_from_slice(&min.to_le_bytes());
+                out.extend_from_slice(&max.to_le_bytes());
+            }
+            Arg::Device(d) => {
+                out.push(6);
+                s(out, d.to_string().as_bytes());
+            }
+            Arg::Bytes(v) => {
+                out.push(7);
+                s(out, v);
+            }
+        }
+    }
+}
+
+/// A stable 256-bit identity of a UOp graph.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContentHash(pub [u8; 32]);
+
+impl ContentHash {
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentHash({})", &self.to_hex()[..16])
+    }
+}
+
+impl fmt::Display for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// One node of a kernel graph. Create nodes with [`UOp::new`] or the builder.
+pub struct UOp {
+    op: Op,
+    dtype: DType,
+    arg: Arg,
+    src: Vec<Arc<UOp>>,
+    hash: ContentHash,
+}
+
+impl PartialEq for UOp {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+    }
+}
+
+impl Eq for UOp {}
+
+impl Hash for UOp {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.hash.hash(state)
+    }
+}
+
+impl fmt::Debug for UOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.op, self.dtype)?;
+        if self.arg != Arg::None {
+            write!(f, " {:?}", self.arg)?;
+        }
+        if !self.src.is_empty() {
+            write!(f, " ({} srcs)", self.src.len())?;
+        }
+        Ok(())
+    }
+}
+
+struct Interner {
+    live: HashMap<ContentHash, Weak<UOp>>,
+    sweep_at: usize,
+}
+
+fn interner() -> &'static Mutex<Interner> {
+    static TABLE: OnceLock<Mutex<Interner>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        Mutex::new(Interner {
+            live: HashMap::new(),
+            sweep_at: 1024,
+        })
+    })
+}
+
+impl UOp {
+    /// Creates (or finds) the node `(op, dtype, arg, src)`. Never fails: well-formedness is
+    /// checked separately by [`crate::validate`], so that a malformed graph can be reported
+    /// with all its context instead of failing at the first constructor.
+    pub fn new(op: Op, dtype: DType, arg: Arg, src: Vec<Arc<UOp>>) -> Arc<UOp> {
+        let hash = Self::compute_hash(op, dtype, &arg, &src);
+        let table = interner();
+        let mut table = table.lock().unwrap_or_else(|poison| poison.into_inner());
+        if let Some(existing) = table.live.get(&hash).and_then(Weak::upgrade) {
+            return existing;
+        }
+        let node = Arc::new(UOp {
+            op,
+            dtype,
+            arg,
+            src,
+            hash,
+        });
+        table.live.insert(hash, Arc::downgrade(&node));
+        if table.live.len() >= table.sweep_at {
+            table.live.retain(|_, w| w.strong_count() > 0);
+            table.sweep_at = (table.live.len() * 2).max(1024);
+        }
+        node
+    }
+
+    fn compute_hash(op: Op, dtype: DType, arg: &Arg, src: &[Arc<UOp>]) -> ContentHash {
+        let mut bytes = Vec::with_capacity(64 + 32 * src.len());
+        bytes.push(op.tag());
+        encode_dtype(dtype, &mut bytes);
+        arg.encode(&mut bytes);
+        bytes.extend_from_slice(&(src.len() as u32).to_le_bytes());
+        for s in src {
+            bytes.extend_from_slice(&s.hash.0);
+        }
+        ContentHash(Sha256::digest(&bytes).into())
+    }
+
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn arg(&self) -> &Arg {
+        &self.arg
+    }
+
+    pub fn src(&self) -> &[Arc<UOp>] {
+        &self.src
+    }
+
+    /// Stable identity of this node and everything below it.
+    pub fn content_hash(&self) -> ContentHash {
+        self.hash
+    }
+
+    /// The same node with other children.
+    pub fn with_src(&self, src: Vec<Arc<UOp>>) -> Arc<UOp> {
+        UOp::new(self.op, self.dtype, self.arg.clone(), src)
+    }
+
+    /// The integer payload of a CONST, PARAM slot, RANGE axis or GEP lane.
+    pub fn arg_int(&self) -> Option<i64> {
+        match self.arg {
+            Arg::Int(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The name of a SPECIAL or DEFINE_VAR.
+    pub fn arg_name(&self) -> Option<&str> {
+        match &self.arg {
+            Arg::Str(s) => Some(s),
+            Arg::Var { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Every node reachable from `self`, children before parents, each once.
+    /// Iterative, so deep graphs cannot overflow the stack.
+    pub fn toposort(self: &Arc<Self>) -> Vec<Arc<UOp>> {
+        let mut out = Vec::new();
+        let mut seen: HashSet<*const UOp> = HashSet::new();
+        let mut stack: Vec<(Arc<UOp>, bool)> = vec![(self.clone(), false)];
+        while let Some((node, expanded)) = stack.pop() {
+            if expanded {
+                out.push(node);
+                continue;
+            }
+            if !seen.insert(Arc::as_ptr(&node)) {
+                continue;
+            }
+            stack.push((node.clone(), true));
+            for s in node.src.iter().rev() {
+                if !seen.contains(&Arc::as_ptr(s)) {
+                    stack.push((s.clone(), false));
+                }
+            }
+        }
+        out
+    }
+
+    // --- small constructors used everywhere ---
+
+    pub fn const_int(dtype: DType, v: i64) -> Arc<UOp> {
+        UOp::new(Op::Const, dtype, Arg::Int(v), vec![])
+    }
+
+    pub fn const_float(dtype: DType, v: f64) -> Arc<UOp> {
+        UOp::new(Op::Const, dtype, Arg::Float(v), vec![])
+    }
+
+    pub fn const_bool(v: bool) -> Arc<UOp> {
+        UOp::new(Op::Const, DType::BOOL, Arg::Bool(v), vec![])
+    }
+
+    /// An index-typed integer constant.
+    pub fn index_const(v: i64) -> Arc<UOp> {
+        UOp::const_int(DType::INDEX, v)
+    }
+}
+
+fn encode_dtype(dtype: DType, out: &mut Vec<u8>) {
+    match dtype {
+        DType::Void => out.push(0),
+        DType::Scalar(s) => out.extend_from_slice(&[1, s as u8]),
+        DType::Vector(s, w) => out.extend_from_slice(&[2, s as u8, w]),
+        DType::Ptr {
+            scalar,
+            width,
+            space,
+        } => out.extend_from_slice(&[
+            3,
+            scalar as u8,
+            width,
+            matches!(space, AddrSpace::Local) as u8,
+        ]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_graphs_are_the_same_arc() {
+        let a = UOp::index_const(3);
+        let b = UOp::index_const(3);
+        assert!(Arc::ptr_eq(&a, &b));
+        let x = UOp::new(Op::Add, DType::I32, Arg::None, vec![a.clone(), b.clone()]);
+        let y = UOp::new(Op::Add, DType::I32, Arg::None, vec![a, b]);
+        assert!(Arc::ptr_eq(&x, &y));
+        assert_ne!(
+            UOp::const_float(DType::F32, 0.0),
+            UOp::const_float(DType::F32, -0.0)
+        );
+    }
+
+    #[test]
+    fn content_hash_is_stable() {
+        // Pinned: changing the encoding silently would orphan every disk cache entry.
+        let c = UOp::const_int(DType::I32, 7);
+        let e = UOp::new(Op::Neg, DType::I32, Arg::None, vec![c]);
+        assert_eq!(e.content_hash().to_hex(), {
+            let mut inner = vec![Op::Const.tag(), 1, super::super::Scalar::I32 as u8, 1];
+            inner.extend_from_slice(&7i64.to_le_bytes());
+            inner.extend_from_slice(&0u32.to_le_bytes());
+            let ih: [u8; 32] = Sha256::digest(&inner).into();
+            let mut outer = vec![Op::Neg.tag(), 1, super::super::Scalar::I32 as u8, 0];
+            outer.extend_from_slice(&1u32.to_le_bytes());
+            outer.extend_from_slice(&ih);
+            ContentHash(Sha256::digest(&outer).into()).to_hex()
+        });
+        assert_eq!(Op::Const.tag(), 3);
+        assert_eq!(Op::Neg.tag(), 14);
+    }
+
+    #[test]
+    fn toposort_puts_children_first() {
+        let a = UOp::index_const(1);
+        let b = UOp::new(Op::Neg, DType::I32, Arg::None, vec![a.clone()]);
+        let c = UOp::new(Op::Add, DType::I32, Arg::None, vec![b.clone(), a.clone()]);
+        let order = c.toposort();
+        assert_eq!(order.len(), 3);
+        assert!(Arc::ptr_eq(&order[0], &a));
+        assert!(Arc::ptr_eq(&order[2], &c));
+    }
+
+    #[test]
+    fn op_names_are_unique_and_parse() {
+        for op in Op::ALL {
+            assert_eq!(Op::from_name(op.name()), Some(*op));
+        }
+    }
+}
