@@ -160,35 +160,17 @@ pub struct Buffer {
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Buffer({} x {} at +{} B on {})",
-            self.len,
-            self.dtype,
-            self.offset,
-            self.device()
-        )
+        write!(f, "Buffer({} x {} at +{} B on {})", self.len, self.dtype, self.offset, self.device())
     }
 }
 
 impl Buffer {
     /// A buffer of `len` elements of `dtype`; memory is allocated on first use.
     pub fn new(allocator: Arc<dyn Allocator>, dtype: Scalar, len: usize) -> Result<Buffer> {
-        let bytes = len.checked_mul(dtype.size()).ok_or_else(|| {
-            Error::Buffer(format!(
-                "{len} elements of {dtype} overflow the address space"
-            ))
-        })?;
-        Ok(Buffer {
-            base: Arc::new(BufferBase {
-                allocator,
-                bytes,
-                ptr: OnceLock::new(),
-            }),
-            dtype,
-            offset: 0,
-            len,
-        })
+        let bytes = len
+            .checked_mul(dtype.size())
+            .ok_or_else(|| Error::Buffer(format!("{len} elements of {dtype} overflow the address space")))?;
+        Ok(Buffer { base: Arc::new(BufferBase { allocator, bytes, ptr: OnceLock::new() }), dtype, offset: 0, len })
     }
 
     pub fn dtype(&self) -> Scalar {
@@ -229,12 +211,7 @@ impl Buffer {
                 self.len
             )));
         }
-        Ok(Buffer {
-            base: self.base.clone(),
-            dtype: self.dtype,
-            offset: self.offset + offset * self.dtype.size(),
-            len,
-        })
+        Ok(Buffer { base: self.base.clone(), dtype: self.dtype, offset: self.offset + offset * self.dtype.size(), len })
     }
 
     /// The same bytes seen as another element type (length must divide evenly).
@@ -246,30 +223,18 @@ impl Buffer {
                 self.offset
             )));
         }
-        Ok(Buffer {
-            base: self.base.clone(),
-            dtype,
-            offset: self.offset,
-            len: self.nbytes() / dtype.size(),
-        })
+        Ok(Buffer { base: self.base.clone(), dtype, offset: self.offset, len: self.nbytes() / dtype.size() })
     }
 
     /// The window as raw device memory, allocating on first use.
     pub fn raw(&self) -> Result<RawView> {
-        Ok(RawView {
-            base: self.base.ptr()?,
-            offset: self.offset,
-            bytes: self.nbytes(),
-        })
+        Ok(RawView { base: self.base.ptr()?, offset: self.offset, bytes: self.nbytes() })
     }
 
     /// Identity of the underlying allocation and the byte range of this window in it: two
     /// buffers conflict exactly when their allocation ids match and their ranges overlap.
     pub fn byte_range(&self) -> (usize, std::ops::Range<usize>) {
-        (
-            Arc::as_ptr(&self.base) as *const () as usize,
-            self.offset..self.offset + self.nbytes(),
-        )
+        (Arc::as_ptr(&self.base) as *const () as usize, self.offset..self.offset + self.nbytes())
     }
 
     /// Whether the two windows share any byte.
@@ -297,11 +262,7 @@ impl Buffer {
     /// Copies the buffer out into `dst` (exactly `nbytes()` bytes).
     pub fn copyout(&self, dst: &mut [u8]) -> Result<()> {
         if dst.len() != self.nbytes() {
-            return Err(Error::Buffer(format!(
-                "copyout of a {}-byte buffer into {} bytes",
-                self.nbytes(),
-                dst.len()
-            )));
+            return Err(Error::Buffer(format!("copyout of a {}-byte buffer into {} bytes", self.nbytes(), dst.len())));
         }
         let view = self.raw()?;
         // SAFETY: as in `copyin`.
@@ -320,9 +281,7 @@ impl Buffer {
         self.check_type::<T>()?;
         // SAFETY: T is a plain element type (no padding, any bit pattern valid), so its
         // memory is a valid byte slice of the same total size.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
-        };
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data)) };
         self.copyin(bytes)
     }
 
@@ -331,19 +290,14 @@ impl Buffer {
         self.check_type::<T>()?;
         let mut out = vec![T::default(); self.len];
         // SAFETY: as in `copy_from_slice`; every bit pattern written is a valid T.
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, self.nbytes()) };
+        let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, self.nbytes()) };
         self.copyout(bytes)?;
         Ok(out)
     }
 
     fn check_type<T: Element>(&self) -> Result<()> {
         if T::SCALAR != self.dtype {
-            return Err(Error::Buffer(format!(
-                "host access as {} to a buffer of {}",
-                T::SCALAR,
-                self.dtype
-            )));
+            return Err(Error::Buffer(format!("host access as {} to a buffer of {}", T::SCALAR, self.dtype)));
         }
         Ok(())
     }
@@ -359,9 +313,7 @@ impl Buffer {
             )));
         }
         if self.overlaps(src) {
-            return Err(Error::Buffer(
-                "copy between overlapping windows of one buffer".into(),
-            ));
+            return Err(Error::Buffer("copy between overlapping windows of one buffer".into()));
         }
         if Arc::ptr_eq(&self.base.allocator, &src.base.allocator) {
             let (d, s) = (self.raw()?, src.raw()?);

@@ -102,17 +102,9 @@ impl Device {
         runtime: RuntimeFactory,
     ) -> Result<Device> {
         if compilers.is_empty() {
-            return Err(Error::Invalid(format!(
-                "device {spec} needs at least one renderer/compiler pair"
-            )));
+            return Err(Error::Invalid(format!("device {spec} needs at least one renderer/compiler pair")));
         }
-        Ok(Device {
-            spec,
-            description,
-            allocator,
-            compilers,
-            runtime,
-        })
+        Ok(Device { spec, description, allocator, compilers, runtime })
     }
 
     pub fn renderer(&self) -> &Arc<dyn Renderer> {
@@ -138,10 +130,7 @@ impl Device {
         let spec = self.renderer().render(sink, name)?;
         let compiled = self.compiler().compile(&spec)?;
         let program = (self.runtime)(&compiled)?;
-        Ok(Kernel {
-            spec: compiled.spec.clone(),
-            program,
-        })
+        Ok(Kernel { spec: compiled.spec.clone(), program })
     }
 }
 
@@ -155,21 +144,12 @@ struct Registry {
 
 fn registry() -> &'static Mutex<Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(|| {
-        Mutex::new(Registry {
-            openers: HashMap::new(),
-            open: HashMap::new(),
-        })
-    })
+    R.get_or_init(|| Mutex::new(Registry { openers: HashMap::new(), open: HashMap::new() }))
 }
 
 /// Registers the opener of a backend family (`"CPU"`, `"OPENCL"`, ...).
 pub fn register_backend(base_type: &'static str, opener: DeviceOpener) {
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .openers
-        .insert(base_type, opener);
+    registry().lock().unwrap_or_else(|p| p.into_inner()).openers.insert(base_type, opener);
 }
 
 /// Opens `name` (e.g. `"CPU"`, `"OPENCL:0"`) once per process and returns the shared device.
@@ -180,12 +160,9 @@ pub fn open_device(name: &str) -> Result<Arc<Device>> {
         if let Some(d) = r.open.get(&spec) {
             return Ok(d.clone());
         }
-        *r.openers.get(spec.base_type()).ok_or_else(|| {
-            Error::Unavailable(format!(
-                "no {} backend is registered in this build",
-                spec.base_type()
-            ))
-        })?
+        *r.openers
+            .get(spec.base_type())
+            .ok_or_else(|| Error::Unavailable(format!("no {} backend is registered in this build", spec.base_type())))?
     };
     // Open outside the lock: opening may be slow (driver start-up).
     let device = opener(&spec)?;

@@ -19,11 +19,7 @@ pub enum Error {
     /// The backend compiler rejected the source. `log` is its output; `line` the offending
     /// source line when the log names one.
     #[error("compile failed: {message}\n{log}{}", line.as_ref().map(|l| format!("\noffending line: {l}")).unwrap_or_default())]
-    Compile {
-        message: String,
-        log: String,
-        line: Option<String>,
-    },
+    Compile { message: String, log: String, line: Option<String> },
     /// Loading a compiled program failed (missing symbol, bad binary).
     #[error("load failed: {0}")]
     Load(String),
@@ -38,33 +34,16 @@ pub enum Error {
         "out of memory on {device}: requested {requested} B, in use {in_use} B, cached {cached} B, budget {}; free buffers or raise KILN_MEMORY_BUDGET",
         budget.map(|b| format!("{b} B")).unwrap_or_else(|| "none".into())
     )]
-    OutOfMemory {
-        device: String,
-        requested: usize,
-        in_use: usize,
-        cached: usize,
-        budget: Option<usize>,
-    },
+    OutOfMemory { device: String, requested: usize, in_use: usize, cached: usize, budget: Option<usize> },
     /// A timeline signal wait ran out of time.
     #[error("timeout: waited {waited_ms} ms for signal value {target}, current value {current}")]
-    Timeout {
-        target: u64,
-        current: u64,
-        waited_ms: u64,
-    },
+    Timeout { target: u64, current: u64, waited_ms: u64 },
     /// A signal was failed by the work that should have set it; carries the original error.
     #[error("signal failed: {0}")]
     SignalFailed(String),
     /// An object from an older device generation was used after a device reset.
-    #[error(
-        "device lost: {what} belongs to generation {had} of {device}, the device is now at {now}; recreate it"
-    )]
-    DeviceLost {
-        device: String,
-        what: String,
-        had: u64,
-        now: u64,
-    },
+    #[error("device lost: {what} belongs to generation {had} of {device}, the device is now at {now}; recreate it")]
+    DeviceLost { device: String, what: String, had: u64, now: u64 },
     /// A device or backend that is not present on this machine.
     #[error("device unavailable: {0}")]
     Unavailable(String),
@@ -73,10 +52,7 @@ pub enum Error {
     Cache(String),
     /// A backend driver call failed.
     #[error("{backend} driver: {message}")]
-    Driver {
-        backend: &'static str,
-        message: String,
-    },
+    Driver { backend: &'static str, message: String },
     /// An argument that makes no sense (a foreign signal type, an unknown option).
     #[error("invalid argument: {0}")]
     Invalid(String),

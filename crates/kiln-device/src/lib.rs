@@ -13,8 +13,8 @@ pub use device::{CompilerPair, Device, DeviceOpener, Kernel, open_device, regist
 pub use error::{Error, Result};
 pub use kiln_ir;
 pub use program::{
-    CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory,
-    Variable, special_axis,
+    CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,
+    special_axis,
 };
 pub use queue::{HardwareQueue, QueueFactory};
 pub use signal::TimelineSignal;

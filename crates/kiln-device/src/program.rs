@@ -62,18 +62,12 @@ impl ProgramSpec {
     /// Validates `sink` and derives all metadata from it; `src` is the rendered source.
     ///
     /// Slots must be dense (0..n): buffers are passed positionally.
-    pub fn from_sink(
-        name: &str,
-        src: String,
-        device: DeviceSpec,
-        sink: &Arc<UOp>,
-    ) -> Result<ProgramSpec> {
+    pub fn from_sink(name: &str, src: String, device: DeviceSpec, sink: &Arc<UOp>) -> Result<ProgramSpec> {
         validate(sink)?;
         let one = || UOp::index_const(1);
         let mut global = [one(), one(), one()];
         let mut local: Option<[Arc<UOp>; 3]> = Some([one(), one(), one()]);
-        let (mut globals, mut outs, mut ins, mut params) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut globals, mut outs, mut ins, mut params) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for node in sink.toposort() {
             match node.op() {
                 Op::Param => {
@@ -81,17 +75,16 @@ impl ProgramSpec {
                     if !globals.contains(&slot) {
                         globals.push(slot);
                         let scalar = node.dtype().scalar().unwrap_or(Scalar::U8);
-                        params.push(ParamInfo {
-                            slot,
-                            scalar,
-                            len: node.src()[0].clone(),
-                        });
+                        params.push(ParamInfo { slot, scalar, len: node.src()[0].clone() });
                     }
                 }
                 Op::Special => {
                     let name = node.arg_name().unwrap_or_default();
-                    let (kind, axis) = special_axis(name)
-                        .ok_or_else(|| Error::Render(format!("unknown launch index `{name}` (use gidxN, lidxN, idxN with N < 3, or core_id)")))?;
+                    let (kind, axis) = special_axis(name).ok_or_else(|| {
+                        Error::Render(format!(
+                            "unknown launch index `{name}` (use gidxN, lidxN, idxN with N < 3, or core_id)"
+                        ))
+                    })?;
                     let extent = node.src()[0].clone();
                     match kind {
                         'g' => global[axis] = extent,
@@ -104,11 +97,7 @@ impl ProgramSpec {
                 }
                 Op::Store | Op::Load => {
                     if let Some(slot) = param_slot(&node.src()[0]) {
-                        if node.op() == Op::Store {
-                            outs.push(slot)
-                        } else {
-                            ins.push(slot)
-                        }
+                        if node.op() == Op::Store { outs.push(slot) } else { ins.push(slot) }
                     }
                 }
                 _ => {}
@@ -129,11 +118,7 @@ impl ProgramSpec {
         let vars: Vec<Variable> = variables(sink)
             .iter()
             .filter_map(|v| match v.arg() {
-                Arg::Var { name, min, max } => Some(Variable {
-                    name: name.clone(),
-                    min: *min,
-                    max: *max,
-                }),
+                Arg::Var { name, min, max } => Some(Variable { name: name.clone(), min: *min, max: *max }),
                 _ => None,
             })
             .collect();
@@ -167,13 +152,9 @@ impl ProgramSpec {
         }
         for (v, &x) in self.vars.iter().zip(vals) {
             if x < v.min || x > v.max {
-                return Err(kiln_ir::IrError::VarOutOfRange {
-                    name: v.name.clone(),
-                    value: x,
-                    min: v.min,
-                    max: v.max,
-                }
-                .into());
+                return Err(
+                    kiln_ir::IrError::VarOutOfRange { name: v.name.clone(), value: x, min: v.min, max: v.max }.into()
+                );
             }
         }
         Ok(())
@@ -181,12 +162,7 @@ impl ProgramSpec {
 
     /// Evaluates an expression of this kernel with positional `vals`.
     pub fn eval(&self, expr: &Arc<UOp>, vals: &[i64]) -> Result<i64> {
-        let lookup = |name: &str| {
-            self.var_names
-                .iter()
-                .position(|n| n == name)
-                .and_then(|i| vals.get(i).copied())
-        };
+        let lookup = |name: &str| self.var_names.iter().position(|n| n == name).and_then(|i| vals.get(i).copied());
         Ok(eval_int(expr, &lookup)?)
     }
 
@@ -199,22 +175,15 @@ impl ProgramSpec {
             for (axis, e) in exprs.iter().enumerate() {
                 let v = self.eval(e, vals)?;
                 if v <= 0 {
-                    return Err(Error::Launch(format!(
-                        "{what} size on axis {axis} evaluated to {v}; it must be ≥ 1"
-                    )));
+                    return Err(Error::Launch(format!("{what} size on axis {axis} evaluated to {v}; it must be ≥ 1")));
                 }
-                out[axis] = usize::try_from(v)
-                    .map_err(|_| Error::Launch(format!("{what} size {v} does not fit")))?;
+                out[axis] = usize::try_from(v).map_err(|_| Error::Launch(format!("{what} size {v} does not fit")))?;
             }
             Ok(out)
         };
         Ok(LaunchDims {
             global: dims(&self.global_size, "global")?,
-            local: self
-                .local_size
-                .as_ref()
-                .map(|l| dims(l, "local"))
-                .transpose()?,
+            local: self.local_size.as_ref().map(|l| dims(l, "local")).transpose()?,
         })
     }
 
@@ -224,8 +193,7 @@ impl ProgramSpec {
             .iter()
             .map(|p| {
                 let n = self.eval(&p.len, vals)?;
-                usize::try_from(n)
-                    .map_err(|_| Error::Launch(format!("buffer {} has negative size {n}", p.slot)))
+                usize::try_from(n).map_err(|_| Error::Launch(format!("buffer {} has negative size {n}", p.slot)))
             })
             .collect()
     }
@@ -238,29 +206,14 @@ impl ProgramSpec {
     /// This spec as a PROGRAM value: `PROGRAM(sink, DEVICE, LINEAR, SOURCE[, BINARY])`.
     /// A compiled kernel is then itself content-addressed.
     pub fn to_uop(&self, binary: Option<&[u8]>) -> Result<Arc<UOp>> {
-        let device = UOp::new(
-            Op::Device,
-            DType::Void,
-            Arg::Device(self.device.clone()),
-            vec![],
-        );
+        let device = UOp::new(Op::Device, DType::Void, Arg::Device(self.device.clone()), vec![]);
         let linear = UOp::new(Op::Linear, DType::Void, Arg::None, self.linear()?);
         let source = UOp::new(Op::Source, DType::Void, Arg::Str(self.src.clone()), vec![]);
         let mut src = vec![self.ast.clone(), device, linear, source];
         if let Some(b) = binary {
-            src.push(UOp::new(
-                Op::Binary,
-                DType::Void,
-                Arg::Bytes(b.to_vec()),
-                vec![],
-            ));
+            src.push(UOp::new(Op::Binary, DType::Void, Arg::Bytes(b.to_vec()), vec![]));
         }
-        Ok(UOp::new(
-            Op::Program,
-            DType::Void,
-            Arg::Str(self.name.clone()),
-            src,
-        ))
+        Ok(UOp::new(Op::Program, DType::Void, Arg::Str(self.name.clone()), src))
     }
 
     /// Rebuilds the spec from a PROGRAM value; metadata is derived again from its SINK.
@@ -384,40 +337,28 @@ mod tests {
 
     #[test]
     fn metadata_is_derived_from_the_graph() {
-        let spec =
-            ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
         assert_eq!(spec.globals, vec![0, 1]);
         assert_eq!(spec.ins, vec![0]);
         assert_eq!(spec.outs, vec![1]);
         assert_eq!(spec.var_names, vec!["n".to_string()]);
         let d = spec.launch_dims(&[64]).unwrap();
-        assert_eq!(
-            d,
-            LaunchDims {
-                global: [16, 1, 1],
-                local: Some([4, 1, 1])
-            }
-        );
+        assert_eq!(d, LaunchDims { global: [16, 1, 1], local: Some([4, 1, 1]) });
         assert_eq!(spec.param_lens(&[64]).unwrap(), vec![64, 64]);
     }
 
     #[test]
     fn bad_launches_are_errors() {
-        let spec =
-            ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
         // n / 4 == 0 for n = 3: a zero dimension.
         assert!(matches!(spec.launch_dims(&[3]), Err(Error::Launch(_))));
-        assert!(matches!(
-            spec.launch_dims(&[1 << 21]),
-            Err(Error::Ir(kiln_ir::IrError::VarOutOfRange { .. }))
-        ));
+        assert!(matches!(spec.launch_dims(&[1 << 21]), Err(Error::Ir(kiln_ir::IrError::VarOutOfRange { .. }))));
         assert!(matches!(spec.launch_dims(&[]), Err(Error::Launch(_))));
     }
 
     #[test]
     fn program_value_round_trips() {
-        let spec =
-            ProgramSpec::from_sink("k", "src".into(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let spec = ProgramSpec::from_sink("k", "src".into(), DeviceSpec::Cpu, &elementwise()).unwrap();
         let p = spec.to_uop(Some(b"bin")).unwrap();
         let back = ProgramSpec::from_uop(&p).unwrap();
         assert_eq!(back.src, "src");

@@ -44,17 +44,8 @@ impl Val {
     }
 
     fn bin(&self, op: Op, rhs: &Val) -> Val {
-        let dt = if op.is_comparison() {
-            DType::vec(Scalar::Bool, self.dtype().width())
-        } else {
-            self.dtype()
-        };
-        Val(UOp::new(
-            op,
-            dt,
-            Arg::None,
-            vec![self.0.clone(), rhs.0.clone()],
-        ))
+        let dt = if op.is_comparison() { DType::vec(Scalar::Bool, self.dtype().width()) } else { self.dtype() };
+        Val(UOp::new(op, dt, Arg::None, vec![self.0.clone(), rhs.0.clone()]))
     }
 
     /// A constant of this value's dtype (broadcast to its lanes for vectors).
@@ -152,41 +143,21 @@ impl Val {
     /// `self ? a : b`.
     pub fn select(&self, a: &Val, b: impl IntoVal) -> Val {
         let b = b.into_val(a.dtype());
-        Val(UOp::new(
-            Op::Where,
-            a.dtype(),
-            Arg::None,
-            vec![self.0.clone(), a.0.clone(), b.0],
-        ))
+        Val(UOp::new(Op::Where, a.dtype(), Arg::None, vec![self.0.clone(), a.0.clone(), b.0]))
     }
     /// `self * b + c` in one rounding where the target has FMA.
     pub fn mul_acc(&self, b: &Val, c: &Val) -> Val {
-        Val(UOp::new(
-            Op::MulAcc,
-            self.dtype(),
-            Arg::None,
-            vec![self.0.clone(), b.0.clone(), c.0.clone()],
-        ))
+        Val(UOp::new(Op::MulAcc, self.dtype(), Arg::None, vec![self.0.clone(), b.0.clone(), c.0.clone()]))
     }
     pub fn cast(&self, dtype: DType) -> Val {
         Val(UOp::new(Op::Cast, dtype, Arg::None, vec![self.0.clone()]))
     }
     pub fn bitcast(&self, dtype: DType) -> Val {
-        Val(UOp::new(
-            Op::Bitcast,
-            dtype,
-            Arg::None,
-            vec![self.0.clone()],
-        ))
+        Val(UOp::new(Op::Bitcast, dtype, Arg::None, vec![self.0.clone()]))
     }
     /// Lane `i` of a vector.
     pub fn gep(&self, i: u8) -> Val {
-        Val(UOp::new(
-            Op::Gep,
-            self.dtype().lane(),
-            Arg::Int(i as i64),
-            vec![self.0.clone()],
-        ))
+        Val(UOp::new(Op::Gep, self.dtype().lane(), Arg::Int(i as i64), vec![self.0.clone()]))
     }
     /// This scalar broadcast to `width` lanes.
     pub fn broadcast(&self, width: u8) -> Val {
@@ -197,12 +168,7 @@ impl Val {
     pub fn vectorize(lanes: &[Val]) -> Val {
         let lane = lanes.first().map(Val::dtype).unwrap_or(DType::F32);
         let dt = DType::vec(lane.scalar().unwrap_or(Scalar::F32), lanes.len() as u8);
-        Val(UOp::new(
-            Op::Vectorize,
-            dt,
-            Arg::None,
-            lanes.iter().map(|l| l.0.clone()).collect(),
-        ))
+        Val(UOp::new(Op::Vectorize, dt, Arg::None, lanes.iter().map(|l| l.0.clone()).collect()))
     }
 
     /// The address of element `idx` of this buffer (scalar access).
@@ -213,19 +179,10 @@ impl Val {
     /// The address of `width` consecutive elements starting at `idx` (vector access).
     pub fn at_vec(&self, idx: &Val, width: u8) -> Val {
         let dt = match self.dtype() {
-            DType::Ptr { scalar, space, .. } => DType::Ptr {
-                scalar,
-                width: width.max(1),
-                space,
-            },
+            DType::Ptr { scalar, space, .. } => DType::Ptr { scalar, width: width.max(1), space },
             other => other, // validate() reports the misuse with context
         };
-        Val(UOp::new(
-            Op::Index,
-            dt,
-            Arg::None,
-            vec![self.0.clone(), idx.0.clone()],
-        ))
+        Val(UOp::new(Op::Index, dt, Arg::None, vec![self.0.clone(), idx.0.clone()]))
     }
 
     /// Loads through this address.
@@ -238,12 +195,7 @@ impl Val {
     pub fn load_gated(&self, gate: &Val, alt: impl IntoVal) -> Val {
         let dt = self.dtype().pointee().unwrap_or(self.dtype());
         let alt = alt.into_val(dt);
-        Val(UOp::new(
-            Op::Load,
-            dt,
-            Arg::None,
-            vec![self.0.clone(), alt.0, gate.0.clone()],
-        ))
+        Val(UOp::new(Op::Load, dt, Arg::None, vec![self.0.clone(), alt.0, gate.0.clone()]))
     }
 }
 
@@ -307,14 +259,7 @@ impl<R: IntoVal> ops::Div<R> for &Val {
     type Output = Val;
     fn div(self, rhs: R) -> Val {
         let rhs = rhs.into_val(self.dtype());
-        self.bin(
-            if self.dtype().is_float() {
-                Op::Div
-            } else {
-                Op::Idiv
-            },
-            &rhs,
-        )
+        self.bin(if self.dtype().is_float() { Op::Div } else { Op::Idiv }, &rhs)
     }
 }
 impl<R: IntoVal> ops::Div<R> for Val {
@@ -365,20 +310,10 @@ impl Acc {
     /// Sets the accumulator to `v` for the next iteration and returns the value the
     /// accumulator has after all its reduce loops have run.
     pub fn update(&self, v: &Val) -> Val {
-        let assign = Val(UOp::new(
-            Op::Assign,
-            self.acc.dtype(),
-            Arg::None,
-            vec![self.acc.0.clone(), v.0.clone()],
-        ));
+        let assign = Val(UOp::new(Op::Assign, self.acc.dtype(), Arg::None, vec![self.acc.0.clone(), v.0.clone()]));
         let mut out = assign;
         for r in self.ranges.iter().rev() {
-            out = Val(UOp::new(
-                Op::End,
-                out.dtype(),
-                Arg::None,
-                vec![r.0.clone(), out.0.clone()],
-            ));
+            out = Val(UOp::new(Op::End, out.dtype(), Arg::None, vec![r.0.clone(), out.0.clone()]));
         }
         out
     }
@@ -391,26 +326,13 @@ impl KernelBuilder {
 
     /// An integer variable bound at launch, with inclusive bounds.
     pub fn var(&mut self, name: &str, min: i64, max: i64) -> Val {
-        Val(UOp::new(
-            Op::DefineVar,
-            DType::INDEX,
-            Arg::Var {
-                name: name.into(),
-                min,
-                max,
-            },
-            vec![],
-        ))
+        Val(UOp::new(Op::DefineVar, DType::INDEX, Arg::Var { name: name.into(), min, max }, vec![]))
     }
 
     /// Buffer parameter `slot` of `len` elements of `scalar`.
     pub fn param(&mut self, slot: usize, scalar: Scalar, len: impl IntoVal) -> Val {
         let len = len.into_val(DType::INDEX);
-        let dt = DType::Ptr {
-            scalar,
-            width: 1,
-            space: AddrSpace::Global,
-        };
+        let dt = DType::Ptr { scalar, width: 1, space: AddrSpace::Global };
         Val(UOp::new(Op::Param, dt, Arg::Int(slot as i64), vec![len.0]))
     }
 
@@ -422,12 +344,7 @@ impl KernelBuilder {
     /// A launch index by name: `gidxN`/`lidxN` (grouped) or `idxN` (direct global).
     pub fn special(&mut self, name: &str, extent: impl IntoVal) -> Val {
         let extent = extent.into_val(DType::INDEX);
-        Val(UOp::new(
-            Op::Special,
-            DType::INDEX,
-            Arg::Str(name.into()),
-            vec![extent.0],
-        ))
+        Val(UOp::new(Op::Special, DType::INDEX, Arg::Str(name.into()), vec![extent.0]))
     }
 
     /// Opens a loop over `0..extent`. Loops opened later nest inside earlier ones when used together.
@@ -435,12 +352,7 @@ impl KernelBuilder {
         let extent = extent.into_val(DType::INDEX);
         let axis = self.next_axis;
         self.next_axis += 1;
-        Val(UOp::new(
-            Op::Range,
-            DType::INDEX,
-            Arg::Int(axis),
-            vec![extent.0],
-        ))
+        Val(UOp::new(Op::Range, DType::INDEX, Arg::Int(axis), vec![extent.0]))
     }
 
     /// An accumulator starting at `init`, reduced over `ranges`.
@@ -456,24 +368,14 @@ impl KernelBuilder {
     /// Stores `v` at `addr`; returns the store effect (already recorded for the SINK unless
     /// it lies in a loop: close loops with [`KernelBuilder::end`]).
     pub fn store(&mut self, addr: &Val, v: &Val) -> Val {
-        let s = Val(UOp::new(
-            Op::Store,
-            DType::Void,
-            Arg::None,
-            vec![addr.0.clone(), v.0.clone()],
-        ));
+        let s = Val(UOp::new(Op::Store, DType::Void, Arg::None, vec![addr.0.clone(), v.0.clone()]));
         self.effects.push(s.0.clone());
         s
     }
 
     /// Stores `v` at `addr` where `gate` holds.
     pub fn store_gated(&mut self, addr: &Val, v: &Val, gate: &Val) -> Val {
-        let s = Val(UOp::new(
-            Op::Store,
-            DType::Void,
-            Arg::None,
-            vec![addr.0.clone(), v.0.clone(), gate.0.clone()],
-        ));
+        let s = Val(UOp::new(Op::Store, DType::Void, Arg::None, vec![addr.0.clone(), v.0.clone(), gate.0.clone()]));
         self.effects.push(s.0.clone());
         s
     }
@@ -481,8 +383,7 @@ impl KernelBuilder {
     /// Closes `range` after `effects` (stores inside the loop). The recorded effects are
     /// replaced by the END.
     pub fn end(&mut self, range: &Val, effects: &[&Val]) -> Val {
-        self.effects
-            .retain(|e| !effects.iter().any(|x| Arc::ptr_eq(&x.0, e)));
+        self.effects.retain(|e| !effects.iter().any(|x| Arc::ptr_eq(&x.0, e)));
         let mut src = vec![range.0.clone()];
         src.extend(effects.iter().map(|e| e.0.clone()));
         let e = Val(UOp::new(Op::End, DType::Void, Arg::None, src));

@@ -115,11 +115,7 @@ pub enum DType {
     /// `width` lanes of one scalar (2 ≤ width ≤ 64).
     Vector(Scalar, u8),
     /// A pointer to elements of `scalar` (accessed `width` lanes at a time; 1 = scalar).
-    Ptr {
-        scalar: Scalar,
-        width: u8,
-        space: AddrSpace,
-    },
+    Ptr { scalar: Scalar, width: u8, space: AddrSpace },
 }
 
 impl DType {
@@ -135,20 +131,12 @@ impl DType {
 
     /// A vector of `width` lanes; `width == 1` gives the scalar.
     pub fn vec(scalar: Scalar, width: u8) -> DType {
-        if width <= 1 {
-            DType::Scalar(scalar)
-        } else {
-            DType::Vector(scalar, width)
-        }
+        if width <= 1 { DType::Scalar(scalar) } else { DType::Vector(scalar, width) }
     }
 
     /// A global pointer to `scalar` elements.
     pub fn ptr(scalar: Scalar) -> DType {
-        DType::Ptr {
-            scalar,
-            width: 1,
-            space: AddrSpace::Global,
-        }
+        DType::Ptr { scalar, width: 1, space: AddrSpace::Global }
     }
 
     /// The scalar underneath (for pointers: the pointee's scalar).
@@ -229,11 +217,7 @@ impl fmt::Display for DType {
             DType::Void => f.write_str("void"),
             DType::Scalar(s) => write!(f, "{s}"),
             DType::Vector(s, w) => write!(f, "{s}x{w}"),
-            DType::Ptr {
-                scalar,
-                width,
-                space,
-            } => {
+            DType::Ptr { scalar, width, space } => {
                 let space = match space {
                     AddrSpace::Global => "ptr",
                     AddrSpace::Local => "lptr",
@@ -247,11 +231,8 @@ impl fmt::Display for DType {
 impl FromStr for DType {
     type Err = IrError;
     fn from_str(s: &str) -> Result<Self, IrError> {
-        let bad = || {
-            IrError::Invalid(format!(
-                "unknown dtype `{s}` (examples: f32, f32x4, ptr<f32>, lptr<f32x4>, void)"
-            ))
-        };
+        let bad =
+            || IrError::Invalid(format!("unknown dtype `{s}` (examples: f32, f32x4, ptr<f32>, lptr<f32x4>, void)"));
         if s == "void" {
             return Ok(DType::Void);
         }
@@ -259,16 +240,8 @@ impl FromStr for DType {
             if let Some(inner) = s.strip_prefix(prefix).and_then(|r| r.strip_suffix('>')) {
                 let inner: DType = inner.parse().map_err(|_| bad())?;
                 return match inner {
-                    DType::Scalar(scalar) => Ok(DType::Ptr {
-                        scalar,
-                        width: 1,
-                        space,
-                    }),
-                    DType::Vector(scalar, width) => Ok(DType::Ptr {
-                        scalar,
-                        width,
-                        space,
-                    }),
+                    DType::Scalar(scalar) => Ok(DType::Ptr { scalar, width: 1, space }),
+                    DType::Vector(scalar, width) => Ok(DType::Ptr { scalar, width, space }),
                     _ => Err(bad()),
                 };
             }
@@ -277,9 +250,7 @@ impl FromStr for DType {
             let scalar: Scalar = base.parse().map_err(|_| bad())?;
             let width: u8 = width.parse().map_err(|_| bad())?;
             if !(2..=64).contains(&width) {
-                return Err(IrError::Invalid(format!(
-                    "vector width in `{s}` must be 2..=64"
-                )));
+                return Err(IrError::Invalid(format!("vector width in `{s}` must be 2..=64")));
             }
             return Ok(DType::Vector(scalar, width));
         }
@@ -330,9 +301,7 @@ impl FromStr for DeviceSpec {
         let (base, ordinal) = match upper.split_once(':') {
             Some((b, o)) => {
                 let ordinal = o.parse::<u32>().map_err(|_| {
-                    IrError::Invalid(format!(
-                        "device `{s}`: ordinal `{o}` is not a non-negative integer"
-                    ))
+                    IrError::Invalid(format!("device `{s}`: ordinal `{o}` is not a non-negative integer"))
                 })?;
                 (b.to_string(), Some(ordinal))
             }
@@ -340,15 +309,9 @@ impl FromStr for DeviceSpec {
         };
         match (base.as_str(), ordinal) {
             ("CPU", None | Some(0)) => Ok(DeviceSpec::Cpu),
-            ("OPENCL" | "CL", o) => Ok(DeviceSpec::OpenCl {
-                ordinal: o.unwrap_or(0),
-            }),
-            ("CUDA" | "GPU", o) => Ok(DeviceSpec::Cuda {
-                ordinal: o.unwrap_or(0),
-            }),
-            _ => Err(IrError::Invalid(format!(
-                "unknown device `{s}` (expected CPU, OPENCL[:n] or CUDA[:n])"
-            ))),
+            ("OPENCL" | "CL", o) => Ok(DeviceSpec::OpenCl { ordinal: o.unwrap_or(0) }),
+            ("CUDA" | "GPU", o) => Ok(DeviceSpec::Cuda { ordinal: o.unwrap_or(0) }),
+            _ => Err(IrError::Invalid(format!("unknown device `{s}` (expected CPU, OPENCL[:n] or CUDA[:n])"))),
         }
     }
 }
@@ -364,11 +327,7 @@ mod tests {
             all.push(DType::Scalar(s));
             all.push(DType::Vector(s, 4));
             all.push(DType::ptr(s));
-            all.push(DType::Ptr {
-                scalar: s,
-                width: 8,
-                space: AddrSpace::Local,
-            });
+            all.push(DType::Ptr { scalar: s, width: 8, space: AddrSpace::Local });
         }
         for d in all {
             assert_eq!(d.to_string().parse::<DType>().unwrap(), d, "{d}");
@@ -381,14 +340,8 @@ mod tests {
     #[test]
     fn device_spec_parses_and_prints() {
         assert_eq!("CPU".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
-        assert_eq!(
-            "cuda:1".parse::<DeviceSpec>().unwrap(),
-            DeviceSpec::Cuda { ordinal: 1 }
-        );
-        assert_eq!(
-            "OPENCL:0".parse::<DeviceSpec>().unwrap().to_string(),
-            "OPENCL:0"
-        );
+        assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda { ordinal: 1 });
+        assert_eq!("OPENCL:0".parse::<DeviceSpec>().unwrap().to_string(), "OPENCL:0");
         assert_eq!(DeviceSpec::Cuda { ordinal: 1 }.base_type(), "CUDA");
         assert!("TPU".parse::<DeviceSpec>().is_err());
         assert!("CUDA:x".parse::<DeviceSpec>().is_err());

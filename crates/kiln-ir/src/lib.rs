@@ -26,18 +26,10 @@ pub use validate::validate;
 pub enum IrError {
     /// Kernel text that does not parse.
     #[error("line {line}, column {col}: {message}")]
-    Parse {
-        line: usize,
-        col: usize,
-        message: String,
-    },
+    Parse { line: usize, col: usize, message: String },
     /// A node that breaks an operand or dtype rule. `node` is its `%N` number in `print` order.
     #[error("%{node} {op}: {message}")]
-    Type {
-        node: usize,
-        op: &'static str,
-        message: String,
-    },
+    Type { node: usize, op: &'static str, message: String },
     /// Loops that cannot be laid out (an unclosed range, a cycle through END).
     #[error("kernel structure: {message}", message = .0)]
     Structure(String),
@@ -46,12 +38,7 @@ pub enum IrError {
     MissingVar(String),
     /// A variable bound outside its declared bounds.
     #[error("variable `{name}` = {value} is outside its bounds [{min}, {max}]")]
-    VarOutOfRange {
-        name: String,
-        value: i64,
-        min: i64,
-        max: i64,
-    },
+    VarOutOfRange { name: String, value: i64, min: i64, max: i64 },
     /// A size expression that cannot be evaluated (overflow, division by zero, bad op).
     #[error("size expression: {0}")]
     Eval(String),

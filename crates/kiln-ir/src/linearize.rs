@@ -20,17 +20,11 @@ type Chain = Vec<usize>; // range indices, outermost first
 /// Linearizes the kernel rooted at `sink`.
 pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let topo = sink.toposort();
-    let index: HashMap<*const UOp, usize> = topo
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (Arc::as_ptr(n), i))
-        .collect();
+    let index: HashMap<*const UOp, usize> = topo.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i)).collect();
     let at = |n: &Arc<UOp>| index[&Arc::as_ptr(n)];
 
     // Ranges ordered by (axis, topo position): that order is the nesting order.
-    let mut ranges: Vec<usize> = (0..topo.len())
-        .filter(|&i| topo[i].op() == Op::Range)
-        .collect();
+    let mut ranges: Vec<usize> = (0..topo.len()).filter(|&i| topo[i].op() == Op::Range).collect();
     ranges.sort_by_key(|&i| (topo[i].arg_int().unwrap_or(0), i));
     let rank: HashMap<usize, usize> = ranges.iter().enumerate().map(|(r, &i)| (i, r)).collect();
     let structural = |msg: String| IrError::Structure(msg);
@@ -77,10 +71,7 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     }
     // Transitive closure, innermost last: outer ranks are smaller, so one pass in rank order works.
     for r in 0..ranges.len() {
-        let extra: Vec<usize> = outer[r]
-            .iter()
-            .flat_map(|&o| outer[o].iter().copied())
-            .collect();
+        let extra: Vec<usize> = outer[r].iter().flat_map(|&o| outer[o].iter().copied()).collect();
         outer[r].extend(extra);
     }
     let close = |s: &BTreeSet<usize>| -> BTreeSet<usize> {
@@ -116,10 +107,7 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     }
     if !chain[topo.len() - 1].is_empty() {
         let open = chain[topo.len() - 1][0];
-        return Err(structural(format!(
-            "range %{} is never closed by an END",
-            ranges[open]
-        )));
+        return Err(structural(format!("range %{} is never closed by an END", ranges[open])));
     }
 
     // Group nodes into blocks keyed by chain; a RANGE heads the block of its own chain, an END
@@ -129,10 +117,7 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     for (i, node) in topo.iter().enumerate() {
         match node.op() {
             Op::Range => {}
-            Op::End => ends_of
-                .entry(rank[&at(&node.src()[0])])
-                .or_default()
-                .push(i),
+            Op::End => ends_of.entry(rank[&at(&node.src()[0])]).or_default().push(i),
             _ => members.entry(chain[i].clone()).or_default().push(i),
         }
     }
@@ -150,25 +135,11 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
         if topo[node].op() == Op::Range {
             return item_for_chain(c, parent);
         }
-        if c == parent {
-            Some(Item::Node(node))
-        } else {
-            item_for_chain(c, parent)
-        }
+        if c == parent { Some(Item::Node(node)) } else { item_for_chain(c, parent) }
     };
 
     let mut out = Vec::with_capacity(topo.len());
-    emit_block(
-        &[],
-        &topo,
-        &at,
-        &members,
-        &ranges,
-        &chain,
-        &ends_of,
-        &item_in,
-        &mut out,
-    )?;
+    emit_block(&[], &topo, &at, &members, &ranges, &chain, &ends_of, &item_in, &mut out)?;
     Ok(out)
 }
 
@@ -180,11 +151,7 @@ enum Item {
 }
 
 fn item_for_chain(c: &[usize], parent: &[usize]) -> Option<Item> {
-    if c.len() > parent.len() && c.starts_with(parent) {
-        Some(Item::Loop(c[parent.len()]))
-    } else {
-        None
-    }
+    if c.len() > parent.len() && c.starts_with(parent) { Some(Item::Loop(c[parent.len()])) } else { None }
 }
 
 fn chain_of_range(chain: &[Chain], ranges: &[usize], r: usize) -> Chain {
@@ -204,10 +171,8 @@ fn emit_block(
     out: &mut Vec<Arc<UOp>>,
 ) -> Result<(), IrError> {
     // Items of this block: its own nodes and its direct child loops.
-    let mut items: Vec<Item> = members
-        .get(block)
-        .map(|m| m.iter().map(|&i| Item::Node(i)).collect())
-        .unwrap_or_default();
+    let mut items: Vec<Item> =
+        members.get(block).map(|m| m.iter().map(|&i| Item::Node(i)).collect()).unwrap_or_default();
     for (r, &ri) in ranges.iter().enumerate() {
         let c = &chain[ri];
         if c.len() == block.len() + 1 && c.starts_with(block) && c[block.len()] == r {
@@ -243,11 +208,7 @@ fn emit_block(
         for n in nodes_of(*item) {
             key[k] = key[k].min(n);
             // A DEFINE_ACC names its reduce ranges but is defined before them.
-            let srcs = if topo[n].op() == Op::DefineAcc {
-                &topo[n].src()[..1]
-            } else {
-                topo[n].src()
-            };
+            let srcs = if topo[n].op() == Op::DefineAcc { &topo[n].src()[..1] } else { topo[n].src() };
             for s in srcs {
                 if let Some(d) = item_in(at(s), block)
                     && let Some(&dk) = pos.get(&d)
@@ -266,10 +227,8 @@ fn emit_block(
             users[dk].push(k);
         }
     }
-    let mut ready: BTreeSet<(usize, usize)> = (0..items.len())
-        .filter(|&k| missing[k] == 0)
-        .map(|k| (key[k], k))
-        .collect();
+    let mut ready: BTreeSet<(usize, usize)> =
+        (0..items.len()).filter(|&k| missing[k] == 0).map(|k| (key[k], k)).collect();
     let mut done = 0;
     while let Some((_, k)) = ready.pop_first() {
         done += 1;
@@ -279,9 +238,7 @@ fn emit_block(
                 out.push(topo[ranges[r]].clone());
                 let mut inner = block.to_vec();
                 inner.push(r);
-                emit_block(
-                    &inner, topo, at, members, ranges, chain, ends_of, item_in, out,
-                )?;
+                emit_block(&inner, topo, at, members, ranges, chain, ends_of, item_in, out)?;
                 for &e in ends_of.get(&r).map(Vec::as_slice).unwrap_or(&[]) {
                     out.push(topo[e].clone());
                 }
@@ -296,8 +253,7 @@ fn emit_block(
     }
     if done != items.len() {
         return Err(IrError::Structure(
-            "a value computed inside a loop is used inside that same loop through its END (cycle)"
-                .into(),
+            "a value computed inside a loop is used inside that same loop through its END (cycle)".into(),
         ));
     }
     Ok(())
@@ -316,11 +272,7 @@ mod tests {
     fn matmul_nests_loops_and_hoists_the_accumulator() {
         // C[i,j] = sum_k A[i,k] * B[k,j], with i, j, k all loops.
         let mut k = KernelBuilder::new();
-        let (a, b, c) = (
-            k.param(0, Scalar::F32, 16),
-            k.param(1, Scalar::F32, 16),
-            k.param(2, Scalar::F32, 16),
-        );
+        let (a, b, c) = (k.param(0, Scalar::F32, 16), k.param(1, Scalar::F32, 16), k.param(2, Scalar::F32, 16));
         let i = k.range(4);
         let j = k.range(4);
         let r = k.range(4);
@@ -340,12 +292,7 @@ mod tests {
         assert!(pos(&j.0) < acc_pos && acc_pos < pos(&r.0));
         // The store is after k's END and before j's END.
         let store_pos = order.iter().position(|n| n.op() == Op::Store).unwrap();
-        let ends: Vec<usize> = order
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.op() == Op::End)
-            .map(|(p, _)| p)
-            .collect();
+        let ends: Vec<usize> = order.iter().enumerate().filter(|(_, n)| n.op() == Op::End).map(|(p, _)| p).collect();
         assert_eq!(ends.len(), 3);
         assert!(ends[0] < store_pos && store_pos < ends[1]);
         assert_eq!(ops.last(), Some(&"SINK"));

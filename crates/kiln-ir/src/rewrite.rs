@@ -21,10 +21,7 @@ impl RewriteRules {
         Self::default()
     }
 
-    pub fn with(
-        mut self,
-        rule: impl Fn(&Arc<UOp>) -> Option<Arc<UOp>> + Send + Sync + 'static,
-    ) -> Self {
+    pub fn with(mut self, rule: impl Fn(&Arc<UOp>) -> Option<Arc<UOp>> + Send + Sync + 'static) -> Self {
         self.rules.push(Box::new(rule));
         self
     }
@@ -47,17 +44,9 @@ impl RewriteRules {
 
     fn pass(&self, root: &Arc<UOp>, memo: &mut HashMap<*const UOp, Arc<UOp>>) -> Arc<UOp> {
         for node in root.toposort() {
-            let src: Vec<Arc<UOp>> = node
-                .src()
-                .iter()
-                .map(|s| memo[&Arc::as_ptr(s)].clone())
-                .collect();
+            let src: Vec<Arc<UOp>> = node.src().iter().map(|s| memo[&Arc::as_ptr(s)].clone()).collect();
             let changed = src.iter().zip(node.src()).any(|(a, b)| !Arc::ptr_eq(a, b));
-            let mut new = if changed {
-                node.with_src(src)
-            } else {
-                node.clone()
-            };
+            let mut new = if changed { node.with_src(src) } else { node.clone() };
             for _ in 0..64 {
                 match self.rules.iter().find_map(|r| r(&new)) {
                     Some(r) if !Arc::ptr_eq(&r, &new) => new = r,

@@ -16,9 +16,7 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
             Arg::Int(v) => *v,
             Arg::Bool(b) => *b as i64,
             other => {
-                return Err(IrError::Eval(format!(
-                    "non-integer constant {other:?} in a size expression"
-                )));
+                return Err(IrError::Eval(format!("non-integer constant {other:?} in a size expression")));
             }
         },
         Op::DefineVar => {
@@ -27,23 +25,14 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
             };
             let v = lookup(name).ok_or_else(|| IrError::MissingVar(name.clone()))?;
             if v < *min || v > *max {
-                return Err(IrError::VarOutOfRange {
-                    name: name.clone(),
-                    value: v,
-                    min: *min,
-                    max: *max,
-                });
+                return Err(IrError::VarOutOfRange { name: name.clone(), value: v, min: *min, max: *max });
             }
             v
         }
         Op::Bind => eval_int(&expr.src()[1], lookup)?,
         Op::Cast | Op::After => eval_int(&expr.src()[0], lookup)?,
-        Op::Neg => eval_int(&expr.src()[0], lookup)?
-            .checked_neg()
-            .ok_or_else(|| overflow("NEG"))?,
-        Op::Abs => eval_int(&expr.src()[0], lookup)?
-            .checked_abs()
-            .ok_or_else(|| overflow("ABS"))?,
+        Op::Neg => eval_int(&expr.src()[0], lookup)?.checked_neg().ok_or_else(|| overflow("NEG"))?,
+        Op::Abs => eval_int(&expr.src()[0], lookup)?.checked_abs().ok_or_else(|| overflow("ABS"))?,
         op if op.is_binary() => {
             let a = eval_int(&expr.src()[0], lookup)?;
             let b = eval_int(&expr.src()[1], lookup)?;
@@ -68,9 +57,7 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
                 Op::Shl => u32::try_from(b).ok().and_then(|b| a.checked_shl(b)),
                 Op::Shr => u32::try_from(b).ok().and_then(|b| a.checked_shr(b)),
                 _ => {
-                    return Err(IrError::Eval(format!(
-                        "{op} is not allowed in a size expression"
-                    )));
+                    return Err(IrError::Eval(format!("{op} is not allowed in a size expression")));
                 }
             };
             r.ok_or_else(|| overflow(&format!("{a} {op} {b}")))?
@@ -83,9 +70,7 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
             }
         }
         op => {
-            return Err(IrError::Eval(format!(
-                "{op} is not allowed in a size expression"
-            )));
+            return Err(IrError::Eval(format!("{op} is not allowed in a size expression")));
         }
     };
     Ok(v)
@@ -93,11 +78,7 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
 
 /// The DEFINE_VARs below `root`, sorted by name, each once.
 pub fn variables(root: &Arc<UOp>) -> Vec<Arc<UOp>> {
-    let mut vars: Vec<Arc<UOp>> = root
-        .toposort()
-        .into_iter()
-        .filter(|n| n.op() == Op::DefineVar)
-        .collect();
+    let mut vars: Vec<Arc<UOp>> = root.toposort().into_iter().filter(|n| n.op() == Op::DefineVar).collect();
     vars.sort_by(|a, b| a.arg_name().cmp(&b.arg_name()));
     vars.dedup_by(|a, b| a.arg_name() == b.arg_name());
     vars
@@ -109,52 +90,24 @@ mod tests {
     use crate::dtype::DType;
 
     fn var(name: &str, min: i64, max: i64) -> Arc<UOp> {
-        UOp::new(
-            Op::DefineVar,
-            DType::I32,
-            Arg::Var {
-                name: name.into(),
-                min,
-                max,
-            },
-            vec![],
-        )
+        UOp::new(Op::DefineVar, DType::I32, Arg::Var { name: name.into(), min, max }, vec![])
     }
 
     #[test]
     fn evaluates_with_bounds_and_overflow_checks() {
         let n = var("n", 1, 100);
-        let e = UOp::new(
-            Op::Mul,
-            DType::I32,
-            Arg::None,
-            vec![n.clone(), UOp::index_const(4)],
-        );
+        let e = UOp::new(Op::Mul, DType::I32, Arg::None, vec![n.clone(), UOp::index_const(4)]);
         assert_eq!(eval_int(&e, &|_| Some(5)).unwrap(), 20);
-        assert!(matches!(
-            eval_int(&e, &|_| Some(101)),
-            Err(IrError::VarOutOfRange { .. })
-        ));
-        assert!(matches!(
-            eval_int(&e, &|_| None),
-            Err(IrError::MissingVar(_))
-        ));
+        assert!(matches!(eval_int(&e, &|_| Some(101)), Err(IrError::VarOutOfRange { .. })));
+        assert!(matches!(eval_int(&e, &|_| None), Err(IrError::MissingVar(_))));
         let big = UOp::new(
             Op::Mul,
             DType::I64,
             Arg::None,
-            vec![
-                UOp::const_int(DType::I64, i64::MAX),
-                UOp::const_int(DType::I64, 2),
-            ],
+            vec![UOp::const_int(DType::I64, i64::MAX), UOp::const_int(DType::I64, 2)],
         );
         assert!(matches!(eval_int(&big, &|_| None), Err(IrError::Eval(_))));
-        let div0 = UOp::new(
-            Op::Idiv,
-            DType::I32,
-            Arg::None,
-            vec![n, UOp::index_const(0)],
-        );
+        let div0 = UOp::new(Op::Idiv, DType::I32, Arg::None, vec![n, UOp::index_const(0)]);
         assert!(eval_int(&div0, &|_| Some(3)).is_err());
     }
 }

@@ -303,10 +303,7 @@ impl Op {
 
     fn tag(self) -> u8 {
         // The position in ALL is the stable tag: new ops are appended, never inserted.
-        Op::ALL
-            .iter()
-            .position(|o| *o == self)
-            .unwrap_or(usize::MAX) as u8
+        Op::ALL.iter().position(|o| *o == self).unwrap_or(usize::MAX) as u8
     }
 }
 
@@ -448,12 +445,7 @@ struct Interner {
 
 fn interner() -> &'static Mutex<Interner> {
     static TABLE: OnceLock<Mutex<Interner>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        Mutex::new(Interner {
-            live: HashMap::new(),
-            sweep_at: 1024,
-        })
-    })
+    TABLE.get_or_init(|| Mutex::new(Interner { live: HashMap::new(), sweep_at: 1024 }))
 }
 
 impl UOp {
@@ -467,13 +459,7 @@ impl UOp {
         if let Some(existing) = table.live.get(&hash).and_then(Weak::upgrade) {
             return existing;
         }
-        let node = Arc::new(UOp {
-            op,
-            dtype,
-            arg,
-            src,
-            hash,
-        });
+        let node = Arc::new(UOp { op, dtype, arg, src, hash });
         table.live.insert(hash, Arc::downgrade(&node));
         if table.live.len() >= table.sweep_at {
             table.live.retain(|_, w| w.strong_count() > 0);
@@ -586,16 +572,9 @@ fn encode_dtype(dtype: DType, out: &mut Vec<u8>) {
         DType::Void => out.push(0),
         DType::Scalar(s) => out.extend_from_slice(&[1, s as u8]),
         DType::Vector(s, w) => out.extend_from_slice(&[2, s as u8, w]),
-        DType::Ptr {
-            scalar,
-            width,
-            space,
-        } => out.extend_from_slice(&[
-            3,
-            scalar as u8,
-            width,
-            matches!(space, AddrSpace::Local) as u8,
-        ]),
+        DType::Ptr { scalar, width, space } => {
+            out.extend_from_slice(&[3, scalar as u8, width, matches!(space, AddrSpace::Local) as u8])
+        }
     }
 }
 
@@ -611,10 +590,7 @@ mod tests {
         let x = UOp::new(Op::Add, DType::I32, Arg::None, vec![a.clone(), b.clone()]);
         let y = UOp::new(Op::Add, DType::I32, Arg::None, vec![a, b]);
         assert!(Arc::ptr_eq(&x, &y));
-        assert_ne!(
-            UOp::const_float(DType::F32, 0.0),
-            UOp::const_float(DType::F32, -0.0)
-        );
+        assert_ne!(UOp::const_float(DType::F32, 0.0), UOp::const_float(DType::F32, -0.0));
     }
 
     #[test]

@@ -16,15 +16,9 @@ pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
     let order = root.toposort();
     let mut var_bounds: HashMap<&str, (i64, i64)> = HashMap::new();
     for (i, node) in order.iter().enumerate() {
-        check_node(node).map_err(|message| IrError::Type {
-            node: i,
-            op: node.op().name(),
-            message,
-        })?;
+        check_node(node).map_err(|message| IrError::Type { node: i, op: node.op().name(), message })?;
         if let Arg::Var { name, min, max } = node.arg()
-            && var_bounds
-                .insert(name.as_str(), (*min, *max))
-                .is_some_and(|b| b != (*min, *max))
+            && var_bounds.insert(name.as_str(), (*min, *max)).is_some_and(|b| b != (*min, *max))
         {
             return Err(IrError::Type {
                 node: i,
@@ -43,10 +37,7 @@ pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
                 return Err(IrError::Type {
                     node: i,
                     op: "PARAM",
-                    message: format!(
-                        "slot {slot} is declared as both {prev} and {}",
-                        node.dtype()
-                    ),
+                    message: format!("slot {slot} is declared as both {prev} and {}", node.dtype()),
                 });
             }
         }
@@ -61,11 +52,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
         if want.contains(&src.len()) {
             Ok(())
         } else {
-            Err(format!(
-                "takes {} operand(s), got {}",
-                join(want),
-                src.len()
-            ))
+            Err(format!("takes {} operand(s), got {}", join(want), src.len()))
         }
     };
     let int_scalar = |u: &UOp, what: &str| -> Result<(), String> {
@@ -84,9 +71,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
         Op::Param => {
             count(&[1])?;
             if !dt.is_ptr() {
-                return Err(format!(
-                    "must have a pointer dtype (e.g. ptr<f32>), got {dt}"
-                ));
+                return Err(format!("must have a pointer dtype (e.g. ptr<f32>), got {dt}"));
             }
             match n.arg() {
                 Arg::Int(slot) if *slot >= 0 => {}
@@ -119,10 +104,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             int_scalar(n, "the index")?;
             int_scalar(&src[0], "the extent")?;
             if src[0].dtype() != dt {
-                return Err(format!(
-                    "extent dtype {} differs from index dtype {dt}",
-                    src[0].dtype()
-                ));
+                return Err(format!("extent dtype {} differs from index dtype {dt}", src[0].dtype()));
             }
             match (n.op(), n.arg()) {
                 (Op::Special, Arg::Str(_)) | (Op::Range, Arg::Int(_)) => Ok(()),
@@ -135,9 +117,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
                 return Err("first operand must be the RANGE it closes".into());
             }
             if dt != DType::Void && (src.len() < 2 || src[1].dtype() != dt) {
-                return Err(format!(
-                    "a valued END takes the dtype of its second operand, not {dt}"
-                ));
+                return Err(format!("a valued END takes the dtype of its second operand, not {dt}"));
             }
             Ok(())
         }
@@ -157,19 +137,9 @@ fn check_node(n: &UOp) -> Result<(), String> {
         }
         Op::Index => {
             count(&[2])?;
-            let (
-                DType::Ptr { scalar, space, .. },
-                DType::Ptr {
-                    scalar: s2,
-                    space: sp2,
-                    ..
-                },
-            ) = (src[0].dtype(), dt)
+            let (DType::Ptr { scalar, space, .. }, DType::Ptr { scalar: s2, space: sp2, .. }) = (src[0].dtype(), dt)
             else {
-                return Err(format!(
-                    "indexes a pointer and yields one, got {} -> {dt}",
-                    src[0].dtype()
-                ));
+                return Err(format!("indexes a pointer and yields one, got {} -> {dt}", src[0].dtype()));
             };
             if scalar != s2 || space != sp2 {
                 return Err(format!("yields {dt} from a {} buffer", src[0].dtype()));
@@ -226,15 +196,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             value_type(dt)?;
             let float_only = matches!(
                 op,
-                Op::Sqrt
-                    | Op::Recip
-                    | Op::Exp2
-                    | Op::Log2
-                    | Op::Exp
-                    | Op::Log
-                    | Op::Sin
-                    | Op::Cos
-                    | Op::Trunc
+                Op::Sqrt | Op::Recip | Op::Exp2 | Op::Log2 | Op::Exp | Op::Log | Op::Sin | Op::Cos | Op::Trunc
             );
             if float_only && !dt.is_float() {
                 return Err(format!("needs a float operand, got {dt}"));
@@ -252,23 +214,15 @@ fn check_node(n: &UOp) -> Result<(), String> {
             }
             value_type(a)?;
             if op.is_comparison() {
-                return same(
-                    dt,
-                    DType::vec(Scalar::Bool, a.width()),
-                    "a comparison result",
-                );
+                return same(dt, DType::vec(Scalar::Bool, a.width()), "a comparison result");
             }
             same(dt, a, "the operands")?;
             match op {
-                Op::Div | Op::Pow if !dt.is_float() => {
-                    Err(format!("needs float operands, got {dt}"))
-                }
+                Op::Div | Op::Pow if !dt.is_float() => Err(format!("needs float operands, got {dt}")),
                 Op::Idiv | Op::Mod | Op::Shl | Op::Shr if !dt.is_int() => {
                     Err(format!("needs integer operands, got {dt}"))
                 }
-                Op::And | Op::Or | Op::Xor if dt.is_float() => {
-                    Err(format!("needs integer or bool operands, got {dt}"))
-                }
+                Op::And | Op::Or | Op::Xor if dt.is_float() => Err(format!("needs integer or bool operands, got {dt}")),
                 _ => Ok(()),
             }
         }
@@ -293,10 +247,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             value_type(dt)?;
             value_type(src[0].dtype())?;
             if src[0].dtype().width() != dt.width() {
-                return Err(format!(
-                    "cannot change the lane count ({} -> {dt})",
-                    src[0].dtype()
-                ));
+                return Err(format!("cannot change the lane count ({} -> {dt})", src[0].dtype()));
             }
             Ok(())
         }
@@ -327,9 +278,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
                 return Err(format!("extracts from a vector, got {}", src[0].dtype()));
             };
             match n.arg() {
-                Arg::Int(l) if (0..w as i64).contains(l) => {
-                    same(dt, src[0].dtype().lane(), "the lane")
-                }
+                Arg::Int(l) if (0..w as i64).contains(l) => same(dt, src[0].dtype().lane(), "the lane"),
                 a => Err(format!("lane {a:?} out of range for {}", src[0].dtype())),
             }
         }
@@ -346,26 +295,13 @@ fn value_type(dt: DType) -> Result<(), String> {
 }
 
 fn gate(g: &UOp) -> Result<(), String> {
-    if g.dtype() == DType::BOOL {
-        Ok(())
-    } else {
-        Err(format!("gate must be bool, got {}", g.dtype()))
-    }
+    if g.dtype() == DType::BOOL { Ok(()) } else { Err(format!("gate must be bool, got {}", g.dtype())) }
 }
 
 fn same(want: DType, got: DType, what: &str) -> Result<(), String> {
-    if want == got {
-        Ok(())
-    } else {
-        Err(format!(
-            "dtype mismatch: expected {want} for {what}, got {got}"
-        ))
-    }
+    if want == got { Ok(()) } else { Err(format!("dtype mismatch: expected {want} for {what}, got {got}")) }
 }
 
 fn join(v: &[usize]) -> String {
-    v.iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(" or ")
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or ")
 }
