@@ -251,10 +251,10 @@ pub fn special_axis(name: &str) -> Option<(char, usize)> {
     }
 }
 
-/// The PARAM slot an INDEX (or a cast of one) addresses.
+/// The PARAM slot an INDEX (or a cast or AFTER of one) addresses.
 fn param_slot(index: &Arc<UOp>) -> Option<usize> {
     let mut node = index;
-    while matches!(node.op(), Op::Index | Op::Cast) {
+    while matches!(node.op(), Op::Index | Op::Cast | Op::After) {
         node = &node.src()[0];
     }
     (node.op() == Op::Param).then(|| node.arg_int().unwrap_or(0) as usize)

@@ -185,6 +185,14 @@ impl Val {
         Val(UOp::new(Op::Index, dt, Arg::None, vec![self.0.clone(), idx.0.clone()]))
     }
 
+    /// This value, ordered after the effects `deps` (e.g. a pointer read only after a loop
+    /// that stores through it has ended).
+    pub fn after(&self, deps: &[&Val]) -> Val {
+        let mut src = vec![self.0.clone()];
+        src.extend(deps.iter().map(|d| d.0.clone()));
+        Val(UOp::new(Op::After, self.dtype(), Arg::None, src))
+    }
+
     /// Loads through this address.
     pub fn load(&self) -> Val {
         let dt = self.dtype().pointee().unwrap_or(self.dtype());
