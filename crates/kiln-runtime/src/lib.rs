@@ -1,1 +1,3 @@
+//! kiln-runtime: execution plans.
 
+pub mod hazard;
