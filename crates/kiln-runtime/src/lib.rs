@@ -1,3 +1,4 @@
 //! kiln-runtime: execution plans.
 
 pub mod hazard;
+pub mod schedule;
