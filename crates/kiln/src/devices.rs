@@ -1,0 +1,148 @@
+//! `kiln devices`: every device of every backend this binary knows, and why a backend is
+//! unavailable when it is.
+
+use std::fmt::Write;
+
+use kiln_device::AllocatorStats;
+use kiln_ir::DeviceSpec;
+
+use crate::args::{ArgParser, Token, unknown};
+use crate::cache;
+use crate::error::CliError;
+
+pub const USAGE: &str = "\
+kiln devices [--verbose]
+
+Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present).
+A backend that cannot be used is listed as unavailable with the reason.
+  --verbose, -v   also open each device and show its allocator counters and the kernel cache";
+
+#[derive(Debug, Default)]
+pub struct DevicesArgs {
+    pub verbose: bool,
+}
+
+impl DevicesArgs {
+    pub fn parse(p: &mut ArgParser) -> Result<DevicesArgs, CliError> {
+        let mut a = DevicesArgs::default();
+        while let Some(tok) = p.next_token()? {
+            match tok {
+                Token::Flag(f, _) if f == "--verbose" || f == "-v" => a.verbose = true,
+                tok => return Err(unknown("devices", tok)),
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// One line of the listing.
+#[derive(Debug)]
+pub struct DeviceRow {
+    /// `CPU`, `OPENCL:0`, or the backend name when it has no usable device.
+    pub name: String,
+    /// The description, or why the device or backend is unavailable.
+    pub status: Result<String, String>,
+    pub stats: Option<AllocatorStats>,
+}
+
+/// Probes every backend. Opening a device is only needed for `--verbose` (allocator stats)
+/// and for the CPU (whose availability depends on a C compiler being found).
+pub fn probe(open: bool) -> Vec<DeviceRow> {
+    let mut rows = Vec::new();
+    let mut row = |spec: &DeviceSpec, described: Option<String>| {
+        let opened = if open || described.is_none() { Some(kiln_device::open_device(&spec.to_string())) } else { None };
+        let (status, stats) = match (described, opened) {
+            (_, Some(Err(e))) => (Err(e.to_string()), None),
+            (_, Some(Ok(d))) => (Ok(d.description.clone()), Some(d.allocator.stats())),
+            (Some(desc), None) => (Ok(desc), None),
+            (None, None) => (Err("not probed".into()), None),
+        };
+        rows.push(DeviceRow { name: spec.to_string(), status, stats });
+    };
+    row(&DeviceSpec::Cpu, None);
+    match Ok::<Vec<(DeviceSpec, String)>, kiln_device::Error>(vec![]) {
+        Ok(list) if list.is_empty() => rows.push(DeviceRow {
+            name: "OPENCL".into(),
+            status: Err("the OpenCL loader reports no devices".into()),
+            stats: None,
+        }),
+        Ok(list) => {
+            for (spec, desc) in list {
+                row(&spec, Some(desc));
+            }
+        }
+        Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None }),
+    }
+    rows.push(DeviceRow {
+        name: "CUDA".into(),
+        status: Err("no CUDA backend is built into this kiln".into()),
+        stats: None,
+    });
+    rows
+}
+
+pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
+    let rows = probe(args.verbose);
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for r in &rows {
+        match &r.status {
+            Ok(desc) => {
+                let _ = writeln!(out, "{:<width$}  available    {desc}", r.name);
+            }
+            Err(why) => {
+                let _ = writeln!(out, "{:<width$}  unavailable  {}", r.name, why.replace('\n', " "));
+            }
+        }
+        if let (true, Some(s)) = (args.verbose, r.stats) {
+            let budget = s.budget.map(bytes).unwrap_or_else(|| "none".into());
+            let _ = writeln!(
+                out,
+                "{:<width$}    memory: allocated {}, cached {}, high-water {}, hits {}, misses {}, budget {budget}",
+                "",
+                bytes(s.in_use),
+                bytes(s.cached),
+                bytes(s.high_water),
+                s.hits,
+                s.misses
+            );
+        }
+    }
+    if args.verbose {
+        out.push_str(&cache::stats_text()?);
+    }
+    Ok(out)
+}
+
+/// `1536` → `1.5 KiB`.
+pub fn bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_read_well() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(3 << 30), "3.0 GiB");
+    }
+
+    #[test]
+    fn every_backend_has_a_row() {
+        crate::session::register_backends();
+        let rows = probe(false);
+        assert_eq!(rows[0].name, "CPU");
+        assert!(rows.iter().any(|r| r.name.starts_with("OPENCL")));
+        assert!(rows.iter().any(|r| r.name == "CUDA" && r.status.is_err()));
+    }
+}

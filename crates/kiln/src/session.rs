@@ -1,0 +1,145 @@
+//! What every kernel-running command shares: registering the backends, opening a device,
+//! reading a kernel file, compiling it and binding `--var` values. `run` uses it today;
+//! `bench` (its own module, added beside `run`) builds on the same functions.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_device::{Device, Kernel, ProgramSpec};
+use kiln_ir::{DeviceSpec, UOp};
+
+use crate::error::{CliError, Context};
+
+/// Registers every backend compiled into this binary with the device registry. Idempotent.
+pub fn register_backends() {}
+
+/// A kernel read from a text file.
+pub struct KernelFile {
+    pub path: PathBuf,
+    /// The entry-point name: the file stem made into a C identifier (`add.kiln` → `add`).
+    pub name: String,
+    pub sink: Arc<UOp>,
+}
+
+impl KernelFile {
+    /// Reads and parses `path`. Parse errors carry the line and column.
+    pub fn load(path: &Path) -> Result<KernelFile, CliError> {
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::io("cannot read kernel file", path, e))?;
+        let sink = kiln_ir::parse(&text).context(|| format!("cannot parse kernel {}", path.display()))?;
+        Ok(KernelFile { path: path.to_path_buf(), name: entry_name(path), sink })
+    }
+
+    /// Renders, compiles and loads the kernel on `device` (through the kernel cache).
+    pub fn compile(&self, device: &Device) -> Result<Kernel, CliError> {
+        device.compile(&self.sink, Some(&self.name)).context(|| self.doing("compile", &device.spec))
+    }
+
+    /// Renders the kernel for `device` without compiling it.
+    pub fn render(&self, device: &Device) -> Result<ProgramSpec, CliError> {
+        device.renderer().render(&self.sink, Some(&self.name)).context(|| self.doing("render", &device.spec))
+    }
+
+    fn doing(&self, verb: &str, device: &DeviceSpec) -> String {
+        format!("cannot {verb} {} for {device}", self.path.display())
+    }
+}
+
+/// `dir/my-kernel.kiln` → `my_kernel`; a name starting with a digit gets a `k_` prefix.
+pub fn entry_name(path: &Path) -> String {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut name: String = stem.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert_str(0, "k_");
+    }
+    name
+}
+
+/// Opens a device by name (`CPU`, `OPENCL:0`, ...).
+pub fn open_device(spec: &DeviceSpec) -> Result<Arc<Device>, CliError> {
+    kiln_device::open_device(&spec.to_string()).context(|| format!("cannot open device {spec}"))
+}
+
+/// Parses `--device` text.
+pub fn parse_device(text: &str) -> Result<DeviceSpec, CliError> {
+    text.parse().map_err(|e| CliError::Usage(format!("--device {text}: {e}")))
+}
+
+/// Parses `--var NAME=VALUE`.
+pub fn parse_var(text: &str) -> Result<(String, i64), CliError> {
+    let (name, value) = crate::args::split_pair("--var", text, "NAME=VALUE (e.g. --var n=1024)")?;
+    let value = value
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| CliError::Usage(format!("--var {name}={value}: `{value}` is not a 64-bit integer")))?;
+    Ok((name, value))
+}
+
+/// The values of the kernel's variables in `var_names` order, each checked against its
+/// bounds. A variable without a value or a `--var` the kernel does not declare is an error.
+pub fn bind_vars(spec: &ProgramSpec, given: &[(String, i64)]) -> Result<Vec<i64>, CliError> {
+    for (name, _) in given {
+        if !spec.var_names.contains(name) {
+            let declared = if spec.var_names.is_empty() {
+                "it declares no variables".to_string()
+            } else {
+                format!("its variables are: {}", spec.var_names.join(", "))
+            };
+            return Err(CliError::Mismatch(format!("--var {name}: the kernel has no variable `{name}`; {declared}")));
+        }
+    }
+    let vals = spec
+        .vars
+        .iter()
+        .map(|v| {
+            given
+                .iter()
+                .rev()
+                .find(|(n, _)| *n == v.name)
+                .map(|(_, x)| *x)
+                .ok_or_else(|| kiln_ir::IrError::MissingVar(v.name.clone()))
+        })
+        .collect::<Result<Vec<i64>, _>>()
+        .context(|| format!("cannot bind the variables of kernel `{}`", spec.name))?;
+    spec.check_vals(&vals).context(|| format!("cannot bind the variables of kernel `{}`", spec.name))?;
+    Ok(vals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_names_are_c_identifiers() {
+        assert_eq!(entry_name(Path::new("examples/kernels/add.kiln")), "add");
+        assert_eq!(entry_name(Path::new("my-kernel.v2.kiln")), "my_kernel_v2");
+        assert_eq!(entry_name(Path::new("2d.kiln")), "k_2d");
+        assert_eq!(entry_name(Path::new("")), "k_");
+    }
+
+    #[test]
+    fn vars_parse_strictly() {
+        assert_eq!(parse_var("n=1024").unwrap(), ("n".into(), 1024));
+        assert_eq!(parse_var("n=-3").unwrap(), ("n".into(), -3));
+        assert!(matches!(parse_var("n=1e3"), Err(CliError::Usage(_))));
+        assert!(matches!(parse_var("n=99999999999999999999"), Err(CliError::Usage(_))));
+        assert!(matches!(parse_var("n"), Err(CliError::Usage(_))));
+    }
+
+    #[test]
+    fn binding_checks_names_and_bounds() {
+        let mut k = kiln_ir::KernelBuilder::new();
+        let n = k.var("n", 1, 100);
+        let a = k.param(0, kiln_ir::Scalar::F32, &n);
+        let i = k.global(0, &n);
+        k.store(&a.at(&i), &kiln_ir::Val::f32(1.0));
+        let sink = k.finish().unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+        assert_eq!(bind_vars(&spec, &[("n".into(), 5)]).unwrap(), vec![5]);
+        let missing = bind_vars(&spec, &[]).unwrap_err().report();
+        assert!(missing.contains("variable `n` has no value"), "{missing}");
+        let outside = bind_vars(&spec, &[("n".into(), 500)]).unwrap_err().report();
+        assert!(outside.contains("outside its bounds [1, 100]"), "{outside}");
+        let extra = bind_vars(&spec, &[("n".into(), 5), ("m".into(), 1)]).unwrap_err().report();
+        assert!(extra.contains("no variable `m`; its variables are: n"), "{extra}");
+    }
+}
