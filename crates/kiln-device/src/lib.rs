@@ -1,14 +1,18 @@
 //! kiln-device: the contracts between kiln's kernel IR and its backends, and everything
 //! that is backend-independent (launch checks, buffers, signals, queues, the kernel cache).
 
+pub mod allocator;
 pub mod buffer;
+pub mod cache;
 pub mod device;
 pub mod error;
 pub mod program;
 pub mod queue;
 pub mod signal;
 
+pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
+pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use device::{CompilerPair, Device, DeviceOpener, Kernel, open_device, register_backend};
 pub use error::{Error, Result};
 pub use kiln_ir;
