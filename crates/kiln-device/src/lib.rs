@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod buffer;
 pub mod cache;
+pub mod cstyle;
 pub mod device;
 pub mod error;
 pub mod program;

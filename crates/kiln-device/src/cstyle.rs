@@ -1,0 +1,1023 @@
+//! The C-family renderer core: one walk over a kernel's linear order, spelled by a [`Dialect`].
+//!
+//! [`CStyle`] turns a kernel (a SINK) into C-like source plus its [`ProgramSpec`]. Everything
+//! that is the same in every C family member lives here: naming, scoping, loops and
+//! accumulators, the meaning of every op. A dialect (C for the CPU, OpenCL C, ...) only
+//! says how things are *spelled*: type names, vector syntax, the kernel signature, how launch
+//! indices come into being, math function names, conversions, loads and stores.
+//!
+//! # Emission model
+//! - CONST, PARAM, DEFINE_VAR, SPECIAL, INDEX, BIND and AFTER are inline expressions; every
+//!   other value gets one `const` declaration (`alu3`, `val0`, `cast1`, ...), so every
+//!   expression is self-contained and operator precedence never matters.
+//! - The nodes the SPECIAL extents depend on are emitted first (the kernel prologue), then
+//!   [`Dialect::open_launch`] introduces the launch indices (the CPU opens loops there, OpenCL
+//!   reads work-item ids), then the rest of the kernel in linear order.
+//! - RANGE opens `for (ridxN = 0; ridxN < extent; ridxN++) {`; the first END naming it closes it.
+//! - DEFINE_ACC declares a mutable variable before its loops. ASSIGN evaluates to its new value;
+//!   the write-back to the accumulator is deferred to the end of the enclosing block, so every
+//!   read of the accumulator inside one iteration sees the value from the iteration's start,
+//!   wherever the linearizer placed it relative to the ASSIGN.
+//! - A valued END whose value is an accumulator (through ASSIGN/END/AFTER) is that accumulator
+//!   after the loop. Any other valued END is carried: a variable declared before the loop
+//!   (zero-initialised, so a loop that runs zero times yields zero) and set at the end of every
+//!   iteration.
+//!
+//! # Semantics (identical in every dialect)
+//! - Integer ADD/SUB/MUL/NEG wrap (two's complement); IDIV truncates toward zero, MOD takes the
+//!   sign of the dividend. Division or remainder by zero and `MIN / -1` are undefined in the IR:
+//!   a kernel must not do them (the C backends do not guard them).
+//! - SHL/SHR use the shift count modulo the bit width (like Rust's `wrapping_shl`); SHR is
+//!   arithmetic for signed and logical for unsigned types; SHL of signed values shifts the
+//!   unsigned bit pattern, so it never overflows.
+//! - MAX/MIN of floats are IEEE `fmax`/`fmin` (a NaN operand yields the other operand).
+//! - MULACC is a fused multiply-add (`fma`) for floats, `a*b + c` (wrapping) for integers.
+//! - f16/bf16 arithmetic is computed in f32 and rounded once per op, unless the dialect says
+//!   the type is native ([`Dialect::float_via_f32`]).
+//! - CAST float → integer saturates and maps NaN to 0 (Rust's `as`); anything → bool is `!= 0`.
+//!   BITCAST reinterprets bytes without aliasing tricks (dialects use unions or builtins).
+//! - Bool values are 0/1; NEG of a bool is NOT.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use kiln_ir::{AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, UOp, linearize, validate};
+
+use crate::error::{Error, Result};
+use crate::program::{ProgramSpec, special_axis};
+
+/// Helper definitions (typedefs, inline functions, pragmas) a rendered kernel needs, in the
+/// order they must appear. Dialects register what they use while spelling expressions.
+#[derive(Debug, Default)]
+pub struct Prelude {
+    items: Vec<String>,
+    seen: HashSet<String>,
+}
+
+impl Prelude {
+    /// Adds the definition `key` once. `define` may register the definitions it depends on
+    /// first (through the `Prelude` it is given); they then come before it.
+    pub fn need(&mut self, key: &str, define: impl FnOnce(&mut Prelude) -> String) {
+        if self.seen.insert(key.to_string()) {
+            let text = define(self);
+            self.items.push(text);
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.seen.contains(key)
+    }
+
+    /// The definitions, dependencies first.
+    pub fn items(&self) -> &[String] {
+        &self.items
+    }
+}
+
+/// A math library function. Dialects receive the compute scalar (F32 or F64, or F16/BF16
+/// when [`Dialect::float_via_f32`] is false for it) and spell the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MathFn {
+    Sqrt,
+    Exp2,
+    Log2,
+    Exp,
+    Log,
+    Sin,
+    Cos,
+    Trunc,
+    Fabs,
+    Pow,
+    Fmax,
+    Fmin,
+    /// `fma(a, b, c)` = a*b + c with one rounding.
+    Fma,
+}
+
+impl MathFn {
+    /// The C99 `<math.h>` name for `double` (append `f` for `float`).
+    pub fn c_name(self) -> &'static str {
+        match self {
+            MathFn::Sqrt => "sqrt",
+            MathFn::Exp2 => "exp2",
+            MathFn::Log2 => "log2",
+            MathFn::Exp => "exp",
+            MathFn::Log => "log",
+            MathFn::Sin => "sin",
+            MathFn::Cos => "cos",
+            MathFn::Trunc => "trunc",
+            MathFn::Fabs => "fabs",
+            MathFn::Pow => "pow",
+            MathFn::Fmax => "fmax",
+            MathFn::Fmin => "fmin",
+            MathFn::Fma => "fma",
+        }
+    }
+}
+
+/// A kernel buffer parameter as the signature/prologue sees it.
+#[derive(Clone, Debug)]
+pub struct KernelParam {
+    pub slot: usize,
+    /// The C name (`data0`, ...).
+    pub name: String,
+    pub scalar: Scalar,
+    pub space: AddrSpace,
+    /// Some STORE writes through it / some LOAD reads through it.
+    pub written: bool,
+    pub read: bool,
+}
+
+/// A runtime integer variable as the signature/prologue sees it.
+#[derive(Clone, Debug)]
+pub struct KernelVar {
+    /// The C name (the IR name when it is a safe identifier).
+    pub name: String,
+    pub ir_name: String,
+    pub dtype: DType,
+    /// Index in `ProgramSpec::var_names` (the `vals` order).
+    pub position: usize,
+}
+
+/// A launch index (SPECIAL) as [`Dialect::open_launch`] sees it.
+#[derive(Clone, Debug)]
+pub struct LaunchIndex {
+    /// The IR name, also the C name (`gidx0`, `lidx1`, `idx0`, `core_id`).
+    pub name: String,
+    /// `'g'` group/global, `'l'` local, `'i'` direct global index (no local size).
+    pub kind: char,
+    pub axis: usize,
+    pub dtype: DType,
+    /// The extent as a C expression, valid before the launch opens.
+    pub extent: String,
+}
+
+/// Where a LOAD reads or a STORE writes: `base + index` in elements of `scalar`.
+#[derive(Clone, Debug)]
+pub struct Address {
+    pub base: String,
+    pub index: String,
+    pub scalar: Scalar,
+    pub space: AddrSpace,
+}
+
+impl Address {
+    /// `base + index` as a pointer expression.
+    pub fn pointer(&self) -> String {
+        if self.index == "0" { self.base.clone() } else { format!("({} + {})", self.base, self.index) }
+    }
+}
+
+/// How one C-family language spells things. See the module docs for what the core decides.
+///
+/// Methods get the [`Prelude`] to register helper definitions they use. Expressions returned
+/// must be self-contained (parenthesized where precedence could matter).
+pub trait Dialect {
+    /// Lines at the very top of the file (includes, pragmas).
+    fn header(&self) -> String;
+
+    /// The register type of a scalar (`float`, `int32_t`, `bool`, ...).
+    fn scalar_type(&self, s: Scalar, p: &mut Prelude) -> String;
+
+    /// The element type behind a buffer pointer (defaults to the register type).
+    fn memory_type(&self, s: Scalar, p: &mut Prelude) -> String {
+        self.scalar_type(s, p)
+    }
+
+    /// The type of `w` lanes of `s`.
+    fn vector_type(&self, s: Scalar, w: u8, p: &mut Prelude) -> String;
+
+    /// Lane `lane` of the vector expression `v` (of `dtype`), as a value of the lane's register type.
+    fn lane(&self, v: &str, dtype: DType, lane: u8) -> String;
+
+    /// A vector of `dtype` built from one expression per lane.
+    fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String;
+
+    /// Whether `a OP b` (or `OP a`) applies to whole vectors of `dtype` with the IR meaning.
+    /// Asked only for ADD, SUB, MUL, DIV, AND, OR, XOR, NEG; everything else goes lane by lane.
+    fn native_vector_op(&self, op: Op, dtype: DType) -> bool;
+
+    /// Whether arithmetic on this float type is done in f32 (true for f16/bf16 unless native).
+    fn float_via_f32(&self, s: Scalar) -> bool {
+        matches!(s, Scalar::F16 | Scalar::BF16)
+    }
+
+    /// `e` (a value of `s`) as f32.
+    fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String;
+
+    /// `e` (an f32) rounded to `s`.
+    fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String;
+
+    /// A call of a math function on operands of the compute scalar `s`.
+    fn math(&self, f: MathFn, s: Scalar, args: &[String], p: &mut Prelude) -> String;
+
+    /// A scalar value conversion with the semantics in the module docs (`from != to`).
+    fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String;
+
+    /// Reinterprets the bytes of `e` (equal sizes).
+    fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String>;
+
+    /// A float constant of `s` (any value: finite, infinite or NaN with its payload).
+    fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String;
+
+    /// An integer constant of `s`; `v` is already wrapped into `s`'s range.
+    fn int_const(&self, v: i64, s: Scalar) -> String {
+        c_int_literal(v, s)
+    }
+
+    /// The kernel's signature including the opening `{`.
+    fn signature(&self, name: &str, params: &[KernelParam], vars: &[KernelVar], p: &mut Prelude) -> String;
+
+    /// Statements at the start of the body (e.g. unpacking buffers and variables).
+    fn prologue(&self, params: &[KernelParam], vars: &[KernelVar], p: &mut Prelude) -> Vec<String>;
+
+    /// Statements that bring the launch indices into scope (each under its `name`). A line
+    /// ending in `{` opens a block; the core closes them all at the end of the kernel.
+    fn open_launch(&self, indices: &[LaunchIndex], p: &mut Prelude) -> Result<Vec<String>>;
+
+    /// An expression loading a value of `dtype` (scalar or vector) from `addr`.
+    fn load(&self, addr: &Address, dtype: DType, p: &mut Prelude) -> String;
+
+    /// A statement (without the final `;`) storing `value` of `dtype` at `addr`.
+    fn store(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String;
+}
+
+/// Renders kernels with one dialect for one device family.
+#[derive(Debug, Clone)]
+pub struct CStyle<D> {
+    pub dialect: D,
+    pub device: DeviceSpec,
+}
+
+impl<D: Dialect> CStyle<D> {
+    pub fn new(dialect: D, device: DeviceSpec) -> Self {
+        CStyle { dialect, device }
+    }
+
+    /// Renders the kernel rooted at `ast` (a SINK). The entry point is `name` made into a C
+    /// identifier, or `k_` plus the start of the kernel's content hash. Metadata comes from
+    /// [`ProgramSpec::from_sink`]. A kernel this core or the dialect cannot express is an
+    /// [`Error::Render`] naming the node; a malformed kernel is the validator's error.
+    pub fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        if ast.op() != Op::Sink {
+            return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
+        }
+        validate(ast)?;
+        let name = kernel_name(name, ast);
+        let mut spec = ProgramSpec::from_sink(&name, String::new(), self.device.clone(), ast)?;
+        let linear = linearize(ast)?;
+        spec.src = Emitter::new(&self.dialect).run(&spec, &linear)?;
+        Ok(spec)
+    }
+}
+
+/// A C identifier for the entry point.
+pub fn kernel_name(name: Option<&str>, ast: &UOp) -> String {
+    match name {
+        Some(n) if !n.is_empty() => {
+            let mut s: String =
+                n.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+            if s.starts_with(|c: char| c.is_ascii_digit()) || is_reserved(&s) {
+                s.insert_str(0, "k_");
+            }
+            s
+        }
+        _ => format!("k_{}", &ast.content_hash().to_hex()[..12]),
+    }
+}
+
+/// Names the core generates or the dialects use, plus C/OpenCL keywords: a variable may not
+/// take one of these as its C name.
+fn is_reserved(name: &str) -> bool {
+    const WORDS: &[&str] = &[
+        "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern",
+        "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed",
+        "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool",
+        "true", "false", "half", "uint", "ulong", "uchar", "ushort", "kernel", "global", "local", "constant",
+        "private", "main", "bufs", "vals", "core_id", "NULL", "INFINITY", "NAN", "memcpy", "size_t",
+    ];
+    if WORDS.contains(&name) || name.starts_with("kiln_") || name.starts_with("__") || name.ends_with("_t") {
+        return true;
+    }
+    const PREFIXES: &[&str] =
+        &["alu", "val", "cast", "acc", "vec", "gep", "end", "ridx", "data", "gidx", "lidx", "idx"];
+    PREFIXES
+        .iter()
+        .any(|p| name.strip_prefix(p).is_some_and(|rest| rest.chars().next().is_none_or(|c| c.is_ascii_digit())))
+}
+
+fn var_c_name(ir_name: &str, position: usize) -> String {
+    let clean = !ir_name.is_empty()
+        && ir_name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !ir_name.starts_with(|c: char| c.is_ascii_digit());
+    if clean && !is_reserved(ir_name) {
+        ir_name.to_string()
+    } else {
+        let s: String = ir_name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+        format!("var{position}_{s}")
+    }
+}
+
+/// A C99 integer literal of `s` (`v` already in range).
+pub fn c_int_literal(v: i64, s: Scalar) -> String {
+    match s {
+        Scalar::I64 if v == i64::MIN => "(-9223372036854775807LL - 1)".into(),
+        Scalar::I64 if v < 0 => format!("({v}LL)"),
+        Scalar::I64 => format!("{v}LL"),
+        Scalar::U64 => format!("{}ULL", v as u64),
+        Scalar::U32 => format!("{}u", v as u32),
+        Scalar::I32 if v == i32::MIN as i64 => "(-2147483647 - 1)".into(),
+        _ if v < 0 => format!("({v})"),
+        _ => v.to_string(),
+    }
+}
+
+/// Wraps an integer constant into the range of `s` (two's complement), like a C conversion.
+pub fn wrap_int(v: i64, s: Scalar) -> i64 {
+    match s {
+        Scalar::Bool => (v != 0) as i64,
+        Scalar::I8 => v as i8 as i64,
+        Scalar::I16 => v as i16 as i64,
+        Scalar::I32 => v as i32 as i64,
+        Scalar::U8 => v as u8 as i64,
+        Scalar::U16 => v as u16 as i64,
+        Scalar::U32 => v as u32 as i64,
+        _ => v,
+    }
+}
+
+/// A finite f32/f64 constant as the shortest decimal that reads back exactly (C99 compilers
+/// round decimal literals correctly), e.g. `0.1f`, `1e-45f`, `(-2.5)`.
+pub fn c_float_literal(v: f64, s: Scalar) -> String {
+    let (text, suffix) = if s == Scalar::F64 { (format!("{v:?}"), "") } else { (format!("{:?}", v as f32), "f") };
+    if text.starts_with('-') { format!("({text}{suffix})") } else { format!("{text}{suffix}") }
+}
+
+/// Rounds `v` to a binary float format with `exp_bits` exponent and `man_bits` stored
+/// mantissa bits (ties to even, overflow to infinity, gradual underflow) and returns the bits.
+/// NaN becomes the quiet NaN of the same sign. `(8, 7)` is bf16, `(5, 10)` is f16.
+pub fn round_float_bits(v: f64, exp_bits: u32, man_bits: u32) -> u64 {
+    let sign = (v.to_bits() >> 63) << (exp_bits + man_bits);
+    let bias = (1i64 << (exp_bits - 1)) - 1;
+    let max_exp = (1u64 << exp_bits) - 1;
+    if v.is_nan() {
+        return sign | (max_exp << man_bits) | (1 << (man_bits - 1));
+    }
+    if v.is_infinite() {
+        return sign | (max_exp << man_bits);
+    }
+    if v == 0.0 {
+        return sign;
+    }
+    let b = v.abs().to_bits();
+    let (e, f) = ((b >> 52) as i64, b & ((1u64 << 52) - 1));
+    let (mant, exp) = if e == 0 { (f, -1074i64) } else { (f | (1u64 << 52), e - 1075) };
+    let k = 63 - mant.leading_zeros() as i64 + exp; // floor(log2 |v|)
+    let mut q = (k - man_bits as i64).max(1 - bias - man_bits as i64); // exponent of one unit in the last place
+    let shift = q - exp;
+    let mut n = if shift <= 0 {
+        mant << (-shift)
+    } else if shift >= 64 {
+        0
+    } else {
+        let (r, rem, half) = (mant >> shift, mant & ((1u64 << shift) - 1), 1u64 << (shift - 1));
+        if rem > half || (rem == half && r & 1 == 1) { r + 1 } else { r }
+    };
+    if n >= 1u64 << (man_bits + 1) {
+        n >>= 1;
+        q += 1;
+    }
+    if n < 1u64 << man_bits {
+        return sign | n; // subnormal or zero
+    }
+    let biased = q + man_bits as i64 + bias;
+    if biased >= max_exp as i64 {
+        return sign | (max_exp << man_bits);
+    }
+    sign | ((biased as u64) << man_bits) | (n & ((1u64 << man_bits) - 1))
+}
+
+/// The bits of `v` rounded to IEEE binary16.
+pub fn f16_bits(v: f64) -> u16 {
+    round_float_bits(v, 5, 10) as u16
+}
+
+/// The bits of `v` rounded to bfloat16.
+pub fn bf16_bits(v: f64) -> u16 {
+    round_float_bits(v, 8, 7) as u16
+}
+
+/// The value of a node as later nodes refer to it.
+#[derive(Clone, Debug)]
+enum Value {
+    Expr(String),
+    Addr(Address),
+}
+
+/// An open block: a loop (`range`) or the kernel body (`None`).
+struct Block {
+    range: Option<ContentHash>,
+    /// Accumulator write-backs deferred to the end of this block (`acc = value;`).
+    commits: Vec<String>,
+}
+
+/// A valued END that is not an accumulator: `name` is declared before the loop of `range`
+/// and set to the value of `value` at the end of every iteration.
+#[derive(Clone)]
+struct Carry {
+    name: String,
+    value: ContentHash,
+    dtype: DType,
+}
+
+struct Emitter<'a, D: ?Sized> {
+    d: &'a D,
+    p: Prelude,
+    values: HashMap<ContentHash, Value>,
+    lines: Vec<String>,
+    indent: usize,
+    blocks: Vec<Block>,
+    counters: HashMap<&'static str, usize>,
+    used_names: HashSet<String>,
+    carries: HashMap<ContentHash, Vec<Carry>>,
+}
+
+fn render_err(node: &UOp, msg: impl std::fmt::Display) -> Error {
+    Error::Render(format!("{} {}: {msg}", node.op(), node.dtype()))
+}
+
+impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
+    fn new(d: &'a D) -> Self {
+        Emitter {
+            d,
+            p: Prelude::default(),
+            values: HashMap::new(),
+            lines: Vec::new(),
+            indent: 1,
+            blocks: vec![Block { range: None, commits: Vec::new() }],
+            counters: HashMap::new(),
+            used_names: HashSet::new(),
+            carries: HashMap::new(),
+        }
+    }
+
+    fn run(mut self, spec: &ProgramSpec, linear: &[Arc<UOp>]) -> Result<String> {
+        for n in linear {
+            if matches!(n.op(), Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary) {
+                return Err(render_err(n, "compiled-program stages cannot appear inside a kernel"));
+            }
+        }
+        // Parameters and variables: names and declarations.
+        let mut params: Vec<KernelParam> = spec
+            .params
+            .iter()
+            .map(|pi| KernelParam {
+                slot: pi.slot,
+                name: format!("data{}", pi.slot),
+                scalar: pi.scalar,
+                space: AddrSpace::Global,
+                written: spec.outs.contains(&pi.slot),
+                read: spec.ins.contains(&pi.slot),
+            })
+            .collect();
+        let mut vars: Vec<KernelVar> = Vec::new();
+        for n in linear {
+            match (n.op(), n.arg()) {
+                (Op::Param, Arg::Int(slot)) => {
+                    if let (DType::Ptr { space, .. }, Some(kp)) =
+                        (n.dtype(), params.iter_mut().find(|kp| kp.slot as i64 == *slot))
+                    {
+                        kp.space = space;
+                        self.values.insert(n.content_hash(), Value::Expr(kp.name.clone()));
+                    }
+                }
+                (Op::DefineVar, Arg::Var { name, .. }) => {
+                    let position = spec.var_names.iter().position(|v| v == name).unwrap_or(0);
+                    let c_name = var_c_name(name, position);
+                    if !vars.iter().any(|v| v.ir_name == *name) {
+                        vars.push(KernelVar {
+                            name: c_name.clone(),
+                            ir_name: name.clone(),
+                            dtype: n.dtype(),
+                            position,
+                        });
+                    }
+                    self.values.insert(n.content_hash(), Value::Expr(c_name));
+                }
+                _ => {}
+            }
+        }
+        vars.sort_by_key(|v| v.position);
+        for name in params.iter().map(|p| &p.name).chain(vars.iter().map(|v| &v.name)) {
+            self.used_names.insert(name.clone());
+        }
+
+        // Launch indices, and the nodes their extents need (emitted before the launch opens).
+        let specials: Vec<&Arc<UOp>> = linear.iter().filter(|n| n.op() == Op::Special).collect();
+        let mut seen_names: HashMap<String, ContentHash> = HashMap::new();
+        let mut slots: HashMap<(char, usize), String> = HashMap::new();
+        for s in &specials {
+            let name = s.arg_name().unwrap_or_default().to_string();
+            let (kind, axis) =
+                special_axis(&name).ok_or_else(|| render_err(s, format!("unknown launch index `{name}`")))?;
+            if seen_names.insert(name.clone(), s.content_hash()).is_some_and(|h| h != s.content_hash()) {
+                return Err(render_err(s, format!("launch index `{name}` appears with two different extents")));
+            }
+            let global_kind = if kind == 'l' { 'l' } else { 'g' };
+            if let Some(other) = slots.insert((global_kind, axis), name.clone())
+                && other != name
+            {
+                return Err(render_err(s, format!("`{other}` and `{name}` both claim launch axis {axis}")));
+            }
+            self.values.insert(s.content_hash(), Value::Expr(name.clone()));
+            self.used_names.insert(name);
+        }
+        let direct = specials.iter().any(|s| s.arg_name().is_some_and(|n| n.starts_with("idx")));
+        if direct && slots.keys().any(|(k, _)| *k == 'l') {
+            return Err(Error::Render("direct launch indices (idxN) cannot be mixed with local ones (lidxN)".into()));
+        }
+        let hoisted = extent_closure(&specials)?;
+
+        // Carried END values are declared before their loop.
+        for n in linear {
+            if n.op() == Op::End && n.dtype() != DType::Void && acc_of(n).is_none() {
+                let name = self.fresh("end");
+                self.carries.entry(n.src()[0].content_hash()).or_default().push(Carry {
+                    name: name.clone(),
+                    value: n.src()[1].content_hash(),
+                    dtype: n.dtype(),
+                });
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+        }
+
+        let mut head = String::new();
+        let signature = self.d.signature(&spec.name, &params, &vars, &mut self.p);
+        for line in self.d.prologue(&params, &vars, &mut self.p) {
+            self.line(line);
+        }
+        for n in linear.iter().filter(|n| hoisted.contains(&n.content_hash())) {
+            self.node(n)?;
+        }
+        let mut indices = Vec::new();
+        for s in &specials {
+            let name = s.arg_name().unwrap_or_default().to_string();
+            let (kind, axis) = special_axis(&name).unwrap_or(('g', 0));
+            let extent = self.expr(&s.src()[0])?;
+            indices.push(LaunchIndex { name, kind, axis, dtype: s.dtype(), extent });
+        }
+        let launch = self.d.open_launch(&indices, &mut self.p)?;
+        let mut launch_depth = 0;
+        for line in launch {
+            let opens = line.trim_end().ends_with('{');
+            self.line(line);
+            if opens {
+                self.indent += 1;
+                launch_depth += 1;
+            }
+        }
+        for n in linear.iter().filter(|n| !hoisted.contains(&n.content_hash())) {
+            self.node(n)?;
+        }
+        if self.blocks.len() != 1 {
+            return Err(Error::Render("a loop is still open at the end of the kernel".into()));
+        }
+        for c in std::mem::take(&mut self.blocks[0].commits) {
+            self.line(c);
+        }
+        for _ in 0..launch_depth {
+            self.indent -= 1;
+            self.line("}".into());
+        }
+
+        head.push_str(&self.d.header());
+        if !head.ends_with('\n') {
+            head.push('\n');
+        }
+        for item in self.p.items() {
+            head.push_str(item);
+            if !item.ends_with('\n') {
+                head.push('\n');
+            }
+        }
+        head.push_str(&signature);
+        head.push('\n');
+        for l in &self.lines {
+            head.push_str(l);
+            head.push('\n');
+        }
+        head.push_str("}\n");
+        Ok(head)
+    }
+
+    fn line(&mut self, text: String) {
+        self.lines.push(format!("{}{text}", "  ".repeat(self.indent)));
+    }
+
+    fn fresh(&mut self, prefix: &'static str) -> String {
+        let c = self.counters.entry(prefix).or_insert(0);
+        let name = format!("{prefix}{c}");
+        *c += 1;
+        self.used_names.insert(name.clone());
+        name
+    }
+
+    fn value(&self, n: &UOp) -> Result<Value> {
+        self.values.get(&n.content_hash()).cloned().ok_or_else(|| render_err(n, "used before it is defined"))
+    }
+
+    /// The node as a value expression (pointers become `base + index`).
+    fn expr(&mut self, n: &UOp) -> Result<String> {
+        if n.op() == Op::Const {
+            return self.constant(n);
+        }
+        Ok(match self.value(n)? {
+            Value::Expr(e) => e,
+            Value::Addr(a) => a.pointer(),
+        })
+    }
+
+    fn address(&mut self, n: &UOp) -> Result<Address> {
+        match self.value(n)? {
+            Value::Addr(a) => Ok(a),
+            Value::Expr(base) => match n.dtype() {
+                DType::Ptr { scalar, space, .. } => Ok(Address { base, index: "0".into(), scalar, space }),
+                other => Err(render_err(n, format!("is used as an address but has dtype {other}"))),
+            },
+        }
+    }
+
+    fn ty(&mut self, n: &UOp, dt: DType) -> Result<String> {
+        match dt {
+            DType::Scalar(s) => Ok(self.d.scalar_type(s, &mut self.p)),
+            DType::Vector(s, w) => Ok(self.d.vector_type(s, w, &mut self.p)),
+            other => Err(render_err(n, format!("has no value type for {other}"))),
+        }
+    }
+
+    fn declare(&mut self, n: &UOp, prefix: &'static str, init: String) -> Result<()> {
+        let ty = self.ty(n, n.dtype())?;
+        let name = self.fresh(prefix);
+        self.line(format!("const {ty} {name} = {init};"));
+        self.values.insert(n.content_hash(), Value::Expr(name));
+        Ok(())
+    }
+
+    fn constant(&mut self, n: &UOp) -> Result<String> {
+        let DType::Scalar(s) = n.dtype() else {
+            return Err(render_err(n, "constants are scalars (broadcast vectors with VECTORIZE)"));
+        };
+        Ok(match n.arg() {
+            Arg::Bool(b) => self.d.int_const(*b as i64, s),
+            Arg::Int(v) => self.d.int_const(wrap_int(*v, s), s),
+            Arg::Float(v) => self.d.float_const(*v, s, &mut self.p),
+            other => return Err(render_err(n, format!("unsupported constant {other:?}"))),
+        })
+    }
+
+    fn node(&mut self, n: &Arc<UOp>) -> Result<()> {
+        let src = n.src();
+        match n.op() {
+            Op::Sink | Op::Param | Op::DefineVar | Op::Special | Op::Const => {}
+            Op::Bind => {
+                let v = self.value_or_const(&src[1])?;
+                self.values.insert(n.content_hash(), v);
+            }
+            Op::After => {
+                let v = self.value_or_const(&src[0])?;
+                self.values.insert(n.content_hash(), v);
+            }
+            Op::Range => {
+                let ty = self.ty(n, n.dtype())?;
+                let extent = self.expr(&src[0])?;
+                let axis = n.arg_int().unwrap_or(0);
+                let mut name = format!("ridx{}", axis.to_string().replace('-', "m"));
+                if !self.used_names.insert(name.clone()) {
+                    name = self.fresh("ridx");
+                }
+                for carry in self.carries.get(&n.content_hash()).cloned().unwrap_or_default() {
+                    let end = self.carry_decl(n, &carry)?;
+                    self.line(end);
+                }
+                self.line(format!("for ({ty} {name} = 0; {name} < {extent}; {name}++) {{"));
+                self.indent += 1;
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::End => self.end(n)?,
+            Op::Index => {
+                let base = self.address(&src[0])?;
+                let idx = self.expr(&src[1])?;
+                let DType::Ptr { scalar, space, .. } = n.dtype() else {
+                    return Err(render_err(n, "INDEX must yield a pointer"));
+                };
+                let addr = if base.index == "0" {
+                    Address { base: base.base, index: idx, scalar, space }
+                } else {
+                    Address { base: base.pointer(), index: idx, scalar, space }
+                };
+                self.values.insert(n.content_hash(), Value::Addr(addr));
+            }
+            Op::Load => {
+                let addr = self.address(&src[0])?;
+                let load = self.d.load(&addr, n.dtype(), &mut self.p);
+                let init = if src.len() == 3 {
+                    let (alt, gate) = (self.expr(&src[1])?, self.expr(&src[2])?);
+                    format!("({gate} ? {load} : {alt})")
+                } else {
+                    load
+                };
+                self.declare(n, "val", init)?;
+            }
+            Op::Store => {
+                let addr = self.address(&src[0])?;
+                let value = self.expr(&src[1])?;
+                let stmt = self.d.store(&addr, &value, src[1].dtype(), &mut self.p);
+                if src.len() == 3 {
+                    let gate = self.expr(&src[2])?;
+                    self.line(format!("if ({gate}) {stmt};"));
+                } else {
+                    self.line(format!("{stmt};"));
+                }
+            }
+            Op::DefineAcc => {
+                let ty = self.ty(n, n.dtype())?;
+                let init = self.expr(&src[0])?;
+                let name = self.fresh("acc");
+                self.line(format!("{ty} {name} = {init};"));
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::Assign => {
+                let acc = self.expr(&src[0])?;
+                let value = self.expr(&src[1])?;
+                if let Some(block) = self.blocks.last_mut() {
+                    block.commits.push(format!("{acc} = {value};"));
+                }
+                self.values.insert(n.content_hash(), Value::Expr(value));
+            }
+            op if op.is_alu() => {
+                let args = src.iter().map(|s| Ok((self.expr(s)?, s.dtype()))).collect::<Result<Vec<_>>>()?;
+                let e = self.alu(n, op, &args)?;
+                self.declare(n, "alu", e)?;
+            }
+            Op::Cast => {
+                let e = self.convert(n, &src[0])?;
+                self.declare(n, "cast", e)?;
+            }
+            Op::Bitcast => {
+                let v = self.expr(&src[0])?;
+                let e = self.d.bitcast(&v, src[0].dtype(), n.dtype(), &mut self.p)?;
+                self.declare(n, "cast", e)?;
+            }
+            Op::Vectorize => {
+                let lanes: Vec<String> = if src.len() == 1 {
+                    vec![self.expr(&src[0])?; n.dtype().width() as usize]
+                } else {
+                    src.iter().map(|s| self.expr(s)).collect::<Result<_>>()?
+                };
+                let e = self.d.vector_literal(n.dtype(), &lanes, &mut self.p);
+                self.declare(n, "vec", e)?;
+            }
+            Op::Gep => {
+                let v = self.expr(&src[0])?;
+                let lane = n.arg_int().unwrap_or(0) as u8;
+                let e = self.d.lane(&v, src[0].dtype(), lane);
+                self.declare(n, "gep", e)?;
+            }
+            op => return Err(render_err(n, format!("{op} cannot be rendered"))),
+        }
+        Ok(())
+    }
+
+    fn value_or_const(&mut self, n: &UOp) -> Result<Value> {
+        if n.op() == Op::Const { Ok(Value::Expr(self.constant(n)?)) } else { self.value(n) }
+    }
+
+    fn carry_decl(&mut self, range: &UOp, carry: &Carry) -> Result<String> {
+        let dt = carry.dtype;
+        let ty = self.ty(range, dt)?;
+        let zero = match dt {
+            DType::Scalar(s) => self.zero(s),
+            DType::Vector(s, w) => {
+                let z = self.zero(s);
+                self.d.vector_literal(dt, &vec![z; w as usize], &mut self.p)
+            }
+            _ => return Err(render_err(range, format!("cannot carry a {dt} out of a loop"))),
+        };
+        Ok(format!("{ty} {} = {zero};", carry.name))
+    }
+
+    fn zero(&mut self, s: Scalar) -> String {
+        if s.is_float() { self.d.float_const(0.0, s, &mut self.p) } else { self.d.int_const(0, s) }
+    }
+
+    fn end(&mut self, n: &Arc<UOp>) -> Result<()> {
+        let range = n.src()[0].content_hash();
+        if self.blocks.last().is_some_and(|b| b.range == Some(range)) {
+            let block = self.blocks.pop().unwrap_or(Block { range: None, commits: Vec::new() });
+            for c in block.commits {
+                self.line(c);
+            }
+            let carries: Vec<(String, ContentHash)> = self
+                .carries
+                .get(&range)
+                .map(|cs| cs.iter().map(|c| (c.name.clone(), c.value)).collect())
+                .unwrap_or_default();
+            for (name, value) in carries {
+                let v = match self.values.get(&value) {
+                    Some(Value::Expr(e)) => e.clone(),
+                    Some(Value::Addr(a)) => a.pointer(),
+                    None => return Err(render_err(n, "the value carried out of the loop is not defined in it")),
+                };
+                self.line(format!("{name} = {v};"));
+            }
+            self.indent -= 1;
+            self.line("}".into());
+        } else if self.blocks.iter().any(|b| b.range == Some(range)) {
+            return Err(render_err(n, "closes a loop while an inner loop is still open"));
+        }
+        if n.dtype() != DType::Void
+            && let Some(acc) = acc_of(n)
+        {
+            let v = self.value(&acc)?;
+            self.values.insert(n.content_hash(), v);
+        }
+        Ok(())
+    }
+
+    /// CAST of `src` to `n.dtype()`.
+    fn convert(&mut self, n: &UOp, src: &UOp) -> Result<String> {
+        let v = self.expr(src)?;
+        match (src.dtype(), n.dtype()) {
+            (DType::Scalar(a), DType::Scalar(b)) => Ok(if a == b { v } else { self.d.cast(&v, a, b, &mut self.p) }),
+            (DType::Vector(a, w), DType::Vector(b, _)) => {
+                if a == b {
+                    return Ok(v);
+                }
+                let lanes: Vec<String> = (0..w)
+                    .map(|i| {
+                        let l = self.d.lane(&v, src.dtype(), i);
+                        self.d.cast(&l, a, b, &mut self.p)
+                    })
+                    .collect();
+                Ok(self.d.vector_literal(n.dtype(), &lanes, &mut self.p))
+            }
+            (a, b) => Err(render_err(n, format!("cannot cast {a} to {b}"))),
+        }
+    }
+
+    fn alu(&mut self, n: &UOp, op: Op, args: &[(String, DType)]) -> Result<String> {
+        let operand = args.get(if op == Op::Where { 1 } else { 0 }).map(|a| a.1).unwrap_or(DType::Void);
+        match operand {
+            DType::Scalar(s) => {
+                let exprs: Vec<String> = args.iter().map(|a| a.0.clone()).collect();
+                self.scalar_alu(n, op, s, &exprs)
+            }
+            DType::Vector(s, w) => {
+                if op == Op::Where && args[0].1 == DType::BOOL {
+                    return Ok(format!("({} ? {} : {})", args[0].0, args[1].0, args[2].0));
+                }
+                let infix = matches!(op, Op::Add | Op::Sub | Op::Mul | Op::Div | Op::And | Op::Or | Op::Xor);
+                if (infix || op == Op::Neg) && self.d.native_vector_op(op, operand) {
+                    return Ok(if op == Op::Neg {
+                        format!("(-{})", args[0].0)
+                    } else {
+                        format!("({} {} {})", args[0].0, infix_symbol(op), args[1].0)
+                    });
+                }
+                let mut lanes = Vec::with_capacity(w as usize);
+                for i in 0..w {
+                    let exprs: Vec<String> = args.iter().map(|(e, dt)| self.d.lane(e, *dt, i)).collect();
+                    lanes.push(self.scalar_alu(n, op, s, &exprs)?);
+                }
+                Ok(self.d.vector_literal(n.dtype(), &lanes, &mut self.p))
+            }
+            other => Err(render_err(n, format!("arithmetic on {other}"))),
+        }
+    }
+
+    /// One lane of an ALU op on operands of scalar `s` (for WHERE: `s` is the value type).
+    fn scalar_alu(&mut self, n: &UOp, op: Op, s: Scalar, args: &[String]) -> Result<String> {
+        if op == Op::Where {
+            return Ok(format!("({} ? {} : {})", args[0], args[1], args[2]));
+        }
+        let via = s.is_float() && self.d.float_via_f32(s);
+        let cs = if via { Scalar::F32 } else { s };
+        let a: Vec<String> =
+            if via { args.iter().map(|e| self.d.to_f32(e, s, &mut self.p)).collect() } else { args.to_vec() };
+        let math = |this: &mut Self, f: MathFn| this.d.math(f, cs, &a, &mut this.p);
+        let bits = (s.size() * 8) as i64;
+        let r = match op {
+            Op::Neg if s == Scalar::Bool => format!("(!{})", a[0]),
+            Op::Neg => format!("(-{})", a[0]),
+            Op::Not if s == Scalar::Bool => format!("(!{})", a[0]),
+            Op::Not => format!("(~{})", a[0]),
+            Op::Sqrt => math(self, MathFn::Sqrt),
+            Op::Exp2 => math(self, MathFn::Exp2),
+            Op::Log2 => math(self, MathFn::Log2),
+            Op::Exp => math(self, MathFn::Exp),
+            Op::Log => math(self, MathFn::Log),
+            Op::Sin => math(self, MathFn::Sin),
+            Op::Cos => math(self, MathFn::Cos),
+            Op::Trunc => math(self, MathFn::Trunc),
+            Op::Recip => {
+                let one = self.d.float_const(1.0, cs, &mut self.p);
+                format!("({one} / {})", a[0])
+            }
+            Op::Abs if s.is_float() => math(self, MathFn::Fabs),
+            Op::Abs if s.is_signed() => format!("({0} < 0 ? -{0} : {0})", a[0]),
+            Op::Abs => a[0].clone(),
+            Op::Max if s.is_float() => math(self, MathFn::Fmax),
+            Op::Min if s.is_float() => math(self, MathFn::Fmin),
+            Op::Max => format!("({0} > {1} ? {0} : {1})", a[0], a[1]),
+            Op::Min => format!("({0} < {1} ? {0} : {1})", a[0], a[1]),
+            Op::Pow => math(self, MathFn::Pow),
+            Op::MulAcc if s.is_float() => math(self, MathFn::Fma),
+            Op::MulAcc => format!("({} * {} + {})", a[0], a[1], a[2]),
+            Op::Shl if s.is_signed() => {
+                let (st, ut) = (self.d.scalar_type(s, &mut self.p), self.d.scalar_type(unsigned_of(s), &mut self.p));
+                format!("(({st})(({ut}){} << ({} & {})))", a[0], a[1], bits - 1)
+            }
+            Op::Shl => format!("({} << ({} & {}))", a[0], a[1], bits - 1),
+            Op::Shr => format!("({} >> ({} & {}))", a[0], a[1], bits - 1),
+            op if op.is_binary() => format!("({} {} {})", a[0], infix_symbol(op), a[1]),
+            op => return Err(render_err(n, format!("{op} is not an ALU op on {s}"))),
+        };
+        if via && !op.is_comparison() {
+            return Ok(self.d.from_f32(&r, s, &mut self.p));
+        }
+        // C promotes narrow integers and bools to int: bring the result back into the type so
+        // lanes and inits hold exactly what the IR says.
+        let wraps = matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs)
+            || (s == Scalar::Bool && matches!(op, Op::And | Op::Or | Op::Xor | Op::Idiv | Op::Mod));
+        if !op.is_comparison() && wraps && (s == Scalar::Bool || (s.is_int() && s.size() < 4)) {
+            let t = self.d.scalar_type(s, &mut self.p);
+            return Ok(format!("(({t}){r})"));
+        }
+        Ok(r)
+    }
+}
+
+fn infix_symbol(op: Op) -> &'static str {
+    match op {
+        Op::Add => "+",
+        Op::Sub => "-",
+        Op::Mul => "*",
+        Op::Div | Op::Idiv => "/",
+        Op::Mod => "%",
+        Op::And => "&",
+        Op::Or => "|",
+        Op::Xor => "^",
+        Op::Lt => "<",
+        Op::Le => "<=",
+        Op::Eq => "==",
+        Op::Ne => "!=",
+        _ => "?",
+    }
+}
+
+/// The unsigned integer type of the same size.
+pub fn unsigned_of(s: Scalar) -> Scalar {
+    match s {
+        Scalar::I8 => Scalar::U8,
+        Scalar::I16 => Scalar::U16,
+        Scalar::I32 => Scalar::U32,
+        Scalar::I64 => Scalar::U64,
+        other => other,
+    }
+}
+
+/// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
+fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
+    let mut node = n.clone();
+    loop {
+        let next = match node.op() {
+            Op::DefineAcc => return Some(node),
+            Op::Assign | Op::After => node.src()[0].clone(),
+            Op::End if node.dtype() != DType::Void && node.src().len() > 1 => node.src()[1].clone(),
+            _ => return None,
+        };
+        node = next;
+    }
+}
+
+/// Every node the SPECIAL extents depend on. They must be plain integer expressions over
+/// constants and variables (they are evaluated before any launch index exists).
+fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
+    let mut out = HashSet::new();
+    let mut stack: Vec<Arc<UOp>> = specials.iter().map(|s| s.src()[0].clone()).collect();
+    while let Some(n) = stack.pop() {
+        if !out.insert(n.content_hash()) {
+            continue;
+        }
+        let ok = matches!(n.op(), Op::Const | Op::DefineVar | Op::Bind | Op::Cast) || n.op().is_alu();
+        if !ok {
+            return Err(render_err(
+                &n,
+                "a launch extent may only use constants, variables and arithmetic (no loads, loops or launch indices)",
+            ));
+        }
+        stack.extend(n.src().iter().cloned());
+    }
+    Ok(out)
+}
