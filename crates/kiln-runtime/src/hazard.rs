@@ -218,4 +218,39 @@ mod tests {
         assert_eq!(nodes(&t.record(4, &[read(7, 12..20)])), vec![1]);
         assert!(t.record(5, &[read(7, 15..20)]).is_empty());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Every conflicting pair of nodes (shared bytes, at least one write) is ordered:
+        /// the later node reaches the earlier one through dependency edges.
+        #[test]
+        fn every_conflict_is_ordered(ops in proptest::collection::vec((0usize..3, 0usize..48, 1usize..16, proptest::bool::ANY), 1..40)) {
+            let mut t = HazardTracker::new();
+            let mut deps: Vec<Vec<usize>> = Vec::new();
+            for (i, &(alloc, start, len, w)) in ops.iter().enumerate() {
+                let d = t.record(i, &[Access { alloc, range: start..start + len, write: w }]);
+                proptest::prop_assert!(d.iter().all(|d| d.node < i));
+                deps.push(d.iter().map(|d| d.node).collect());
+            }
+            for j in 0..ops.len() {
+                // Nodes j reaches (transitively).
+                let mut reach = vec![false; j + 1];
+                let mut stack = vec![j];
+                while let Some(n) = stack.pop() {
+                    for &d in &deps[n] {
+                        if !reach[d] { reach[d] = true; stack.push(d); }
+                    }
+                }
+                let (aj, sj, lj, wj) = ops[j];
+                for i in 0..j {
+                    let (ai, si, li, wi) = ops[i];
+                    let overlap = ai == aj && si < sj + lj && sj < si + li;
+                    if overlap && (wi || wj) {
+                        proptest::prop_assert!(reach[i], "node {} does not reach conflicting node {}", j, i);
+                    }
+                }
+            }
+        }
+    }
 }
