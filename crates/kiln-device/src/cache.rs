@@ -1220,6 +1220,36 @@ mod tests {
         assert_eq!(cache.stats().memory_entries, 1);
     }
 
+    #[test]
+    fn device_compile_goes_through_its_cache() {
+        use crate::allocator::mock::MockAllocator;
+        use crate::device::Device;
+        let dir = TempDir::new("device");
+        let r = rig(MockCompiler::new("fp"));
+        let open = |cache: KernelCache| {
+            let pair: crate::device::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
+            Device::new(
+                DeviceSpec::Cpu,
+                "mock".into(),
+                MockAllocator::new(1 << 20),
+                vec![pair],
+                runtime(r.loaded.clone()),
+            )
+            .unwrap()
+            .with_cache(Arc::new(cache))
+        };
+        let sink = kernel(11.0);
+        let d1 = open(disk_cache(&dir));
+        let k1 = d1.compile(&sink, Some("k")).unwrap();
+        let k2 = d1.compile(&sink, Some("k")).unwrap();
+        assert!(Arc::ptr_eq(&k1.program, &k2.program));
+        // A second device (a new process, say) finds the compiled kernel on disk.
+        let d2 = open(disk_cache(&dir));
+        d2.compile(&sink, Some("k")).unwrap();
+        assert_eq!(r.compiles(), 1);
+        assert_eq!((d1.cache().stats().memory_hits, d2.cache().stats().disk_hits), (1, 1));
+    }
+
     const CHILD_ENV: &str = "KILN_CACHE_TEST_CHILD_DIR";
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln_ir::{DeviceSpec, Scalar, UOp};
 
 use crate::buffer::{Allocator, Buffer, RawView};
+use crate::cache::{KernelCache, Toolchain};
 use crate::error::{Error, Result};
 use crate::program::{Compiler, LaunchDims, Program, ProgramSpec, Renderer, RuntimeFactory};
 
@@ -91,6 +92,10 @@ pub struct Device {
     /// Available (renderer, compiler) pairs; the first is the default.
     pub compilers: Vec<CompilerPair>,
     pub runtime: RuntimeFactory,
+    /// Loaded and compiled kernels; [`Device::compile`] goes through it.
+    cache: Arc<KernelCache>,
+    /// The default pair with its fingerprint, taken at the first compile.
+    toolchain: OnceLock<Toolchain>,
 }
 
 impl Device {
@@ -104,7 +109,21 @@ impl Device {
         if compilers.is_empty() {
             return Err(Error::Invalid(format!("device {spec} needs at least one renderer/compiler pair")));
         }
-        Ok(Device { spec, description, allocator, compilers, runtime })
+        // A malformed KILN_CACHE* variable is reported here rather than silently ignored.
+        let cache = Arc::new(KernelCache::from_env()?);
+        Ok(Device { spec, description, allocator, compilers, runtime, cache, toolchain: OnceLock::new() })
+    }
+
+    /// This device with `cache` instead of the one configured from the environment (e.g. a
+    /// memory-only cache, or one shared between devices whose programs are interchangeable).
+    pub fn with_cache(mut self, cache: Arc<KernelCache>) -> Device {
+        self.cache = cache;
+        self
+    }
+
+    /// The kernel cache [`Device::compile`] uses.
+    pub fn cache(&self) -> &Arc<KernelCache> {
+        &self.cache
     }
 
     pub fn renderer(&self) -> &Arc<dyn Renderer> {
@@ -125,12 +144,14 @@ impl Device {
         Buffer::new(self.allocator.clone(), dtype, len)
     }
 
-    /// Renders, compiles and loads `sink` with the default pair.
+    /// The loaded kernel for `sink` with the default pair: from the memory cache, else the
+    /// disk cache, else rendered, compiled and loaded (and stored in both). Concurrent calls
+    /// for one kernel compile it once. A disk-cache failure never fails the compile.
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
-        let spec = self.renderer().render(sink, name)?;
-        let compiled = self.compiler().compile(&spec)?;
-        let program = (self.runtime)(&compiled)?;
-        Ok(Kernel { spec: compiled.spec.clone(), program })
+        let toolchain = self.toolchain.get_or_init(|| {
+            Toolchain::new(self.renderer().clone(), self.compiler().clone(), self.runtime.clone())
+        });
+        self.cache.get_or_compile(sink, name, &self.spec, toolchain)
     }
 }
 
