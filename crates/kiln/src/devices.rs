@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use kiln_device::AllocatorStats;
+use kiln_device::{AllocatorStats, CacheStats};
 use kiln_ir::DeviceSpec;
 
 use crate::args::{ArgParser, Token, unknown};
@@ -43,6 +43,8 @@ pub struct DeviceRow {
     /// The description, or why the device or backend is unavailable.
     pub status: Result<String, String>,
     pub stats: Option<AllocatorStats>,
+    /// This process's kernel-cache counters of the device (when it was opened).
+    pub cache: Option<CacheStats>,
 }
 
 /// Probes every backend. Opening a device is only needed for `--verbose` (allocator stats)
@@ -51,13 +53,13 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
     let mut rows = Vec::new();
     let mut row = |spec: &DeviceSpec, described: Option<String>| {
         let opened = if open || described.is_none() { Some(kiln_device::open_device(&spec.to_string())) } else { None };
-        let (status, stats) = match (described, opened) {
-            (_, Some(Err(e))) => (Err(e.to_string()), None),
-            (_, Some(Ok(d))) => (Ok(d.description.clone()), Some(d.allocator.stats())),
-            (Some(desc), None) => (Ok(desc), None),
-            (None, None) => (Err("not probed".into()), None),
+        let (status, stats, cache) = match (described, opened) {
+            (_, Some(Err(e))) => (Err(e.to_string()), None, None),
+            (_, Some(Ok(d))) => (Ok(d.description.clone()), Some(d.allocator.stats()), Some(d.cache().stats())),
+            (Some(desc), None) => (Ok(desc), None, None),
+            (None, None) => (Err("not probed".into()), None, None),
         };
-        rows.push(DeviceRow { name: spec.to_string(), status, stats });
+        rows.push(DeviceRow { name: spec.to_string(), status, stats, cache });
     };
     row(&DeviceSpec::Cpu, None);
     match Ok::<Vec<(DeviceSpec, String)>, kiln_device::Error>(vec![]) {
@@ -65,18 +67,20 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
             name: "OPENCL".into(),
             status: Err("the OpenCL loader reports no devices".into()),
             stats: None,
+            cache: None,
         }),
         Ok(list) => {
             for (spec, desc) in list {
                 row(&spec, Some(desc));
             }
         }
-        Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None }),
+        Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None, cache: None }),
     }
     rows.push(DeviceRow {
         name: "CUDA".into(),
         status: Err("no CUDA backend is built into this kiln".into()),
         stats: None,
+        cache: None,
     });
     rows
 }
@@ -106,6 +110,9 @@ pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
                 s.hits,
                 s.misses
             );
+        }
+        if let (true, Some(c)) = (args.verbose, r.cache) {
+            let _ = writeln!(out, "{:<width$}    kernel cache: {}", "", cache::counters(&c));
         }
     }
     if args.verbose {

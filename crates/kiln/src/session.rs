@@ -25,7 +25,7 @@ impl KernelFile {
     /// Reads and parses `path`. Parse errors carry the line and column.
     pub fn load(path: &Path) -> Result<KernelFile, CliError> {
         let text = std::fs::read_to_string(path).map_err(|e| CliError::io("cannot read kernel file", path, e))?;
-        let sink = kiln_ir::parse(&text).context(|| format!("cannot parse kernel {}", path.display()))?;
+        let sink = kiln_ir::parse_kernel(&text).context(|| format!("cannot parse kernel {}", path.display()))?;
         Ok(KernelFile { path: path.to_path_buf(), name: entry_name(path), sink })
     }
 
@@ -107,6 +107,24 @@ pub fn bind_vars(spec: &ProgramSpec, given: &[(String, i64)]) -> Result<Vec<i64>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_example_kernel_parses_and_validates() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "kiln") {
+                let k = KernelFile::load(&path).unwrap_or_else(|e| panic!("{}: {}", path.display(), e.report()));
+                let spec = ProgramSpec::from_sink(&k.name, String::new(), DeviceSpec::Cpu, &k.sink).unwrap();
+                assert!(!spec.outs.is_empty(), "{} writes nothing", path.display());
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert!(text.contains("kiln run examples/kernels/"), "{} has no example command", path.display());
+                seen += 1;
+            }
+        }
+        assert!(seen >= 5, "found {seen} example kernels in {}", dir.display());
+    }
 
     #[test]
     fn entry_names_are_c_identifiers() {
