@@ -312,6 +312,12 @@ pub trait Program: Send + Sync {
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()>;
 
     fn name(&self) -> &str;
+
+    /// The concrete program, for a backend queue that enqueues its own programs natively
+    /// (checked downcast). `None` (the default) when the program does not offer it.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// Loads a compiled kernel.
