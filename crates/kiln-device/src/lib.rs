@@ -9,6 +9,7 @@ pub mod device;
 pub mod error;
 pub mod program;
 pub mod queue;
+pub mod ring;
 pub mod signal;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
@@ -22,4 +23,5 @@ pub use program::{
     special_axis,
 };
 pub use queue::{HardwareQueue, QueueFactory};
-pub use signal::TimelineSignal;
+pub use ring::{BackendEvent, EventRing, RingSignal};
+pub use signal::{CpuTimelineSignal, TimelineSignal};
