@@ -1,1 +1,325 @@
+//! kiln-opencl: the OpenCL backend.
+//!
+//! Every OpenCL device of every platform is one kiln device, `OPENCL:0..n`, numbered by
+//! (platform order, device order within the platform) as the ICD loader reports them; that
+//! order is stable for one machine configuration. `libOpenCL.so.1` is loaded at run time
+//! (opencl3's `dynamic` feature), so a machine without an ICD loader or without any driver
+//! gets [`Error::Unavailable`] with the reason, never a link failure or a panic.
+//!
+//! The rooms, read top to bottom:
+//! - [`renderer`]: OpenCL C from the kernel IR (the shared C-family core plus a dialect).
+//! - [`compiler`]: `clBuildProgram`; the device binary is the cached artifact.
+//! - [`program`]: loads the binary, sets arguments, enqueues and waits.
+//! - [`allocator`]: `cl_mem` buffers and blocking host transfers.
+//! - [`queue`]: in-order command queues ordered by timeline signals.
+//! - [`signal`]: timeline signals backed by `cl_event`s.
+//!
+//! One [`ClDevice`] (context + a synchronous queue) exists per OpenCL device per process:
+//! buffers, programs and queues of one kiln device must share a `cl_context`.
 
+pub mod allocator;
+pub mod compiler;
+pub mod program;
+pub mod queue;
+pub mod renderer;
+pub mod signal;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::{Device, Error, Result};
+use opencl3::command_queue::CommandQueue;
+use opencl3::context::Context;
+use opencl3::device::{CL_DEVICE_NOT_FOUND, CL_DEVICE_TYPE_ALL};
+use opencl3::error_codes::ClError;
+use opencl3::types::{cl_command_queue_properties, cl_device_id, cl_platform_id};
+
+pub use allocator::OpenClAllocator;
+pub use compiler::OpenClCompiler;
+pub use program::OpenClProgram;
+pub use renderer::OpenClRenderer;
+
+/// `clGetPlatformIDs` when the ICD loader finds no driver (`CL_PLATFORM_NOT_FOUND_KHR`).
+const PLATFORM_NOT_FOUND_KHR: i32 = -1001;
+/// opencl3's code for "libOpenCL could not be loaded".
+const RUNTIME_LOAD_FAILED: i32 = -2000;
+
+/// Turns an OpenCL status into a driver error naming the call that failed.
+pub(crate) fn driver(what: &str, e: impl Into<ClError>) -> Error {
+    let e = e.into();
+    Error::Driver { backend: "OpenCL", message: format!("{what} failed: {e} ({})", e.0) }
+}
+
+/// Where one OpenCL device sits in the ICD loader's enumeration.
+#[derive(Clone, Copy)]
+struct Location {
+    platform: cl_platform_id,
+    device: cl_device_id,
+}
+
+/// Every OpenCL device of every platform, in ordinal order.
+fn enumerate() -> Result<Vec<Location>> {
+    let platforms = match opencl3::platform::get_platforms() {
+        Ok(p) => p,
+        Err(e) if e.0 == RUNTIME_LOAD_FAILED => {
+            return Err(Error::Unavailable(
+                "the OpenCL ICD loader libOpenCL.so.1 could not be loaded: install one (e.g. ocl-icd-libopencl1) \
+                 and a driver (e.g. pocl-opencl-icd), or point OPENCL_DYLIB_PATH at the library"
+                    .into(),
+            ));
+        }
+        Err(e) if e.0 == PLATFORM_NOT_FOUND_KHR => Vec::new(),
+        Err(e) => return Err(driver("clGetPlatformIDs", e)),
+    };
+    if platforms.is_empty() {
+        return Err(Error::Unavailable(
+            "no OpenCL platform is installed (the ICD loader found no driver in /etc/OpenCL/vendors): \
+             install one, e.g. pocl-opencl-icd"
+                .into(),
+        ));
+    }
+    let mut out = Vec::new();
+    for p in platforms {
+        match p.get_devices(CL_DEVICE_TYPE_ALL) {
+            Ok(devs) => out.extend(devs.into_iter().map(|device| Location { platform: p.id(), device })),
+            Err(e) if e.0 == CL_DEVICE_NOT_FOUND => {}
+            Err(e) => return Err(driver("clGetDeviceIDs", e)),
+        }
+    }
+    Ok(out)
+}
+
+/// Static facts about a device, read once at open.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub platform_name: String,
+    pub platform_version: String,
+    pub name: String,
+    pub device_version: String,
+    pub driver_version: String,
+    pub extensions: String,
+    pub max_work_group_size: usize,
+    pub max_work_item_sizes: [usize; 3],
+    pub max_mem_alloc_size: u64,
+    pub global_mem_size: u64,
+}
+
+impl DeviceInfo {
+    fn read(at: Location) -> Result<DeviceInfo> {
+        let p = opencl3::platform::Platform::new(at.platform);
+        let d = opencl3::device::Device::new(at.device);
+        let q = |what: &str, r: opencl3::Result<String>| r.map_err(|e| driver(what, e));
+        let sizes = d.max_work_item_sizes().map_err(|e| driver("CL_DEVICE_MAX_WORK_ITEM_SIZES", e))?;
+        let mut max_work_item_sizes = [1usize; 3];
+        for (slot, s) in max_work_item_sizes.iter_mut().zip(sizes) {
+            *slot = s;
+        }
+        Ok(DeviceInfo {
+            platform_name: q("CL_PLATFORM_NAME", p.name())?,
+            platform_version: q("CL_PLATFORM_VERSION", p.version())?,
+            name: q("CL_DEVICE_NAME", d.name())?,
+            device_version: q("CL_DEVICE_VERSION", d.version())?,
+            driver_version: q("CL_DRIVER_VERSION", d.driver_version())?,
+            extensions: q("CL_DEVICE_EXTENSIONS", d.extensions())?,
+            max_work_group_size: d.max_work_group_size().map_err(|e| driver("CL_DEVICE_MAX_WORK_GROUP_SIZE", e))?,
+            max_work_item_sizes,
+            max_mem_alloc_size: d.max_mem_alloc_size().map_err(|e| driver("CL_DEVICE_MAX_MEM_ALLOC_SIZE", e))?,
+            global_mem_size: d.global_mem_size().map_err(|e| driver("CL_DEVICE_GLOBAL_MEM_SIZE", e))?,
+        })
+    }
+
+    /// One line for `kiln devices`: name, platform, device version and driver version.
+    pub fn description(&self) -> String {
+        format!(
+            "{} ({}; {}; driver {})",
+            self.name.trim(),
+            self.platform_name.trim(),
+            self.device_version.trim(),
+            self.driver_version.trim()
+        )
+    }
+
+    pub fn has_extension(&self, ext: &str) -> bool {
+        self.extensions.split_whitespace().any(|e| e == ext)
+    }
+}
+
+/// An opened OpenCL device: its context and one in-order queue for synchronous work
+/// (host transfers of the allocator, [`kiln_device::Program::execute`]).
+///
+/// Shared (`Arc`) by everything of one kiln device; the OpenCL handles inside are
+/// thread-safe per the OpenCL specification (every API call except `clSetKernelArg` on one
+/// kernel object, which [`program`] serializes).
+pub struct ClDevice {
+    pub spec: DeviceSpec,
+    pub info: DeviceInfo,
+    device: cl_device_id,
+    context: Context,
+    queue: CommandQueue,
+}
+
+impl std::fmt::Debug for ClDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClDevice({}: {})", self.spec, self.info.name.trim())
+    }
+}
+
+// SAFETY: `cl_device_id` is an opaque handle; OpenCL API calls on it are thread-safe.
+// `Context` and `CommandQueue` are already Send + Sync in opencl3.
+unsafe impl Send for ClDevice {}
+// SAFETY: as above.
+unsafe impl Sync for ClDevice {}
+
+impl ClDevice {
+    fn open(spec: &DeviceSpec, at: Location) -> Result<ClDevice> {
+        let info = DeviceInfo::read(at)?;
+        let context =
+            Context::from_device(&opencl3::device::Device::new(at.device)).map_err(|e| driver("clCreateContext", e))?;
+        let queue = create_queue(&context, at.device, 0)?;
+        Ok(ClDevice { spec: spec.clone(), info, device: at.device, context, queue })
+    }
+
+    pub fn device_id(&self) -> cl_device_id {
+        self.device
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// The in-order queue used for synchronous work.
+    pub fn sync_queue(&self) -> &CommandQueue {
+        &self.queue
+    }
+
+    /// A new in-order command queue on this device.
+    pub fn new_queue(&self) -> Result<CommandQueue> {
+        create_queue(&self.context, self.device, 0)
+    }
+}
+
+/// Creates an in-order queue: `clCreateCommandQueueWithProperties` (OpenCL ≥ 2.0), falling
+/// back to the 1.x entry point on platforms that lack it.
+fn create_queue(context: &Context, device: cl_device_id, props: cl_command_queue_properties) -> Result<CommandQueue> {
+    // SAFETY: `device` is a member of `context` (the context was created from it).
+    match unsafe { CommandQueue::create_with_properties(context, device, props, 0) } {
+        Ok(q) => Ok(q),
+        Err(_) => {
+            #[allow(deprecated)]
+            // SAFETY: as above.
+            unsafe { CommandQueue::create(context, device, props) }.map_err(|e| driver("clCreateCommandQueue", e))
+        }
+    }
+}
+
+/// The process-wide opened devices, by ordinal: one context per OpenCL device.
+fn opened() -> &'static Mutex<HashMap<u32, Arc<ClDevice>>> {
+    static OPENED: OnceLock<Mutex<HashMap<u32, Arc<ClDevice>>>> = OnceLock::new();
+    OPENED.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The shared [`ClDevice`] of `OPENCL:ordinal`, opened on first use.
+pub fn cl_device(spec: &DeviceSpec) -> Result<Arc<ClDevice>> {
+    let DeviceSpec::OpenCl { ordinal } = *spec else {
+        return Err(Error::Invalid(format!("{spec} is not an OpenCL device (expected OPENCL:n)")));
+    };
+    let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let all = enumerate()?;
+    let at = *all.get(ordinal as usize).ok_or_else(|| {
+        Error::Unavailable(format!(
+            "{spec} does not exist: this machine has {} OpenCL device(s) (OPENCL:0..{})",
+            all.len(),
+            all.len().saturating_sub(1)
+        ))
+    })?;
+    let dev = Arc::new(ClDevice::open(spec, at)?);
+    map.insert(ordinal, dev.clone());
+    Ok(dev)
+}
+
+/// Every OpenCL device with its description, or why there are none.
+pub fn probe() -> Result<Vec<(DeviceSpec, String)>> {
+    enumerate()?
+        .into_iter()
+        .enumerate()
+        .map(|(i, at)| {
+            let spec = DeviceSpec::OpenCl { ordinal: i as u32 };
+            Ok((spec, DeviceInfo::read(at)?.description()))
+        })
+        .collect()
+}
+
+/// Every OpenCL device with its description (name, platform, versions, driver version);
+/// empty when OpenCL is unavailable ([`probe`] says why).
+pub fn devices() -> Vec<(DeviceSpec, String)> {
+    probe().unwrap_or_default()
+}
+
+/// Opens `spec` as a kiln [`Device`]: OpenCL C renderer, clBuildProgram compiler, program
+/// loader and `cl_mem` allocator over the shared context of that device.
+pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
+    let cl = cl_device(spec)?;
+    let renderer = Arc::new(OpenClRenderer::new(&cl));
+    let compiler = Arc::new(OpenClCompiler::new(cl.clone()));
+    let loader = cl.clone();
+    let runtime: kiln_device::RuntimeFactory =
+        Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
+    let allocator = Arc::new(OpenClAllocator::new(cl.clone()));
+    Ok(Arc::new(Device::new(spec.clone(), cl.info.description(), allocator, vec![(renderer, compiler)], runtime)?))
+}
+
+/// Registers the `OPENCL` backend with [`kiln_device::open_device`].
+pub fn register() {
+    kiln_device::register_backend("OPENCL", open);
+}
+
+/// Test support: the first OpenCL device, or why the test is skipped. With `KILN_REQUIRE`
+/// containing `opencl`, a missing device fails the test instead.
+#[cfg(test)]
+pub(crate) fn test_device() -> Option<Arc<Device>> {
+    let spec = DeviceSpec::OpenCl { ordinal: 0 };
+    match open(&spec) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            let required = std::env::var("KILN_REQUIRE").is_ok_and(|v| v.to_ascii_lowercase().contains("opencl"));
+            assert!(!required, "KILN_REQUIRE contains opencl but OpenCL is unavailable: {e}");
+            println!("skipped: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_is_stable_and_described() {
+        let Some(dev) = test_device() else { return };
+        let list = devices();
+        assert!(!list.is_empty());
+        assert_eq!(list, devices(), "two enumerations give the same order");
+        for (i, (spec, desc)) in list.iter().enumerate() {
+            assert_eq!(*spec, DeviceSpec::OpenCl { ordinal: i as u32 });
+            assert!(desc.contains("driver"), "{desc}");
+        }
+        assert_eq!(dev.description, list[0].1);
+        let missing = DeviceSpec::OpenCl { ordinal: list.len() as u32 };
+        assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
+        assert!(matches!(open(&DeviceSpec::Cpu), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn registry_opens_the_backend() {
+        if test_device().is_none() {
+            return;
+        }
+        register();
+        let d = kiln_device::open_device("OPENCL:0").unwrap();
+        assert_eq!(d.spec, DeviceSpec::OpenCl { ordinal: 0 });
+    }
+}

@@ -1,0 +1,1 @@
+//! In-order command queues.

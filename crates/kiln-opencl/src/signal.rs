@@ -1,0 +1,1 @@
+//! Timeline signals backed by cl_events.
