@@ -280,7 +280,7 @@ mod tests {
         let xs: Vec<f32> = (0..103).map(|x| x as f32).collect();
         let a = Buffer::from_slice(dev.allocator.clone(), &xs).unwrap();
         let b = Buffer::from_slice(dev.allocator.clone(), &xs).unwrap();
-        let c = dev.buffer(Scalar::F32, 110).unwrap();
+        let c = Buffer::from_slice(dev.allocator.clone(), &[0f32; 110]).unwrap();
         // Views at element offsets 3, 1 and 5.
         let (av, bv, cv) = (a.view(3, 100).unwrap(), b.view(1, 100).unwrap(), c.view(5, 100).unwrap());
         kernel.launch(&[&av, &bv, &cv], &[100]).unwrap();
