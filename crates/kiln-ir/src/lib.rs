@@ -17,7 +17,7 @@ pub use builder::{Acc, IntoVal, KernelBuilder, Loop, Val};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use linearize::linearize;
 pub use symbolic::{eval_int, variables};
-pub use text::{parse, print};
+pub use text::{parse, parse_kernel, print};
 pub use uop::{Arg, ContentHash, Op, UOp};
 pub use validate::validate;
 
