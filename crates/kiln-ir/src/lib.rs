@@ -1,8 +1,8 @@
 //! kiln-ir: the kernel language kiln compiles.
 //!
 //! A kernel is a hash-consed [`UOp`] DAG rooted at SINK. Build one with [`KernelBuilder`] or
-//! parse it from text ([`parse`]); [`validate`] checks it, [`linearize`] orders it for a
-//! renderer, [`print`] writes it back out (the round trip is exact).
+//! parse it from text ([`parse()`]); [`validate`] checks it, [`linearize`] orders it for a
+//! renderer, [`print()`] writes it back out (the round trip is exact).
 
 mod builder;
 mod dtype;

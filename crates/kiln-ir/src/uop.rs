@@ -23,38 +23,38 @@ pub enum Op {
     // --- structure ---
     /// Root of a kernel. src: the effects (STORE/END) it consists of.
     Sink,
-    /// A kernel buffer parameter. arg: slot. src: [element count] (an integer expression
+    /// A kernel buffer parameter. arg: slot. src: `[element count]` (an integer expression
     /// over DEFINE_VARs). dtype: pointer.
     Param,
     /// A runtime integer variable. arg: `Var { name, min, max }`.
     DefineVar,
     /// A constant. arg: `Int`/`Float`/`Bool`.
     Const,
-    /// A launch index. arg: name (`gidx0`, `lidx1`, `idx0`, `core_id`). src: [extent].
+    /// A launch index. arg: name (`gidx0`, `lidx1`, `idx0`, `core_id`). src: `[extent]`.
     Special,
-    /// A loop. arg: axis id (smaller id = outer when nested). src: [extent]. Runs 0..extent.
+    /// A loop. arg: axis id (smaller id = outer when nested). src: `[extent]`. Runs 0..extent.
     Range,
-    /// Closes a loop. src: [range, values computed inside...]. Its value (when not void) is
-    /// the value of src[1] after the loop finishes (e.g. a finished accumulator).
+    /// Closes a loop. src: `[range, values computed inside...]`. Its value (when not void) is
+    /// the value of src`[1]` after the loop finishes (e.g. a finished accumulator).
     End,
-    /// Binds a variable to a value. src: [define_var, value].
+    /// Binds a variable to a value. src: `[define_var, value]`.
     Bind,
-    /// A value ordered after effects. src: [value, deps...]. Evaluates to src[0].
+    /// A value ordered after effects. src: `[value, deps...]`. Evaluates to src`[0]`.
     After,
 
     // --- memory ---
-    /// Pointer arithmetic. src: [buffer pointer, element index]. dtype: pointer (its width
+    /// Pointer arithmetic. src: `[buffer pointer, element index]`. dtype: pointer (its width
     /// is the access width of the LOAD/STORE that uses it).
     Index,
-    /// Read through a pointer. src: [index] or [index, alt, gate]: when the gate is false the
+    /// Read through a pointer. src: `[index]` or `[index, alt, gate]`: when the gate is false the
     /// memory is not touched and the result is `alt`.
     Load,
-    /// Write through a pointer. src: [index, value] or [index, value, gate].
+    /// Write through a pointer. src: `[index, value]` or `[index, value, gate]`.
     Store,
-    /// A local accumulator. src: [initial value, reduce ranges...]. Defined just outside the
+    /// A local accumulator. src: `[initial value, reduce ranges...]`. Defined just outside the
     /// outermost of its reduce ranges.
     DefineAcc,
-    /// Update an accumulator. src: [acc, new value]. Evaluates to the new value.
+    /// Update an accumulator. src: `[acc, new value]`. Evaluates to the new value.
     Assign,
 
     // --- unary ALU ---
@@ -95,9 +95,9 @@ pub enum Op {
     Ne,
 
     // --- ternary ALU ---
-    /// src: [cond, a, b].
+    /// src: `[cond, a, b]`.
     Where,
-    /// src: [a, b, c] → a*b + c.
+    /// src: `[a, b, c]` → a*b + c.
     MulAcc,
 
     // --- types and vectors ---
@@ -111,7 +111,7 @@ pub enum Op {
     Gep,
 
     // --- compiled kernels as values ---
-    /// A compiled kernel. src: [sink, device, linear?, source?, binary?] (stages as present).
+    /// A compiled kernel. src: `[sink, device, linear?, source?, binary?]` (stages as present).
     Program,
     /// The device a PROGRAM targets. arg: `Device`.
     Device,

@@ -46,6 +46,22 @@ pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
 }
 
 fn check_node(n: &UOp) -> Result<(), String> {
+    let takes_arg = matches!(
+        n.op(),
+        Op::Param
+            | Op::DefineVar
+            | Op::Const
+            | Op::Special
+            | Op::Range
+            | Op::Gep
+            | Op::Program
+            | Op::Device
+            | Op::Source
+            | Op::Binary
+    );
+    if !takes_arg && *n.arg() != Arg::None {
+        return Err(format!("takes no argument, got {:?}", n.arg()));
+    }
     let src = n.src();
     let dt = n.dtype();
     let count = |want: &[usize]| -> Result<(), String> {
