@@ -10,6 +10,7 @@ use crate::buffer::{Allocator, Buffer, RawView};
 use crate::cache::{KernelCache, Toolchain};
 use crate::error::{Error, Result};
 use crate::program::{Compiler, LaunchDims, Program, ProgramSpec, Renderer, RuntimeFactory};
+use crate::queue::DynQueueFactory;
 
 /// A (renderer, compiler) pair. A device may offer several (e.g. two C compilers).
 pub type CompilerPair = (Arc<dyn Renderer>, Arc<dyn Compiler>);
@@ -92,6 +93,9 @@ pub struct Device {
     /// Available (renderer, compiler) pairs; the first is the default.
     pub compilers: Vec<CompilerPair>,
     pub runtime: RuntimeFactory,
+    /// The device's hardware queues and signals, if its backend offers them
+    /// (set with [`Device::with_queues`]).
+    pub queues: Option<Arc<dyn DynQueueFactory>>,
     /// Loaded and compiled kernels; [`Device::compile`] goes through it.
     cache: Arc<KernelCache>,
     /// The default pair with its fingerprint, taken at the first compile.
@@ -111,13 +115,19 @@ impl Device {
         }
         // A malformed KILN_CACHE* variable is reported here rather than silently ignored.
         let cache = Arc::new(KernelCache::from_env()?);
-        Ok(Device { spec, description, allocator, compilers, runtime, cache, toolchain: OnceLock::new() })
+        Ok(Device { spec, description, allocator, compilers, runtime, queues: None, cache, toolchain: OnceLock::new() })
     }
 
     /// This device with `cache` instead of the one configured from the environment (e.g. a
     /// memory-only cache, or one shared between devices whose programs are interchangeable).
     pub fn with_cache(mut self, cache: Arc<KernelCache>) -> Device {
         self.cache = cache;
+        self
+    }
+
+    /// This device with `queues` as its queue factory.
+    pub fn with_queues(mut self, queues: Arc<dyn DynQueueFactory>) -> Device {
+        self.queues = Some(queues);
         self
     }
 

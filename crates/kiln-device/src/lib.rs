@@ -22,6 +22,6 @@ pub use program::{
     CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,
     special_axis,
 };
-pub use queue::{HardwareQueue, QueueFactory};
+pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};

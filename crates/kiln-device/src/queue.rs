@@ -6,13 +6,14 @@
 //! only by timeline signals. A recording error (wrong arguments to `exec`, a foreign signal
 //! type) is kept and returned by `submit`, which then submits nothing.
 
+use std::any::{Any, type_name};
 use std::sync::Arc;
 
 use kiln_ir::DeviceSpec;
 
 use crate::buffer::Buffer;
 use crate::device::Kernel;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::signal::TimelineSignal;
 
 pub trait HardwareQueue: Send {
@@ -55,4 +56,377 @@ pub trait QueueFactory: Send + Sync {
     fn create_signal(&self) -> Result<Arc<Self::Signal>>;
 
     fn device(&self) -> &DeviceSpec;
+}
+
+/// A [`HardwareQueue`] with its type erased, so queues of different backends live in one
+/// collection (the runtime's plan, a [`crate::Device`]).
+///
+/// `wait` and `signal` take any `Arc<dyn TimelineSignal>` and downcast it to the concrete
+/// queue's signal type; a signal of another type is a recording error that `submit` returns
+/// ([`Error::Invalid`]), never a silently dropped dependency. Commands are kept until
+/// `submit` and then forwarded in order to the concrete queue and submitted, so a batch that
+/// holds a recording error submits nothing. After `submit` (either outcome) the queue is
+/// empty and can record the next batch.
+pub struct DynQueue {
+    inner: Box<dyn ErasedQueue>,
+}
+
+impl std::fmt::Debug for DynQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DynQueue(on {}, signals: {})", self.inner.device(), self.inner.signal_type())
+    }
+}
+
+impl DynQueue {
+    pub fn new<Q: HardwareQueue + 'static>(queue: Q) -> DynQueue {
+        DynQueue { inner: Box::new(Erased { queue, batch: Vec::new(), error: None }) }
+    }
+
+    /// Whether `signal` is of the type this queue can wait on and signal.
+    pub fn accepts(&self, signal: &dyn TimelineSignal) -> bool {
+        self.inner.accepts(signal.as_any())
+    }
+
+    /// See [`HardwareQueue::wait`]; `signal` must be of this queue's signal type.
+    pub fn wait(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
+        self.inner.wait(signal, value);
+        self
+    }
+
+    /// See [`HardwareQueue::signal`]; `signal` must be of this queue's signal type.
+    pub fn signal(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
+        self.inner.signal(signal, value);
+        self
+    }
+
+    /// See [`HardwareQueue::exec`] (arguments are checked when the batch is submitted).
+    pub fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
+        self.inner.exec(kernel, bufs, vals);
+        self
+    }
+
+    /// See [`HardwareQueue::copy`].
+    pub fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
+        self.inner.copy(dst, src);
+        self
+    }
+
+    /// See [`HardwareQueue::memory_barrier`].
+    pub fn memory_barrier(&mut self) -> &mut Self {
+        self.inner.memory_barrier();
+        self
+    }
+
+    /// Forwards the batch to the concrete queue and submits it; returns the first recording
+    /// error instead (and submits nothing) if there was one.
+    pub fn submit(&mut self) -> Result<()> {
+        self.inner.submit()
+    }
+
+    pub fn device(&self) -> &DeviceSpec {
+        self.inner.device()
+    }
+
+    /// The name of the signal type this queue takes (for error messages and logs).
+    pub fn signal_type(&self) -> &'static str {
+        self.inner.signal_type()
+    }
+}
+
+trait ErasedQueue: Send {
+    fn accepts(&self, signal: &dyn Any) -> bool;
+    fn wait(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64);
+    fn signal(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64);
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]);
+    fn copy(&mut self, dst: &Buffer, src: &Buffer);
+    fn memory_barrier(&mut self);
+    fn submit(&mut self) -> Result<()>;
+    fn device(&self) -> &DeviceSpec;
+    fn signal_type(&self) -> &'static str;
+}
+
+/// A command held until submit; buffers and signals are owned so they outlive the caller's.
+enum Recorded<S> {
+    Wait(Arc<S>, u64),
+    Signal(Arc<S>, u64),
+    Exec(Kernel, Vec<Buffer>, Vec<i64>),
+    Copy(Buffer, Buffer),
+    Barrier,
+}
+
+struct Erased<Q: HardwareQueue> {
+    queue: Q,
+    batch: Vec<Recorded<Q::Signal>>,
+    /// The first recording error of the batch; later commands are not recorded.
+    error: Option<Error>,
+}
+
+impl<Q: HardwareQueue + 'static> Erased<Q> {
+    fn downcast(&mut self, signal: &Arc<dyn TimelineSignal>, what: &str) -> Option<Arc<Q::Signal>> {
+        if self.error.is_some() {
+            return None;
+        }
+        match signal.clone().into_any().downcast::<Q::Signal>() {
+            Ok(s) => Some(s),
+            Err(_) => {
+                self.error = Some(Error::Invalid(format!(
+                    "a queue on {} cannot {what} {signal:?}: it takes signals of type {}; create the signal \
+                     with this device's queue factory",
+                    self.queue.device(),
+                    type_name::<Q::Signal>()
+                )));
+                None
+            }
+        }
+    }
+
+    fn push(&mut self, command: Recorded<Q::Signal>) {
+        if self.error.is_none() {
+            self.batch.push(command);
+        }
+    }
+}
+
+impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
+    fn accepts(&self, signal: &dyn Any) -> bool {
+        signal.is::<Q::Signal>()
+    }
+
+    fn wait(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) {
+        if let Some(s) = self.downcast(signal, "wait on") {
+            self.push(Recorded::Wait(s, value));
+        }
+    }
+
+    fn signal(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) {
+        if let Some(s) = self.downcast(signal, "signal") {
+            self.push(Recorded::Signal(s, value));
+        }
+    }
+
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) {
+        self.push(Recorded::Exec(kernel.clone(), bufs.iter().map(|b| (*b).clone()).collect(), vals.to_vec()));
+    }
+
+    fn copy(&mut self, dst: &Buffer, src: &Buffer) {
+        self.push(Recorded::Copy(dst.clone(), src.clone()));
+    }
+
+    fn memory_barrier(&mut self) {
+        self.push(Recorded::Barrier);
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            self.batch.clear();
+            return Err(e);
+        }
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        for command in self.batch.drain(..) {
+            match command {
+                Recorded::Wait(s, v) => self.queue.wait(&s, v),
+                Recorded::Signal(s, v) => self.queue.signal(&s, v),
+                Recorded::Exec(kernel, bufs, vals) => {
+                    let refs: Vec<&Buffer> = bufs.iter().collect();
+                    self.queue.exec(&kernel, &refs, &vals)
+                }
+                Recorded::Copy(dst, src) => self.queue.copy(&dst, &src),
+                Recorded::Barrier => self.queue.memory_barrier(),
+            };
+        }
+        self.queue.submit()
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        self.queue.device()
+    }
+
+    fn signal_type(&self) -> &'static str {
+        type_name::<Q::Signal>()
+    }
+}
+
+/// The object-safe face of a [`QueueFactory`], so a [`crate::Device`] can carry its queue
+/// factory without naming the backend's types. Every `QueueFactory` is one.
+pub trait DynQueueFactory: Send + Sync {
+    fn create_dyn_compute_queue(&self) -> Result<DynQueue>;
+
+    /// A dedicated copy queue, if the device has one.
+    fn create_dyn_copy_queue(&self) -> Result<Option<DynQueue>>;
+
+    /// A signal the queues of this factory accept.
+    fn create_dyn_signal(&self) -> Result<Arc<dyn TimelineSignal>>;
+
+    fn dyn_device(&self) -> &DeviceSpec;
+}
+
+impl<F> DynQueueFactory for F
+where
+    F: QueueFactory,
+    F::Queue: 'static,
+{
+    fn create_dyn_compute_queue(&self) -> Result<DynQueue> {
+        self.create_compute_queue().map(DynQueue::new)
+    }
+
+    fn create_dyn_copy_queue(&self) -> Result<Option<DynQueue>> {
+        Ok(self.create_copy_queue()?.map(DynQueue::new))
+    }
+
+    fn create_dyn_signal(&self) -> Result<Arc<dyn TimelineSignal>> {
+        Ok(self.create_signal()?)
+    }
+
+    fn dyn_device(&self) -> &DeviceSpec {
+        QueueFactory::device(self)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::ring::{BackendEvent, RingSignal};
+    use crate::signal::CpuTimelineSignal;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// A queue that logs what reaches it and, on submit, sets/waits signals inline.
+    struct LogQueue {
+        log: Arc<Mutex<Vec<String>>>,
+        pending: Vec<String>,
+        signals: Vec<(Arc<CpuTimelineSignal>, u64)>,
+        device: DeviceSpec,
+    }
+
+    impl HardwareQueue for LogQueue {
+        type Signal = CpuTimelineSignal;
+        fn wait(&mut self, signal: &Arc<CpuTimelineSignal>, value: u64) -> &mut Self {
+            self.pending.push(format!("wait {value} (now {})", signal.value()));
+            self
+        }
+        fn signal(&mut self, signal: &Arc<CpuTimelineSignal>, value: u64) -> &mut Self {
+            self.pending.push(format!("signal {value}"));
+            self.signals.push((signal.clone(), value));
+            self
+        }
+        fn exec(&mut self, kernel: &Kernel, _bufs: &[&Buffer], _vals: &[i64]) -> &mut Self {
+            self.pending.push(format!("exec {}", kernel.spec.name));
+            self
+        }
+        fn copy(&mut self, dst: &Buffer, _src: &Buffer) -> &mut Self {
+            self.pending.push(format!("copy {}", dst.len()));
+            self
+        }
+        fn memory_barrier(&mut self) -> &mut Self {
+            self.pending.push("barrier".into());
+            self
+        }
+        fn submit(&mut self) -> Result<()> {
+            self.log.lock().unwrap().append(&mut self.pending);
+            for (s, v) in self.signals.drain(..) {
+                s.set(v);
+            }
+            Ok(())
+        }
+        fn device(&self) -> &DeviceSpec {
+            &self.device
+        }
+    }
+
+    struct LogFactory {
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl QueueFactory for LogFactory {
+        type Queue = LogQueue;
+        type Signal = CpuTimelineSignal;
+        fn create_compute_queue(&self) -> Result<LogQueue> {
+            Ok(LogQueue { log: self.log.clone(), pending: vec![], signals: vec![], device: DeviceSpec::Cpu })
+        }
+        fn create_copy_queue(&self) -> Result<Option<LogQueue>> {
+            Ok(None)
+        }
+        fn create_signal(&self) -> Result<Arc<CpuTimelineSignal>> {
+            Ok(Arc::new(CpuTimelineSignal::new()))
+        }
+        fn device(&self) -> &DeviceSpec {
+            &DeviceSpec::Cpu
+        }
+    }
+
+    #[derive(Debug)]
+    struct NeverEvent;
+    impl BackendEvent for NeverEvent {
+        fn is_complete(&self) -> Result<bool> {
+            Ok(false)
+        }
+        fn wait(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Memory that is never touched: these queues only log.
+    struct NoMemory;
+    impl crate::buffer::Allocator for NoMemory {
+        fn device(&self) -> &DeviceSpec {
+            &DeviceSpec::Cpu
+        }
+        fn alloc(&self, bytes: usize) -> Result<crate::buffer::RawPtr> {
+            Err(Error::Invalid(format!("test allocator asked for {bytes} B")))
+        }
+        unsafe fn free(&self, _: crate::buffer::RawPtr, _: usize) {}
+        unsafe fn copyin(&self, _: crate::buffer::RawView, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        unsafe fn copyout(&self, _: &mut [u8], _: crate::buffer::RawView) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn unallocated(len: usize) -> Buffer {
+        Buffer::new(Arc::new(NoMemory), kiln_ir::Scalar::F32, len).unwrap()
+    }
+
+    fn factory() -> (Arc<dyn DynQueueFactory>, Arc<Mutex<Vec<String>>>) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        (Arc::new(LogFactory { log: log.clone() }), log)
+    }
+
+    #[test]
+    fn forwards_wait_and_signal_in_order_at_submit() {
+        let (f, log) = factory();
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let s = f.create_dyn_signal().unwrap();
+        let (a, b) = (unallocated(3), unallocated(3));
+        q.wait(&s, 0).copy(&a, &b).memory_barrier().signal(&s, 7);
+        assert!(log.lock().unwrap().is_empty(), "nothing reaches the queue before submit");
+        assert_eq!(s.value(), 0);
+        q.submit().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["wait 0 (now 0)", "copy 3", "barrier", "signal 7"]);
+        s.wait(7, Duration::ZERO).unwrap();
+        assert!(f.create_dyn_copy_queue().unwrap().is_none());
+        assert_eq!(f.dyn_device(), &DeviceSpec::Cpu);
+    }
+
+    #[test]
+    fn a_foreign_signal_fails_submit_and_submits_nothing() {
+        let (f, log) = factory();
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let own = f.create_dyn_signal().unwrap();
+        let foreign: Arc<dyn TimelineSignal> = Arc::new(RingSignal::<NeverEvent>::new(4));
+        assert!(q.accepts(&*own) && !q.accepts(&*foreign));
+        q.signal(&own, 1).wait(&foreign, 1).signal(&own, 2);
+        match q.submit() {
+            Err(Error::Invalid(m)) => assert!(m.contains("CpuTimelineSignal") && m.contains("wait on"), "{m}"),
+            other => panic!("expected a foreign-signal error, got {other:?}"),
+        }
+        assert!(log.lock().unwrap().is_empty());
+        assert_eq!(own.value(), 0);
+        // The queue is usable again after the failed submit.
+        q.signal(&own, 3).submit().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["signal 3"]);
+        assert_eq!(own.value(), 3);
+    }
 }

@@ -93,7 +93,7 @@ impl<E> EventRing<E> {
     pub fn above(&self, floor: u64) -> Vec<(u64, Arc<E>)> {
         let mut out: Vec<_> =
             self.slots.iter().flatten().filter(|(v, _)| *v > floor).map(|(v, e)| (*v, e.clone())).collect();
-        out.sort_by(|a, b| b.0.cmp(&a.0));
+        out.sort_by_key(|s| std::cmp::Reverse(s.0));
         out
     }
 }

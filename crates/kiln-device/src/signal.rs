@@ -210,7 +210,7 @@ impl CpuTimelineSignal {
                     return Ok(false);
                 }
                 i = i.wrapping_add(1);
-                if i % 32 == 0 && Instant::now() >= spin_end {
+                if i.is_multiple_of(32) && Instant::now() >= spin_end {
                     break;
                 }
             }
