@@ -71,8 +71,8 @@ impl CompileArgs {
 
 pub fn run(args: &CompileArgs) -> Result<String, CliError> {
     let file = args.file.as_deref().ok_or_else(|| CliError::Usage("`kiln compile` needs a kernel FILE".into()))?;
-    let device = session::open_device(args.device.as_ref().unwrap_or(&DeviceSpec::Cpu))?;
     let kernel_file = KernelFile::load(file)?;
+    let device = session::open_device(args.device.as_ref().unwrap_or(&DeviceSpec::Cpu))?;
     let spec = if args.check { (*kernel_file.compile(&device)?.spec).clone() } else { kernel_file.render(&device)? };
     Ok(match args.emit {
         Emit::Source => {

@@ -62,7 +62,7 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         rows.push(DeviceRow { name: spec.to_string(), status, stats, cache });
     };
     row(&DeviceSpec::Cpu, None);
-    match Ok::<Vec<(DeviceSpec, String)>, kiln_device::Error>(vec![]) {
+    match kiln_opencl::probe() {
         Ok(list) if list.is_empty() => rows.push(DeviceRow {
             name: "OPENCL".into(),
             status: Err("the OpenCL loader reports no devices".into()),

@@ -69,6 +69,10 @@ fn help() -> String {
         s.push_str(&format!("  {:<9} {}\n", c.name, c.summary));
     }
     s.push_str("  help      show this text, or `kiln help <command>`\n\n");
+    s.push_str("Examples:\n");
+    s.push_str("  kiln devices --verbose\n");
+    s.push_str("  kiln compile examples/kernels/add.kiln --emit spec\n");
+    s.push_str("  kiln run examples/kernels/sum.kiln --var n=8 --in 0=examples/data/ramp8.npy\n\n");
     s.push_str(
         "Environment: KILN_CC (C compiler), KILN_CACHE_DIR (kernel cache folder), KILN_CACHE=0 (no disk cache)\n",
     );

@@ -76,8 +76,8 @@ fn parse_slot_file(flag: &str, text: &str) -> Result<(usize, PathBuf), CliError>
 /// Runs `kiln run`; returns the text for stdout.
 pub fn run(args: &RunArgs) -> Result<String, CliError> {
     let file = args.file.as_deref().ok_or_else(|| CliError::Usage("`kiln run` needs a kernel FILE".into()))?;
-    let device = session::open_device(args.device.as_ref().unwrap_or(&DeviceSpec::Cpu))?;
     let kernel_file = KernelFile::load(file)?;
+    let device = session::open_device(args.device.as_ref().unwrap_or(&DeviceSpec::Cpu))?;
     let kernel = kernel_file.compile(&device)?;
     let spec = &kernel.spec;
     let vals = session::bind_vars(spec, &args.vars)?;

@@ -11,7 +11,9 @@ use kiln_ir::{DeviceSpec, UOp};
 use crate::error::{CliError, Context};
 
 /// Registers every backend compiled into this binary with the device registry. Idempotent.
-pub fn register_backends() {}
+pub fn register_backends() {
+    kiln_opencl::register();
+}
 
 /// A kernel read from a text file.
 pub struct KernelFile {

@@ -1,0 +1,491 @@
+//! End-to-end tests of the `kiln` binary: every example kernel on real inputs against a
+//! Rust reference, and a catalogue of bad inputs, each of which must exit non-zero with a
+//! clear message and no panic.
+//!
+//! Every test gets its own temporary directory and kernel cache (`KILN_CACHE_DIR`), so
+//! tests neither see each other's compiled kernels nor the user's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kiln::npy::{self, NpyArray};
+use kiln_ir::Scalar;
+
+const KILN: &str = env!("CARGO_BIN_EXE_kiln");
+
+/// A scratch directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        static COUNT: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kiln-cli-{}-{name}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("cache")).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// Writes a text file and returns its path.
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Writes an f32 `.npy` file and returns its path as a string.
+    fn f32s(&self, name: &str, values: &[f32]) -> String {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = npy::write(&NpyArray::from_bytes(Scalar::F32, data).unwrap()).unwrap();
+        let p = self.path(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.display().to_string()
+    }
+
+    fn read_f32s(&self, name: &str) -> Vec<f32> {
+        let a = npy::read(&std::fs::read(self.path(name)).unwrap()).unwrap();
+        assert_eq!(a.scalar, Scalar::F32);
+        a.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    /// Runs `kiln args...` with this scratch's kernel cache and `env`.
+    fn kiln(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(KILN);
+        cmd.args(args).env("KILN_CACHE_DIR", self.path("cache")).env_remove("KILN_CACHE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts success and returns stdout.
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "kiln failed ({:?}):\n{}", o.status.code(), stderr(&o));
+    stdout(&o)
+}
+
+/// Asserts a clean failure with `code` whose message contains every one of `wants`.
+fn fails(o: Output, code: i32, wants: &[&str]) -> String {
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "exit status; stderr:\n{err}\nstdout:\n{}", stdout(&o));
+    assert!(err.starts_with("error: ") || err.contains("\nerror: "), "no `error:` line:\n{err}");
+    assert!(!err.contains("panicked"), "kiln panicked:\n{err}");
+    for w in wants {
+        assert!(err.contains(w), "expected `{w}` in:\n{err}");
+    }
+    err
+}
+
+fn example(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels").join(name).display().to_string()
+}
+
+/// Deterministic pseudo-random floats in [-1, 1).
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+/// The devices the example kernels run on: the CPU always, OpenCL when a device is present
+/// (and required when `KILN_REQUIRE` names `opencl`).
+fn devices(s: &Scratch) -> Vec<String> {
+    let listing = ok(s.kiln(&["devices"], &[]));
+    let mut out = vec!["CPU".to_string()];
+    let cl_available = listing.lines().any(|l| l.starts_with("OPENCL:0") && l.contains(" available "));
+    let required = std::env::var("KILN_REQUIRE").is_ok_and(|r| r.to_ascii_lowercase().contains("opencl"));
+    assert!(cl_available || !required, "KILN_REQUIRE names opencl but `kiln devices` says:\n{listing}");
+    if cl_available {
+        out.push("OPENCL:0".into());
+    }
+    out
+}
+
+// ---------------------------------------------------------------- example kernels
+
+#[test]
+fn add_matches_the_reference() {
+    let s = Scratch::new("add");
+    let n = 1000;
+    let (a, b) = (noise(n, 1), noise(n, 2));
+    let (fa, fb) = (s.f32s("a.npy", &a), s.f32s("b.npy", &b));
+    let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    for dev in devices(&s) {
+        let out = format!("2={}", s.path("c.npy").display());
+        let args = ["run", &example("add.kiln"), "--device", &dev, "--var", "n=1000"];
+        ok(s.kiln(
+            &[&args[..], &["--in", &format!("0={fa}"), "--in", &format!("1={fb}"), "--out", &out]].concat(),
+            &[],
+        ));
+        assert_close(&s.read_f32s("c.npy"), &want, 0.0, &format!("add on {dev}"));
+    }
+}
+
+#[test]
+fn sum_matches_the_reference() {
+    let s = Scratch::new("sum");
+    let n = 4099;
+    let a = noise(n, 3);
+    let fa = s.f32s("a.npy", &a);
+    let want = a.iter().map(|&x| x as f64).sum::<f64>() as f32;
+    for dev in devices(&s) {
+        let out = format!("1={}", s.path("out.npy").display());
+        let var = format!("n={n}");
+        ok(s.kiln(
+            &["run", &example("sum.kiln"), "-d", &dev, "--var", &var, "--in", &format!("0={fa}"), "--out", &out],
+            &[],
+        ));
+        assert_close(&s.read_f32s("out.npy"), &[want], 1e-4, &format!("sum on {dev}"));
+        // Without --out the single output value is printed.
+        let printed =
+            ok(s.kiln(&["run", &example("sum.kiln"), "-d", &dev, "--var", &var, "--in", &format!("0={fa}")], &[]));
+        assert!(printed.starts_with("slot 1: f32 x 1 ["), "{printed}");
+    }
+}
+
+#[test]
+fn matmul_matches_the_reference() {
+    let s = Scratch::new("matmul");
+    let (m, k, n) = (5usize, 7usize, 3usize);
+    let (a, b) = (noise(m * k, 4), noise(k * n, 5));
+    let (fa, fb) = (s.f32s("a.npy", &a), s.f32s("b.npy", &b));
+    let mut want = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want[i * n + j] = (0..k).map(|r| a[i * k + r] * b[r * n + j]).sum();
+        }
+    }
+    for dev in devices(&s) {
+        let out = format!("2={}", s.path("c.npy").display());
+        let vars = ["--var", "m=5", "--var", "k=7", "--var", "n=3"];
+        let io = ["--in", &format!("0={fa}"), "--in", &format!("1={fb}"), "--out", &out];
+        ok(s.kiln(&[&["run", &example("matmul.kiln"), "--device", &dev][..], &vars, &io].concat(), &[]));
+        assert_close(&s.read_f32s("c.npy"), &want, 1e-5, &format!("matmul on {dev}"));
+    }
+}
+
+#[test]
+fn softmax_matches_the_reference() {
+    let s = Scratch::new("softmax");
+    let (rows, cols) = (3usize, 10usize);
+    // Large logits: without subtracting the row maximum, exp() would overflow to inf.
+    let x: Vec<f32> = noise(rows * cols, 6).iter().map(|v| v * 100.0).collect();
+    let fx = s.f32s("x.npy", &x);
+    let mut want = vec![0f32; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = row.iter().map(|v| (v - mx).exp()).sum();
+        for c in 0..cols {
+            want[r * cols + c] = (row[c] - mx).exp() / total;
+        }
+    }
+    for dev in devices(&s) {
+        let out = format!("1={}", s.path("y.npy").display());
+        let args = ["run", &example("softmax.kiln"), "--device", &dev, "--var", "rows=3", "--var", "cols=10"];
+        ok(s.kiln(&[&args[..], &["--in", &format!("0={fx}"), "--out", &out]].concat(), &[]));
+        let got = s.read_f32s("y.npy");
+        assert_close(&got, &want, 1e-5, &format!("softmax on {dev}"));
+        for r in 0..rows {
+            let total: f32 = got[r * cols..(r + 1) * cols].iter().sum();
+            assert!((total - 1.0).abs() < 1e-5, "row {r} sums to {total}");
+        }
+    }
+}
+
+#[test]
+fn saxpy_handles_a_size_that_is_not_a_multiple_of_the_group() {
+    let s = Scratch::new("saxpy");
+    for n in [1usize, 64, 1000] {
+        let (x, y) = (noise(n, 7), noise(n, 8));
+        let (fa, fx, fy) = (s.f32s("alpha.npy", &[2.5]), s.f32s("x.npy", &x), s.f32s("y.npy", &y));
+        let want: Vec<f32> = x.iter().zip(&y).map(|(x, y)| 2.5f32.mul_add(*x, *y)).collect();
+        for dev in devices(&s) {
+            let out = format!("2={}", s.path("y_out.npy").display());
+            let var = format!("n={n}");
+            let io =
+                ["--in", &format!("0={fa}"), "--in", &format!("1={fx}"), "--in", &format!("2={fy}"), "--out", &out];
+            ok(s.kiln(
+                &[&["run", &example("saxpy_symbolic.kiln"), "--device", &dev, "--var", &var][..], &io].concat(),
+                &[],
+            ));
+            assert_close(&s.read_f32s("y_out.npy"), &want, 1e-6, &format!("saxpy n={n} on {dev}"));
+        }
+    }
+}
+
+#[test]
+fn slots_without_files_start_zeroed_with_a_note() {
+    let s = Scratch::new("zeroed");
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[]);
+    let out = ok(o.clone());
+    assert_eq!(out.trim(), "slot 2: f32 x 4 [0.0, 0.0, 0.0, 0.0]");
+    let err = stderr(&o);
+    assert!(err.contains("note: slot 0") && err.contains("note: slot 1"), "{err}");
+}
+
+#[test]
+fn compile_emits_source_spec_and_linear_order() {
+    let s = Scratch::new("compile");
+    let src = ok(s.kiln(&["compile", &example("add.kiln")], &[]));
+    assert!(src.contains("add"), "{src}");
+    let spec = ok(s.kiln(&["compile", &example("matmul.kiln"), "--emit", "spec"], &[]));
+    for want in
+        ["globals:     0, 1, 2", "ins:         0, 1", "outs:        2", "k in [1, 4096]", "global size: [n, m, 1]"]
+    {
+        assert!(spec.contains(want), "expected `{want}` in:\n{spec}");
+    }
+    let linear = ok(s.kiln(&["compile", &example("softmax.kiln"), "--emit=linear"], &[]));
+    assert_eq!(linear.lines().filter(|l| l.contains("= RANGE")).count(), 3, "{linear}");
+    assert!(linear.lines().last().is_some_and(|l| l.contains("SINK")), "{linear}");
+    // --check compiles too (through the cache).
+    ok(s.kiln(&["compile", &example("sum.kiln"), "--check"], &[]));
+}
+
+#[test]
+fn devices_lists_every_backend() {
+    let s = Scratch::new("devices");
+    let out = ok(s.kiln(&["devices"], &[]));
+    assert!(out.lines().any(|l| l.starts_with("CPU") && l.contains(" available ")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("OPENCL")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("CUDA") && l.contains("unavailable")), "{out}");
+    let verbose = ok(s.kiln(&["devices", "--verbose"], &[]));
+    for want in ["memory: allocated", "high-water", "hits", "misses", "kernel cache:"] {
+        assert!(verbose.contains(want), "expected `{want}` in:\n{verbose}");
+    }
+}
+
+#[test]
+fn cache_stats_and_clear_see_compiled_kernels() {
+    let s = Scratch::new("cache");
+    let before = ok(s.kiln(&["cache", "stats"], &[]));
+    assert!(before.contains("0 kernel(s)"), "{before}");
+    ok(s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[]));
+    let after = ok(s.kiln(&["cache", "stats"], &[]));
+    assert!(after.contains("1 kernel(s)"), "{after}");
+    let cleared = ok(s.kiln(&["cache", "clear"], &[]));
+    assert!(cleared.starts_with("cleared 1 kernel(s)"), "{cleared}");
+    assert!(ok(s.kiln(&["cache", "stats"], &[])).contains("0 kernel(s)"));
+    let off = ok(s.kiln(&["cache", "stats"], &[("KILN_CACHE", "0")]));
+    assert!(off.contains("memory only"), "{off}");
+}
+
+#[test]
+fn trace_writes_a_chrome_trace() {
+    let s = Scratch::new("trace");
+    let trace = s.path("trace.json");
+    ok(s.kiln(&["run", &example("add.kiln"), "--var", "n=16", "--trace", &trace.display().to_string()], &[]));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("traceEvents"), "{text}");
+    assert!(text.contains("add"), "{text}");
+}
+
+// ---------------------------------------------------------------- bad inputs
+
+/// Writes a kernel text file and returns its path.
+fn kernel_with(s: &Scratch, name: &str, text: &str) -> String {
+    s.file(name, text).display().to_string()
+}
+
+#[test]
+fn malformed_text_reports_line_and_column() {
+    let s = Scratch::new("malformed");
+    let k = kernel_with(&s, "bad.kiln", "%n = DEFINE_VAR i32 \"n\" 1 10\n%a = PARAM ptr<f32> 0 (%n\nSINK void ()\n");
+    fails(s.kiln(&["run", &k, "--var", "n=1"], &[]), 1, &["bad.kiln", "line 2, column"]);
+}
+
+#[test]
+fn unknown_op_is_named() {
+    let s = Scratch::new("unknown-op");
+    let k = kernel_with(&s, "op.kiln", "%c = CONST f32 1.0\n%x = FROB f32 (%c)\nSINK void (%x)\n");
+    fails(s.kiln(&["compile", &k], &[]), 1, &["line 2", "FROB"]);
+}
+
+#[test]
+fn alu_dtype_mismatch_is_reported_at_its_line() {
+    let s = Scratch::new("alu");
+    let text = "\
+%one = CONST i32 1
+%a   = PARAM ptr<f32> 0 (%one)
+%z   = CONST i32 0
+%p   = INDEX ptr<f32> (%a, %z)
+%x   = LOAD f32 (%p)
+%bad = ADD f32 (%x, %one)
+%st  = STORE void (%p, %bad)
+SINK void (%st)
+";
+    let k = kernel_with(&s, "alu.kiln", text);
+    fails(s.kiln(&["run", &k], &[]), 1, &["line 6", "%bad", "different dtypes: f32 and i32"]);
+}
+
+#[test]
+fn store_through_a_non_pointer_is_refused() {
+    let s = Scratch::new("store");
+    let text = "\
+%v  = CONST f32 1.0
+%st = STORE void (%v, %v)
+SINK void (%st)
+";
+    let k = kernel_with(&s, "store.kiln", text);
+    fails(s.kiln(&["run", &k], &[]), 1, &["line 2", "store through a non-pointer"]);
+}
+
+#[test]
+fn variables_must_be_given_and_within_bounds() {
+    let s = Scratch::new("vars");
+    fails(s.kiln(&["run", &example("add.kiln")], &[]), 1, &["variable `n` has no value", "--var n="]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--var", "n=0"], &[]), 1, &["`n` = 0", "[1, 16777216]"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--var", "n=16777217"], &[]), 1, &["outside its bounds"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--var", "n=4", "--var", "m=2"], &[]), 1, &["no variable `m`"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--var", "n=four"], &[]), 2, &["`four` is not a 64-bit integer"]);
+}
+
+#[test]
+fn bad_launch_dimensions_are_refused() {
+    let s = Scratch::new("launch");
+    // Global size n - 10: zero or negative for n ≤ 10.
+    let text = "\
+%n   = DEFINE_VAR i32 \"n\" 1 4611686018427387904
+%ten = CONST i32 10
+%ext = SUB i32 (%n, %ten)
+%one = CONST i32 1
+%a   = PARAM ptr<f32> 0 (%one)
+%i   = SPECIAL i32 \"idx0\" (%ext)
+%z   = CONST i32 0
+%p   = INDEX ptr<f32> (%a, %z)
+%v   = CAST f32 (%i)
+%st  = STORE void (%p, %v)
+SINK void (%st)
+";
+    let k = kernel_with(&s, "dims.kiln", text);
+    fails(s.kiln(&["run", &k, "--var", "n=4"], &[]), 1, &["global size on axis 0 evaluated to -6"]);
+    fails(s.kiln(&["run", &k, "--var", "n=10"], &[]), 1, &["evaluated to 0"]);
+    // Global size n * n: overflows 64 bits for large n.
+    let k2 = kernel_with(&s, "overflow.kiln", &text.replace("SUB i32 (%n, %ten)", "MUL i32 (%n, %n)"));
+    fails(s.kiln(&["run", &k2, "--var", "n=4611686018427387904"], &[]), 1, &["overflow"]);
+}
+
+#[test]
+fn npy_inputs_must_match_the_param() {
+    let s = Scratch::new("npy");
+    let good = s.f32s("good.npy", &[1.0; 8]);
+    let short = s.f32s("short.npy", &[1.0; 7]);
+    let ints = {
+        let data = [1i32; 8].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let p = s.path("ints.npy");
+        std::fs::write(&p, npy::write(&NpyArray::from_bytes(Scalar::I32, data).unwrap()).unwrap()).unwrap();
+        p.display().to_string()
+    };
+    let run = |input: &str| s.kiln(&["run", &example("add.kiln"), "--var", "n=8", "--in", &format!("0={input}")], &[]);
+    fails(run(&ints), 1, &["slot 0", "f32", "x 8", "ints.npy holds i32"]);
+    fails(run(&short), 1, &["slot 0", "short.npy", "(7,)", "7 elements"]);
+    // Any shape with the right element count is fine.
+    let square = {
+        let data = [1f32; 8].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let p = s.path("square.npy");
+        std::fs::write(&p, npy::write(&NpyArray { scalar: Scalar::F32, shape: vec![2, 4], data }).unwrap()).unwrap();
+        p.display().to_string()
+    };
+    ok(run(&square));
+    ok(run(&good));
+    // Not a .npy file at all, a Fortran-order array, a missing file, a slot the kernel lacks.
+    let garbage = s.file("garbage.npy", "hello").display().to_string();
+    fails(run(&garbage), 1, &["garbage.npy is not a usable .npy file", "not a .npy file"]);
+    let mut fortran = std::fs::read(s.path("good.npy")).unwrap();
+    let at = fortran.windows(5).position(|w| w == b"False").unwrap();
+    fortran.splice(at..at + 5, b"True ".iter().copied());
+    std::fs::write(s.path("fortran.npy"), fortran).unwrap();
+    fails(run(&s.path("fortran.npy").display().to_string()), 1, &["Fortran"]);
+    fails(run(&s.path("missing.npy").display().to_string()), 1, &["cannot read input file", "missing.npy"]);
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=8", "--in", &format!("7={good}")], &[]);
+    fails(o, 1, &["slot 7", "its slots are 0, 1, 2"]);
+}
+
+#[test]
+fn usage_errors_exit_with_status_2() {
+    let s = Scratch::new("usage");
+    fails(s.kiln(&[], &[]), 2, &["missing command"]);
+    fails(s.kiln(&["frobnicate"], &[]), 2, &["unknown command `frobnicate`"]);
+    fails(s.kiln(&["run"], &[]), 2, &["needs a kernel FILE"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--bogus"], &[]), 2, &["no option --bogus"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--var"], &[]), 2, &["--var needs a value"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--in", "x=a.npy"], &[]), 2, &["slot `x`"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--device", "TPU"], &[]), 2, &["unknown device `TPU`"]);
+    fails(s.kiln(&["compile", &example("add.kiln"), "--emit", "asm"], &[]), 2, &["--emit asm"]);
+    fails(s.kiln(&["devices", "--verbose=yes"], &[]), 2, &["does not take a value"]);
+    fails(s.kiln(&["cache"], &[]), 2, &["stats` or `clear"]);
+    fails(s.kiln(&["run", "/nonexistent/k.kiln"], &[]), 1, &["cannot read kernel file", "/nonexistent/k.kiln"]);
+    assert!(ok(s.kiln(&["help"], &[])).contains("kiln run"));
+    assert!(ok(s.kiln(&["run", "--help"], &[])).contains("--in SLOT=FILE.npy"));
+}
+
+// ---------------------------------------------------------------- the C toolchain
+
+/// Writes an executable shell script.
+fn script(s: &Scratch, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = s.file(name, &format!("#!/bin/sh\n{body}\n"));
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_missing_c_compiler_is_reported() {
+    let s = Scratch::new("no-cc");
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[("KILN_CC", "/nonexistent/cc")]);
+    fails(o, 1, &["compiler not available", "/nonexistent/cc"]);
+}
+
+#[test]
+fn a_failing_c_compiler_is_reported_with_its_output() {
+    let s = Scratch::new("bad-cc");
+    let cc = script(&s, "cc", "echo 'kernel.c:3:5: error: something is wrong' >&2\nexit 1");
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[("KILN_CC", &cc)]);
+    fails(o, 1, &["compile failed", "something is wrong"]);
+}
+
+#[test]
+fn a_library_without_the_kernel_symbol_is_reported() {
+    let s = Scratch::new("no-symbol");
+    // Ignores the kernel and builds a shared library that defines something else, at the
+    // output path the backend asked for (the argument after -o).
+    let cc = script(
+        &s,
+        "cc",
+        "out=''\nprev=''\nfor a in \"$@\"; do\n  if [ \"$prev\" = '-o' ]; then out=\"$a\"; fi\n  prev=\"$a\"\ndone\n\
+         echo 'int kiln_unrelated_symbol = 1;' | cc -shared -fPIC -x c - -o \"$out\"",
+    );
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[("KILN_CC", &cc)]);
+    fails(o, 1, &["load failed", "add"]);
+}
