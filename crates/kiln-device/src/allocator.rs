@@ -21,7 +21,7 @@
 //! allocator's numbers). Backends must report exhaustion as `Error::OutOfMemory`; any other
 //! backend error is returned unchanged after the retry.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -99,9 +99,13 @@ impl Hasher for ClassHasher {
 struct State {
     /// Free blocks per class, oldest first; each carries its LRU sequence number.
     free: HashMap<usize, VecDeque<(u64, RawPtr)>, BuildHasherDefault<ClassHasher>>,
-    /// LRU order over all free blocks: sequence number → class. The first entry is the
-    /// least recently freed block, which is also the front of its class's queue.
-    lru: BTreeMap<u64, usize>,
+    /// Free order over all blocks as (sequence number, class), oldest first. A block taken
+    /// back by a hit leaves its entry behind (removing it from the middle would cost more
+    /// than the hit): an entry is live exactly when it is the front of its class's queue
+    /// when it reaches the front here. Stale entries are compacted away in bulk.
+    lru: VecDeque<(u64, usize)>,
+    /// Blocks in the cache (live entries of `lru`).
+    blocks: usize,
     seq: u64,
     in_use: usize,
     cached: usize,
@@ -118,12 +122,47 @@ impl State {
 
     /// Removes the least recently freed block from the cache.
     fn pop_lru(&mut self) -> Option<(RawPtr, usize)> {
-        let (seq, class) = self.lru.pop_first()?;
-        let queue = self.free.get_mut(&class)?;
-        let (front_seq, ptr) = queue.pop_front()?;
-        debug_assert_eq!(front_seq, seq, "LRU order and class queue disagree");
+        // Every live block of a class is newer than the stale entries before it (they were
+        // freed earlier), so the first entry whose class queue starts with it is the oldest
+        // block.
+        while let Some((seq, class)) = self.lru.pop_front() {
+            let Some(queue) = self.free.get_mut(&class) else { continue };
+            if queue.front().is_some_and(|(s, _)| *s == seq) {
+                let (_, ptr) = queue.pop_front()?;
+                self.cached -= class;
+                self.blocks -= 1;
+                return Some((ptr, class));
+            }
+        }
+        None
+    }
+
+    /// Takes the most recently freed block of `class`, if any.
+    fn pop_class(&mut self, class: usize) -> Option<RawPtr> {
+        let (_, ptr) = self.free.get_mut(&class)?.pop_back()?;
         self.cached -= class;
-        Some((ptr, class))
+        self.blocks -= 1;
+        Some(ptr)
+    }
+
+    fn push(&mut self, class: usize, ptr: RawPtr) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.free.entry(class).or_default().push_back((seq, ptr));
+        self.lru.push_back((seq, class));
+        self.cached += class;
+        self.blocks += 1;
+        if self.lru.len() > 2 * self.blocks + 64 {
+            self.compact();
+        }
+    }
+
+    /// Drops the stale entries of `lru`. It runs only when stale entries outnumber cached
+    /// blocks by 64, so its O(n log n) cost is spread over at least n hits.
+    fn compact(&mut self) {
+        let free = &self.free;
+        self.lru
+            .retain(|(seq, class)| free.get(class).is_some_and(|q| q.binary_search_by_key(seq, |(s, _)| *s).is_ok()));
     }
 
     /// Evicts LRU blocks until `in_use + cached + extra` fits the budget (or the cache is empty).
@@ -143,6 +182,7 @@ impl State {
         }
         self.lru.clear();
         self.cached = 0;
+        self.blocks = 0;
     }
 }
 
@@ -283,9 +323,7 @@ impl Allocator for LruAllocator {
         })?;
         {
             let mut s = self.lock();
-            if let Some((seq, ptr)) = s.free.get_mut(&class).and_then(|q| q.pop_back()) {
-                s.lru.remove(&seq);
-                s.cached -= class;
+            if let Some(ptr) = s.pop_class(class) {
                 s.in_use += class;
                 s.hits += 1;
                 return Ok(ptr);
@@ -331,11 +369,7 @@ impl Allocator for LruAllocator {
         {
             let mut s = self.lock();
             s.in_use = s.in_use.saturating_sub(class);
-            s.seq += 1;
-            let seq = s.seq;
-            s.free.entry(class).or_default().push_back((seq, ptr));
-            s.lru.insert(seq, class);
-            s.cached += class;
+            s.push(class, ptr);
             s.evict_to_fit(0, &mut evicted);
         }
         if !evicted.is_empty() {
@@ -590,6 +624,43 @@ mod tests {
         let a = LruAllocator::new(MockAllocator::new(usize::MAX), None);
         assert!(matches!(a.alloc(0), Err(Error::Invalid(_))));
         assert!(matches!(a.alloc(usize::MAX), Err(Error::OutOfMemory { .. })));
+    }
+
+    #[test]
+    fn lru_bookkeeping_matches_a_reference_model() {
+        // The lazy LRU queue against the obvious model: a list in free order.
+        let mut s = State::default();
+        let mut model: Vec<(usize, usize)> = Vec::new(); // (class, ptr), oldest first
+        let mut most = 0;
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for i in 0..20_000usize {
+            let class = 64 * (1 + (next() % 5) as usize);
+            match next() % 8 {
+                0..=3 => {
+                    s.push(class, RawPtr(i as *mut std::ffi::c_void));
+                    model.push((class, i));
+                }
+                4..=6 => {
+                    let got = s.pop_class(class).map(|p| p.0 as usize);
+                    let want = model.iter().rposition(|(c, _)| *c == class).map(|j| model.remove(j).1);
+                    assert_eq!(got, want, "hit at step {i}");
+                }
+                _ => {
+                    let got = s.pop_lru().map(|(p, c)| (c, p.0 as usize));
+                    let want = (!model.is_empty()).then(|| model.remove(0));
+                    assert_eq!(got, want, "eviction at step {i}");
+                }
+            }
+            assert_eq!(s.cached, model.iter().map(|(c, _)| c).sum::<usize>());
+            most = most.max(s.blocks);
+            assert!(s.lru.len() <= 2 * most + 65, "stale entries are compacted");
+        }
     }
 
     #[test]
