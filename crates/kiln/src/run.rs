@@ -97,7 +97,7 @@ pub fn run(args: &RunArgs) -> Result<String, CliError> {
     for (p, &len) in spec.params.iter().zip(&lens) {
         buffers.push(fill_buffer(&device, p, len, args)?);
     }
-    launch(&kernel, &buffers, &vals, args.trace.as_deref())?;
+    launch(&device, &kernel, &buffers, &vals, args.trace.as_deref())?;
     let mut stdout = String::new();
     for (p, buf) in spec.params.iter().zip(&buffers) {
         let out_file = args.outs.iter().find(|(s, _)| *s == p.slot).map(|(_, f)| f);
@@ -163,11 +163,17 @@ fn write_npy(path: &Path, p: &ParamInfo, data: Vec<u8>) -> Result<(), CliError> 
 }
 
 /// Runs the kernel once; with a trace path, through the runtime's profiled execution plan.
-fn launch(kernel: &Kernel, buffers: &[Buffer], vals: &[i64], trace: Option<&Path>) -> Result<(), CliError> {
+fn launch(
+    device: &Device,
+    kernel: &Kernel,
+    buffers: &[Buffer],
+    vals: &[i64],
+    trace: Option<&Path>,
+) -> Result<(), CliError> {
     let refs: Vec<&Buffer> = buffers.iter().collect();
     let doing = || format!("kernel `{}` failed", kernel.spec.name);
     match trace {
         None => kernel.launch(&refs, vals).context(doing),
-        Some(path) => crate::trace::run_traced(kernel, &refs, vals, path),
+        Some(path) => crate::trace::run_traced(device, kernel, &refs, vals, path),
     }
 }
