@@ -431,10 +431,10 @@ impl KernelCache {
         let spec = tc.renderer.render(sink, name)?;
         let compiled = tc.compiler.compile(&spec)?;
         let program = (tc.runtime)(&compiled)?;
-        if let (Some(d), Some(key)) = (disk, &key) {
-            if let Err(e) = d.store(key, &compiled) {
-                self.warn(&e);
-            }
+        if let (Some(d), Some(key)) = (disk, &key)
+            && let Err(e) = d.store(key, &compiled)
+        {
+            self.warn(&e);
         }
         Ok(Kernel { spec: compiled.spec.clone(), program })
     }
@@ -710,11 +710,12 @@ impl DiskDir {
     fn enforce_limit(&self, written: u64) -> Result<()> {
         let mut est = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
         let (known, stores) = *est;
-        if let Some(total) = known.map(|t| t + written) {
-            if total <= self.limit && stores < RESCAN_EVERY {
-                *est = (Some(total), stores + 1);
-                return Ok(());
-            }
+        if let Some(total) = known.map(|t| t + written)
+            && total <= self.limit
+            && stores < RESCAN_EVERY
+        {
+            *est = (Some(total), stores + 1);
+            return Ok(());
         }
         let mut entries = self.scan()?;
         let mut total: u64 = entries.iter().map(|e| e.len).sum();
