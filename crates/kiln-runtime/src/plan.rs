@@ -1,0 +1,590 @@
+//! [`ExecutionPlan`]: a recorded graph of kernel launches and copies, run on several queues
+//! that are ordered only by timeline signals, and replayed with new variable values.
+//!
+//! Recording derives each node's dependencies from the byte ranges it reads and writes (see
+//! [`crate::hazard`]). The first run places the nodes on queues (see [`crate::schedule`]) and
+//! creates one timeline signal per queue; later runs only re-evaluate what depends on the
+//! variables and hand the same command sequence to the queues again.
+//!
+//! Signal values: each run continues each queue's timeline where the previous run left it
+//! (`base + position`), so values only grow, even across failed runs (a failed signal is
+//! replaced by a fresh one and the count goes on).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln_device::queue::{DynQueue, DynQueueFactory};
+use kiln_device::{Buffer, Device, Error, Kernel, Result, TimelineSignal};
+
+use crate::hazard::{Access, Dependency, HazardTracker};
+use crate::profile::{self, Profile, ProfileEvent, Stamps};
+use crate::schedule::{Lane, QueueLayout, Schedule, schedule};
+
+/// How many queues a plan spreads its nodes over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Compute queues to create (at least 1).
+    pub compute_queues: usize,
+    /// Put copies on the device's copy queue when it has one.
+    pub use_copy_queue: bool,
+    /// The longest `run` waits for a queue to finish; `Duration::MAX` waits without limit.
+    pub timeout: Duration,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        PlanOptions { compute_queues: cores.clamp(2, 4), use_copy_queue: true, timeout: Duration::MAX }
+    }
+}
+
+enum NodeKind {
+    Exec {
+        kernel: Kernel,
+        bufs: Vec<Buffer>,
+        /// For each of the kernel's variables (in `var_names` order), the plan variable.
+        var_index: Vec<usize>,
+        /// The node's positional values inside `ExecutionPlan::node_vals`.
+        vals_at: usize,
+        /// The kernel with its program wrapped for profiling, made on first use.
+        timed: Option<Kernel>,
+    },
+    Copy {
+        dst: Buffer,
+        src: Buffer,
+        /// Marker kernels (start, end) for profiling, made on first use.
+        markers: Option<(Kernel, Kernel)>,
+    },
+}
+
+struct Node {
+    kind: NodeKind,
+    deps: Vec<Dependency>,
+    /// Scheduling weight: work items of a launch at record time, bytes / 16 of a copy.
+    cost: u64,
+    stamps: Arc<Stamps>,
+}
+
+impl Node {
+    fn name(&self) -> &str {
+        match &self.kind {
+            NodeKind::Exec { kernel, .. } => &kernel.spec.name,
+            NodeKind::Copy { .. } => "copy",
+        }
+    }
+}
+
+/// Queues, signals and timeline positions, made on the first run.
+struct Lanes {
+    layout: QueueLayout,
+    queues: Vec<DynQueue>,
+    signals: Vec<Arc<dyn TimelineSignal>>,
+    /// Each queue's signal value before the next run.
+    base: Vec<u64>,
+}
+
+/// A recorded sequence of kernel launches and copies. See the module documentation.
+///
+/// Ownership: the plan keeps a clone of every buffer it was given, so the memory outlives
+/// the plan's runs. Reading or writing those buffers from the host while a run is in
+/// flight is a data race the plan cannot see; do it between runs.
+pub struct ExecutionPlan {
+    factory: Arc<dyn DynQueueFactory>,
+    options: PlanOptions,
+    nodes: Vec<Node>,
+    tracker: HazardTracker,
+    /// Plan variables: names, bounds from the first kernel that declared them, recorded values.
+    var_names: Vec<String>,
+    var_defaults: Vec<i64>,
+    /// Positional values of every exec node, back to back (`vals_at` indexes here).
+    node_vals: Vec<i64>,
+    /// The plan values `node_vals` was filled and checked with.
+    checked: Option<Vec<i64>>,
+    /// Set by recording, cleared by scheduling.
+    schedule: Option<Schedule>,
+    lanes: Option<Lanes>,
+    /// The clock profiled runs measure against.
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for ExecutionPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutionPlan")
+            .field("device", self.factory.dyn_device())
+            .field("nodes", &self.nodes.len())
+            .field("vars", &self.var_names)
+            .finish()
+    }
+}
+
+impl ExecutionPlan {
+    /// An empty plan on `device`'s queues, with default options.
+    pub fn new(device: &Device) -> Result<ExecutionPlan> {
+        Self::with_options(device, PlanOptions::default())
+    }
+
+    pub fn with_options(device: &Device, options: PlanOptions) -> Result<ExecutionPlan> {
+        let factory = device.queues.clone().ok_or_else(|| {
+            Error::Unavailable(format!("device {} has no command queues; execution plans need them", device.spec))
+        })?;
+        Ok(Self::on_queues(factory, options))
+    }
+
+    /// An empty plan on the queues of `factory`.
+    pub fn on_queues(factory: Arc<dyn DynQueueFactory>, options: PlanOptions) -> ExecutionPlan {
+        ExecutionPlan {
+            factory,
+            options,
+            nodes: Vec::new(),
+            tracker: HazardTracker::new(),
+            var_names: Vec::new(),
+            var_defaults: Vec::new(),
+            node_vals: Vec::new(),
+            checked: None,
+            schedule: None,
+            lanes: None,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Records a launch of `kernel` over `bufs` (one per parameter slot). `vars` binds every
+    /// variable of the kernel by name; these values are checked now and are the plan
+    /// variables' values in runs that do not override them. A variable name shared by
+    /// several kernels is one plan variable and must be recorded with one value.
+    ///
+    /// Returns the node index. On error nothing is recorded.
+    pub fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vars: &[(&str, i64)]) -> Result<usize> {
+        let spec = &kernel.spec;
+        if let Some((name, _)) = vars.iter().find(|(n, _)| !spec.var_names.iter().any(|k| k == n)) {
+            return Err(Error::Launch(format!(
+                "kernel `{}` has no variable `{name}` (its variables: {})",
+                spec.name,
+                spec.var_names.join(", ")
+            )));
+        }
+        let vals = spec
+            .var_names
+            .iter()
+            .map(|k| {
+                vars.iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| *v)
+                    .ok_or_else(|| Error::Ir(kiln_device::kiln_ir::IrError::MissingVar(k.clone())))
+            })
+            .collect::<Result<Vec<i64>>>()?;
+        self.exec_vals(kernel, bufs, &vals)
+    }
+
+    /// [`ExecutionPlan::exec`] with the values positional, in the kernel's `var_names` order.
+    pub fn exec_vals(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<usize> {
+        let (_, dims) = kernel.check(bufs, vals)?;
+        let spec = &kernel.spec;
+        // Bind the kernel's variables to plan variables without changing anything yet.
+        let mut var_index = Vec::with_capacity(vals.len());
+        let mut new_vars: Vec<(&str, i64)> = Vec::new();
+        for (name, &v) in spec.var_names.iter().zip(vals) {
+            match self.var_names.iter().position(|n| n == name) {
+                Some(i) if self.var_defaults[i] != v => {
+                    return Err(Error::Launch(format!(
+                        "variable `{name}` was recorded as {} by an earlier node and as {v} now; a plan variable has one value per run",
+                        self.var_defaults[i]
+                    )));
+                }
+                Some(i) => var_index.push(i),
+                None => match new_vars.iter().position(|(n, _)| n == name) {
+                    Some(j) => var_index.push(self.var_names.len() + j),
+                    None => {
+                        var_index.push(self.var_names.len() + new_vars.len());
+                        new_vars.push((name, v));
+                    }
+                },
+            }
+        }
+        let mut accesses = Vec::with_capacity(spec.ins.len() + spec.outs.len());
+        for (slots, write) in [(&spec.ins, false), (&spec.outs, true)] {
+            for &slot in slots {
+                let buf = bufs.get(slot).ok_or_else(|| {
+                    Error::Launch(format!(
+                        "kernel `{}` uses slot {slot}, only {} buffer(s) given",
+                        spec.name,
+                        bufs.len()
+                    ))
+                })?;
+                let (alloc, range) = buf.byte_range();
+                accesses.push(Access { alloc, range, write });
+            }
+        }
+        let work = dims.global.iter().chain(dims.local.iter().flatten()).fold(1u64, |a, &d| a.saturating_mul(d as u64));
+
+        for (name, v) in new_vars {
+            self.var_names.push(name.to_string());
+            self.var_defaults.push(v);
+        }
+        let vals_at = self.node_vals.len();
+        self.node_vals.extend_from_slice(vals);
+        let kind = NodeKind::Exec {
+            kernel: kernel.clone(),
+            bufs: bufs.iter().map(|b| (*b).clone()).collect(),
+            var_index,
+            vals_at,
+            timed: None,
+        };
+        Ok(self.push(kind, &accesses, work))
+    }
+
+    /// Records a copy of `src` into `dst` (same byte size, not overlapping; either may be on
+    /// another device). Returns the node index.
+    pub fn copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<usize> {
+        if dst.nbytes() != src.nbytes() {
+            return Err(Error::Buffer(format!(
+                "copy of {} bytes into a buffer of {} bytes",
+                src.nbytes(),
+                dst.nbytes()
+            )));
+        }
+        if dst.overlaps(src) {
+            return Err(Error::Buffer("copy between overlapping windows of one buffer".into()));
+        }
+        let (sa, sr) = src.byte_range();
+        let (da, dr) = dst.byte_range();
+        let accesses = [Access { alloc: sa, range: sr, write: false }, Access { alloc: da, range: dr, write: true }];
+        let kind = NodeKind::Copy { dst: dst.clone(), src: src.clone(), markers: None };
+        Ok(self.push(kind, &accesses, (dst.nbytes() / 16) as u64))
+    }
+
+    fn push(&mut self, kind: NodeKind, accesses: &[Access], cost: u64) -> usize {
+        let index = self.nodes.len();
+        let deps = self.tracker.record(index, accesses);
+        self.nodes.push(Node { kind, deps, cost, stamps: Arc::new(Stamps::default()) });
+        self.schedule = None;
+        self.checked = None;
+        index
+    }
+
+    /// Number of recorded nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The plan variables, in the order [`ExecutionPlan::run_vals`] takes their values.
+    pub fn var_names(&self) -> &[String] {
+        &self.var_names
+    }
+
+    /// The earlier nodes node `node` must run after (empty for an unknown node).
+    pub fn dependencies(&self, node: usize) -> &[Dependency] {
+        self.nodes.get(node).map_or(&[], |n| &n.deps)
+    }
+
+    /// The queue each node runs on (compute queues first, then the copy queue), scheduling
+    /// the plan if recording changed it. Creates the queues on first use.
+    pub fn queue_assignment(&mut self) -> Result<Vec<usize>> {
+        self.prepare()?;
+        Ok(self.schedule.as_ref().map(|s| s.queue.clone()).unwrap_or_default())
+    }
+
+    /// Number of cross-queue waits a run records.
+    pub fn wait_count(&mut self) -> Result<usize> {
+        self.prepare()?;
+        Ok(self.schedule.as_ref().map_or(0, Schedule::wait_count))
+    }
+
+    /// Runs every node once and waits for all of them. `vars` overrides plan variables by
+    /// name; the others keep their recorded values. Launch sizes and buffer sizes are
+    /// checked for the new values before anything is submitted; nothing is recompiled.
+    ///
+    /// Failure: a node that fails on its queue fails that queue's signal, which fails every
+    /// queue waiting on it; `run` waits for every queue to stop and returns the first
+    /// node's error. The plan stays usable (failed signals are replaced).
+    pub fn run(&mut self, vars: &[(&str, i64)]) -> Result<()> {
+        let vals = self.resolve(vars)?;
+        self.submit_vals(&vals, false)?.wait().map(|_| ())
+    }
+
+    /// [`ExecutionPlan::run`] with every plan variable positional, in
+    /// [`ExecutionPlan::var_names`] order (no name lookups).
+    pub fn run_vals(&mut self, vals: &[i64]) -> Result<()> {
+        self.submit_vals(vals, false)?.wait().map(|_| ())
+    }
+
+    /// Submits a run and returns without waiting; [`PlanRun::wait`] (or dropping the handle)
+    /// waits. The handle borrows the plan, so runs never overlap.
+    pub fn submit(&mut self, vars: &[(&str, i64)]) -> Result<PlanRun<'_>> {
+        let vals = self.resolve(vars)?;
+        self.submit_vals(&vals, false)
+    }
+
+    /// Runs once with timing on the executing side and returns the timeline.
+    pub fn run_profiled(&mut self, vars: &[(&str, i64)]) -> Result<Profile> {
+        let vals = self.resolve(vars)?;
+        let start = Instant::now();
+        let run = self.submit_vals(&vals, true)?;
+        run.wait()?;
+        let wall = start.elapsed();
+        let mut events: Vec<ProfileEvent> = Vec::with_capacity(self.nodes.len());
+        let schedule = self.schedule.as_ref().ok_or_else(|| Error::Invalid("plan lost its schedule".into()))?;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if let Some((s, e)) = node.stamps.read() {
+                let rel = |t: Duration| t.saturating_sub(start.saturating_duration_since(self.epoch));
+                events.push(ProfileEvent {
+                    node: i,
+                    name: node.name().to_string(),
+                    queue: schedule.queue[i],
+                    start: rel(s),
+                    end: rel(e),
+                });
+            }
+        }
+        events.sort_by_key(|e| (e.start, e.node));
+        let layout = self.lanes.as_ref().map_or(QueueLayout { compute: 0, copy: false }, |l| l.layout);
+        let mut queue_names: Vec<String> = (0..layout.compute).map(|q| format!("compute {q}")).collect();
+        if layout.copy {
+            queue_names.push("copy".into());
+        }
+        Ok(Profile { events, queue_names, wall })
+    }
+
+    /// Plan variable values for `vars` (overrides by name, defaults otherwise).
+    fn resolve(&self, vars: &[(&str, i64)]) -> Result<Vec<i64>> {
+        let mut vals = self.var_defaults.clone();
+        for (name, v) in vars {
+            let i = self.var_names.iter().position(|n| n == name).ok_or_else(|| {
+                Error::Launch(format!(
+                    "the plan has no variable `{name}` (its variables: {})",
+                    if self.var_names.is_empty() { "none".to_string() } else { self.var_names.join(", ") }
+                ))
+            })?;
+            vals[i] = *v;
+        }
+        Ok(vals)
+    }
+
+    /// Schedules the nodes and creates queues and signals, if not done yet.
+    fn prepare(&mut self) -> Result<()> {
+        if self.lanes.is_none() {
+            let compute = self.options.compute_queues.max(1);
+            let mut queues = Vec::with_capacity(compute + 1);
+            for _ in 0..compute {
+                queues.push(self.factory.create_dyn_compute_queue()?);
+            }
+            let mut copy = false;
+            if self.options.use_copy_queue
+                && let Some(q) = self.factory.create_dyn_copy_queue()?
+            {
+                queues.push(q);
+                copy = true;
+            }
+            let signals = (0..queues.len()).map(|_| self.factory.create_dyn_signal()).collect::<Result<Vec<_>>>()?;
+            let base = signals.iter().map(|s| s.value()).collect();
+            self.lanes = Some(Lanes { layout: QueueLayout { compute, copy }, queues, signals, base });
+        }
+        if self.schedule.is_none() {
+            let layout = self.lanes.as_ref().map_or(QueueLayout { compute: 1, copy: false }, |l| l.layout);
+            let deps: Vec<Vec<usize>> = self.nodes.iter().map(|n| n.deps.iter().map(|d| d.node).collect()).collect();
+            let lanes: Vec<Lane> = self
+                .nodes
+                .iter()
+                .map(|n| if matches!(n.kind, NodeKind::Copy { .. }) { Lane::Copy } else { Lane::Compute })
+                .collect();
+            let costs: Vec<u64> = self.nodes.iter().map(|n| n.cost).collect();
+            self.schedule = Some(schedule(&deps, &lanes, &costs, layout));
+        }
+        Ok(())
+    }
+
+    /// Fills every node's positional values from the plan values and checks each launch
+    /// (bounds, launch sizes, buffer sizes), unless these exact values were checked before.
+    fn bind(&mut self, vals: &[i64]) -> Result<()> {
+        if vals.len() != self.var_names.len() {
+            return Err(Error::Launch(format!(
+                "the plan takes {} variable value(s) ({}), got {}",
+                self.var_names.len(),
+                self.var_names.join(", "),
+                vals.len()
+            )));
+        }
+        if self.checked.as_deref() == Some(vals) {
+            return Ok(());
+        }
+        self.checked = None;
+        let mut scratch: Vec<&Buffer> = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            if let NodeKind::Exec { kernel, bufs, var_index, vals_at, .. } = &node.kind {
+                let slot = &mut self.node_vals[*vals_at..*vals_at + var_index.len()];
+                for (dst, &vi) in slot.iter_mut().zip(var_index) {
+                    *dst = vals[vi];
+                }
+                scratch.clear();
+                scratch.extend(bufs.iter());
+                kernel.check(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
+            }
+        }
+        self.checked = Some(vals.to_vec());
+        Ok(())
+    }
+
+    fn submit_vals(&mut self, vals: &[i64], profiled: bool) -> Result<PlanRun<'_>> {
+        self.prepare()?;
+        self.bind(vals)?;
+        if profiled {
+            self.prepare_profiling();
+        }
+        let (Some(schedule), Some(lanes)) = (self.schedule.as_ref(), self.lanes.as_mut()) else {
+            return Err(Error::Invalid("plan has no schedule".into()));
+        };
+        let nq = lanes.queues.len();
+        let mut targets: Vec<(Arc<dyn TimelineSignal>, u64)> = Vec::with_capacity(nq);
+        let mut submit_error = None;
+        let mut scratch: Vec<&Buffer> = Vec::with_capacity(8);
+        for q in 0..nq {
+            let order = &schedule.order[q];
+            if order.is_empty() {
+                continue;
+            }
+            let queue = &mut lanes.queues[q];
+            for &n in order {
+                let node = &self.nodes[n];
+                for w in &schedule.waits[n] {
+                    queue.wait(&lanes.signals[w.queue], lanes.base[w.queue] + w.position);
+                }
+                match &node.kind {
+                    NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } => {
+                        scratch.clear();
+                        scratch.extend(bufs.iter());
+                        let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
+                        queue.exec(k, &scratch, &self.node_vals[*vals_at..*vals_at + var_index.len()]);
+                    }
+                    NodeKind::Copy { dst, src, markers } => match markers.as_ref().filter(|_| profiled) {
+                        Some((start, end)) => {
+                            queue.exec(start, &[], &[]).copy(dst, src).exec(end, &[], &[]);
+                        }
+                        None => {
+                            queue.copy(dst, src);
+                        }
+                    },
+                }
+                if schedule.signal_after[n] {
+                    queue.memory_barrier().signal(&lanes.signals[q], lanes.base[q] + schedule.position[n]);
+                }
+            }
+            match queue.submit() {
+                Ok(()) => targets.push((lanes.signals[q].clone(), lanes.base[q] + schedule.queue_len(q))),
+                Err(e) => {
+                    // Queues already submitted may wait on this queue or later ones, which
+                    // will never signal: fail those signals so nothing hangs.
+                    for s in &lanes.signals[q..] {
+                        s.fail(e.clone());
+                    }
+                    submit_error = Some(e);
+                    break;
+                }
+            }
+        }
+        for q in 0..nq {
+            lanes.base[q] += schedule.queue_len(q);
+        }
+        Ok(PlanRun { plan: self, targets, submit_error, waited: false })
+    }
+
+    fn prepare_profiling(&mut self) {
+        let device = self.factory.dyn_device().clone();
+        for node in &mut self.nodes {
+            node.stamps.clear();
+            match &mut node.kind {
+                NodeKind::Exec { kernel, timed, .. } => {
+                    if timed.is_none() {
+                        *timed = Some(profile::timed_kernel(kernel, node.stamps.clone(), self.epoch));
+                    }
+                }
+                NodeKind::Copy { markers, .. } => {
+                    if markers.is_none() {
+                        *markers = Some(profile::marker_kernels(&device, node.stamps.clone(), self.epoch));
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a failed run: the root cause among the failed signals, and fresh signals in
+    /// place of the failed ones (their values are frozen).
+    fn recover(&mut self, first: Error) -> Error {
+        let Some(lanes) = self.lanes.as_mut() else { return first };
+        let mut root: Option<Error> = None;
+        for s in &mut lanes.signals {
+            if let Some(e) = s.failure() {
+                if root.is_none() || matches!(root, Some(Error::SignalFailed(_))) {
+                    root = Some(e);
+                }
+                match self.factory.create_dyn_signal() {
+                    Ok(fresh) => {
+                        // Keep the timeline growing: the fresh signal starts at 0 and the
+                        // bases only go up, so old values are never reused.
+                        *s = fresh;
+                    }
+                    Err(e2) => return Error::Invalid(format!("{first}; and no fresh signal could be created: {e2}")),
+                }
+            }
+        }
+        match (root, first) {
+            (Some(root), Error::SignalFailed(_)) => root,
+            (_, first) => first,
+        }
+    }
+}
+
+/// Adds the failing node to a launch check error.
+fn with_node(e: Error, node: usize, name: &str) -> Error {
+    match e {
+        Error::Launch(m) => Error::Launch(format!("node {node} (`{name}`): {m}")),
+        other => other,
+    }
+}
+
+/// A submitted run. [`PlanRun::wait`] waits for every queue; dropping the handle waits too
+/// (and discards the result), so a plan never starts a run while the previous one is in
+/// flight.
+pub struct PlanRun<'p> {
+    plan: &'p mut ExecutionPlan,
+    targets: Vec<(Arc<dyn TimelineSignal>, u64)>,
+    submit_error: Option<Error>,
+    waited: bool,
+}
+
+impl PlanRun<'_> {
+    /// Waits until every queue finished its part of the run (or stopped on a failure) and
+    /// returns the first error: the failing node's own error, not the failures it caused
+    /// downstream.
+    pub fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.waited, true) {
+            return Ok(());
+        }
+        let timeout = self.plan.options.timeout;
+        let mut first: Option<Error> = self.submit_error.take();
+        for (signal, value) in &self.targets {
+            if let Err(e) = signal.wait(*value, timeout) {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(e) => Err(self.plan.recover(e)),
+        }
+    }
+}
+
+impl Drop for PlanRun<'_> {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests;

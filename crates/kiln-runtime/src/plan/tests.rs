@@ -1,0 +1,530 @@
+//! Plan tests over host memory with mock programs (native Rust over the raw pointers), so
+//! they need no C compiler; `cpu_backend` at the end repeats the key checks with kernels
+//! compiled by the CPU backend.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar, Val};
+use kiln_device::signal::CpuTimelineSignal;
+use kiln_device::{Allocator, HardwareQueue, LaunchDims, Program, ProgramSpec, QueueFactory, RawPtr, RawView};
+use proptest::prelude::*;
+
+use super::*;
+use crate::hazard::Hazard;
+
+/// Host memory from the global allocator, 64-byte aligned.
+struct HostAllocator {
+    device: DeviceSpec,
+}
+
+impl HostAllocator {
+    fn shared() -> Arc<dyn Allocator> {
+        Arc::new(HostAllocator { device: DeviceSpec::Cpu })
+    }
+
+    fn layout(bytes: usize) -> Result<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(bytes, 64).map_err(|e| Error::Buffer(e.to_string()))
+    }
+}
+
+impl Allocator for HostAllocator {
+    fn device(&self) -> &DeviceSpec {
+        &self.device
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<RawPtr> {
+        // SAFETY: the layout has a non-zero size (Buffer allocates at least 1 byte).
+        let p = unsafe { std::alloc::alloc_zeroed(Self::layout(bytes)?) };
+        if p.is_null() {
+            return Err(Error::Buffer(format!("host allocation of {bytes} bytes failed")));
+        }
+        Ok(RawPtr(p.cast()))
+    }
+
+    unsafe fn free(&self, ptr: RawPtr, bytes: usize) {
+        if let Ok(layout) = Self::layout(bytes) {
+            // SAFETY: `ptr` came from `alloc(bytes)` with this layout (caller's contract).
+            unsafe { std::alloc::dealloc(ptr.0.cast(), layout) }
+        }
+    }
+
+    unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()> {
+        // SAFETY: `dst` is a live window of `src.len()` bytes (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.host_ptr(), src.len()) };
+        Ok(())
+    }
+
+    unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()> {
+        // SAFETY: `src` is a live window of `dst.len()` bytes (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(src.host_ptr(), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn is_host(&self) -> bool {
+        true
+    }
+}
+
+/// `out[i] = in[i] * mul + add` for `i < global[0]` over f32 host memory; slot 0 is read,
+/// slot 1 written.
+struct AffineProgram {
+    mul: f32,
+    add: f32,
+}
+
+impl Program for AffineProgram {
+    unsafe fn execute(&self, bufs: &[RawView], _vals: &[i64], launch: &LaunchDims) -> Result<()> {
+        let n = launch.global[0];
+        let (src, dst) = (bufs[0].host_ptr() as *const f32, bufs[1].host_ptr() as *mut f32);
+        for i in 0..n {
+            // SAFETY: the launch was checked: both windows hold at least `n` f32 and no
+            // other thread touches them while this node runs. Element-wise reads then
+            // writes keep overlapping windows well-defined for this sequential loop.
+            unsafe { *dst.add(i) = *src.add(i) * self.mul + self.add };
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        "affine"
+    }
+}
+
+/// A program that always fails at run time.
+struct FailingProgram;
+
+impl Program for FailingProgram {
+    unsafe fn execute(&self, _: &[RawView], _: &[i64], _: &LaunchDims) -> Result<()> {
+        Err(Error::Driver { backend: "mock", message: "the kernel trapped".into() })
+    }
+
+    fn name(&self) -> &str {
+        "failing"
+    }
+}
+
+/// A minimal host queue for these tests: one worker thread runs each submitted batch in
+/// order; after a failed command it skips the rest of the batch and fails its signals.
+struct ThreadQueue {
+    batch: Vec<Command>,
+    tx: std::sync::mpsc::Sender<Vec<Command>>,
+}
+
+enum Command {
+    Wait(Arc<CpuTimelineSignal>, u64),
+    Signal(Arc<CpuTimelineSignal>, u64),
+    Exec(Kernel, Vec<Buffer>, Vec<i64>),
+    Copy(Buffer, Buffer),
+}
+
+impl ThreadQueue {
+    fn new() -> ThreadQueue {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Command>>();
+        std::thread::spawn(move || {
+            for batch in rx {
+                let mut failed: Option<Error> = None;
+                for c in batch {
+                    match (c, &failed) {
+                        (Command::Signal(s, _), Some(e)) => s.fail(e.clone()),
+                        (Command::Signal(s, v), None) => s.set(v),
+                        (_, Some(_)) => {}
+                        (Command::Wait(s, v), None) => failed = s.wait(v, Duration::MAX).err(),
+                        (Command::Exec(k, bufs, vals), None) => {
+                            let refs: Vec<&Buffer> = bufs.iter().collect();
+                            failed = k.launch(&refs, &vals).err();
+                        }
+                        (Command::Copy(d, s), None) => failed = d.copy_from(&s).err(),
+                    }
+                }
+            }
+        });
+        ThreadQueue { batch: Vec::new(), tx }
+    }
+}
+
+impl HardwareQueue for ThreadQueue {
+    type Signal = CpuTimelineSignal;
+    fn wait(&mut self, signal: &Arc<CpuTimelineSignal>, value: u64) -> &mut Self {
+        self.batch.push(Command::Wait(signal.clone(), value));
+        self
+    }
+    fn signal(&mut self, signal: &Arc<CpuTimelineSignal>, value: u64) -> &mut Self {
+        self.batch.push(Command::Signal(signal.clone(), value));
+        self
+    }
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
+        self.batch.push(Command::Exec(kernel.clone(), bufs.iter().map(|b| (*b).clone()).collect(), vals.to_vec()));
+        self
+    }
+    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
+        self.batch.push(Command::Copy(dst.clone(), src.clone()));
+        self
+    }
+    fn memory_barrier(&mut self) -> &mut Self {
+        self
+    }
+    fn submit(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.tx.send(batch).map_err(|_| Error::Invalid("queue worker is gone".into()))
+    }
+    fn device(&self) -> &DeviceSpec {
+        &DeviceSpec::Cpu
+    }
+}
+
+/// Two-kind factory: compute queues and (when `copy`) a copy queue, all [`ThreadQueue`]s.
+struct ThreadQueues {
+    copy: bool,
+}
+
+impl QueueFactory for ThreadQueues {
+    type Queue = ThreadQueue;
+    type Signal = CpuTimelineSignal;
+    fn create_compute_queue(&self) -> Result<ThreadQueue> {
+        Ok(ThreadQueue::new())
+    }
+    fn create_copy_queue(&self) -> Result<Option<ThreadQueue>> {
+        Ok(self.copy.then(ThreadQueue::new))
+    }
+    fn create_signal(&self) -> Result<Arc<CpuTimelineSignal>> {
+        Ok(Arc::new(CpuTimelineSignal::new()))
+    }
+    fn device(&self) -> &DeviceSpec {
+        &DeviceSpec::Cpu
+    }
+}
+
+fn queue_factory() -> Arc<dyn DynQueueFactory> {
+    Arc::new(ThreadQueues { copy: true })
+}
+
+/// The metadata of `out[i] = f(in[i])` over `len` elements, or over a variable `n` when
+/// `len` is `None`.
+fn affine_spec(len: Option<usize>) -> Arc<ProgramSpec> {
+    let mut k = KernelBuilder::new();
+    let n = match len {
+        Some(l) => Val::int(l as i64),
+        None => k.var("n", 1, 4096),
+    };
+    let x = k.param(0, Scalar::F32, &n);
+    let y = k.param(1, Scalar::F32, &n);
+    let i = k.global(0, &n);
+    let v = x.at(&i).load() * 2.0f32 + 1.0f32;
+    k.store(&y.at(&i), &v);
+    let sink = k.finish().expect("valid kernel");
+    Arc::new(ProgramSpec::from_sink("affine", String::new(), DeviceSpec::Cpu, &sink).expect("valid spec"))
+}
+
+fn affine(len: Option<usize>, mul: f32, add: f32) -> Kernel {
+    Kernel { spec: affine_spec(len), program: Arc::new(AffineProgram { mul, add }) }
+}
+
+fn failing(len: usize) -> Kernel {
+    Kernel { spec: affine_spec(Some(len)), program: Arc::new(FailingProgram) }
+}
+
+fn plan(compute_queues: usize) -> ExecutionPlan {
+    let options = PlanOptions { compute_queues, use_copy_queue: true, timeout: Duration::from_secs(60) };
+    ExecutionPlan::on_queues(queue_factory(), options)
+}
+
+fn filled(alloc: &Arc<dyn Allocator>, len: usize, seed: f32) -> Buffer {
+    let data: Vec<f32> = (0..len).map(|i| seed + i as f32 * 0.25).collect();
+    Buffer::from_slice(alloc.clone(), &data).expect("host buffer")
+}
+
+#[test]
+fn hazards_become_dependencies() {
+    let alloc = HostAllocator::shared();
+    let a = filled(&alloc, 32, 0.0);
+    let b = filled(&alloc, 32, 1.0);
+    let k8 = affine(Some(8), 1.0, 1.0);
+    let mut p = plan(2);
+    let v = |buf: &Buffer, off| buf.view(off, 8).expect("view");
+    let w0 = p.exec(&k8, &[&v(&a, 0), &v(&b, 0)], &[]).expect("record"); // reads a[0..8], writes b[0..8]
+    let raw = p.exec(&k8, &[&v(&b, 4), &v(&a, 16)], &[]).expect("record"); // reads b[4..12]
+    let war = p.exec(&k8, &[&v(&b, 16), &v(&a, 0)], &[]).expect("record"); // writes a[0..8]
+    let waw = p.exec(&k8, &[&v(&b, 24), &v(&a, 20)], &[]).expect("record"); // writes a[20..28]
+    let free = p.exec(&k8, &[&v(&b, 24), &v(&a, 8)], &[]).expect("record"); // a[8..16]: untouched
+    let dep = |n: usize| p.dependencies(n).to_vec();
+    assert!(dep(w0).is_empty());
+    assert_eq!(dep(raw), vec![Dependency { node: w0, hazard: Hazard::ReadAfterWrite }]);
+    assert_eq!(dep(war), vec![Dependency { node: w0, hazard: Hazard::WriteAfterRead }]);
+    assert_eq!(dep(waw), vec![Dependency { node: raw, hazard: Hazard::WriteAfterWrite }]);
+    assert!(dep(free).is_empty(), "disjoint views of the same buffers: no edge");
+}
+
+#[test]
+fn recording_checks_arguments() {
+    let alloc = HostAllocator::shared();
+    let a = filled(&alloc, 8, 0.0);
+    let small = filled(&alloc, 4, 0.0);
+    let mut p = plan(2);
+    let k = affine(None, 1.0, 0.0);
+    assert!(matches!(p.exec(&k, &[&a, &small], &[("n", 8)]), Err(Error::Launch(_))), "buffer too small");
+    assert!(matches!(p.exec(&k, &[&a, &a], &[]), Err(Error::Ir(_))), "missing variable");
+    assert!(matches!(p.exec(&k, &[&a, &a], &[("n", 8), ("m", 1)]), Err(Error::Launch(_))), "unknown variable");
+    assert!(matches!(p.exec(&k, &[&a], &[("n", 8)]), Err(Error::Launch(_))), "missing buffer");
+    p.exec(&k, &[&small, &small], &[("n", 4)]).expect("valid");
+    assert!(matches!(p.exec(&k, &[&a, &a], &[("n", 8)]), Err(Error::Launch(_))), "n recorded as 4 before");
+    assert!(matches!(p.copy(&a, &small), Err(Error::Buffer(_))), "size mismatch");
+    assert!(matches!(p.copy(&a.view(0, 4).expect("view"), &a.view(2, 4).expect("view")), Err(Error::Buffer(_))));
+    assert_eq!(p.len(), 1, "failed recordings add nothing");
+    assert!(matches!(p.run(&[("m", 3)]), Err(Error::Launch(_))), "unknown plan variable");
+}
+
+/// Shares `out[i] = f(in[i])` kernels by (length, mul, add) so a random plan reuses them.
+#[derive(Default)]
+struct Kernels(HashMap<(usize, u32, u32), Kernel>);
+
+impl Kernels {
+    fn get(&mut self, len: usize, mul: f32, add: f32) -> Kernel {
+        self.0.entry((len, mul.to_bits(), add.to_bits())).or_insert_with(|| affine(Some(len), mul, add)).clone()
+    }
+}
+
+/// One recorded operation of a random plan: `dst[..len] = f(src[..len])` or a copy, over
+/// views at element offsets of three shared allocations.
+#[derive(Clone, Debug)]
+struct Op {
+    copy: bool,
+    src: (usize, usize),
+    dst: (usize, usize),
+    len: usize,
+    mul: f32,
+    add: f32,
+}
+
+const LEN: usize = 48;
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    (0u8..10, 0usize..3, 0usize..LEN, 0usize..3, 0usize..LEN, 1usize..12, 0usize..4, 0usize..3).prop_map(
+        |(kind, sa, so, da, dof, len, m, a)| {
+            let len = len.min(LEN);
+            let (so, mut dof) = (so.min(LEN - len), dof.min(LEN - len));
+            let mut da = da;
+            // A kernel's or copy's input and output never overlap (their order inside one
+            // launch is the backend's business): move the output to the next allocation.
+            if sa == da && so < dof + len && dof < so + len {
+                da = (da + 1) % 3;
+                dof = dof.min(LEN - len);
+            }
+            Op {
+                copy: kind >= 8,
+                src: (sa, so),
+                dst: (da, dof),
+                len,
+                mul: [0.5, 1.0, -1.0, 2.0][m],
+                add: [0.0, 1.0, 0.25][a],
+            }
+        },
+    )
+}
+
+/// Applies `ops` serially (Kernel::launch and Buffer::copy_from in recording order).
+fn serial(ops: &[Op], bufs: &[Buffer], kernels: &mut Kernels) -> Result<()> {
+    for op in ops {
+        let src = bufs[op.src.0].view(op.src.1, op.len)?;
+        let dst = bufs[op.dst.0].view(op.dst.1, op.len)?;
+        if op.copy {
+            dst.copy_from(&src)?;
+        } else {
+            kernels.get(op.len, op.mul, op.add).launch(&[&src, &dst], &[])?;
+        }
+    }
+    Ok(())
+}
+
+fn record(ops: &[Op], bufs: &[Buffer], kernels: &mut Kernels, p: &mut ExecutionPlan) -> Result<()> {
+    for op in ops {
+        let src = bufs[op.src.0].view(op.src.1, op.len)?;
+        let dst = bufs[op.dst.0].view(op.dst.1, op.len)?;
+        if op.copy {
+            p.copy(&dst, &src)?;
+        } else {
+            p.exec(&kernels.get(op.len, op.mul, op.add), &[&src, &dst], &[])?;
+        }
+    }
+    Ok(())
+}
+
+fn contents(bufs: &[Buffer]) -> Vec<Vec<u32>> {
+    bufs.iter().map(|b| b.to_vec::<f32>().expect("read back").iter().map(|v| v.to_bits()).collect()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// A random DAG over overlapping views gives bit-identical results to serial execution,
+    /// on the first run and on a replay (which applies every node a second time).
+    #[test]
+    fn plan_equals_serial_execution(ops in proptest::collection::vec(op_strategy(), 1..40), queues in 1usize..4) {
+        let alloc = HostAllocator::shared();
+        let mut kernels = Kernels::default();
+        let make = || -> Vec<Buffer> { (0..3).map(|i| filled(&alloc, LEN, i as f32 * 100.0)).collect() };
+        let (expected, actual) = (make(), make());
+        let mut p = plan(queues);
+        record(&ops, &actual, &mut kernels, &mut p).expect("record");
+        for _ in 0..2 {
+            serial(&ops, &expected, &mut kernels).expect("serial");
+            p.run(&[]).expect("plan run");
+            prop_assert_eq!(contents(&expected), contents(&actual));
+        }
+    }
+}
+
+#[test]
+fn replay_uses_new_variable_values() {
+    let alloc = HostAllocator::shared();
+    let x = filled(&alloc, 64, 1.0);
+    let y = Buffer::new(alloc.clone(), Scalar::F32, 64).expect("buffer");
+    let z = Buffer::new(alloc.clone(), Scalar::F32, 64).expect("buffer");
+    let k = affine(None, 2.0, 0.0);
+    let mut p = plan(2);
+    p.exec(&k, &[&x, &y], &[("n", 64)]).expect("record");
+    p.exec(&k, &[&y, &z], &[("n", 64)]).expect("record");
+    assert_eq!(p.var_names(), ["n".to_string()]);
+    let xs = x.to_vec::<f32>().expect("read");
+    p.run(&[]).expect("run with the recorded n");
+    assert_eq!(z.to_vec::<f32>().expect("read"), xs.iter().map(|v| v * 4.0).collect::<Vec<_>>());
+
+    // Clear, then replay over the first 16 elements only.
+    y.copy_from_slice(&[0.0f32; 64]).expect("clear");
+    z.copy_from_slice(&[0.0f32; 64]).expect("clear");
+    p.run(&[("n", 16)]).expect("run with n = 16");
+    let got = z.to_vec::<f32>().expect("read");
+    assert_eq!(&got[..16], &xs[..16].iter().map(|v| v * 4.0).collect::<Vec<_>>()[..]);
+    assert!(got[16..].iter().all(|&v| v == 0.0), "elements past n are untouched");
+    p.run_vals(&[32]).expect("positional values");
+    assert_eq!(z.to_vec::<f32>().expect("read")[16..32], xs[16..32].iter().map(|v| v * 4.0).collect::<Vec<_>>()[..]);
+}
+
+#[test]
+fn a_variable_out_of_range_fails_before_anything_runs() {
+    let alloc = HostAllocator::shared();
+    let x = filled(&alloc, 64, 1.0);
+    let y = Buffer::new(alloc.clone(), Scalar::F32, 64).expect("buffer");
+    let k = affine(None, 2.0, 0.0);
+    let mut p = plan(2);
+    p.exec(&k, &[&x, &y], &[("n", 64)]).expect("record");
+    let err = p.run(&[("n", 5000)]).expect_err("n is above its bound");
+    assert!(matches!(err, Error::Ir(kiln_device::kiln_ir::IrError::VarOutOfRange { value: 5000, .. })), "{err}");
+    // Within the variable's bounds but beyond the buffers: the size check refuses it.
+    let err = p.run(&[("n", 65)]).expect_err("buffers hold 64");
+    assert!(matches!(&err, Error::Launch(m) if m.contains("node 0")), "{err}");
+    assert!(y.to_vec::<f32>().expect("read").iter().all(|&v| v == 0.0), "nothing ran");
+    p.run(&[]).expect("the plan still runs with good values");
+    assert_eq!(y.to_vec::<f32>().expect("read")[0], 2.0);
+}
+
+/// Fails while `armed` is set, else behaves like [`AffineProgram`].
+struct FlakyProgram {
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl Program for FlakyProgram {
+    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
+        if self.armed.load(Ordering::Acquire) {
+            return Err(Error::Driver { backend: "mock", message: "the kernel trapped".into() });
+        }
+        // SAFETY: forwarded from this function's contract.
+        unsafe { AffineProgram { mul: 1.0, add: 1.0 }.execute(bufs, vals, launch) }
+    }
+
+    fn name(&self) -> &str {
+        "flaky"
+    }
+}
+
+#[test]
+fn a_failing_node_fails_the_run_and_nothing_hangs() {
+    let alloc = HostAllocator::shared();
+    let bufs: Vec<Buffer> = (0..5).map(|i| filled(&alloc, 8, i as f32)).collect();
+    let flaky = Arc::new(FlakyProgram { armed: true.into() });
+    let bad = Kernel { spec: affine_spec(Some(8)), program: flaky.clone() };
+    let ok = affine(Some(8), 1.0, 1.0);
+    let mut p = plan(2);
+    // Branch A: bad (0 → 1), then 1 → 2. Branch B: 3 → 4. Join: 2 and 4 → 0 (via two nodes).
+    p.exec(&bad, &[&bufs[0], &bufs[1]], &[]).expect("record");
+    p.exec(&ok, &[&bufs[1], &bufs[2]], &[]).expect("record");
+    p.exec(&ok, &[&bufs[3], &bufs[4]], &[]).expect("record");
+    p.exec(&ok, &[&bufs[4], &bufs[0]], &[]).expect("record");
+    p.exec(&ok, &[&bufs[2], &bufs[3]], &[]).expect("record");
+    let queues = p.queue_assignment().expect("schedule");
+    assert_ne!(queues[0], queues[2], "the branches run on different queues");
+    for _ in 0..2 {
+        let err = p.run(&[]).expect_err("the flaky node fails");
+        assert!(matches!(&err, Error::Driver { backend: "mock", message } if message == "the kernel trapped"), "{err}");
+    }
+    // Disarmed, the same plan runs to completion on fresh signals.
+    flaky.armed.store(false, Ordering::Release);
+    for (i, b) in bufs.iter().enumerate() {
+        b.copy_from_slice(&(0..8).map(|j| i as f32 + j as f32 * 0.25).collect::<Vec<_>>()).expect("reset");
+    }
+    p.run(&[]).expect("runs after failures");
+    assert_eq!(bufs[2].to_vec::<f32>().expect("read")[0], 2.0, "0 → +1 → +1");
+
+    // A node that always fails, alone on its queue, with a dependent on another queue.
+    let mut p = plan(2);
+    p.exec(&failing(8), &[&bufs[0], &bufs[1]], &[]).expect("record");
+    p.exec(&ok, &[&bufs[3], &bufs[4]], &[]).expect("record");
+    p.exec(&ok, &[&bufs[1], &bufs[2]], &[]).expect("record");
+    assert!(matches!(p.run(&[]), Err(Error::Driver { .. })));
+}
+
+#[test]
+fn copies_are_ordered_with_kernels() {
+    let alloc = HostAllocator::shared();
+    let a = filled(&alloc, 16, 1.0);
+    let b = Buffer::new(alloc.clone(), Scalar::F32, 16).expect("buffer");
+    let c = Buffer::new(alloc.clone(), Scalar::F32, 16).expect("buffer");
+    let k = affine(Some(16), 3.0, 0.0);
+    let mut p = plan(2);
+    p.exec(&k, &[&a, &b], &[]).expect("record");
+    p.copy(&c, &b).expect("record");
+    p.exec(&k, &[&c, &a], &[]).expect("record"); // a = 9 * a: after the copy read c
+    p.run(&[]).expect("run");
+    let a0: Vec<f32> = (0..16).map(|i| 1.0 + i as f32 * 0.25).collect();
+    assert_eq!(c.to_vec::<f32>().expect("read"), a0.iter().map(|v| v * 3.0).collect::<Vec<_>>());
+    assert_eq!(a.to_vec::<f32>().expect("read"), a0.iter().map(|v| v * 9.0).collect::<Vec<_>>());
+}
+
+#[test]
+fn profile_of_two_branches_uses_two_queues() {
+    let alloc = HostAllocator::shared();
+    let bufs: Vec<Buffer> = (0..4).map(|i| filled(&alloc, 1024, i as f32)).collect();
+    let k = affine(Some(1024), 1.0, 1.0);
+    let mut p = plan(2);
+    // Branch A ping-pongs between buffers 0 and 1, branch B between 2 and 3.
+    for step in 0..3 {
+        let (s, d) = if step % 2 == 0 { (0, 1) } else { (1, 0) };
+        p.exec(&k, &[&bufs[s], &bufs[d]], &[]).expect("record");
+        p.exec(&k, &[&bufs[s + 2], &bufs[d + 2]], &[]).expect("record");
+    }
+    p.copy(&bufs[0], &bufs[3]).expect("record");
+    let profile = p.run_profiled(&[]).expect("profiled run");
+    assert_eq!(profile.events.len(), p.len(), "one slice per node");
+    let queue_of = |node: usize| profile.events.iter().find(|e| e.node == node).map(|e| e.queue);
+    let (a, b) = (queue_of(0).expect("node 0"), queue_of(1).expect("node 1"));
+    assert_ne!(a, b, "independent branches on different queues");
+    for node in (0..6).step_by(2) {
+        assert_eq!(queue_of(node), Some(a));
+        assert_eq!(queue_of(node + 1), Some(b));
+    }
+    assert!(profile.events.iter().all(|e| e.start <= e.end && e.end <= profile.wall + Duration::from_millis(1)));
+    assert!(profile.events.iter().any(|e| e.name == "copy"));
+
+    let path = std::env::temp_dir().join(format!("kiln-plan-trace-{}.json", std::process::id()));
+    profile.write_chrome_trace(&path).expect("write trace");
+    let json = std::fs::read_to_string(&path).expect("read trace");
+    let _ = std::fs::remove_file(&path);
+    assert!(json.trim_start().starts_with("{\"traceEvents\":["));
+    assert_eq!(json.matches("\"ph\":\"X\"").count(), p.len());
+    assert!(json.contains(&format!("\"ph\":\"X\",\"pid\":0,\"tid\":{a},")));
+    assert!(json.contains(&format!("\"ph\":\"X\",\"pid\":0,\"tid\":{b},")));
+    assert_eq!(json.matches('{').count(), json.matches('}').count());
+    assert_eq!(json.matches('[').count(), json.matches(']').count());
+    // Profiling leaves the plan's results right: a plain run after it still works.
+    p.run(&[]).expect("plain run after profiling");
+}

@@ -1,0 +1,253 @@
+//! Profiling: per-node start/end times taken on the executing side, written as a Chrome
+//! trace (the JSON that `chrome://tracing` and Perfetto open).
+//!
+//! Kernel nodes are timed by wrapping their [`Program`] in a [`TimedProgram`], which stamps
+//! the time right before and after the real program runs on the queue's thread. Copy nodes
+//! have no program, so a profiled run brackets them with two marker kernels (no buffers, one
+//! work item) that stamp the time on the copy's queue.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, Op, UOp};
+use kiln_device::{Error, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result};
+
+/// Time stamps of one node, in nanoseconds since the plan's epoch plus one (0 = not taken).
+#[derive(Debug, Default)]
+pub(crate) struct Stamps {
+    start: AtomicU64,
+    end: AtomicU64,
+}
+
+impl Stamps {
+    fn stamp(slot: &AtomicU64, epoch: Instant) {
+        let ns = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        slot.store(ns + 1, Ordering::Release);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.start.store(0, Ordering::Relaxed);
+        self.end.store(0, Ordering::Relaxed);
+    }
+
+    /// (start, end) since the epoch, when both were taken.
+    pub(crate) fn read(&self) -> Option<(Duration, Duration)> {
+        let (s, e) = (self.start.load(Ordering::Acquire), self.end.load(Ordering::Acquire));
+        (s > 0 && e > 0).then(|| (Duration::from_nanos(s - 1), Duration::from_nanos(e - 1)))
+    }
+}
+
+/// A program that records when the wrapped program starts and ends.
+pub(crate) struct TimedProgram {
+    inner: Arc<dyn Program>,
+    stamps: Arc<Stamps>,
+    epoch: Instant,
+}
+
+impl Program for TimedProgram {
+    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
+        Stamps::stamp(&self.stamps.start, self.epoch);
+        // SAFETY: forwarded unchanged from this function's contract; the wrapper adds no
+        // memory access of its own.
+        let r = unsafe { self.inner.execute(bufs, vals, launch) };
+        Stamps::stamp(&self.stamps.end, self.epoch);
+        r
+    }
+
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+}
+
+/// `kernel` with its program wrapped to fill `stamps`.
+pub(crate) fn timed_kernel(kernel: &Kernel, stamps: Arc<Stamps>, epoch: Instant) -> Kernel {
+    Kernel {
+        spec: kernel.spec.clone(),
+        program: Arc::new(TimedProgram { inner: kernel.program.clone(), stamps, epoch }),
+    }
+}
+
+/// A program with no buffers that stamps the start or the end slot.
+struct MarkerProgram {
+    stamps: Arc<Stamps>,
+    end: bool,
+    epoch: Instant,
+}
+
+impl Program for MarkerProgram {
+    unsafe fn execute(&self, _bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
+        Stamps::stamp(if self.end { &self.stamps.end } else { &self.stamps.start }, self.epoch);
+        Ok(())
+    }
+
+    fn name(&self) -> &str {
+        if self.end { "copy_end" } else { "copy_start" }
+    }
+}
+
+/// Two kernels (start, end) that stamp `stamps` when they run on a queue of `device`.
+pub(crate) fn marker_kernels(device: &DeviceSpec, stamps: Arc<Stamps>, epoch: Instant) -> (Kernel, Kernel) {
+    let one = || UOp::index_const(1);
+    let spec = Arc::new(ProgramSpec {
+        name: "copy_marker".into(),
+        src: String::new(),
+        device: device.clone(),
+        ast: UOp::new(Op::Sink, DType::Void, Arg::None, vec![]),
+        global_size: [one(), one(), one()],
+        local_size: None,
+        vars: vec![],
+        var_names: vec![],
+        globals: vec![],
+        outs: vec![],
+        ins: vec![],
+        params: vec![],
+    });
+    let mark = |end| Kernel {
+        spec: spec.clone(),
+        program: Arc::new(MarkerProgram { stamps: stamps.clone(), end, epoch }) as Arc<dyn Program>,
+    };
+    (mark(false), mark(true))
+}
+
+/// One node's execution in a profiled run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileEvent {
+    /// Node index in recording order.
+    pub node: usize,
+    /// Kernel name, or `copy` for copies.
+    pub name: String,
+    /// Queue index the node ran on (compute queues first, then the copy queue).
+    pub queue: usize,
+    /// Since the start of the run.
+    pub start: Duration,
+    pub end: Duration,
+}
+
+/// The timeline of one profiled run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    /// One event per node, sorted by start time.
+    pub events: Vec<ProfileEvent>,
+    /// Display name of each queue (`compute 0`, `copy`, ...), indexed by queue.
+    pub queue_names: Vec<String>,
+    /// Wall time of the run on the host, from the first submit to the last completion.
+    pub wall: Duration,
+}
+
+impl Profile {
+    /// The trace as Chrome-trace JSON: one complete event (`"ph": "X"`) per node with
+    /// `tid` = queue index and `ts`/`dur` in microseconds, plus thread-name metadata.
+    pub fn to_chrome_trace(&self) -> String {
+        let mut out = String::from("{\"traceEvents\":[\n");
+        let mut first = true;
+        let mut sep = |out: &mut String| {
+            if !std::mem::take(&mut first) {
+                out.push_str(",\n");
+            }
+        };
+        for (tid, name) in self.queue_names.iter().enumerate() {
+            sep(&mut out);
+            let _ = write!(
+                out,
+                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                json_string(name)
+            );
+        }
+        for e in &self.events {
+            sep(&mut out);
+            let ts = e.start.as_secs_f64() * 1e6;
+            let dur = e.end.saturating_sub(e.start).as_secs_f64() * 1e6;
+            let _ = write!(
+                out,
+                "{{\"name\":{},\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{ts:.3},\"dur\":{dur:.3},\"args\":{{\"node\":{}}}}}",
+                json_string(&e.name),
+                e.queue,
+                e.node
+            );
+        }
+        out.push_str("\n],\"displayTimeUnit\":\"ns\"}\n");
+        out
+    }
+
+    /// Writes [`Profile::to_chrome_trace`] to `path`.
+    pub fn write_chrome_trace(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, self.to_chrome_trace())
+            .map_err(|e| Error::Invalid(format!("cannot write the trace to {}: {e}", path.display())))
+    }
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chrome_trace_has_complete_events_per_queue() {
+        let ms = Duration::from_millis;
+        let p = Profile {
+            events: vec![
+                ProfileEvent { node: 0, name: "a\"b".into(), queue: 0, start: ms(0), end: ms(2) },
+                ProfileEvent { node: 1, name: "c".into(), queue: 1, start: ms(1), end: ms(3) },
+            ],
+            queue_names: vec!["compute 0".into(), "compute 1".into()],
+            wall: ms(3),
+        };
+        let json = p.to_chrome_trace();
+        assert!(json.starts_with("{\"traceEvents\":["));
+        assert!(json.contains(
+            "\"name\":\"a\\\"b\",\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":0.000,\"dur\":2000.000"
+        ));
+        assert!(json.contains("\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1000.000,\"dur\":2000.000"));
+        assert!(json.contains("\"args\":{\"name\":\"compute 1\"}"));
+        assert_eq!(json_string("\u{1}\n"), "\"\\u0001\\n\"");
+    }
+
+    #[test]
+    fn timed_programs_stamp_around_the_inner_program() {
+        struct Nop;
+        impl Program for Nop {
+            unsafe fn execute(&self, _: &[RawView], _: &[i64], _: &LaunchDims) -> Result<()> {
+                Err(Error::Launch("inner".into()))
+            }
+            fn name(&self) -> &str {
+                "nop"
+            }
+        }
+        let stamps = Arc::new(Stamps::default());
+        let p = TimedProgram { inner: Arc::new(Nop), stamps: stamps.clone(), epoch: Instant::now() };
+        assert!(stamps.read().is_none());
+        let dims = LaunchDims { global: [1; 3], local: None };
+        // SAFETY: the inner program touches no memory.
+        let r = unsafe { p.execute(&[], &[], &dims) };
+        assert!(matches!(r, Err(Error::Launch(m)) if m == "inner"), "the inner error is passed on");
+        let (s, e) = stamps.read().expect("both stamps taken");
+        assert!(s <= e);
+        assert_eq!(p.name(), "nop");
+        stamps.clear();
+        assert!(stamps.read().is_none());
+    }
+}
