@@ -81,7 +81,7 @@ impl Allocator for OpenClAllocator {
                 let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
                 self.high_water.fetch_max(now, Ordering::Relaxed);
                 self.allocations.fetch_add(1, Ordering::Relaxed);
-                Ok(RawPtr(m as *mut c_void))
+                Ok(RawPtr(m))
             }
             Err(
                 CL_MEM_OBJECT_ALLOCATION_FAILURE | CL_OUT_OF_RESOURCES | CL_OUT_OF_HOST_MEMORY | CL_INVALID_BUFFER_SIZE,

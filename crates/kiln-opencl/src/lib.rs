@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Error, Result};
+use kiln_device::{Device, Error, LruAllocator, Result};
 use opencl3::command_queue::CommandQueue;
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_NOT_FOUND, CL_DEVICE_TYPE_ALL};
@@ -260,16 +260,21 @@ pub fn devices() -> Vec<(DeviceSpec, String)> {
 }
 
 /// Opens `spec` as a kiln [`Device`]: OpenCL C renderer, clBuildProgram compiler, program
-/// loader and `cl_mem` allocator over the shared context of that device.
+/// loader and a cached (`LruAllocator`, budget from `KILN_MEMORY_BUDGET`) `cl_mem` allocator
+/// over the shared context of that device.
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
+    Ok(Arc::new(build_device(spec)?))
+}
+
+fn build_device(spec: &DeviceSpec) -> Result<Device> {
     let cl = cl_device(spec)?;
     let renderer = Arc::new(OpenClRenderer::new(&cl));
     let compiler = Arc::new(OpenClCompiler::new(cl.clone()));
     let loader = cl.clone();
     let runtime: kiln_device::RuntimeFactory =
         Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
-    let allocator = Arc::new(OpenClAllocator::new(cl.clone()));
-    Ok(Arc::new(Device::new(spec.clone(), cl.info.description(), allocator, vec![(renderer, compiler)], runtime)?))
+    let allocator = Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?);
+    Device::new(spec.clone(), cl.info.description(), allocator, vec![(renderer, compiler)], runtime)
 }
 
 /// Registers the `OPENCL` backend with [`kiln_device::open_device`].
@@ -282,8 +287,10 @@ pub fn register() {
 #[cfg(test)]
 pub(crate) fn test_device() -> Option<Arc<Device>> {
     let spec = DeviceSpec::OpenCl { ordinal: 0 };
-    match open(&spec) {
-        Ok(d) => Some(d),
+    // A memory-only kernel cache, so every test really exercises the compiler.
+    let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
+    match build_device(&spec) {
+        Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
         Err(e) => {
             let required = std::env::var("KILN_REQUIRE").is_ok_and(|v| v.to_ascii_lowercase().contains("opencl"));
             assert!(!required, "KILN_REQUIRE contains opencl but OpenCL is unavailable: {e}");

@@ -1,33 +1,701 @@
-//! OpenCL C from the kernel IR.
+//! OpenCL C from the kernel IR: the shared C-family core ([`kiln_device::cstyle`]) with the
+//! OpenCL C dialect below. The core decides what every op means; this file only spells it.
+//!
+//! Spelling choices:
+//! - Buffers arrive as `__global T* dataN_base, ulong dataN_off` (see [`crate::program`]);
+//!   the prologue rebuilds `dataN` from them, so a view at any element offset works without
+//!   sub-buffers (whose origin must be aligned to `CL_DEVICE_MEM_BASE_ADDR_ALIGN`).
+//! - `gidxN` = `get_group_id(N)`, `lidxN` = `get_local_id(N)`, `idxN` = `get_global_id(N)`.
+//!   The launch covers the extents exactly, so no bounds guard is emitted.
+//! - Vectors of 2, 3, 4, 8 or 16 lanes are OpenCL vectors (`float4`), loaded and stored with
+//!   `vloadN`/`vstoreN` (element alignment suffices); other widths are a struct of an array.
+//! - Bool is `bool` in registers and `uchar` in memory and in vectors (OpenCL C has neither
+//!   bool pointers in kernel arguments nor bool vectors).
+//! - f16 and bf16 are their bits (`ushort`) in registers and memory, computed in f32; f16
+//!   converts with `vload_half`/`vstore_half_rte`, which are core OpenCL C, so no device
+//!   needs `cl_khr_fp16`.
+//! - f64 enables `cl_khr_fp64`; a device without it refuses f64 kernels at render time.
+//! - float → integer casts use `convert_T_sat` (saturating, NaN → 0, as the core specifies).
 
 use std::sync::Arc;
 
-use kiln_device::kiln_ir::{DeviceSpec, UOp};
+use kiln_device::cstyle::{
+    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, bf16_bits, c_float_literal,
+    f16_bits,
+};
+use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
 
 use crate::ClDevice;
 
-/// Renders kernels as OpenCL C for one device.
+/// Widths OpenCL C has vector types for.
+const NATIVE_WIDTHS: [u8; 5] = [2, 3, 4, 8, 16];
+
+/// How OpenCL C spells the C-family core's constructs.
+#[derive(Debug, Clone, Default)]
+pub struct OpenClDialect;
+
+fn native_width(w: u8) -> bool {
+    NATIVE_WIDTHS.contains(&w)
+}
+
+/// The OpenCL C name of a scalar in registers.
+fn scalar_name(s: Scalar) -> &'static str {
+    match s {
+        Scalar::Bool => "bool",
+        Scalar::I8 => "char",
+        Scalar::I16 => "short",
+        Scalar::I32 => "int",
+        Scalar::I64 => "long",
+        Scalar::U8 => "uchar",
+        Scalar::U16 | Scalar::F16 | Scalar::BF16 => "ushort",
+        Scalar::U32 => "uint",
+        Scalar::U64 => "ulong",
+        Scalar::F32 => "float",
+        Scalar::F64 => "double",
+    }
+}
+
+/// The element name of a scalar in memory and in vectors.
+fn element_name(s: Scalar) -> &'static str {
+    if s == Scalar::Bool { "uchar" } else { scalar_name(s) }
+}
+
+fn need_fp64(p: &mut Prelude) {
+    p.need("fp64", |_| "#pragma OPENCL EXTENSION cl_khr_fp64 : enable".into());
+}
+
+fn need_f16(p: &mut Prelude) {
+    p.need("f16", |_| {
+        "static inline float kiln_f16_to_f32(ushort h) { return vload_half(0, (const __private half*)&h); }\n\
+         static inline ushort kiln_f32_to_f16(float f) { ushort h; vstore_half_rte(f, 0, (__private half*)&h); return h; }"
+            .into()
+    });
+}
+
+fn need_bf16(p: &mut Prelude) {
+    p.need("bf16", |_| {
+        "static inline float kiln_bf16_to_f32(ushort b) { return as_float((uint)b << 16); }\n\
+         static inline ushort kiln_f32_to_bf16(float f) {\n\
+         \x20 uint u = as_uint(f);\n\
+         \x20 if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);\n\
+         \x20 return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n\
+         }"
+        .into()
+    });
+}
+
+impl OpenClDialect {
+    /// The OpenCL C type of a value dtype, registering what it needs.
+    fn type_of(&self, dt: DType, p: &mut Prelude) -> String {
+        match dt {
+            DType::Vector(s, w) => self.vector_type(s, w, p),
+            DType::Scalar(s) => self.scalar_type(s, p),
+            _ => "void".into(),
+        }
+    }
+
+    /// Whether `as_T` can reinterpret between OpenCL types of this dtype.
+    fn as_type_ok(dt: DType) -> bool {
+        match dt {
+            DType::Scalar(s) => s != Scalar::Bool,
+            DType::Vector(s, w) => s != Scalar::Bool && native_width(w) && w != 3,
+            _ => false,
+        }
+    }
+}
+
+impl Dialect for OpenClDialect {
+    fn header(&self) -> String {
+        "// OpenCL C rendered by kiln".into()
+    }
+
+    fn scalar_type(&self, s: Scalar, p: &mut Prelude) -> String {
+        if s == Scalar::F64 {
+            need_fp64(p);
+        }
+        scalar_name(s).into()
+    }
+
+    fn memory_type(&self, s: Scalar, p: &mut Prelude) -> String {
+        if s == Scalar::F64 {
+            need_fp64(p);
+        }
+        element_name(s).into()
+    }
+
+    fn vector_type(&self, s: Scalar, w: u8, p: &mut Prelude) -> String {
+        let elem = self.memory_type(s, p);
+        if native_width(w) {
+            return format!("{elem}{w}");
+        }
+        let name = format!("kiln_{elem}x{w}");
+        p.need(&name, |_| format!("typedef struct {{ {elem} v[{w}]; }} {name};"));
+        name
+    }
+
+    fn lane(&self, v: &str, dtype: DType, lane: u8) -> String {
+        let (s, w) = match dtype {
+            DType::Vector(s, w) => (s, w),
+            _ => return v.to_string(),
+        };
+        let e = if native_width(w) { format!("({v}).s{lane:x}") } else { format!("({v}).v[{lane}]") };
+        if s == Scalar::Bool { format!("((bool){e})") } else { e }
+    }
+
+    fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String {
+        let ty = self.type_of(dtype, p);
+        if native_width(dtype.width()) {
+            format!("(({ty})({}))", lanes.join(", "))
+        } else {
+            format!("(({ty}){{{{{}}}}})", lanes.join(", "))
+        }
+    }
+
+    fn native_vector_op(&self, op: Op, dtype: DType) -> bool {
+        let DType::Vector(s, w) = dtype else { return false };
+        if !native_width(w) || matches!(s, Scalar::Bool | Scalar::F16 | Scalar::BF16) {
+            return false;
+        }
+        match op {
+            Op::Add | Op::Sub | Op::Mul | Op::Neg => true,
+            Op::Div => s.is_float(),
+            Op::And | Op::Or | Op::Xor => s.is_int(),
+            _ => false,
+        }
+    }
+
+    fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
+        match s {
+            Scalar::F32 => e.to_string(),
+            Scalar::F16 => {
+                need_f16(p);
+                format!("kiln_f16_to_f32({e})")
+            }
+            Scalar::BF16 => {
+                need_bf16(p);
+                format!("kiln_bf16_to_f32({e})")
+            }
+            _ => format!("((float)({e}))"),
+        }
+    }
+
+    fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
+        match s {
+            Scalar::F32 => e.to_string(),
+            Scalar::F16 => {
+                need_f16(p);
+                format!("kiln_f32_to_f16({e})")
+            }
+            Scalar::BF16 => {
+                need_bf16(p);
+                format!("kiln_f32_to_bf16({e})")
+            }
+            other => {
+                let t = self.scalar_type(other, p);
+                format!("(({t})({e}))")
+            }
+        }
+    }
+
+    fn math(&self, f: MathFn, s: Scalar, args: &[String], p: &mut Prelude) -> String {
+        if s == Scalar::F64 {
+            need_fp64(p);
+        }
+        // OpenCL C overloads the C99 double names for float and double.
+        format!("{}({})", f.c_name(), args.join(", "))
+    }
+
+    fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
+        let half = |s: Scalar| matches!(s, Scalar::F16 | Scalar::BF16);
+        if from == to {
+            return e.to_string();
+        }
+        if half(from) {
+            let f = self.to_f32(e, from, p);
+            return if to == Scalar::Bool { format!("({f} != 0.0f)") } else { self.cast(&f, Scalar::F32, to, p) };
+        }
+        if to == Scalar::Bool {
+            return format!("(({e}) != 0)");
+        }
+        if half(to) {
+            if to == Scalar::F16 && from == Scalar::F64 {
+                // One rounding from double (a detour through float could round twice).
+                p.need("f64_to_f16", |p| {
+                    need_fp64(p);
+                    "static inline ushort kiln_f64_to_f16(double d) { ushort h; vstore_half_rte(d, 0, (__private half*)&h); return h; }".into()
+                });
+                return format!("kiln_f64_to_f16({e})");
+            }
+            let f = self.cast(e, from, Scalar::F32, p);
+            return self.from_f32(&f, to, p);
+        }
+        let t = self.scalar_type(to, p);
+        if from.is_float() && to.is_int() {
+            return format!("convert_{t}_sat({e})");
+        }
+        format!("(({t})({e}))")
+    }
+
+    fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String> {
+        if from.size() != to.size() {
+            return Err(Error::Render(format!("bitcast {from} -> {to} changes the size")));
+        }
+        let (ft, tt) = (self.type_of(from, p), self.type_of(to, p));
+        if ft == tt {
+            return Ok(e.to_string());
+        }
+        match (from, to) {
+            (_, DType::Scalar(Scalar::Bool)) => return Ok(format!("(({e}) != 0)")),
+            (DType::Scalar(Scalar::Bool), DType::Scalar(_)) => return Ok(format!("(({tt})({e}))")),
+            _ => {}
+        }
+        if Self::as_type_ok(from) && Self::as_type_ok(to) {
+            return Ok(format!("as_{tt}({e})"));
+        }
+        // Anything else (3-lane vectors, struct vectors, bool vectors) goes through a union.
+        let name = format!("kiln_bitcast_{ft}_{tt}");
+        p.need(&name, |_| {
+            format!("static inline {tt} {name}({ft} x) {{ union {{ {ft} a; {tt} b; }} u; u.a = x; return u.b; }}")
+        });
+        Ok(format!("{name}({e})"))
+    }
+
+    fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String {
+        match s {
+            Scalar::F16 => format!("((ushort){:#06x})", f16_bits(v)),
+            Scalar::BF16 => format!("((ushort){:#06x})", bf16_bits(v)),
+            Scalar::F64 => {
+                need_fp64(p);
+                if v.is_finite() { c_float_literal(v, s) } else { format!("as_double({:#x}UL)", v.to_bits()) }
+            }
+            _ => {
+                let f = v as f32;
+                if f.is_finite() { c_float_literal(v, Scalar::F32) } else { format!("as_float({:#x}u)", f.to_bits()) }
+            }
+        }
+    }
+
+    fn int_const(&self, v: i64, s: Scalar) -> String {
+        // OpenCL C's `long` is 64-bit and `long long` is reserved: use L/UL suffixes.
+        match s {
+            Scalar::I64 if v == i64::MIN => "(-9223372036854775807L - 1)".into(),
+            Scalar::I64 if v < 0 => format!("({v}L)"),
+            Scalar::I64 => format!("{v}L"),
+            Scalar::U64 => format!("{}UL", v as u64),
+            Scalar::U32 => format!("{}u", v as u32),
+            Scalar::I32 if v == i32::MIN as i64 => "(-2147483647 - 1)".into(),
+            Scalar::Bool => (if v != 0 { "true" } else { "false" }).into(),
+            _ if v < 0 => format!("({v})"),
+            _ => v.to_string(),
+        }
+    }
+
+    fn signature(&self, name: &str, params: &[KernelParam], vars: &[KernelVar], p: &mut Prelude) -> String {
+        let mut args: Vec<String> = Vec::new();
+        for kp in params {
+            let t = self.memory_type(kp.scalar, p);
+            args.push(format!("__global {t}* {}_base", kp.name));
+            args.push(format!("ulong {}_off", kp.name));
+        }
+        for v in vars {
+            let t = self.type_of(v.dtype, p);
+            args.push(format!("{t} {}", v.name));
+        }
+        format!("__kernel void {name}({}) {{", args.join(", "))
+    }
+
+    fn prologue(&self, params: &[KernelParam], _vars: &[KernelVar], p: &mut Prelude) -> Vec<String> {
+        params
+            .iter()
+            .map(|kp| {
+                let t = self.memory_type(kp.scalar, p);
+                let n = &kp.name;
+                format!("__global {t}* {n} = (__global {t}*)((__global uchar*){n}_base + {n}_off);")
+            })
+            .collect()
+    }
+
+    fn open_launch(&self, indices: &[LaunchIndex], p: &mut Prelude) -> Result<Vec<String>> {
+        indices
+            .iter()
+            .map(|ix| {
+                let f = match ix.kind {
+                    'l' => "get_local_id",
+                    'i' => "get_global_id",
+                    _ => "get_group_id",
+                };
+                let t = self.type_of(ix.dtype, p);
+                Ok(format!("const {t} {} = ({t}){f}({});", ix.name, ix.axis))
+            })
+            .collect()
+    }
+
+    fn load(&self, addr: &Address, dtype: DType, p: &mut Prelude) -> String {
+        let at = |k: u8| {
+            if k == 0 {
+                format!("({})[{}]", addr.base, addr.index)
+            } else {
+                format!("({})[({}) + {k}]", addr.base, addr.index)
+            }
+        };
+        match dtype {
+            DType::Vector(_, w) if native_width(w) => format!("vload{w}(0, {})", addr.pointer()),
+            DType::Vector(_, w) => {
+                let ty = self.type_of(dtype, p);
+                let lanes: Vec<String> = (0..w).map(at).collect();
+                format!("(({ty}){{{{{}}}}})", lanes.join(", "))
+            }
+            DType::Scalar(Scalar::Bool) => format!("({} != 0)", at(0)),
+            _ => at(0),
+        }
+    }
+
+    fn store(&self, addr: &Address, value: &str, dtype: DType, _p: &mut Prelude) -> String {
+        let at = |k: u8| {
+            if k == 0 {
+                format!("({})[{}]", addr.base, addr.index)
+            } else {
+                format!("({})[({}) + {k}]", addr.base, addr.index)
+            }
+        };
+        match dtype {
+            DType::Vector(_, w) if native_width(w) => format!("vstore{w}({value}, 0, {})", addr.pointer()),
+            DType::Vector(_, w) => {
+                let parts: Vec<String> = (0..w).map(|k| format!("{} = ({value}).v[{k}];", at(k))).collect();
+                format!("{{ {} }}", parts.join(" "))
+            }
+            _ => format!("{} = {value}", at(0)),
+        }
+    }
+}
+
+/// Renders kernels as OpenCL C for one device (or a device family when built with
+/// [`OpenClRenderer::for_spec`]).
 pub struct OpenClRenderer {
-    device: DeviceSpec,
+    core: CStyle<OpenClDialect>,
+    /// The device supports `cl_khr_fp64`.
+    fp64: bool,
 }
 
 impl OpenClRenderer {
     pub fn new(cl: &ClDevice) -> OpenClRenderer {
-        OpenClRenderer { device: cl.spec.clone() }
+        OpenClRenderer::for_spec(cl.spec.clone(), cl.info.has_extension("cl_khr_fp64"))
+    }
+
+    /// A renderer that needs no OpenCL runtime (e.g. to inspect source offline).
+    pub fn for_spec(device: DeviceSpec, fp64: bool) -> OpenClRenderer {
+        OpenClRenderer { core: CStyle::new(OpenClDialect, device), fp64 }
     }
 }
 
 impl Renderer for OpenClRenderer {
-    fn render(&self, _ast: &Arc<UOp>, _name: Option<&str>) -> Result<ProgramSpec> {
-        Err(Error::Render("the OpenCL renderer is not built yet".into()))
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        if !self.fp64 && ast.toposort().iter().any(|n| n.dtype().scalar() == Some(Scalar::F64)) {
+            return Err(Error::Render(format!(
+                "the kernel uses f64 but {} lacks cl_khr_fp64: compute in f32 or use another device",
+                self.core.device
+            )));
+        }
+        self.core.render(ast, name)
     }
 
     fn device(&self) -> &DeviceSpec {
-        &self.device
+        &self.core.device
     }
 
     fn cache_key(&self) -> String {
-        "opencl-c v0".into()
+        format!("opencl-c v1 fp64={}", self.fp64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_device::kiln_ir::{KernelBuilder, Val};
+
+    fn render(sink: &Arc<UOp>) -> String {
+        OpenClRenderer::for_spec(DeviceSpec::OpenCl { ordinal: 0 }, true).render(sink, Some("k")).unwrap().src
+    }
+
+    #[test]
+    fn launch_indices_and_buffer_offsets_are_spelled_for_opencl() {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 20);
+        let (a, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::Bool, &n));
+        let g = k.special("gidx0", &n / 4);
+        let l = k.special("lidx0", 4);
+        let i = &g * 4 + &l;
+        k.store(&c.at(&i), &a.at(&i).load().lt(1.0));
+        let src = render(&k.finish().unwrap());
+        assert!(src.contains("__kernel void k(__global float* data0_base, ulong data0_off"), "{src}");
+        assert!(src.contains("__global uchar* data1_base"), "{src}");
+        assert!(src.contains("get_group_id(0)") && src.contains("get_local_id(0)"), "{src}");
+        assert!(src.contains("int n)"), "{src}");
+    }
+
+    #[test]
+    fn f64_is_refused_without_cl_khr_fp64() {
+        let mut k = KernelBuilder::new();
+        let a = k.param(0, Scalar::F64, 4);
+        let i = k.global(0, 4);
+        k.store(&a.at(&i), &Val::constant(DType::F64, 1.0));
+        let sink = k.finish().unwrap();
+        let r = OpenClRenderer::for_spec(DeviceSpec::OpenCl { ordinal: 0 }, false).render(&sink, None);
+        assert!(matches!(r, Err(Error::Render(m)) if m.contains("cl_khr_fp64")));
+        assert!(render(&sink).contains("cl_khr_fp64 : enable"));
+    }
+
+    #[test]
+    fn constants_use_opencl_suffixes() {
+        let d = OpenClDialect;
+        let mut p = Prelude::default();
+        assert_eq!(d.int_const(i64::MIN, Scalar::I64), "(-9223372036854775807L - 1)");
+        assert_eq!(d.int_const(5, Scalar::U64), "5UL");
+        assert_eq!(d.float_const(f64::INFINITY, Scalar::F32, &mut p), "as_float(0x7f800000u)");
+        assert_eq!(d.float_const(1.0, Scalar::F16, &mut p), "((ushort)0x3c00)");
+        assert_eq!(d.lane("v", DType::Vector(Scalar::F32, 16), 15), "(v).sf");
+        assert_eq!(d.vector_type(Scalar::F32, 5, &mut p), "kiln_floatx5");
+    }
+
+    /// Kernels rendered, compiled and run on the first OpenCL device, against host results.
+    mod runs {
+        use super::*;
+        use kiln_device::{Buffer, Device, Element};
+
+        use crate::test_device;
+
+        fn buf<T: Element>(dev: &Device, data: &[T]) -> Buffer {
+            Buffer::from_slice(dev.allocator.clone(), data).unwrap()
+        }
+
+        fn close(got: &[f32], want: &[f32], tol: f32) {
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!((g - w).abs() <= tol * w.abs().max(1.0), "element {i}: got {g}, want {w}");
+            }
+        }
+
+        #[test]
+        fn elementwise_add_with_a_symbolic_size() {
+            let Some(dev) = test_device() else { return };
+            let mut k = KernelBuilder::new();
+            let n = k.var("n", 1, 1 << 24);
+            let (a, b, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n), k.param(2, Scalar::F32, &n));
+            let i = k.global(0, &n);
+            k.store(&c.at(&i), &(a.at(&i).load() + b.at(&i).load()));
+            let kernel = dev.compile(&k.finish().unwrap(), Some("add")).unwrap();
+            for n in [1usize, 7, 1000, 4099] {
+                let xs: Vec<f32> = (0..n).map(|x| x as f32 * 0.25).collect();
+                let ys: Vec<f32> = (0..n).map(|x| 1.0 - x as f32).collect();
+                let (a, b, c) = (buf(&dev, &xs), buf(&dev, &ys), buf(&dev, &vec![0f32; n]));
+                kernel.launch(&[&a, &b, &c], &[n as i64]).unwrap();
+                let want: Vec<f32> = xs.iter().zip(&ys).map(|(x, y)| x + y).collect();
+                assert_eq!(c.to_vec::<f32>().unwrap(), want, "n = {n}");
+            }
+            // Variables out of bounds and short buffers are refused before the launch.
+            let a = buf(&dev, &[0f32; 4]);
+            assert!(kernel.launch(&[&a, &a, &a], &[0]).is_err());
+            assert!(kernel.launch(&[&a, &a, &a], &[5]).is_err());
+        }
+
+        #[test]
+        fn grouped_launch_with_views_at_offsets() {
+            let Some(dev) = test_device() else { return };
+            let mut k = KernelBuilder::new();
+            let n = k.var("n", 4, 1 << 20);
+            let (a, c) = (k.param(0, Scalar::I32, &n), k.param(1, Scalar::I32, &n));
+            let g = k.special("gidx0", &n / 4);
+            let l = k.special("lidx0", 4);
+            let i = &g * 4 + &l;
+            k.store(&c.at(&i), &(a.at(&i).load() * 3 + &l));
+            let kernel = dev.compile(&k.finish().unwrap(), Some("scale")).unwrap();
+            let xs: Vec<i32> = (0..40).collect();
+            let (a, c) = (buf(&dev, &xs), buf(&dev, &[0i32; 40]));
+            let (av, cv) = (a.view(5, 32).unwrap(), c.view(3, 32).unwrap());
+            kernel.launch(&[&av, &cv], &[32]).unwrap();
+            let out = c.to_vec::<i32>().unwrap();
+            assert_eq!(&out[..3], &[0, 0, 0]);
+            for j in 0..32 {
+                assert_eq!(out[3 + j], (5 + j as i32) * 3 + (j as i32 % 4), "element {j}");
+            }
+            assert_eq!(&out[35..], &[0; 5]);
+        }
+
+        #[test]
+        fn reduction_over_rows() {
+            let Some(dev) = test_device() else { return };
+            let mut k = KernelBuilder::new();
+            let (rows, cols) = (k.var("rows", 1, 4096), k.var("cols", 1, 4096));
+            let a = k.param(0, Scalar::F32, &(&rows * &cols));
+            let out = k.param(1, Scalar::F32, &rows);
+            let i = k.global(0, &rows);
+            let j = k.range(&cols);
+            let acc = k.acc(&Val::f32(0.0), &[&j]);
+            let total = acc.update(&(acc.get() + a.at(&(&i * &cols + &j)).load()));
+            k.store(&out.at(&i), &total);
+            let kernel = dev.compile(&k.finish().unwrap(), Some("row_sum")).unwrap();
+            let (r, c) = (37usize, 129usize);
+            let xs: Vec<f32> = (0..r * c).map(|x| ((x * 7) % 13) as f32 - 6.0).collect();
+            let (a, o) = (buf(&dev, &xs), buf(&dev, &vec![0f32; r]));
+            // vals follow var_names order: cols, rows.
+            kernel.launch(&[&a, &o], &[c as i64, r as i64]).unwrap();
+            let want: Vec<f32> = (0..r).map(|i| xs[i * c..(i + 1) * c].iter().sum()).collect();
+            close(&o.to_vec::<f32>().unwrap(), &want, 1e-5);
+        }
+
+        #[test]
+        fn matmul_on_a_two_dimensional_grid() {
+            let Some(dev) = test_device() else { return };
+            let (m, n, kk) = (24usize, 20usize, 33usize);
+            let mut k = KernelBuilder::new();
+            let a = k.param(0, Scalar::F32, (m * kk) as i64);
+            let b = k.param(1, Scalar::F32, (kk * n) as i64);
+            let c = k.param(2, Scalar::F32, (m * n) as i64);
+            let gi = k.special("gidx1", (m / 4) as i64);
+            let li = k.special("lidx1", 4);
+            let gj = k.special("gidx0", (n / 4) as i64);
+            let lj = k.special("lidx0", 4);
+            let (i, j) = (&gi * 4 + &li, &gj * 4 + &lj);
+            let r = k.range(kk as i64);
+            let acc = k.acc(&Val::f32(0.0), &[&r]);
+            let prod = a.at(&(&i * kk as i64 + &r)).load().mul_acc(&b.at(&(&r * n as i64 + &j)).load(), &acc.get());
+            let total = acc.update(&prod);
+            k.store(&c.at(&(&i * n as i64 + &j)), &total);
+            let kernel = dev.compile(&k.finish().unwrap(), Some("matmul")).unwrap();
+            let av: Vec<f32> = (0..m * kk).map(|x| (x % 7) as f32 * 0.5 - 1.0).collect();
+            let bv: Vec<f32> = (0..kk * n).map(|x| (x % 5) as f32 * 0.25).collect();
+            let (ab, bb, cb) = (buf(&dev, &av), buf(&dev, &bv), buf(&dev, &vec![0f32; m * n]));
+            kernel.launch(&[&ab, &bb, &cb], &[]).unwrap();
+            let mut want = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    want[i * n + j] = (0..kk).map(|r| av[i * kk + r] * bv[r * n + j]).sum();
+                }
+            }
+            close(&cb.to_vec::<f32>().unwrap(), &want, 1e-5);
+        }
+
+        #[test]
+        fn gated_loads_and_stores() {
+            let Some(dev) = test_device() else { return };
+            let mut k = KernelBuilder::new();
+            let (n, m) = (k.var("n", 1, 1 << 20), k.var("m", 0, 1 << 20));
+            let a = k.param(0, Scalar::F32, &m);
+            let c = k.param(1, Scalar::F32, &n);
+            let d = k.param(2, Scalar::I32, &n);
+            let i = k.global(0, &n);
+            let inside = i.lt(&m);
+            k.store(&c.at(&i), &a.at(&i).load_gated(&inside, -1.0));
+            k.store_gated(&d.at(&i), &(&i * 2), &inside.not());
+            let kernel = dev.compile(&k.finish().unwrap(), Some("gated")).unwrap();
+            // `a` is exactly m long: a load past it would read outside the allocation.
+            let (a, c, d) = (buf(&dev, &[1f32, 2.0, 3.0]), buf(&dev, &[0f32; 6]), buf(&dev, &[7i32; 6]));
+            kernel.launch(&[&a, &c, &d], &[3, 6]).unwrap();
+            assert_eq!(c.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, -1.0, -1.0, -1.0]);
+            assert_eq!(d.to_vec::<i32>().unwrap(), vec![7, 7, 7, 6, 8, 10]);
+        }
+
+        #[test]
+        fn vectors_native_and_odd_widths() {
+            let Some(dev) = test_device() else { return };
+            for w in [4u8, 3, 5, 16] {
+                let mut k = KernelBuilder::new();
+                let n = 8 * w as i64;
+                let (a, c) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n));
+                let lt = k.param(2, Scalar::Bool, n);
+                let i = k.global(0, 8);
+                let base = &i * w as i64;
+                let v = a.at_vec(&base, w).load();
+                let scaled = &v * Val::f32(2.0).broadcast(w) + Val::f32(1.0).broadcast(w);
+                let small = v.lt(Val::f32(5.0).broadcast(w));
+                let picked = small.select(&scaled, Val::f32(0.0).broadcast(w));
+                // Swap lanes 0 and 1 through GEP + VECTORIZE.
+                let mut lanes: Vec<Val> = (0..w).map(|l| picked.gep(l)).collect();
+                lanes.swap(0, 1);
+                k.store(&c.at_vec(&base, w), &Val::vectorize(&lanes));
+                k.store(&lt.at_vec(&base, w), &small);
+                let kernel = dev.compile(&k.finish().unwrap(), Some(&format!("vec{w}"))).unwrap();
+                let xs: Vec<f32> = (0..n).map(|x| x as f32 * 0.5).collect();
+                let (ab, cb) = (buf(&dev, &xs), buf(&dev, &vec![0f32; n as usize]));
+                let lb = dev.buffer(Scalar::Bool, n as usize).unwrap();
+                kernel.launch(&[&ab, &cb, &lb], &[]).unwrap();
+                let mut want: Vec<f32> = xs.iter().map(|&x| if x < 5.0 { x * 2.0 + 1.0 } else { 0.0 }).collect();
+                for chunk in want.chunks_mut(w as usize) {
+                    chunk.swap(0, 1);
+                }
+                assert_eq!(cb.to_vec::<f32>().unwrap(), want, "width {w}");
+                let mut flags = vec![0u8; n as usize];
+                lb.copyout(&mut flags).unwrap();
+                let want_flags: Vec<u8> = xs.iter().map(|&x| (x < 5.0) as u8).collect();
+                assert_eq!(flags, want_flags, "width {w}");
+            }
+        }
+
+        #[test]
+        fn casts_bitcasts_and_math() {
+            let Some(dev) = test_device() else { return };
+            let mut k = KernelBuilder::new();
+            let a = k.param(0, Scalar::F32, 6);
+            let ints = k.param(1, Scalar::I8, 6);
+            let bits = k.param(2, Scalar::U32, 6);
+            let math = k.param(3, Scalar::F32, 6);
+            let wide = k.param(4, Scalar::F64, 6);
+            let i = k.global(0, 6);
+            let x = a.at(&i).load();
+            k.store(&ints.at(&i), &x.cast(DType::Scalar(Scalar::I8)));
+            k.store(&bits.at(&i), &x.bitcast(DType::Scalar(Scalar::U32)));
+            let y = x.abs().max(0.5);
+            k.store(&math.at(&i), &(y.sqrt() + y.log2() + y.exp2().min(1e6) + y.sin() * y.cos() + y.pow(1.5)));
+            k.store(&wide.at(&i), &(x.cast(DType::F64) * Val::constant(DType::F64, 0.1)));
+            let kernel = dev.compile(&k.finish().unwrap(), Some("casts")).unwrap();
+            let xs = [1.7f32, -2.9, 300.0, -1e9, f32::NAN, 0.25];
+            let ab = buf(&dev, &xs);
+            let (ib, bb, mb, wb) =
+                (buf(&dev, &[0i8; 6]), buf(&dev, &[0u32; 6]), buf(&dev, &[0f32; 6]), buf(&dev, &[0f64; 6]));
+            kernel.launch(&[&ab, &ib, &bb, &mb, &wb], &[]).unwrap();
+            // Saturating float -> int, NaN -> 0 (Rust `as` semantics).
+            let want_ints: Vec<i8> = xs.iter().map(|&x| x as i8).collect();
+            assert_eq!(ib.to_vec::<i8>().unwrap(), want_ints);
+            let want_bits: Vec<u32> = xs.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(bb.to_vec::<u32>().unwrap(), want_bits);
+            let want_math: Vec<f32> = xs
+                .iter()
+                .map(|&x| {
+                    let y = x.abs().max(0.5);
+                    y.sqrt() + y.log2() + y.exp2().min(1e6) + y.sin() * y.cos() + y.powf(1.5)
+                })
+                .collect();
+            close(&mb.to_vec::<f32>().unwrap(), &want_math, 1e-5);
+            let got = wb.to_vec::<f64>().unwrap();
+            for (g, &x) in got.iter().zip(&xs) {
+                let w = x as f64 * 0.1;
+                assert!(g == &w || (g.is_nan() && w.is_nan()), "{g} vs {w}");
+            }
+        }
+
+        #[test]
+        fn half_and_bfloat_are_computed_in_f32() {
+            let Some(dev) = test_device() else { return };
+            for s in [Scalar::F16, Scalar::BF16] {
+                let mut k = KernelBuilder::new();
+                let (a, c) = (k.param(0, s, 4), k.param(1, s, 4));
+                let i = k.global(0, 4);
+                let x = a.at(&i).load();
+                k.store(&c.at(&i), &(&x * &x + Val::constant(DType::Scalar(s), 0.5)));
+                let kernel = dev.compile(&k.finish().unwrap(), Some("halfs")).unwrap();
+                let xs = [1.0f64, -2.5, 3.25, 0.125];
+                let bits = |v: f64| if s == Scalar::F16 { f16_bits(v) } else { bf16_bits(v) };
+                let input: Vec<u16> = xs.iter().map(|&v| bits(v)).collect();
+                let a = Buffer::from_slice(dev.allocator.clone(), &input).unwrap().reinterpret(s).unwrap();
+                let c = dev.buffer(s, 4).unwrap();
+                kernel.launch(&[&a, &c], &[]).unwrap();
+                let mut out = vec![0u8; 8];
+                c.copyout(&mut out).unwrap();
+                let got: Vec<u16> = out.chunks(2).map(|b| u16::from_ne_bytes([b[0], b[1]])).collect();
+                let want: Vec<u16> = xs.iter().map(|&v| bits(v * v + 0.5)).collect();
+                assert_eq!(got, want, "{s}");
+            }
+        }
     }
 }
