@@ -39,6 +39,9 @@ pub enum CliError {
     /// dtype or size, a variable it does not declare).
     #[error("{0}")]
     Mismatch(String),
+    /// The host could not provide staging memory for a buffer of this many bytes.
+    #[error("cannot allocate {0} bytes of host memory to stage a buffer")]
+    HostMemory(usize),
 }
 
 impl CliError {

@@ -104,7 +104,7 @@ pub fn run(args: &RunArgs) -> Result<String, CliError> {
         if out_file.is_none() && !spec.outs.contains(&p.slot) {
             continue;
         }
-        let mut data = vec![0u8; buf.nbytes()];
+        let mut data = host_bytes(buf.nbytes())?;
         buf.copyout(&mut data).context(|| format!("cannot read back buffer {} of `{}`", p.slot, spec.name))?;
         match out_file {
             Some(path) => write_npy(path, p, data)?,
@@ -127,29 +127,39 @@ fn fill_buffer(device: &Device, p: &ParamInfo, len: usize, args: &RunArgs) -> Re
             if !args.outs.iter().any(|(s, _)| *s == p.slot) {
                 eprintln!("note: slot {} has neither --in nor --out: using {len} zeroed {} elements", p.slot, p.scalar);
             }
-            vec![0u8; buf.nbytes()]
+            // Allocate on the device first: an impossible size is its typed out-of-memory error.
+            buf.raw().context(|| format!("cannot allocate buffer {} ({len} x {})", p.slot, p.scalar))?;
+            host_bytes(buf.nbytes())?
         }
     };
     buf.copyin(&data).context(|| format!("cannot fill buffer {}", p.slot))?;
     Ok(buf)
 }
 
+/// `n` zero bytes of host memory, or an error (not an abort) when there is not enough.
+fn host_bytes(n: usize) -> Result<Vec<u8>, CliError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| CliError::HostMemory(n))?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
 /// Reads an input file and checks it against the PARAM: same dtype, same element count.
 fn read_input(path: &Path, p: &ParamInfo, len: usize) -> Result<Vec<u8>, CliError> {
     let bytes = std::fs::read(path).map_err(|e| CliError::io("cannot read input file", path, e))?;
     let array = npy::read(&bytes).map_err(|source| CliError::Npy { path: path.to_path_buf(), source })?;
-    let expected = match npy::descr(p.scalar) {
-        Some(d) => format!("{} ('{d}') x {len}", p.scalar),
-        None => format!("{} x {len}", p.scalar),
-    };
     if array.scalar != p.scalar || array.len() != len {
+        let npy_name = npy::descr(p.scalar).map(|d| format!(" ('{d}')")).unwrap_or_default();
         return Err(CliError::Mismatch(format!(
-            "slot {}: the kernel expects {expected} elements, but {} holds {} with shape {} ({} elements)",
+            "slot {}: the kernel's buffer is {len} x {}{npy_name}, but {} holds {} x {} (shape {}); \
+             pass an array of exactly {len} {} elements (any shape)",
             p.slot,
+            p.scalar,
             path.display(),
+            array.len(),
             array.scalar,
             array.shape_text(),
-            array.len()
+            p.scalar
         )));
     }
     Ok(array.data)

@@ -12,6 +12,7 @@ use crate::error::{CliError, Context};
 
 /// Registers every backend compiled into this binary with the device registry. Idempotent.
 pub fn register_backends() {
+    kiln_cpu::register();
     kiln_opencl::register();
 }
 

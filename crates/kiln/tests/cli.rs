@@ -408,8 +408,8 @@ fn npy_inputs_must_match_the_param() {
         p.display().to_string()
     };
     let run = |input: &str| s.kiln(&["run", &example("add.kiln"), "--var", "n=8", "--in", &format!("0={input}")], &[]);
-    fails(run(&ints), 1, &["slot 0", "f32", "x 8", "ints.npy holds i32"]);
-    fails(run(&short), 1, &["slot 0", "short.npy", "(7,)", "7 elements"]);
+    fails(run(&ints), 1, &["slot 0", "8 x f32", "ints.npy holds 8 x i32"]);
+    fails(run(&short), 1, &["slot 0", "8 x f32", "short.npy holds 7 x f32 (shape (7,))"]);
     // Any shape with the right element count is fine.
     let square = {
         let data = [1f32; 8].iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -470,9 +470,15 @@ fn a_missing_c_compiler_is_reported() {
 #[test]
 fn a_failing_c_compiler_is_reported_with_its_output() {
     let s = Scratch::new("bad-cc");
-    let cc = script(&s, "cc", "echo 'kernel.c:3:5: error: something is wrong' >&2\nexit 1");
+    // Answers `--version` (the backend identifies its compiler) and rejects every kernel.
+    let cc = script(
+        &s,
+        "cc",
+        "if [ \"$1\" = --version ]; then echo 'failing-cc 1.0'; exit 0; fi\n\
+         echo 'add.c:3:5: error: something is wrong' >&2\nexit 1",
+    );
     let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[("KILN_CC", &cc)]);
-    fails(o, 1, &["compile failed", "something is wrong"]);
+    fails(o, 1, &["cannot compile", "add.kiln", "compile failed", "something is wrong", "offending line: 3:"]);
 }
 
 #[test]
@@ -483,7 +489,7 @@ fn a_library_without_the_kernel_symbol_is_reported() {
     let cc = script(
         &s,
         "cc",
-        "out=''\nprev=''\nfor a in \"$@\"; do\n  if [ \"$prev\" = '-o' ]; then out=\"$a\"; fi\n  prev=\"$a\"\ndone\n\
+        "if [ \"$1\" = --version ]; then echo 'stub-cc 1.0'; exit 0; fi\nout=''\nprev=''\nfor a in \"$@\"; do\n  if [ \"$prev\" = '-o' ]; then out=\"$a\"; fi\n  prev=\"$a\"\ndone\n\
          echo 'int kiln_unrelated_symbol = 1;' | cc -shared -fPIC -x c - -o \"$out\"",
     );
     let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[("KILN_CC", &cc)]);
