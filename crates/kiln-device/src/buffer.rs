@@ -216,7 +216,7 @@ impl Buffer {
 
     /// The same bytes seen as another element type (length must divide evenly).
     pub fn reinterpret(&self, dtype: Scalar) -> Result<Buffer> {
-        if self.nbytes() % dtype.size() != 0 || self.offset % dtype.size() != 0 {
+        if !self.nbytes().is_multiple_of(dtype.size()) || !self.offset.is_multiple_of(dtype.size()) {
             return Err(Error::Buffer(format!(
                 "{} bytes at +{} cannot be viewed as {dtype}",
                 self.nbytes(),
