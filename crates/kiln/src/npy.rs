@@ -40,7 +40,7 @@ pub struct NpyArray {
 impl NpyArray {
     /// A one-dimensional array over `data` (whose length must be a multiple of the element size).
     pub fn from_bytes(scalar: Scalar, data: Vec<u8>) -> Result<NpyArray, NpyError> {
-        if data.len() % scalar.size() != 0 {
+        if !data.len().is_multiple_of(scalar.size()) {
             return err(format!("{} bytes are not a whole number of {scalar} elements", data.len()));
         }
         Ok(NpyArray { scalar, shape: vec![data.len() / scalar.size()], data })
@@ -169,7 +169,7 @@ pub fn write(array: &NpyArray) -> Result<Vec<u8>, NpyError> {
         return err(format!("{} has no NumPy dtype and cannot be saved as .npy", array.scalar));
     };
     let count = array.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    if count != Some(array.len()) || array.data.len() % array.scalar.size() != 0 {
+    if count != Some(array.len()) || !array.data.len().is_multiple_of(array.scalar.size()) {
         return err(format!(
             "shape {} does not match {} bytes of {}",
             array.shape_text(),

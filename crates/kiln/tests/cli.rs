@@ -397,6 +397,25 @@ SINK void (%st)
 }
 
 #[test]
+fn an_impossible_buffer_is_an_out_of_memory_error() {
+    let s = Scratch::new("oom");
+    // 2^40 f32 elements: 4 TiB.
+    let text = "\
+%len = CONST i64 1099511627776
+%a   = PARAM ptr<f32> 0 (%len)
+%z   = CONST i32 0
+%p   = INDEX ptr<f32> (%a, %z)
+%c   = CONST f32 1.0
+%st  = STORE void (%p, %c)
+SINK void (%st)
+";
+    let k = kernel_with(&s, "huge.kiln", text);
+    for dev in devices(&s) {
+        fails(s.kiln(&["run", &k, "--device", &dev], &[]), 1, &["cannot allocate buffer 0", "out of memory on"]);
+    }
+}
+
+#[test]
 fn npy_inputs_must_match_the_param() {
     let s = Scratch::new("npy");
     let good = s.f32s("good.npy", &[1.0; 8]);
