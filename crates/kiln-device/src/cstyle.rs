@@ -206,6 +206,7 @@ pub trait Dialect {
     fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String;
 
     /// `e` (an f32) rounded to `s`.
+    #[allow(clippy::wrong_self_convention)] // "from f32" names the conversion, not a constructor
     fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String;
 
     /// A call of a math function on operands of the compute scalar `s`.
@@ -417,8 +418,8 @@ enum Value {
 /// An open block: a loop (`range`) or the kernel body (`None`).
 struct Block {
     range: Option<ContentHash>,
-    /// Accumulator write-backs deferred to the end of this block (`acc = value;`).
-    commits: Vec<String>,
+    /// Accumulator write-backs `(acc, value)` deferred to the end of this block.
+    commits: Vec<(String, String)>,
 }
 
 /// A valued END that is not an accumulator: `name` is declared before the loop of `range`
@@ -582,8 +583,8 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
         if self.blocks.len() != 1 {
             return Err(Error::Render("a loop is still open at the end of the kernel".into()));
         }
-        for c in std::mem::take(&mut self.blocks[0].commits) {
-            self.line(c);
+        for (acc, value) in std::mem::take(&mut self.blocks[0].commits) {
+            self.line(format!("{acc} = {value};"));
         }
         for _ in 0..launch_depth {
             self.indent -= 1;
@@ -600,6 +601,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 head.push('\n');
             }
         }
+        head.push('\n');
         head.push_str(&signature);
         head.push('\n');
         for l in &self.lines {
@@ -751,7 +753,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 let acc = self.expr(&src[0])?;
                 let value = self.expr(&src[1])?;
                 if let Some(block) = self.blocks.last_mut() {
-                    block.commits.push(format!("{acc} = {value};"));
+                    block.commits.push((acc, value.clone()));
                 }
                 self.values.insert(n.content_hash(), Value::Expr(value));
             }
@@ -815,8 +817,8 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
         let range = n.src()[0].content_hash();
         if self.blocks.last().is_some_and(|b| b.range == Some(range)) {
             let block = self.blocks.pop().unwrap_or(Block { range: None, commits: Vec::new() });
-            for c in block.commits {
-                self.line(c);
+            for (acc, value) in block.commits {
+                self.line(format!("{acc} = {value};"));
             }
             let carries: Vec<(String, ContentHash)> = self
                 .carries
@@ -840,6 +842,23 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             && let Some(acc) = acc_of(n)
         {
             let v = self.value(&acc)?;
+            // The END's value is the accumulator after its updates: write back any update
+            // still pending in an enclosing block (one the linearizer placed outside the loop).
+            if let Value::Expr(name) = &v {
+                let mut pending = Vec::new();
+                for block in &mut self.blocks {
+                    block.commits.retain(|(a, value)| {
+                        let keep = a != name;
+                        if !keep {
+                            pending.push(value.clone());
+                        }
+                        keep
+                    });
+                }
+                for value in pending {
+                    self.line(format!("{name} = {value};"));
+                }
+            }
             self.values.insert(n.content_hash(), v);
         }
         Ok(())

@@ -1,0 +1,169 @@
+//! Host memory for the CPU device: zeroed, 64-byte aligned blocks from the global allocator.
+//!
+//! No caching here: the device wraps this allocator in [`kiln_device::LruAllocator`].
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::{Allocator, AllocatorStats, Error, RawPtr, RawView, Result};
+
+/// Alignment of every block: a cache line, and enough for any vector load.
+pub const ALIGN: usize = 64;
+
+/// The raw host allocator. Counts bytes in use and the high-water mark.
+#[derive(Debug)]
+pub struct CpuAllocator {
+    device: DeviceSpec,
+    in_use: AtomicUsize,
+    high_water: AtomicUsize,
+}
+
+impl Default for CpuAllocator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuAllocator {
+    pub fn new() -> Self {
+        CpuAllocator { device: DeviceSpec::Cpu, in_use: AtomicUsize::new(0), high_water: AtomicUsize::new(0) }
+    }
+
+    fn layout(bytes: usize) -> Result<Layout> {
+        if bytes == 0 {
+            return Err(Error::Buffer("cannot allocate 0 bytes: allocations must be at least 1 byte".into()));
+        }
+        Layout::from_size_align(bytes, ALIGN).map_err(|_| {
+            Error::Buffer(format!("an allocation of {bytes} bytes exceeds the address space (max {} B)", isize::MAX))
+        })
+    }
+}
+
+fn check_len(what: &str, host: usize, view: &RawView) -> Result<()> {
+    if host != view.bytes {
+        return Err(Error::Buffer(format!(
+            "{what}: host slice of {host} bytes for a device window of {} bytes",
+            view.bytes
+        )));
+    }
+    Ok(())
+}
+
+impl Allocator for CpuAllocator {
+    fn device(&self) -> &DeviceSpec {
+        &self.device
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<RawPtr> {
+        let layout = Self::layout(bytes)?;
+        // SAFETY: `layout` has a non-zero size (checked in `layout`).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory {
+                device: self.device.to_string(),
+                requested: bytes,
+                in_use: self.in_use.load(Ordering::Relaxed),
+                cached: 0,
+                budget: None,
+            });
+        }
+        let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.high_water.fetch_max(now, Ordering::Relaxed);
+        Ok(RawPtr(ptr.cast()))
+    }
+
+    unsafe fn free(&self, ptr: RawPtr, bytes: usize) {
+        let Ok(layout) = Self::layout(bytes) else { return };
+        // SAFETY: the caller guarantees `ptr` came from `alloc(bytes)` here, which used this
+        // same layout, and is not used afterwards.
+        unsafe { dealloc(ptr.0.cast(), layout) };
+        self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()> {
+        check_len("copyin", src.len(), &dst)?;
+        // SAFETY: the caller guarantees `dst` lies in a live allocation of this allocator;
+        // `src` is a distinct Rust slice, so the ranges do not overlap; lengths are equal.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.host_ptr(), src.len()) };
+        Ok(())
+    }
+
+    unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()> {
+        check_len("copyout", dst.len(), &src)?;
+        // SAFETY: as in `copyin`, with the roles swapped; the memory was zero-initialised
+        // at allocation, so every byte read is initialised.
+        unsafe { std::ptr::copy_nonoverlapping(src.host_ptr(), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    unsafe fn copy(&self, dst: RawView, src: RawView) -> Result<()> {
+        if dst.bytes != src.bytes {
+            return Err(Error::Buffer(format!("copy of {} bytes into a window of {} bytes", src.bytes, dst.bytes)));
+        }
+        // SAFETY: both windows lie in live allocations of this allocator (caller contract);
+        // `copy` tolerates overlap.
+        unsafe { std::ptr::copy(src.host_ptr(), dst.host_ptr(), src.bytes) };
+        Ok(())
+    }
+
+    fn is_host(&self) -> bool {
+        true
+    }
+
+    fn stats(&self) -> AllocatorStats {
+        let in_use = self.in_use.load(Ordering::Relaxed);
+        AllocatorStats { in_use, high_water: self.high_water.load(Ordering::Relaxed), ..AllocatorStats::default() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_is_aligned_zeroed_and_counted() {
+        let a = CpuAllocator::new();
+        let p = a.alloc(100).unwrap();
+        assert_eq!(p.0 as usize % ALIGN, 0);
+        let view = RawView { base: p, offset: 0, bytes: 100 };
+        let mut out = vec![1u8; 100];
+        // SAFETY: `view` is the whole live allocation.
+        unsafe { a.copyout(&mut out, view).unwrap() };
+        assert!(out.iter().all(|b| *b == 0));
+        assert_eq!(a.stats().in_use, 100);
+        // SAFETY: allocated above with 100 bytes.
+        unsafe { a.free(p, 100) };
+        assert_eq!(a.stats().in_use, 0);
+        assert_eq!(a.stats().high_water, 100);
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let a = CpuAllocator::new();
+        assert!(matches!(a.alloc(0), Err(Error::Buffer(_))));
+        assert!(matches!(a.alloc(usize::MAX), Err(Error::Buffer(_))));
+        assert!(matches!(a.alloc(isize::MAX as usize - 10), Err(Error::Buffer(_) | Error::OutOfMemory { .. })));
+    }
+
+    #[test]
+    fn copies_check_sizes_and_move_bytes() {
+        let a = CpuAllocator::new();
+        let p = a.alloc(16).unwrap();
+        let whole = RawView { base: p, offset: 0, bytes: 16 };
+        let data: Vec<u8> = (0..16).collect();
+        // SAFETY: windows below lie inside the live 16-byte allocation.
+        unsafe {
+            a.copyin(whole, &data).unwrap();
+            assert!(matches!(a.copyin(whole, &data[..8]), Err(Error::Buffer(_))));
+            let lo = RawView { base: p, offset: 0, bytes: 8 };
+            let hi = RawView { base: p, offset: 8, bytes: 8 };
+            a.copy(hi, lo).unwrap();
+            let mut out = vec![0u8; 16];
+            a.copyout(&mut out, whole).unwrap();
+            assert_eq!(&out[8..], &data[..8]);
+            assert!(matches!(a.copy(whole, lo), Err(Error::Buffer(_))));
+            a.free(p, 16);
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The CPU dialect of C: GNU C11 as gcc ≥ 12 and clang ≥ 15 accept it.
+//!
+//! # Entry ABI
+//! Every kernel is one exported function
+//! ```c
+//! void NAME(void **bufs, const int64_t *vals, int64_t kiln_core, int64_t kiln_ncores);
+//! ```
+//! `bufs` holds one host pointer per parameter slot (in slot order), `vals` the variable values
+//! in `ProgramSpec::var_names` order. One call runs chunk `kiln_core` of `kiln_ncores`: the
+//! launch indices become loops, global axis 0 outermost and split into `kiln_ncores`
+//! contiguous chunks (`kiln_core` runs its own), then global axes 1 and 2, then the local
+//! axes. Calls for different chunks touch disjoint iterations and may run concurrently.
+//!
+//! # Types
+//! bool is `bool` in registers and a byte (0/1) in memory; f16 is `_Float16` (arithmetic in
+//! f32, rounded per op); bf16 is its bit pattern in a `uint16_t` (arithmetic in f32 through
+//! `kiln_bf16_to_f32`/`kiln_f32_to_bf16`). Vectors are GNU vector types `kiln_<dtype>`
+//! (e.g. `kiln_f32x4`) with a power-of-two lane count; other widths are padded to the next
+//! power of two and only their first lanes are read or written. Vector loads and stores go
+//! through `memcpy`, so any element-aligned address works.
+
+use std::sync::Arc;
+
+use kiln_device::cstyle::{
+    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_float_literal, c_int_literal,
+    f16_bits, round_float_bits,
+};
+use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
+use kiln_device::{ProgramSpec, Renderer, Result};
+
+/// Bumped whenever the generated C changes: it is part of every cache key.
+const RENDERER_VERSION: u32 = 1;
+
+/// Renders kernels to C for [`crate::CCompiler`].
+#[derive(Debug, Clone)]
+pub struct CpuRenderer {
+    core: CStyle<CpuDialect>,
+}
+
+impl Default for CpuRenderer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuRenderer {
+    pub fn new() -> Self {
+        CpuRenderer { core: CStyle::new(CpuDialect, DeviceSpec::Cpu) }
+    }
+}
+
+impl Renderer for CpuRenderer {
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        self.core.render(ast, name)
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.core.device
+    }
+
+    fn cache_key(&self) -> String {
+        format!("cpu-c-v{RENDERER_VERSION}")
+    }
+}
+
+/// The spelling of C for the CPU backend (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuDialect;
+
+fn tag(s: Scalar, w: u8) -> String {
+    if w > 1 { format!("{}x{w}", s.name()) } else { s.name().to_string() }
+}
+
+/// Parenthesizes `e` unless it is a plain identifier or number.
+fn atom(e: &str) -> String {
+    if e.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') { e.to_string() } else { format!("({e})") }
+}
+
+impl CpuDialect {
+    fn bf16_helpers(&self, p: &mut Prelude) {
+        p.need("kiln_bf16", |_| {
+            "static inline float kiln_bf16_to_f32(uint16_t b) {\n\
+             \x20 uint32_t u = (uint32_t)b << 16;\n\
+             \x20 float f;\n\
+             \x20 memcpy(&f, &u, 4);\n\
+             \x20 return f;\n\
+             }\n\
+             /* Round to nearest even; NaN stays a (quiet) NaN of the same sign. */\n\
+             static inline uint16_t kiln_f32_to_bf16(float f) {\n\
+             \x20 uint32_t u;\n\
+             \x20 memcpy(&u, &f, 4);\n\
+             \x20 if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);\n\
+             \x20 u += 0x7fffu + ((u >> 16) & 1u);\n\
+             \x20 return (uint16_t)(u >> 16);\n\
+             }\n"
+            .to_string()
+        });
+    }
+
+    /// A saturating float → integer conversion (NaN → 0), like Rust's `as`.
+    fn float_to_int(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
+        let f = if from == Scalar::F64 { Scalar::F64 } else { Scalar::F32 };
+        let name = format!("kiln_{}_to_{}", f.name(), to.name());
+        let (min, max): (i128, i128) = match to {
+            Scalar::I8 => (i8::MIN.into(), i8::MAX.into()),
+            Scalar::I16 => (i16::MIN.into(), i16::MAX.into()),
+            Scalar::I32 => (i32::MIN.into(), i32::MAX.into()),
+            Scalar::I64 => (i64::MIN.into(), i64::MAX.into()),
+            Scalar::U8 => (0, u8::MAX.into()),
+            Scalar::U16 => (0, u16::MAX.into()),
+            Scalar::U32 => (0, u32::MAX.into()),
+            _ => (0, u64::MAX.into()),
+        };
+        let (ft, tt) = (self.scalar_type(f, p), self.scalar_type(to, p));
+        // MIN is a power of two (or 0): exact in any float. MAX rounds to the nearest float,
+        // which is ≥ MAX, so `x >= hi` catches exactly the values that do not fit.
+        let lo = c_float_literal(min as f64, f);
+        let hi = c_float_literal(if f == Scalar::F32 { max as f32 as f64 } else { max as f64 }, f);
+        let (imin, imax) = (c_int_literal(min as i64, to), c_int_literal(max as u64 as i64, to));
+        let def_name = name.clone();
+        p.need(&name, move |_| {
+            format!(
+                "static inline {tt} {def_name}({ft} x) {{\n  return x != x ? 0 : x <= {lo} ? {imin} : x >= {hi} ? {imax} : ({tt})x;\n}}\n"
+            )
+        });
+        let arg = if from == Scalar::F16 { format!("(float){}", atom(e)) } else { e.to_string() };
+        format!("{name}({arg})")
+    }
+
+    /// A value of `s` with the IEEE bit pattern `bits`.
+    fn float_from_bits(&self, bits: u64, s: Scalar, p: &mut Prelude) -> String {
+        let (ut, ft) = match s {
+            Scalar::F16 => ("uint16_t", "_Float16"),
+            Scalar::F32 => ("uint32_t", "float"),
+            _ => ("uint64_t", "double"),
+        };
+        let _ = p;
+        format!("(((union {{ {ut} u; {ft} f; }}){{ .u = 0x{bits:x}u }}).f)")
+    }
+}
+
+impl Dialect for CpuDialect {
+    fn header(&self) -> String {
+        "#include <stdbool.h>\n#include <stdint.h>\n#include <string.h>\n#include <math.h>\n".into()
+    }
+
+    fn scalar_type(&self, s: Scalar, _p: &mut Prelude) -> String {
+        match s {
+            Scalar::Bool => "bool",
+            Scalar::I8 => "int8_t",
+            Scalar::I16 => "int16_t",
+            Scalar::I32 => "int32_t",
+            Scalar::I64 => "int64_t",
+            Scalar::U8 => "uint8_t",
+            Scalar::U16 => "uint16_t",
+            Scalar::U32 => "uint32_t",
+            Scalar::U64 => "uint64_t",
+            Scalar::F16 => "_Float16",
+            Scalar::BF16 => "uint16_t",
+            Scalar::F32 => "float",
+            Scalar::F64 => "double",
+        }
+        .to_string()
+    }
+
+    fn memory_type(&self, s: Scalar, p: &mut Prelude) -> String {
+        if s == Scalar::Bool { "uint8_t".into() } else { self.scalar_type(s, p) }
+    }
+
+    fn vector_type(&self, s: Scalar, w: u8, p: &mut Prelude) -> String {
+        let name = format!("kiln_{}", tag(s, w));
+        let elem = self.memory_type(s, p);
+        let phys = (w as usize).next_power_of_two();
+        let bytes = phys * s.size();
+        let def_name = name.clone();
+        p.need(&name, move |_| {
+            let note = if phys != w as usize { format!(" /* {w} of {phys} lanes used */") } else { String::new() };
+            format!("typedef {elem} {def_name} __attribute__((vector_size({bytes})));{note}\n")
+        });
+        name
+    }
+
+    fn lane(&self, v: &str, dtype: DType, lane: u8) -> String {
+        if dtype.scalar() == Some(Scalar::Bool) {
+            format!("((bool){}[{lane}])", atom(v))
+        } else {
+            format!("{}[{lane}]", atom(v))
+        }
+    }
+
+    fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String {
+        let ty = match dtype {
+            DType::Vector(s, w) => self.vector_type(s, w, p),
+            other => self.scalar_type(other.scalar().unwrap_or(Scalar::F32), p),
+        };
+        format!("(({ty}){{{}}})", lanes.join(", "))
+    }
+
+    fn native_vector_op(&self, op: Op, dtype: DType) -> bool {
+        let Some(s) = dtype.scalar() else { return false };
+        if matches!(s, Scalar::Bool | Scalar::F16 | Scalar::BF16) {
+            return false;
+        }
+        match op {
+            Op::Add | Op::Sub | Op::Mul | Op::Neg => true,
+            Op::Div => s.is_float(),
+            Op::And | Op::Or | Op::Xor => s.is_int(),
+            _ => false,
+        }
+    }
+
+    fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
+        match s {
+            Scalar::BF16 => {
+                self.bf16_helpers(p);
+                format!("kiln_bf16_to_f32({e})")
+            }
+            Scalar::F32 => e.to_string(),
+            _ => format!("((float){})", atom(e)),
+        }
+    }
+
+    fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
+        match s {
+            Scalar::BF16 => {
+                self.bf16_helpers(p);
+                format!("kiln_f32_to_bf16({e})")
+            }
+            Scalar::F32 => e.to_string(),
+            other => format!("(({}){})", self.scalar_type(other, p), atom(e)),
+        }
+    }
+
+    fn math(&self, f: MathFn, s: Scalar, args: &[String], _p: &mut Prelude) -> String {
+        let suffix = if s == Scalar::F64 { "" } else { "f" };
+        format!("{}{suffix}({})", f.c_name(), args.join(", "))
+    }
+
+    fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
+        if from == to {
+            return e.to_string();
+        }
+        if to == Scalar::Bool {
+            let v = if matches!(from, Scalar::F16 | Scalar::BF16) { self.to_f32(e, from, p) } else { e.to_string() };
+            return format!("({} != 0)", atom(&v));
+        }
+        if from == Scalar::BF16 {
+            let f = self.to_f32(e, from, p);
+            return if to == Scalar::F32 { f } else { self.cast(&f, Scalar::F32, to, p) };
+        }
+        if to == Scalar::BF16 {
+            let f = if from == Scalar::F32 { e.to_string() } else { format!("((float){})", atom(e)) };
+            return self.from_f32(&f, to, p);
+        }
+        if from.is_float() && (to.is_int()) {
+            return self.float_to_int(e, from, to, p);
+        }
+        format!("(({}){})", self.scalar_type(to, p), atom(e))
+    }
+
+    fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String> {
+        let ty = |d: DType, p: &mut Prelude| match d {
+            DType::Vector(s, w) => Ok(self.vector_type(s, w, p)),
+            DType::Scalar(s) => Ok(self.scalar_type(s, p)),
+            other => Err(kiln_device::Error::Render(format!("BITCAST of a {other}"))),
+        };
+        let f = ty(from, p)?;
+        if to == DType::BOOL {
+            // A bool holds only 0/1: any non-zero byte reads as true.
+            return Ok(format!("(((union {{ {f} f; uint8_t t; }}){{ .f = {e} }}).t != 0)"));
+        }
+        let t = ty(to, p)?;
+        Ok(format!("(((union {{ {f} f; {t} t; }}){{ .f = {e} }}).t)"))
+    }
+
+    fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String {
+        match s {
+            Scalar::BF16 => format!("((uint16_t)0x{:04x})", round_float_bits(v, 8, 7)),
+            Scalar::F16 if v.is_finite() => format!("((_Float16){})", c_float_literal(v, Scalar::F64)),
+            Scalar::F16 => self.float_from_bits(f16_bits(v) as u64, s, p),
+            Scalar::F32 | Scalar::F64 if v.is_finite() => c_float_literal(v, s),
+            Scalar::F32 | Scalar::F64 if v.is_infinite() => {
+                let inf = if s == Scalar::F32 { "__builtin_inff()" } else { "__builtin_inf()" };
+                if v < 0.0 { format!("(-{inf})") } else { inf.into() }
+            }
+            Scalar::F32 => self.float_from_bits(round_float_bits(v, 8, 23), s, p),
+            _ => self.float_from_bits(v.to_bits(), Scalar::F64, p),
+        }
+    }
+
+    fn signature(&self, name: &str, _params: &[KernelParam], _vars: &[KernelVar], _p: &mut Prelude) -> String {
+        format!("void {name}(void **bufs, const int64_t *vals, int64_t kiln_core, int64_t kiln_ncores) {{")
+    }
+
+    fn prologue(&self, params: &[KernelParam], vars: &[KernelVar], p: &mut Prelude) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (i, kp) in params.iter().enumerate() {
+            let t = self.memory_type(kp.scalar, p);
+            lines.push(format!("{t} *{} = ({t} *)bufs[{i}];", kp.name));
+        }
+        for v in vars {
+            let t = match v.dtype {
+                DType::Scalar(s) => self.scalar_type(s, p),
+                _ => "int64_t".into(),
+            };
+            lines.push(format!("const {t} {} = ({t})vals[{}];", v.name, v.position));
+        }
+        lines
+    }
+
+    fn open_launch(&self, indices: &[LaunchIndex], p: &mut Prelude) -> Result<Vec<String>> {
+        let mut order: Vec<&LaunchIndex> = indices.iter().collect();
+        order.sort_by_key(|ix| (ix.kind == 'l', ix.axis));
+        let mut lines = Vec::new();
+        let chunked = order.first().filter(|ix| ix.kind != 'l' && ix.axis == 0);
+        if chunked.is_none() {
+            lines.push("if (kiln_core != 0) return; /* no global axis 0: one chunk does everything */".into());
+        }
+        for ix in &order {
+            let t = match ix.dtype {
+                DType::Scalar(s) => self.scalar_type(s, p),
+                _ => "int64_t".into(),
+            };
+            let n = &ix.name;
+            if chunked.is_some_and(|c| std::ptr::eq(*c, *ix)) {
+                lines.push(format!("/* {n}: this call runs chunk kiln_core of kiln_ncores of 0..{} */", ix.extent));
+                lines.push(format!("const int64_t kiln_n = {};", ix.extent));
+                lines.push("const int64_t kiln_q = kiln_n / kiln_ncores, kiln_r = kiln_n % kiln_ncores;".into());
+                lines.push(
+                    "const int64_t kiln_lo = kiln_core * kiln_q + (kiln_core < kiln_r ? kiln_core : kiln_r);".into(),
+                );
+                lines.push("const int64_t kiln_hi = kiln_lo + kiln_q + (kiln_core < kiln_r);".into());
+                lines.push(format!("for ({t} {n} = ({t})kiln_lo; {n} < kiln_hi; {n}++) {{"));
+            } else {
+                lines.push(format!("for ({t} {n} = 0; {n} < {}; {n}++) {{", ix.extent));
+            }
+        }
+        Ok(lines)
+    }
+
+    fn load(&self, addr: &Address, dtype: DType, p: &mut Prelude) -> String {
+        match dtype {
+            DType::Vector(s, w) => {
+                let vt = self.vector_type(s, w, p);
+                let mt = self.memory_type(s, p);
+                let name = format!("kiln_ld_{}", tag(s, w));
+                let def = name.clone();
+                let bytes = w as usize * s.size();
+                let padded = (w as usize).next_power_of_two() != w as usize;
+                p.need(&name, move |_| {
+                    let init = if padded { " = {0}" } else { "" };
+                    format!(
+                        "static inline {vt} {def}(const {mt} *p) {{\n  {vt} v{init};\n  memcpy(&v, p, {bytes});\n  return v;\n}}\n"
+                    )
+                });
+                format!("{name}({})", addr.pointer())
+            }
+            DType::Scalar(Scalar::Bool) => format!("({}[{}] != 0)", addr.base, addr.index),
+            _ => format!("{}[{}]", addr.base, addr.index),
+        }
+    }
+
+    fn store(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String {
+        match dtype {
+            DType::Vector(s, w) => {
+                let vt = self.vector_type(s, w, p);
+                let mt = self.memory_type(s, p);
+                let name = format!("kiln_st_{}", tag(s, w));
+                let def = name.clone();
+                let bytes = w as usize * s.size();
+                p.need(&name, move |_| {
+                    format!("static inline void {def}({mt} *p, {vt} v) {{\n  memcpy(p, &v, {bytes});\n}}\n")
+                });
+                format!("{name}({}, {value})", addr.pointer())
+            }
+            _ => format!("{}[{}] = {value}", addr.base, addr.index),
+        }
+    }
+}

@@ -1,0 +1,1190 @@
+//! End-to-end CPU kernels: built with the kernel builder, rendered to C, compiled, loaded,
+//! launched, and checked against Rust references.
+
+use std::sync::{Arc, OnceLock};
+
+use kiln_cpu::{CCompiler, CpuProgram, CpuRenderer};
+use kiln_device::cstyle::{bf16_bits, f16_bits};
+use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, KernelBuilder, Op, Scalar, UOp, Val};
+use kiln_device::{Buffer, CompiledSpec, Compiler, Device, Error, Kernel, ProgramSpec, Renderer};
+
+fn device() -> Arc<Device> {
+    static DEVICE: OnceLock<Arc<Device>> = OnceLock::new();
+    DEVICE.get_or_init(|| kiln_cpu::open(&DeviceSpec::Cpu).unwrap_or_else(|e| panic!("{e}"))).clone()
+}
+
+fn compile(sink: &Arc<UOp>, name: &str) -> Kernel {
+    device().compile(sink, Some(name)).unwrap_or_else(|e| {
+        let src = CpuRenderer::new().render(sink, Some(name)).map(|s| s.src).unwrap_or_default();
+        panic!("{e}\n--- source ---\n{src}")
+    })
+}
+
+fn buffer_bytes(s: Scalar, bytes: &[u8]) -> Buffer {
+    let b = device().buffer(s, bytes.len() / s.size()).unwrap();
+    b.copyin(bytes).unwrap();
+    b
+}
+
+fn bytes_of(b: &Buffer) -> Vec<u8> {
+    let mut out = vec![0u8; b.nbytes()];
+    b.copyout(&mut out).unwrap();
+    out
+}
+
+fn f32s(b: &Buffer) -> Vec<f32> {
+    b.to_vec::<f32>().unwrap()
+}
+
+fn from_f32s(v: &[f32]) -> Buffer {
+    Buffer::from_slice(device().allocator.clone(), v).unwrap()
+}
+
+fn node(op: Op, dt: DType, src: &[&Val]) -> Val {
+    Val(UOp::new(op, dt, Arg::None, src.iter().map(|v| v.0.clone()).collect()))
+}
+
+/// Deterministic pseudo-random f32 values in [-1, 1).
+fn randf(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let e = ((h >> 10) & 0x1f) as i32;
+    let m = (h & 0x3ff) as f32;
+    match e {
+        0 => sign * m * 2f32.powi(-24),
+        31 if m == 0.0 => sign * f32::INFINITY,
+        31 => f32::NAN,
+        _ => sign * (1.0 + m / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+// ---------------------------------------------------------------- end-to-end kernels
+
+#[test]
+fn elementwise_add_with_a_symbolic_size() {
+    let mut k = KernelBuilder::new();
+    let n = k.var("n", 1, 1 << 20);
+    let (a, b, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n), k.param(2, Scalar::F32, &n));
+    let i = k.global(0, &n);
+    let sum = a.at(&i).load() + b.at(&i).load();
+    k.store(&c.at(&i), &sum);
+    let kernel = compile(&k.finish().unwrap(), "add");
+    for n in [1usize, 37, 1000, 100_003] {
+        let (x, y) = (randf(n, 1), randf(n, 2));
+        let (bx, by, bz) = (from_f32s(&x), from_f32s(&y), device().buffer(Scalar::F32, n).unwrap());
+        kernel.launch(&[&bx, &by, &bz], &[n as i64]).unwrap();
+        let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        assert_eq!(f32s(&bz), want, "n = {n}");
+    }
+}
+
+#[test]
+fn sum_reduction_per_row_and_total() {
+    // out[r] = sum_c x[r, c] over a symbolic number of columns.
+    let mut k = KernelBuilder::new();
+    let (rows, cols) = (k.var("rows", 1, 4096), k.var("cols", 1, 4096));
+    let size = &rows * &cols;
+    let (x, out) = (k.param(0, Scalar::F32, &size), k.param(1, Scalar::F32, &rows));
+    let r = k.global(0, &rows);
+    let c = k.range(&cols);
+    let acc = k.acc(&Val::f32(0.0), &[&c]);
+    let total = acc.update(&(acc.get() + x.at(&(&r * &cols + &c)).load()));
+    k.store(&out.at(&r), &total);
+    let kernel = compile(&k.finish().unwrap(), "row_sum");
+    let (nr, nc) = (9usize, 133usize);
+    let data = randf(nr * nc, 3);
+    let (bx, bo) = (from_f32s(&data), device().buffer(Scalar::F32, nr).unwrap());
+    kernel.launch(&[&bx, &bo], &[nc as i64, nr as i64]).unwrap();
+    let want: Vec<f32> = (0..nr).map(|r| data[r * nc..(r + 1) * nc].iter().fold(0.0, |a, b| a + b)).collect();
+    assert_eq!(f32s(&bo), want);
+}
+
+#[test]
+fn matmul_with_an_accumulator() {
+    let (m, n, kk) = (7usize, 5usize, 11usize);
+    let mut k = KernelBuilder::new();
+    let (a, b, c) = (
+        k.param(0, Scalar::F32, (m * kk) as i64),
+        k.param(1, Scalar::F32, (kk * n) as i64),
+        k.param(2, Scalar::F32, (m * n) as i64),
+    );
+    let i = k.global(0, m as i64);
+    let j = k.range(n as i64);
+    let r = k.range(kk as i64);
+    let acc = k.acc(&Val::f32(0.0), &[&r]);
+    let prod = a.at(&(&i * kk as i64 + &r)).load().mul_acc(&b.at(&(&r * n as i64 + &j)).load(), &acc.get());
+    let total = acc.update(&prod);
+    let st = k.store(&c.at(&(&i * n as i64 + &j)), &total);
+    k.end(&j, &[&st]);
+    let kernel = compile(&k.finish().unwrap(), "matmul");
+    let (x, y) = (randf(m * kk, 4), randf(kk * n, 5));
+    let (bx, by, bz) = (from_f32s(&x), from_f32s(&y), device().buffer(Scalar::F32, m * n).unwrap());
+    kernel.launch(&[&bx, &by, &bz], &[]).unwrap();
+    let mut want = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            want[i * n + j] = (0..kk).fold(0.0f32, |acc, r| x[i * kk + r].mul_add(y[r * n + j], acc));
+        }
+    }
+    assert_eq!(f32s(&bz), want);
+}
+
+#[test]
+fn softmax_rows() {
+    let (rows, cols) = (6usize, 50usize);
+    let mut k = KernelBuilder::new();
+    let (x, out) = (k.param(0, Scalar::F32, (rows * cols) as i64), k.param(1, Scalar::F32, (rows * cols) as i64));
+    let r = k.global(0, rows as i64);
+    let base = &r * cols as i64;
+    let c0 = k.range(cols as i64);
+    let mx = k.acc(&Val::f32(f32::NEG_INFINITY), &[&c0]);
+    let max = mx.update(&mx.get().max(x.at(&(&base + &c0)).load()));
+    let c1 = k.range(cols as i64);
+    let sm = k.acc(&Val::f32(0.0), &[&c1]);
+    let sum = sm.update(&(sm.get() + (x.at(&(&base + &c1)).load() - &max).exp()));
+    let c2 = k.range(cols as i64);
+    let v = (x.at(&(&base + &c2)).load() - &max).exp() / &sum;
+    let st = k.store(&out.at(&(&base + &c2)), &v);
+    k.end(&c2, &[&st]);
+    let kernel = compile(&k.finish().unwrap(), "softmax");
+    let data: Vec<f32> = randf(rows * cols, 6).iter().map(|v| v * 10.0).collect();
+    let (bx, bo) = (from_f32s(&data), device().buffer(Scalar::F32, rows * cols).unwrap());
+    kernel.launch(&[&bx, &bo], &[]).unwrap();
+    let got = f32s(&bo);
+    for r in 0..rows {
+        let row = &data[r * cols..(r + 1) * cols];
+        let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let sum = row.iter().fold(0.0f32, |a, &b| a + (b - max).exp());
+        for c in 0..cols {
+            let want = (row[c] - max).exp() / sum;
+            assert_eq!(got[r * cols + c], want, "row {r} col {c}");
+        }
+        let total: f32 = got[r * cols..(r + 1) * cols].iter().sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn gated_loads_and_stores_do_not_touch_memory_outside_the_gate() {
+    // x has only m elements; out[i] = i < m ? x[i] : -1, and only even i are stored.
+    let mut k = KernelBuilder::new();
+    let (n, m) = (k.var("n", 1, 1000), k.var("m", 1, 1000));
+    let (x, out) = (k.param(0, Scalar::I32, &m), k.param(1, Scalar::I32, &n));
+    let i = k.global(0, &n);
+    let v = x.at(&i).load_gated(&i.lt(&m), -1);
+    let even = (&i % 2).eq(0);
+    k.store_gated(&out.at(&i), &v, &even);
+    let kernel = compile(&k.finish().unwrap(), "gated");
+    let (n, m) = (21usize, 8usize);
+    // x sits at the very end of its allocation's use: the kernel must not read past it.
+    let xs: Vec<i32> = (0..m as i32).map(|v| v * 10).collect();
+    let bx = Buffer::from_slice(device().allocator.clone(), &xs).unwrap();
+    let bo = Buffer::from_slice(device().allocator.clone(), &vec![7i32; n]).unwrap();
+    kernel.launch(&[&bx, &bo], &[m as i64, n as i64]).unwrap();
+    let want: Vec<i32> = (0..n)
+        .map(|i| {
+            if i % 2 == 1 {
+                7
+            } else if i < m {
+                xs[i]
+            } else {
+                -1
+            }
+        })
+        .collect();
+    assert_eq!(bo.to_vec::<i32>().unwrap(), want);
+}
+
+#[test]
+fn vector_loads_stores_vectorize_and_gep() {
+    // Unaligned f32x4 loads at 4*i + 1, a VECTORIZE of four scalars, an f32x8 store, GEP lanes.
+    let n = 5usize;
+    let mut k = KernelBuilder::new();
+    let (x, out, lanes) = (
+        k.param(0, Scalar::F32, (4 * n + 4) as i64),
+        k.param(1, Scalar::F32, (8 * n) as i64),
+        k.param(2, Scalar::F32, n as i64),
+    );
+    let i = k.global(0, n as i64);
+    let v4 = x.at_vec(&(&i * 4 + 1), 4).load();
+    let scalars: Vec<Val> = (0..4).map(|l| x.at(&(&i * 4 + l)).load()).collect();
+    let s4 = Val::vectorize(&scalars);
+    let twice = &v4 * &Val::f32(2.0).broadcast(4);
+    let eight = Val::vectorize(&[
+        twice.gep(0),
+        twice.gep(1),
+        twice.gep(2),
+        twice.gep(3),
+        s4.gep(0),
+        s4.gep(1),
+        s4.gep(2),
+        s4.gep(3),
+    ]);
+    k.store(&out.at_vec(&(&i * 8), 8), &eight);
+    k.store(&lanes.at(&i), &(v4.gep(3) - s4.gep(0)));
+    let kernel = compile(&k.finish().unwrap(), "vectors");
+    let data = randf(4 * n + 4, 7);
+    let (bx, bo, bl) =
+        (from_f32s(&data), device().buffer(Scalar::F32, 8 * n).unwrap(), device().buffer(Scalar::F32, n).unwrap());
+    kernel.launch(&[&bx, &bo, &bl], &[]).unwrap();
+    let (got, got_l) = (f32s(&bo), f32s(&bl));
+    for i in 0..n {
+        for l in 0..4 {
+            assert_eq!(got[8 * i + l], data[4 * i + 1 + l] * 2.0);
+            assert_eq!(got[8 * i + 4 + l], data[4 * i + l]);
+        }
+        assert_eq!(got_l[i], data[4 * i + 4] - data[4 * i]);
+    }
+}
+
+#[test]
+fn odd_vector_widths_are_padded_but_touch_only_their_lanes() {
+    // f32x3 loads and stores at 3*i: the element after the last vector must stay untouched.
+    let n = 4usize;
+    let mut k = KernelBuilder::new();
+    let (x, out) = (k.param(0, Scalar::F32, (3 * n) as i64), k.param(1, Scalar::F32, (3 * n + 1) as i64));
+    let i = k.global(0, n as i64);
+    let v = x.at_vec(&(&i * 3), 3).load();
+    let rr = k.range(2);
+    let a = k.acc(&Val::f32(1.0).broadcast(3), &[&rr]);
+    // acc = acc * (v + r): iteration 0 gives v, iteration 1 gives v * (v + 1).
+    let r = a.update(&(a.get() * (&v + rr.cast(DType::F32).broadcast(3))));
+    k.store(&out.at_vec(&(&i * 3), 3), &r);
+    let kernel = compile(&k.finish().unwrap(), "vec3");
+    let data = randf(3 * n, 8);
+    let bo = from_f32s(&vec![42.0; 3 * n + 1]);
+    kernel.launch(&[&from_f32s(&data), &bo], &[]).unwrap();
+    let got = f32s(&bo);
+    for (j, d) in data.iter().enumerate() {
+        assert_eq!(got[j], d * (d + 1.0));
+    }
+    assert_eq!(got[3 * n], 42.0);
+}
+
+#[test]
+fn grouped_and_multi_axis_launch_indices() {
+    // gidx0 x lidx0 over 16 elements, gidx1 over 3 rows: out[row, g*4+l] = row * 100 + g*4+l.
+    let mut k = KernelBuilder::new();
+    let out = k.param(0, Scalar::I32, 48);
+    let g = k.special("gidx0", 4);
+    let l = k.special("lidx0", 4);
+    let row = k.special("gidx1", 3);
+    let col = &g * 4 + &l;
+    k.store(&out.at(&(&row * 16 + &col)), &(&row * 100 + &col));
+    let kernel = compile(&k.finish().unwrap(), "grid");
+    let bo = device().buffer(Scalar::I32, 48).unwrap();
+    kernel.launch(&[&bo], &[]).unwrap();
+    let want: Vec<i32> = (0..48).map(|x| (x / 16) * 100 + x % 16).collect();
+    assert_eq!(bo.to_vec::<i32>().unwrap(), want);
+}
+
+#[test]
+fn every_chunk_split_gives_identical_results() {
+    let mut k = KernelBuilder::new();
+    let n = k.var("n", 1, 1 << 20);
+    let (x, out) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+    let i = k.global(0, &n);
+    let v = x.at(&i).load();
+    k.store(&out.at(&i), &(&v * &v + i.cast(DType::F32)));
+    let sink = k.finish().unwrap();
+    let spec = CpuRenderer::new().render(&sink, Some("split")).unwrap();
+    let compiled = CCompiler::detect().unwrap().compile(&spec).unwrap();
+    let program = CpuProgram::load(&compiled).unwrap();
+    for n in [1usize, 2, 3, 13, 1001] {
+        let data = randf(n, 9);
+        let want: Vec<f32> = data.iter().enumerate().map(|(i, v)| v * v + i as f32).collect();
+        for chunks in [1usize, 2, 3, 4, 7, 2000] {
+            let (bx, bo) = (from_f32s(&data), from_f32s(&vec![f32::NAN; n]));
+            let views = [bx.raw().unwrap(), bo.raw().unwrap()];
+            // SAFETY: both views are live buffers of n elements, n is within bounds.
+            unsafe { program.execute_chunks(&views, &[n as i64], chunks).unwrap() };
+            assert_eq!(f32s(&bo), want, "n = {n}, chunks = {chunks}");
+        }
+    }
+}
+
+#[test]
+fn launches_from_many_threads_at_once() {
+    let mut k = KernelBuilder::new();
+    let n = k.var("n", 1, 1 << 22);
+    let (x, out) = (k.param(0, Scalar::I32, &n), k.param(1, Scalar::I32, &n));
+    let i = k.global(0, &n);
+    k.store(&out.at(&i), &(x.at(&i).load() * 3 + 1));
+    let kernel = compile(&k.finish().unwrap(), "threads");
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let kernel = kernel.clone();
+            std::thread::spawn(move || {
+                let n = 70_001 + t * 1000;
+                let xs: Vec<i32> = (0..n as i32).collect();
+                let bx = Buffer::from_slice(device().allocator.clone(), &xs).unwrap();
+                let bo = device().buffer(Scalar::I32, n).unwrap();
+                for _ in 0..20 {
+                    kernel.launch(&[&bx, &bo], &[n as i64]).unwrap();
+                    assert!(bo.to_vec::<i32>().unwrap().iter().enumerate().all(|(i, v)| *v == 3 * i as i32 + 1));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn core_id_loops_and_carried_end_values() {
+    // out[core] = the last x[r] seen in a loop (a carried END value) + core.
+    let mut k = KernelBuilder::new();
+    let (x, out) = (k.param(0, Scalar::I64, 10), k.param(1, Scalar::I64, 4));
+    let core = k.special("core_id", 4);
+    let r = k.range(10);
+    let last = Val(UOp::new(Op::End, DType::I64, Arg::None, vec![r.0.clone(), x.at(&r).load().0.clone()]));
+    k.store(&out.at(&core), &(last + core.cast(DType::I64)));
+    let kernel = compile(&k.finish().unwrap(), "carry");
+    let xs: Vec<i64> = (0..10).map(|v| v * v).collect();
+    let bo = device().buffer(Scalar::I64, 4).unwrap();
+    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bo], &[]).unwrap();
+    assert_eq!(bo.to_vec::<i64>().unwrap(), vec![81, 82, 83, 84]);
+}
+
+#[test]
+fn accumulator_reads_see_the_value_from_the_start_of_the_iteration() {
+    // Exclusive prefix sum: out[r] = acc (before this iteration's update), acc += x[r].
+    let n = 9i64;
+    let mut k = KernelBuilder::new();
+    let (x, out, total) = (k.param(0, Scalar::I32, n), k.param(1, Scalar::I32, n), k.param(2, Scalar::I32, 1));
+    let r = k.range(n);
+    let acc = k.acc(&Val::int(0), &[&r]);
+    let done = acc.update(&(acc.get() + x.at(&r).load()));
+    let st = k.store(&out.at(&r), &acc.get());
+    k.end(&r, &[&st]);
+    k.store(&total.at(&Val::int(0)), &done);
+    let kernel = compile(&k.finish().unwrap(), "scan");
+    let xs: Vec<i32> = (1..=n as i32).collect();
+    let (bo, bt) = (device().buffer(Scalar::I32, n as usize).unwrap(), device().buffer(Scalar::I32, 1).unwrap());
+    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bo, &bt], &[]).unwrap();
+    let want: Vec<i32> = (0..n as i32).map(|r| r * (r + 1) / 2).collect();
+    assert_eq!(bo.to_vec::<i32>().unwrap(), want);
+    assert_eq!(bt.to_vec::<i32>().unwrap(), vec![45]);
+}
+
+#[test]
+fn nested_reduce_over_two_ranges_and_awkward_variable_names() {
+    // A variable named like a C keyword; a 2-range accumulator (sum over a block).
+    let mut k = KernelBuilder::new();
+    let w = k.var("for", 1, 64);
+    let size = &w * &w;
+    let (x, out) = (k.param(0, Scalar::F64, &size), k.param(1, Scalar::F64, 1));
+    let (r0, r1) = (k.range(&w), k.range(&w));
+    let acc = k.acc(&Val::constant(DType::F64, 0.5), &[&r0, &r1]);
+    let total = acc.update(&(acc.get() + x.at(&(&r0 * &w + &r1)).load()));
+    k.store(&out.at(&Val::int(0)), &total);
+    let sink = k.finish().unwrap();
+    let src = CpuRenderer::new().render(&sink, Some("block-sum")).unwrap().src;
+    assert!(src.contains("var0_for") && src.contains("void block_sum("), "{src}");
+    let kernel = compile(&sink, "block-sum");
+    let xs: Vec<f64> = (0..36).map(|v| v as f64 * 0.25).collect();
+    let bo = device().buffer(Scalar::F64, 1).unwrap();
+    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bo], &[6]).unwrap();
+    assert_eq!(bo.to_vec::<f64>().unwrap(), vec![0.5 + xs.iter().sum::<f64>()]);
+}
+
+#[test]
+fn constants_of_every_dtype_are_exact() {
+    let f32s_in = [0.1f64, -0.0, 1e-45, 3.4028234663852886e38, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 16777217.0];
+    let f64s_in = [0.1f64, -0.0, 5e-324, f64::MAX, f64::INFINITY, f64::NEG_INFINITY, -f64::NAN, 1.0 / 3.0];
+    let f16s_in = [1.0f64, 65504.0, 65520.0, 1e-8, 6e-8, -0.0, f64::NAN, 0.1];
+    let ints: [(Scalar, i64); 8] = [
+        (Scalar::I64, i64::MIN),
+        (Scalar::I64, i64::MAX),
+        (Scalar::U64, -1),
+        (Scalar::I32, i32::MIN as i64),
+        (Scalar::U32, u32::MAX as i64),
+        (Scalar::I8, -128),
+        (Scalar::U8, 300), // wraps to 44
+        (Scalar::I16, -5),
+    ];
+    let mut k = KernelBuilder::new();
+    let zero = Val::int(0);
+    let mut slot = 0;
+    let mut outs = Vec::new();
+    let mut put = |k: &mut KernelBuilder, s: Scalar, vals: Vec<Arc<UOp>>| {
+        let p = k.param(slot, s, vals.len() as i64);
+        for (j, v) in vals.into_iter().enumerate() {
+            k.store(&p.at(&Val::int(j as i64)), &Val(v));
+        }
+        outs.push(s);
+        slot += 1;
+    };
+    put(&mut k, Scalar::F32, f32s_in.iter().map(|v| UOp::const_float(DType::F32, *v)).collect());
+    put(&mut k, Scalar::F64, f64s_in.iter().map(|v| UOp::const_float(DType::F64, *v)).collect());
+    put(&mut k, Scalar::F16, f16s_in.iter().map(|v| UOp::const_float(DType::F16, *v)).collect());
+    put(&mut k, Scalar::BF16, f32s_in.iter().map(|v| UOp::const_float(DType::Scalar(Scalar::BF16), *v)).collect());
+    for (s, v) in ints {
+        put(&mut k, s, vec![UOp::const_int(DType::Scalar(s), v)]);
+    }
+    put(&mut k, Scalar::Bool, vec![UOp::const_bool(true), UOp::const_bool(false)]);
+    let _ = &zero;
+    let kernel = compile(&k.finish().unwrap(), "consts");
+    let bufs: Vec<Buffer> = kernel
+        .spec
+        .params
+        .iter()
+        .map(|p| {
+            let n = kernel.spec.eval(&p.len, &[]).unwrap() as usize;
+            device().buffer(p.scalar, n).unwrap()
+        })
+        .collect();
+    let refs: Vec<&Buffer> = bufs.iter().collect();
+    kernel.launch(&refs, &[]).unwrap();
+    let got32 = bufs[0].to_vec::<f32>().unwrap();
+    for (g, w) in got32.iter().zip(f32s_in) {
+        assert!(g.to_bits() == (w as f32).to_bits() || (g.is_nan() && w.is_nan()), "{g} vs {w}");
+    }
+    let got64 = bufs[1].to_vec::<f64>().unwrap();
+    for (g, w) in got64.iter().zip(f64s_in) {
+        assert_eq!(g.to_bits(), w.to_bits(), "{g} vs {w}");
+    }
+    let h = bytes_of(&bufs[2]);
+    let got16: Vec<u16> = h.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    assert_eq!(got16, f16s_in.iter().map(|v| f16_bits(*v)).collect::<Vec<_>>());
+    assert_eq!(got16[..3], [0x3c00, 0x7bff, 0x7c00]);
+    let b = bytes_of(&bufs[3]);
+    let gotb: Vec<u16> = b.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    assert_eq!(gotb, f32s_in.iter().map(|v| bf16_bits(*v)).collect::<Vec<_>>());
+    let int_bytes: Vec<Vec<u8>> = bufs[4..12].iter().map(bytes_of).collect();
+    assert_eq!(int_bytes[0], i64::MIN.to_le_bytes());
+    assert_eq!(int_bytes[1], i64::MAX.to_le_bytes());
+    assert_eq!(int_bytes[2], u64::MAX.to_le_bytes());
+    assert_eq!(int_bytes[3], i32::MIN.to_le_bytes());
+    assert_eq!(int_bytes[4], u32::MAX.to_le_bytes());
+    assert_eq!(int_bytes[5], [0x80]);
+    assert_eq!(int_bytes[6], [44]);
+    assert_eq!(int_bytes[7], (-5i16).to_le_bytes());
+    assert_eq!(bytes_of(&bufs[12]), [1, 0]);
+}
+
+// ---------------------------------------------------------------- ALU ops vs Rust
+
+/// A scalar type under test: its kiln dtype, byte encoding and Rust reference semantics.
+trait Lane: Copy + std::fmt::Debug + 'static {
+    const S: Scalar;
+    fn enc(v: &[Self]) -> Vec<u8>;
+    fn dec(b: &[u8]) -> Vec<Self>;
+    /// The reference result of `op` (never a comparison or WHERE).
+    fn alu(op: Op, a: &[Self]) -> Self;
+    fn less(a: Self, b: Self) -> bool;
+    fn le(a: Self, b: Self) -> bool;
+    fn equal(a: Self, b: Self) -> bool;
+    /// Whether a kernel result matches the reference for `op`.
+    fn same(op: Op, got: Self, want: Self) -> bool;
+    /// Three input columns (`b` never zero, never `MIN / -1` with `a`).
+    fn inputs(n: usize) -> [Vec<Self>; 3];
+}
+
+fn ops_for(s: Scalar) -> Vec<Op> {
+    use Op::*;
+    let mut ops = vec![Neg, Abs, Add, Sub, Mul, Max, Min, Lt, Le, Eq, Ne, Where, MulAcc];
+    if s.is_float() {
+        ops.extend([Sqrt, Recip, Exp2, Log2, Exp, Log, Sin, Cos, Trunc, Div, Pow]);
+    } else {
+        ops.extend([Not, And, Or, Xor]);
+        if s != Scalar::Bool {
+            ops.extend([Idiv, Mod, Shl, Shr]);
+        }
+    }
+    ops
+}
+
+macro_rules! int_lane {
+    ($t:ty, $s:ident, $abs:expr) => {
+        impl Lane for $t {
+            const S: Scalar = Scalar::$s;
+            fn enc(v: &[Self]) -> Vec<u8> {
+                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            }
+            fn dec(b: &[u8]) -> Vec<Self> {
+                b.chunks(std::mem::size_of::<$t>()).map(|c| <$t>::from_le_bytes(c.try_into().unwrap())).collect()
+            }
+            fn alu(op: Op, a: &[Self]) -> Self {
+                match op {
+                    Op::Neg => a[0].wrapping_neg(),
+                    Op::Not => !a[0],
+                    Op::Abs => $abs(a[0]),
+                    Op::Add => a[0].wrapping_add(a[1]),
+                    Op::Sub => a[0].wrapping_sub(a[1]),
+                    Op::Mul => a[0].wrapping_mul(a[1]),
+                    Op::Idiv => a[0].wrapping_div(a[1]),
+                    Op::Mod => a[0].wrapping_rem(a[1]),
+                    Op::Max => a[0].max(a[1]),
+                    Op::Min => a[0].min(a[1]),
+                    Op::And => a[0] & a[1],
+                    Op::Or => a[0] | a[1],
+                    Op::Xor => a[0] ^ a[1],
+                    Op::Shl => a[0].wrapping_shl(a[1] as u32),
+                    Op::Shr => a[0].wrapping_shr(a[1] as u32),
+                    Op::MulAcc => a[0].wrapping_mul(a[1]).wrapping_add(a[2]),
+                    op => panic!("{op} on {}", stringify!($t)),
+                }
+            }
+            fn less(a: Self, b: Self) -> bool {
+                a < b
+            }
+            fn le(a: Self, b: Self) -> bool {
+                a <= b
+            }
+            fn equal(a: Self, b: Self) -> bool {
+                a == b
+            }
+            fn same(_: Op, got: Self, want: Self) -> bool {
+                got == want
+            }
+            fn inputs(n: usize) -> [Vec<Self>; 3] {
+                let special: [$t; 8] = [0, 1, <$t>::MAX, <$t>::MIN, 7, (3 as $t).wrapping_neg(), 100, 33];
+                let mut s = 0x9e3779b97f4a7c15u64;
+                let mut next = |i: usize| -> $t {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    if i.is_multiple_of(3) { special[(s >> 61) as usize] } else { (s >> 17) as $t }
+                };
+                let a: Vec<$t> = (0..n).map(|i| next(i)).collect();
+                let c: Vec<$t> = (0..n).map(|i| next(i + 1)).collect();
+                let b: Vec<$t> = (0..n)
+                    .map(|i| {
+                        let mut v = next(i + 2);
+                        if v == 0 {
+                            v = 3;
+                        }
+                        if a[i] == <$t>::MIN && v == (1 as $t).wrapping_neg() {
+                            v = 2;
+                        }
+                        v
+                    })
+                    .collect();
+                [a, b, c]
+            }
+        }
+    };
+}
+int_lane!(i32, I32, |x: i32| x.wrapping_abs());
+int_lane!(i64, I64, |x: i64| x.wrapping_abs());
+int_lane!(u8, U8, |x: u8| x);
+int_lane!(i8, I8, |x: i8| x.wrapping_abs());
+int_lane!(u32, U32, |x: u32| x);
+
+fn float_inputs(n: usize) -> [Vec<f64>; 3] {
+    let special = [0.0, -0.0, 1.5, -2.25, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1e-3, 3.0, -7.5, 0.5, 1e10];
+    let mut s = 0x2545f4914f6cdd1du64;
+    let mut next = |i: usize| {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if i.is_multiple_of(3) {
+            special[(s >> 33) as usize % special.len()]
+        } else {
+            ((s >> 11) as f64 / (1u64 << 53) as f64) * 8.0 - 4.0
+        }
+    };
+    let a = (0..n).map(&mut next).collect();
+    let b = (0..n).map(|i| next(i + 1)).collect();
+    let c = (0..n).map(|i| next(i + 2)).collect();
+    [a, b, c]
+}
+
+fn transcendental(op: Op) -> bool {
+    matches!(op, Op::Exp2 | Op::Log2 | Op::Exp | Op::Log | Op::Sin | Op::Cos | Op::Pow)
+}
+
+macro_rules! float_lane {
+    ($t:ty, $s:ident, $tol:expr) => {
+        impl Lane for $t {
+            const S: Scalar = Scalar::$s;
+            fn enc(v: &[Self]) -> Vec<u8> {
+                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+            }
+            fn dec(b: &[u8]) -> Vec<Self> {
+                b.chunks(std::mem::size_of::<$t>()).map(|c| <$t>::from_le_bytes(c.try_into().unwrap())).collect()
+            }
+            fn alu(op: Op, a: &[Self]) -> Self {
+                match op {
+                    Op::Neg => -a[0],
+                    Op::Sqrt => a[0].sqrt(),
+                    Op::Recip => 1.0 / a[0],
+                    Op::Exp2 => a[0].exp2(),
+                    Op::Log2 => a[0].log2(),
+                    Op::Exp => a[0].exp(),
+                    Op::Log => a[0].ln(),
+                    Op::Sin => a[0].sin(),
+                    Op::Cos => a[0].cos(),
+                    Op::Trunc => a[0].trunc(),
+                    Op::Abs => a[0].abs(),
+                    Op::Add => a[0] + a[1],
+                    Op::Sub => a[0] - a[1],
+                    Op::Mul => a[0] * a[1],
+                    Op::Div => a[0] / a[1],
+                    Op::Max => a[0].max(a[1]),
+                    Op::Min => a[0].min(a[1]),
+                    Op::Pow => a[0].powf(a[1]),
+                    Op::MulAcc => a[0].mul_add(a[1], a[2]),
+                    op => panic!("{op} on {}", stringify!($t)),
+                }
+            }
+            fn less(a: Self, b: Self) -> bool {
+                a < b
+            }
+            fn le(a: Self, b: Self) -> bool {
+                a <= b
+            }
+            fn equal(a: Self, b: Self) -> bool {
+                a == b
+            }
+            fn same(op: Op, got: Self, want: Self) -> bool {
+                got.to_bits() == want.to_bits()
+                    || (got.is_nan() && want.is_nan())
+                    || (matches!(op, Op::Max | Op::Min) && got == 0.0 && want == 0.0)
+                    || (transcendental(op) && (got == want || ((got - want).abs() <= $tol * want.abs().max(1e-30))))
+            }
+            fn inputs(n: usize) -> [Vec<Self>; 3] {
+                float_inputs(n).map(|col| col.into_iter().map(|v| v as $t).collect())
+            }
+        }
+    };
+}
+float_lane!(f32, F32, 4e-7);
+float_lane!(f64, F64, 4e-16);
+
+/// f16 as its bits.
+#[derive(Clone, Copy, Debug)]
+struct H(u16);
+/// bf16 as its bits.
+#[derive(Clone, Copy, Debug)]
+struct B(u16);
+
+macro_rules! half_lane {
+    ($t:ident, $s:ident, $to:expr, $from:expr, $tol:expr) => {
+        impl Lane for $t {
+            const S: Scalar = Scalar::$s;
+            fn enc(v: &[Self]) -> Vec<u8> {
+                v.iter().flat_map(|x| x.0.to_le_bytes()).collect()
+            }
+            fn dec(b: &[u8]) -> Vec<Self> {
+                b.chunks(2).map(|c| $t(u16::from_le_bytes([c[0], c[1]]))).collect()
+            }
+            fn alu(op: Op, a: &[Self]) -> Self {
+                let f: Vec<f32> = a.iter().map(|x| $to(x.0)).collect();
+                $t($from(<f32 as Lane>::alu(op, &f) as f64))
+            }
+            fn less(a: Self, b: Self) -> bool {
+                $to(a.0) < $to(b.0)
+            }
+            fn le(a: Self, b: Self) -> bool {
+                $to(a.0) <= $to(b.0)
+            }
+            fn equal(a: Self, b: Self) -> bool {
+                $to(a.0) == $to(b.0)
+            }
+            fn same(op: Op, got: Self, want: Self) -> bool {
+                let (g, w) = ($to(got.0), $to(want.0));
+                got.0 == want.0
+                    || (g.is_nan() && w.is_nan())
+                    || (matches!(op, Op::Max | Op::Min) && g == 0.0 && w == 0.0)
+                    || (transcendental(op) && (g - w).abs() <= $tol * w.abs().max(1e-30))
+            }
+            fn inputs(n: usize) -> [Vec<Self>; 3] {
+                float_inputs(n).map(|col| col.into_iter().map(|v| $t($from(v))).collect())
+            }
+        }
+    };
+}
+half_lane!(H, F16, f16_to_f32, f16_bits, 1e-3);
+half_lane!(B, BF16, bf16_to_f32, bf16_bits, 8e-3);
+
+impl Lane for bool {
+    const S: Scalar = Scalar::Bool;
+    fn enc(v: &[Self]) -> Vec<u8> {
+        v.iter().map(|b| *b as u8).collect()
+    }
+    fn dec(b: &[u8]) -> Vec<Self> {
+        b.iter()
+            .map(|x| match x {
+                0 => false,
+                1 => true,
+                other => panic!("a bool byte holds {other}"),
+            })
+            .collect()
+    }
+    /// C semantics of bool arithmetic: the int result converted back to bool.
+    fn alu(op: Op, a: &[Self]) -> Self {
+        let i: Vec<i32> = a.iter().map(|b| *b as i32).collect();
+        let r = match op {
+            Op::Neg | Op::Not => (i[0] == 0) as i32,
+            Op::Abs => i[0],
+            Op::Add => i[0] + i[1],
+            Op::Sub => i[0] - i[1],
+            Op::Mul => i[0] * i[1],
+            Op::Max => i[0].max(i[1]),
+            Op::Min => i[0].min(i[1]),
+            Op::And => i[0] & i[1],
+            Op::Or => i[0] | i[1],
+            Op::Xor => i[0] ^ i[1],
+            Op::MulAcc => i[0] * i[1] + i[2],
+            op => panic!("{op} on bool"),
+        };
+        r != 0
+    }
+    fn less(a: Self, b: Self) -> bool {
+        !a & b
+    }
+    fn le(a: Self, b: Self) -> bool {
+        a <= b
+    }
+    fn equal(a: Self, b: Self) -> bool {
+        a == b
+    }
+    fn same(_: Op, got: Self, want: Self) -> bool {
+        got == want
+    }
+    fn inputs(n: usize) -> [Vec<Self>; 3] {
+        [
+            (0..n).map(|i| i & 1 != 0).collect(),
+            (0..n).map(|i| i & 2 != 0).collect(),
+            (0..n).map(|i| i & 4 != 0).collect(),
+        ]
+    }
+}
+
+/// Runs every ALU op valid for `T` on `width`-lane values (scalars when 1) in one kernel and
+/// compares each lane with the Rust reference.
+fn check_alu<T: Lane>(width: u8) {
+    let n = 24usize;
+    let len = n * width as usize;
+    let ops = ops_for(T::S);
+    let mut k = KernelBuilder::new();
+    let ins: Vec<Val> = (0..3).map(|s| k.param(s, T::S, len as i64)).collect();
+    let i = k.global(0, n as i64);
+    let idx = &i * width as i64;
+    let load = |p: &Val| if width == 1 { p.at(&idx).load() } else { p.at_vec(&idx, width).load() };
+    let (a, b, c) = (load(&ins[0]), load(&ins[1]), load(&ins[2]));
+    let dt = a.dtype();
+    let bool_dt = DType::vec(Scalar::Bool, width);
+    for (slot, op) in ops.iter().enumerate() {
+        let out_scalar = if op.is_comparison() { Scalar::Bool } else { T::S };
+        let out = k.param(3 + slot, out_scalar, len as i64);
+        let r = match op {
+            op if op.is_unary() => node(*op, dt, &[&a]),
+            op if op.is_comparison() => node(*op, bool_dt, &[&a, &b]),
+            Op::Where => node(Op::Where, dt, &[&node(Op::Lt, bool_dt, &[&a, &b]), &b, &c]),
+            Op::MulAcc => node(Op::MulAcc, dt, &[&a, &b, &c]),
+            op => node(*op, dt, &[&a, &b]),
+        };
+        let addr = if width == 1 { out.at(&idx) } else { out.at_vec(&idx, width) };
+        k.store(&addr, &r);
+    }
+    let name = format!("alu_{}x{width}", T::S.name());
+    let kernel = compile(&k.finish().unwrap(), &name);
+    let [xa, xb, xc] = T::inputs(len);
+    let mut bufs =
+        vec![buffer_bytes(T::S, &T::enc(&xa)), buffer_bytes(T::S, &T::enc(&xb)), buffer_bytes(T::S, &T::enc(&xc))];
+    for op in &ops {
+        let s = if op.is_comparison() { Scalar::Bool } else { T::S };
+        bufs.push(device().buffer(s, len).unwrap());
+    }
+    let refs: Vec<&Buffer> = bufs.iter().collect();
+    kernel.launch(&refs, &[]).unwrap();
+    for (slot, op) in ops.iter().enumerate() {
+        let out = bytes_of(&bufs[3 + slot]);
+        for e in 0..len {
+            let (x, y, z) = (xa[e], xb[e], xc[e]);
+            let ok = match op {
+                Op::Lt | Op::Le | Op::Eq | Op::Ne => {
+                    let want = match op {
+                        Op::Lt => T::less(x, y),
+                        Op::Le => T::le(x, y),
+                        Op::Eq => T::equal(x, y),
+                        _ => !T::equal(x, y),
+                    };
+                    let got = <bool as Lane>::dec(&out[e..e + 1])[0];
+                    assert_eq!(got, want, "{name}: {op}({x:?}, {y:?}) lane {e}");
+                    true
+                }
+                Op::Where => {
+                    let want = if T::less(x, y) { y } else { z };
+                    T::same(Op::Add, T::dec(&out)[e], want)
+                }
+                op => {
+                    let args = [x, y, z];
+                    let want = T::alu(*op, &args);
+                    let got = T::dec(&out)[e];
+                    assert!(T::same(*op, got, want), "{name}: {op}({x:?}, {y:?}, {z:?}) = {got:?}, want {want:?}");
+                    true
+                }
+            };
+            assert!(ok, "{name}: {op}({x:?}, {y:?}, {z:?}) lane {e}");
+        }
+    }
+}
+
+#[test]
+fn alu_ops_on_i32_match_rust() {
+    check_alu::<i32>(1);
+    check_alu::<i32>(4);
+    check_alu::<i32>(3);
+}
+
+#[test]
+fn alu_ops_on_narrow_and_wide_integers_match_rust() {
+    check_alu::<u8>(1);
+    check_alu::<u8>(16);
+    check_alu::<i8>(1);
+    check_alu::<i64>(1);
+    check_alu::<i64>(2);
+    check_alu::<u32>(1);
+}
+
+#[test]
+fn alu_ops_on_f32_and_f64_match_rust() {
+    check_alu::<f32>(1);
+    check_alu::<f32>(8);
+    check_alu::<f64>(1);
+    check_alu::<f64>(4);
+}
+
+#[test]
+fn alu_ops_on_f16_bf16_and_bool_match_rust() {
+    check_alu::<H>(1);
+    check_alu::<H>(4);
+    check_alu::<B>(1);
+    check_alu::<B>(2);
+    check_alu::<bool>(1);
+    check_alu::<bool>(4);
+}
+
+// ---------------------------------------------------------------- casts and bitcasts
+
+/// Every source dtype cast to every target dtype, checked against Rust's `as` semantics.
+#[test]
+fn casts_between_all_dtypes_match_rust() {
+    let kinds = [
+        Scalar::Bool,
+        Scalar::I8,
+        Scalar::U8,
+        Scalar::I32,
+        Scalar::U32,
+        Scalar::I64,
+        Scalar::U64,
+        Scalar::F16,
+        Scalar::BF16,
+        Scalar::F32,
+        Scalar::F64,
+    ];
+    // Source values as f64 (exactly representable in every float source after rounding).
+    let floats = [
+        0.0,
+        -0.0,
+        1.5,
+        -1.5,
+        2.7,
+        -2.7,
+        127.9,
+        128.5,
+        -129.0,
+        255.5,
+        300.0,
+        -1e10,
+        3e9,
+        5e18,
+        2e19,
+        1e30,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+        65519.0,
+        1e-7,
+    ];
+    let ints: [i128; 14] = [
+        0,
+        1,
+        -1,
+        127,
+        128,
+        -128,
+        255,
+        256,
+        65535,
+        2147483647,
+        -2147483648,
+        4294967295,
+        9007199254740993,
+        -9223372036854775808,
+    ];
+    for from in kinds {
+        // The source column and its exact value per element (None = NaN).
+        let (raw, exact): (Vec<u8>, Vec<f64>) = match from {
+            Scalar::Bool => ([0u8, 1].repeat(4), [0.0, 1.0].repeat(4)),
+            s if s.is_float() => {
+                let mut bytes = Vec::new();
+                let mut vals = Vec::new();
+                for v in floats {
+                    match s {
+                        Scalar::F16 => {
+                            let b = f16_bits(v);
+                            bytes.extend(b.to_le_bytes());
+                            vals.push(f16_to_f32(b) as f64);
+                        }
+                        Scalar::BF16 => {
+                            let b = bf16_bits(v);
+                            bytes.extend(b.to_le_bytes());
+                            vals.push(bf16_to_f32(b) as f64);
+                        }
+                        Scalar::F32 => {
+                            bytes.extend((v as f32).to_le_bytes());
+                            vals.push(v as f32 as f64);
+                        }
+                        _ => {
+                            bytes.extend(v.to_le_bytes());
+                            vals.push(v);
+                        }
+                    }
+                }
+                (bytes, vals)
+            }
+            s => {
+                let mut bytes = Vec::new();
+                let mut vals = Vec::new();
+                for v in ints {
+                    let (b, x): (Vec<u8>, i128) = match s {
+                        Scalar::I8 => ((v as i8).to_le_bytes().to_vec(), (v as i8) as i128),
+                        Scalar::U8 => ((v as u8).to_le_bytes().to_vec(), (v as u8) as i128),
+                        Scalar::I32 => ((v as i32).to_le_bytes().to_vec(), (v as i32) as i128),
+                        Scalar::U32 => ((v as u32).to_le_bytes().to_vec(), (v as u32) as i128),
+                        Scalar::I64 => ((v as i64).to_le_bytes().to_vec(), (v as i64) as i128),
+                        _ => ((v as u64).to_le_bytes().to_vec(), (v as u64) as i128),
+                    };
+                    bytes.extend(b);
+                    vals.push(x as f64); // only used for float targets below; ints use `ints_of`
+                }
+                (bytes, vals)
+            }
+        };
+        let n = raw.len() / from.size();
+        let mut k = KernelBuilder::new();
+        let x = k.param(0, from, n as i64);
+        let i = k.global(0, n as i64);
+        let v = x.at(&i).load();
+        for (slot, to) in kinds.iter().enumerate() {
+            let out = k.param(slot + 1, *to, n as i64);
+            k.store(&out.at(&i), &v.cast(DType::Scalar(*to)));
+        }
+        let kernel = compile(&k.finish().unwrap(), &format!("cast_from_{}", from.name()));
+        let mut bufs = vec![buffer_bytes(from, &raw)];
+        for to in kinds {
+            bufs.push(device().buffer(to, n).unwrap());
+        }
+        let refs: Vec<&Buffer> = bufs.iter().collect();
+        kernel.launch(&refs, &[]).unwrap();
+        // Integer sources: their exact i128 values.
+        let src_ints: Vec<i128> = (0..n)
+            .map(|e| {
+                let b = &raw[e * from.size()..(e + 1) * from.size()];
+                match from {
+                    Scalar::Bool | Scalar::U8 => b[0] as i128,
+                    Scalar::I8 => b[0] as i8 as i128,
+                    Scalar::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+                    Scalar::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+                    Scalar::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+                    Scalar::U64 => u64::from_le_bytes(b.try_into().unwrap()) as i128,
+                    _ => 0,
+                }
+            })
+            .collect();
+        for (slot, to) in kinds.iter().enumerate() {
+            let got = bytes_of(&bufs[slot + 1]);
+            for e in 0..n {
+                let g = &got[e * to.size()..(e + 1) * to.size()];
+                let want: Vec<u8> = cast_ref(from, *to, exact[e], src_ints[e]);
+                let same = g == want.as_slice() || (to.is_float() && is_nan_bytes(*to, g) && is_nan_bytes(*to, &want));
+                assert!(
+                    same,
+                    "cast {} -> {}: element {e} (value {}): got {g:?}, want {want:?}",
+                    from.name(),
+                    to.name(),
+                    exact[e]
+                );
+            }
+        }
+    }
+}
+
+fn is_nan_bytes(s: Scalar, b: &[u8]) -> bool {
+    match s {
+        Scalar::F16 => f16_to_f32(u16::from_le_bytes([b[0], b[1]])).is_nan(),
+        Scalar::BF16 => bf16_to_f32(u16::from_le_bytes([b[0], b[1]])).is_nan(),
+        Scalar::F32 => f32::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        _ => f64::from_le_bytes(b.try_into().unwrap()).is_nan(),
+    }
+}
+
+/// The documented result of CAST(from → to) of a value (`v` exact for floats and bools,
+/// `iv` exact for integers), as bytes of `to`.
+fn cast_ref(from: Scalar, to: Scalar, v: f64, iv: i128) -> Vec<u8> {
+    let int_src = from.is_int() || from == Scalar::Bool;
+    if to == Scalar::Bool {
+        let nz = if int_src { iv != 0 } else { v != 0.0 };
+        return vec![nz as u8];
+    }
+    if to.is_float() {
+        // Integers convert exactly to f64 first only when the C conversion is direct; the
+        // documented path for half types is through f32 (bf16) or direct (f16 from f64).
+        let as_f32 = |v: f64| if int_src { iv as f32 } else { v as f32 };
+        return match to {
+            Scalar::F32 => as_f32(v).to_le_bytes().to_vec(),
+            Scalar::F64 => (if int_src { iv as f64 } else { v }).to_le_bytes().to_vec(),
+            Scalar::F16 => {
+                let exact = if int_src { iv as f64 } else { v };
+                f16_bits(exact).to_le_bytes().to_vec()
+            }
+            _ => {
+                // bf16: from f32 directly; everything else through f32 first.
+                bf16_bits(as_f32(v) as f64).to_le_bytes().to_vec()
+            }
+        };
+    }
+    // Integer targets.
+    if int_src {
+        return match to {
+            Scalar::I8 => (iv as i8).to_le_bytes().to_vec(),
+            Scalar::U8 => (iv as u8).to_le_bytes().to_vec(),
+            Scalar::I32 => (iv as i32).to_le_bytes().to_vec(),
+            Scalar::U32 => (iv as u32).to_le_bytes().to_vec(),
+            Scalar::I64 => (iv as i64).to_le_bytes().to_vec(),
+            _ => (iv as u64).to_le_bytes().to_vec(),
+        };
+    }
+    // Floats saturate, NaN → 0 (Rust `as`); the source value is exact in f64.
+    match to {
+        Scalar::I8 => (v as i8).to_le_bytes().to_vec(),
+        Scalar::U8 => (v as u8).to_le_bytes().to_vec(),
+        Scalar::I32 => (v as i32).to_le_bytes().to_vec(),
+        Scalar::U32 => (v as u32).to_le_bytes().to_vec(),
+        Scalar::I64 => (v as i64).to_le_bytes().to_vec(),
+        _ => (v as u64).to_le_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn bitcasts_reinterpret_bytes() {
+    let mut k = KernelBuilder::new();
+    let (f, h, bytes) = (k.param(0, Scalar::F32, 4), k.param(1, Scalar::F16, 4), k.param(2, Scalar::U8, 8));
+    let (o_u32, o_i16, o_f32x2, o_u8x4, o_bool) = (
+        k.param(3, Scalar::U32, 4),
+        k.param(4, Scalar::I16, 4),
+        k.param(5, Scalar::F32, 2),
+        k.param(6, Scalar::U8, 16),
+        k.param(7, Scalar::Bool, 8),
+    );
+    let i = k.global(0, 4);
+    let fv = f.at(&i).load();
+    k.store(&o_u32.at(&i), &fv.bitcast(DType::Scalar(Scalar::U32)));
+    k.store(&o_i16.at(&i), &h.at(&i).load().bitcast(DType::Scalar(Scalar::I16)));
+    k.store(&o_u8x4.at_vec(&(&i * 4), 4), &fv.bitcast(DType::Vector(Scalar::U8, 4)));
+    let zero = Val::int(0);
+    let h4 = h.at_vec(&zero, 4).load();
+    let as_f32x2 = h4.bitcast(DType::Vector(Scalar::F32, 2));
+    k.store(&o_f32x2.at_vec(&zero, 2), &as_f32x2);
+    let j = k.range(8);
+    let st = k.store(&o_bool.at(&j), &bytes.at(&j).load().bitcast(DType::BOOL));
+    k.end(&j, &[&st]);
+    let kernel = compile(&k.finish().unwrap(), "bitcasts");
+    let fs = [1.0f32, -0.0, f32::NAN, 3.5e-40];
+    let hs: [u16; 4] = [0x3c00, 0x8001, 0x7c00, 0x1234];
+    let bs: [u8; 8] = [0, 1, 2, 255, 0, 7, 0, 128];
+    let hbytes: Vec<u8> = hs.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut bufs = vec![from_f32s(&fs), buffer_bytes(Scalar::F16, &hbytes), buffer_bytes(Scalar::U8, &bs)];
+    for (s, n) in [(Scalar::U32, 4), (Scalar::I16, 4), (Scalar::F32, 2), (Scalar::U8, 16), (Scalar::Bool, 8)] {
+        bufs.push(device().buffer(s, n).unwrap());
+    }
+    let refs: Vec<&Buffer> = bufs.iter().collect();
+    kernel.launch(&refs, &[]).unwrap();
+    assert_eq!(bufs[3].to_vec::<u32>().unwrap(), fs.map(f32::to_bits).to_vec());
+    assert_eq!(bufs[4].to_vec::<i16>().unwrap(), hs.map(|v| v as i16).to_vec());
+    let f2 = bufs[5].to_vec::<f32>().unwrap();
+    assert_eq!(f2[0].to_bits(), 0x3c00 | (0x8001 << 16));
+    assert_eq!(f2[1].to_bits(), 0x7c00 | (0x1234 << 16));
+    assert_eq!(bufs[6].to_vec::<u8>().unwrap(), fs.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+    assert_eq!(bytes_of(&bufs[7]), bs.map(|b| (b != 0) as u8).to_vec());
+}
+
+// ---------------------------------------------------------------- errors
+
+#[test]
+fn launch_rejects_wrong_buffers_and_values() {
+    let mut k = KernelBuilder::new();
+    let n = k.var("n", 1, 100);
+    let (a, b) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+    let i = k.global(0, &n);
+    k.store(&b.at(&i), &a.at(&i).load());
+    let kernel = compile(&k.finish().unwrap(), "copy");
+    let (x, y) = (device().buffer(Scalar::F32, 10).unwrap(), device().buffer(Scalar::F32, 10).unwrap());
+    let small = device().buffer(Scalar::F32, 5).unwrap();
+    let ints = device().buffer(Scalar::I32, 10).unwrap();
+    assert!(matches!(kernel.launch(&[&x], &[10]), Err(Error::Launch(m)) if m.contains("2 buffer")));
+    assert!(matches!(kernel.launch(&[&x, &small], &[10]), Err(Error::Launch(m)) if m.contains("5 elements")));
+    assert!(matches!(kernel.launch(&[&x, &ints], &[10]), Err(Error::Launch(m)) if m.contains("i32")));
+    assert!(matches!(kernel.launch(&[&x, &y], &[101]), Err(Error::Ir(_))));
+    assert!(matches!(kernel.launch(&[&x, &y], &[]), Err(Error::Launch(_))));
+    kernel.launch(&[&x, &y], &[10]).unwrap();
+}
+
+#[test]
+fn missing_symbol_and_bad_source_are_typed_errors() {
+    let mut k = KernelBuilder::new();
+    let a = k.param(0, Scalar::F32, 4);
+    let i = k.global(0, 4);
+    k.store(&a.at(&i), &Val::f32(1.0));
+    let sink = k.finish().unwrap();
+    let spec = CpuRenderer::new().render(&sink, Some("real_name")).unwrap();
+    let cc = CCompiler::detect().unwrap();
+    let compiled = cc.compile(&spec).unwrap();
+    let renamed =
+        CompiledSpec { spec: Arc::new(ProgramSpec { name: "other_name".into(), ..spec.clone() }), ..compiled.clone() };
+    match CpuProgram::load(&renamed) {
+        Err(Error::Load(m)) => assert!(m.contains("other_name"), "{m}"),
+        other => panic!("expected a load error, got {other:?}"),
+    }
+    let garbage = CompiledSpec { bytes: b"not a library".to_vec(), ..compiled };
+    assert!(matches!(CpuProgram::load(&garbage), Err(Error::Load(_))));
+
+    let bad = ProgramSpec { src: spec.src.replace("1.0f", "1.0f +* 2"), ..spec };
+    match cc.compile(&bad) {
+        Err(Error::Compile { log, line: Some(line), .. }) => {
+            assert!(line.contains("+* 2"), "{line}");
+            assert!(!log.is_empty());
+        }
+        other => panic!("expected a compile error with a line, got {other:?}"),
+    }
+    assert!(matches!(CCompiler::with_path("/nonexistent/cc"), Err(Error::CompilerMissing(_))));
+}
+
+#[test]
+fn program_stages_inside_a_kernel_cannot_be_rendered() {
+    let mut k = KernelBuilder::new();
+    let a = k.param(0, Scalar::F32, 4);
+    let i = k.global(0, 4);
+    k.store(&a.at(&i), &Val::f32(1.0));
+    let sink = k.finish().unwrap();
+    let spec = ProgramSpec::from_sink("p", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+    let program = spec.to_uop(None).unwrap();
+    let weird = UOp::new(Op::Sink, DType::Void, Arg::None, vec![sink.src()[0].clone(), program]);
+    assert!(CpuRenderer::new().render(&weird, None).is_err());
+    assert!(matches!(CpuRenderer::new().render(&sink.src()[0], None), Err(Error::Render(_))));
+}
