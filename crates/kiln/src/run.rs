@@ -148,10 +148,15 @@ fn host_bytes(n: usize) -> Result<Vec<u8>, CliError> {
 fn read_input(path: &Path, p: &ParamInfo, len: usize) -> Result<Vec<u8>, CliError> {
     let bytes = std::fs::read(path).map_err(|e| CliError::io("cannot read input file", path, e))?;
     let array = npy::read(&bytes).map_err(|source| CliError::Npy { path: path.to_path_buf(), source })?;
-    if array.scalar != p.scalar || array.len() != len {
-        let npy_name = npy::descr(p.scalar).map(|d| format!(" ('{d}')")).unwrap_or_default();
+    let Some(descr) = npy::descr(p.scalar) else {
         return Err(CliError::Mismatch(format!(
-            "slot {}: the kernel's buffer is {len} x {}{npy_name}, but {} holds {} x {} (shape {}); \
+            "slot {}: the kernel's buffer holds {}, which has no NumPy dtype; it can only start zeroed (drop --in {})",
+            p.slot, p.scalar, p.slot
+        )));
+    };
+    if array.scalar != p.scalar || array.len() != len {
+        return Err(CliError::Mismatch(format!(
+            "slot {}: the kernel's buffer is {len} x {} ('{descr}'), but {} holds {} x {} (shape {}); \
              pass an array of exactly {len} {} elements (any shape)",
             p.slot,
             p.scalar,
