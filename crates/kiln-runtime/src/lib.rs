@@ -16,6 +16,7 @@
 //! ```
 
 pub mod bench;
+mod fuse;
 pub mod hazard;
 mod plan;
 mod profile;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use kiln_device::queue::{DynQueue, DynQueueFactory};
 use kiln_device::{Buffer, Device, Error, Kernel, Result, TimelineSignal};
 
+use crate::fuse::{Launch, Segment, find_segments, fused_kernel};
 use crate::hazard::{Access, Dependency, HazardTracker};
 use crate::profile::{self, Profile, ProfileEvent, Stamps};
 use crate::schedule::{Lane, QueueLayout, Schedule, schedule};
@@ -29,12 +30,15 @@ pub struct PlanOptions {
     pub use_copy_queue: bool,
     /// The longest `run` waits for a queue to finish; `Duration::MAX` waits without limit.
     pub timeout: Duration,
+    /// Hand each run of kernels on host memory that needs no signal in between to its queue
+    /// as one command (see [`crate::fuse`]).
+    pub fuse: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        PlanOptions { compute_queues: cores.clamp(2, 4), use_copy_queue: true, timeout: Duration::MAX }
+        PlanOptions { compute_queues: cores.clamp(2, 4), use_copy_queue: true, timeout: Duration::MAX, fuse: true }
     }
 }
 
@@ -98,10 +102,16 @@ pub struct ExecutionPlan {
     var_defaults: Vec<i64>,
     /// Positional values of every exec node, back to back (`vals_at` indexes here).
     node_vals: Vec<i64>,
-    /// The plan values `node_vals` was filled and checked with.
-    checked: Option<Vec<i64>>,
-    /// Set by recording, cleared by scheduling.
+    /// The plan values `node_vals` was filled and checked with, and whether the fused
+    /// segments were built for a profiled run.
+    checked: Option<(Vec<i64>, bool)>,
+    /// Cleared by recording, made on the next run.
     schedule: Option<Schedule>,
+    /// Fusable runs of the schedule and each node's segment (made with the schedule).
+    segments: Vec<Segment>,
+    segment_of: Vec<Option<usize>>,
+    /// Signal values of the submitted run that nobody waited for yet.
+    in_flight: Vec<(Arc<dyn TimelineSignal>, u64)>,
     lanes: Option<Lanes>,
     /// The clock profiled runs measure against.
     epoch: Instant,
@@ -142,6 +152,9 @@ impl ExecutionPlan {
             node_vals: Vec::new(),
             checked: None,
             schedule: None,
+            segments: Vec::new(),
+            segment_of: Vec::new(),
+            in_flight: Vec::new(),
             lanes: None,
             epoch: Instant::now(),
         }
@@ -391,14 +404,26 @@ impl ExecutionPlan {
                 .map(|n| if matches!(n.kind, NodeKind::Copy { .. }) { Lane::Copy } else { Lane::Compute })
                 .collect();
             let costs: Vec<u64> = self.nodes.iter().map(|n| n.cost).collect();
-            self.schedule = Some(schedule(&deps, &lanes, &costs, layout));
+            let s = schedule(&deps, &lanes, &costs, layout);
+            let fusable: Vec<bool> = self
+                .nodes
+                .iter()
+                .map(|n| match &n.kind {
+                    NodeKind::Exec { bufs, .. } => self.options.fuse && bufs.iter().all(|b| b.allocator().is_host()),
+                    NodeKind::Copy { .. } => false,
+                })
+                .collect();
+            (self.segments, self.segment_of) = find_segments(&s, &fusable);
+            self.schedule = Some(s);
+            self.checked = None;
         }
         Ok(())
     }
 
-    /// Fills every node's positional values from the plan values and checks each launch
-    /// (bounds, launch sizes, buffer sizes), unless these exact values were checked before.
-    fn bind(&mut self, vals: &[i64]) -> Result<()> {
+    /// Fills every node's positional values from the plan values, checks each launch
+    /// (bounds, launch sizes, buffer sizes) and builds the fused segments, unless these exact
+    /// values were bound before (for the same kind of run).
+    fn bind(&mut self, vals: &[i64], profiled: bool) -> Result<()> {
         if vals.len() != self.var_names.len() {
             return Err(Error::Launch(format!(
                 "the plan takes {} variable value(s) ({}), got {}",
@@ -407,37 +432,71 @@ impl ExecutionPlan {
                 vals.len()
             )));
         }
-        if self.checked.as_deref() == Some(vals) {
+        if self.checked.as_ref().is_some_and(|(v, p)| v == vals && *p == profiled) {
             return Ok(());
         }
         self.checked = None;
+        let mut launches: Vec<Vec<Launch>> = self.segments.iter().map(|g| Vec::with_capacity(g.nodes.len())).collect();
         let mut scratch: Vec<&Buffer> = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            if let NodeKind::Exec { kernel, bufs, var_index, vals_at, .. } = &node.kind {
+            if let NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } = &node.kind {
                 let slot = &mut self.node_vals[*vals_at..*vals_at + var_index.len()];
                 for (dst, &vi) in slot.iter_mut().zip(var_index) {
                     *dst = vals[vi];
                 }
                 scratch.clear();
                 scratch.extend(bufs.iter());
-                kernel.check(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
+                let (views, dims) = kernel.check(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
+                if let Some(g) = self.segment_of.get(i).copied().flatten() {
+                    let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
+                    launches[g].push(Launch { program: k.program.clone(), views, vals: slot.to_vec(), dims });
+                }
             }
         }
-        self.checked = Some(vals.to_vec());
+        let device = self.factory.dyn_device().clone();
+        for (g, launches) in self.segments.iter_mut().zip(launches) {
+            let keep: Vec<Buffer> = g
+                .nodes
+                .iter()
+                .filter_map(|&n| match &self.nodes[n].kind {
+                    NodeKind::Exec { bufs, .. } => Some(bufs.iter().cloned()),
+                    NodeKind::Copy { .. } => None,
+                })
+                .flatten()
+                .collect();
+            g.kernel = Some(fused_kernel(&device, launches, keep));
+        }
+        self.checked = Some((vals.to_vec(), profiled));
         Ok(())
     }
 
+    /// Waits for a run that was submitted and never waited for (its handle was leaked), so
+    /// two runs never overlap.
+    fn drain(&mut self) -> Result<()> {
+        let mut first = None;
+        for (signal, value) in std::mem::take(&mut self.in_flight) {
+            if let Err(e) = signal.wait(value, self.options.timeout) {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(e) => Err(self.recover(e)),
+        }
+    }
+
     fn submit_vals(&mut self, vals: &[i64], profiled: bool) -> Result<PlanRun<'_>> {
+        // A leaked handle's run failing is that run's outcome, not this one's.
+        let _ = self.drain();
         self.prepare()?;
-        self.bind(vals)?;
         if profiled {
             self.prepare_profiling();
         }
+        self.bind(vals, profiled)?;
         let (Some(schedule), Some(lanes)) = (self.schedule.as_ref(), self.lanes.as_mut()) else {
             return Err(Error::Invalid("plan has no schedule".into()));
         };
         let nq = lanes.queues.len();
-        let mut targets: Vec<(Arc<dyn TimelineSignal>, u64)> = Vec::with_capacity(nq);
         let mut submit_error = None;
         let mut scratch: Vec<&Buffer> = Vec::with_capacity(8);
         for q in 0..nq {
@@ -446,33 +505,45 @@ impl ExecutionPlan {
                 continue;
             }
             let queue = &mut lanes.queues[q];
-            for &n in order {
+            let mut at = 0;
+            while at < order.len() {
+                let mut n = order[at];
+                at += 1;
                 let node = &self.nodes[n];
                 for w in &schedule.waits[n] {
                     queue.wait(&lanes.signals[w.queue], lanes.base[w.queue] + w.position);
                 }
-                match &node.kind {
-                    NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } => {
-                        scratch.clear();
-                        scratch.extend(bufs.iter());
-                        let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
-                        queue.exec(k, &scratch, &self.node_vals[*vals_at..*vals_at + var_index.len()]);
+                if let Some(g) = self.segment_of[n].map(|g| &self.segments[g]) {
+                    // Segments start at their first node and cover consecutive positions.
+                    if let Some(k) = &g.kernel {
+                        queue.exec(k, &[], &[]);
                     }
-                    NodeKind::Copy { dst, src, markers } => match markers.as_ref().filter(|_| profiled) {
-                        Some((start, end)) => {
-                            queue.exec(start, &[], &[]).copy(dst, src).exec(end, &[], &[]);
+                    at += g.nodes.len() - 1;
+                    n = g.nodes[g.nodes.len() - 1];
+                } else {
+                    match &node.kind {
+                        NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } => {
+                            scratch.clear();
+                            scratch.extend(bufs.iter());
+                            let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
+                            queue.exec(k, &scratch, &self.node_vals[*vals_at..*vals_at + var_index.len()]);
                         }
-                        None => {
-                            queue.copy(dst, src);
-                        }
-                    },
+                        NodeKind::Copy { dst, src, markers } => match markers.as_ref().filter(|_| profiled) {
+                            Some((start, end)) => {
+                                queue.exec(start, &[], &[]).copy(dst, src).exec(end, &[], &[]);
+                            }
+                            None => {
+                                queue.copy(dst, src);
+                            }
+                        },
+                    }
                 }
                 if schedule.signal_after[n] {
                     queue.memory_barrier().signal(&lanes.signals[q], lanes.base[q] + schedule.position[n]);
                 }
             }
             match queue.submit() {
-                Ok(()) => targets.push((lanes.signals[q].clone(), lanes.base[q] + schedule.queue_len(q))),
+                Ok(()) => self.in_flight.push((lanes.signals[q].clone(), lanes.base[q] + schedule.queue_len(q))),
                 Err(e) => {
                     // Queues already submitted may wait on this queue or later ones, which
                     // will never signal: fail those signals so nothing hangs.
@@ -487,7 +558,7 @@ impl ExecutionPlan {
         for q in 0..nq {
             lanes.base[q] += schedule.queue_len(q);
         }
-        Ok(PlanRun { plan: self, targets, submit_error, waited: false })
+        Ok(PlanRun { plan: self, submit_error, waited: false })
     }
 
     fn prepare_profiling(&mut self) {
@@ -510,22 +581,31 @@ impl ExecutionPlan {
     }
 
     /// After a failed run: the root cause among the failed signals, and fresh signals in
-    /// place of the failed ones (their values are frozen).
+    /// place of the failed ones (a failed signal's value is frozen). After a timeout every
+    /// signal is failed first, so queues still waiting on them stop instead of running the
+    /// rest of the run into the next one.
     fn recover(&mut self, first: Error) -> Error {
         let Some(lanes) = self.lanes.as_mut() else { return first };
+        if matches!(first, Error::Timeout { .. }) {
+            for s in &lanes.signals {
+                s.fail(first.clone());
+            }
+        }
         let mut root: Option<Error> = None;
         for s in &mut lanes.signals {
-            if let Some(e) = s.failure() {
-                if root.is_none() || matches!(root, Some(Error::SignalFailed(_))) {
-                    root = Some(e);
-                }
-                match self.factory.create_dyn_signal() {
-                    Ok(fresh) => {
-                        // Keep the timeline growing: the fresh signal starts at 0 and the
-                        // bases only go up, so old values are never reused.
-                        *s = fresh;
-                    }
-                    Err(e2) => return Error::Invalid(format!("{first}; and no fresh signal could be created: {e2}")),
+            let Some(e) = s.failure() else { continue };
+            if root.as_ref().is_none_or(|r| matches!(r, Error::SignalFailed(_))) {
+                root = Some(e);
+            }
+            // The fresh signal starts at 0 and the bases only grow, so no value is reused.
+            match self.factory.create_dyn_signal() {
+                Ok(fresh) => *s = fresh,
+                Err(e2) => {
+                    // Without a fresh signal the plan cannot run again: make it reschedule
+                    // (and recreate its queues and signals) next time.
+                    self.lanes = None;
+                    self.schedule = None;
+                    return Error::Invalid(format!("{first}; and no fresh signal could be created: {e2}"));
                 }
             }
         }
@@ -549,7 +629,6 @@ fn with_node(e: Error, node: usize, name: &str) -> Error {
 /// flight.
 pub struct PlanRun<'p> {
     plan: &'p mut ExecutionPlan,
-    targets: Vec<(Arc<dyn TimelineSignal>, u64)>,
     submit_error: Option<Error>,
     waited: bool,
 }
@@ -566,16 +645,10 @@ impl PlanRun<'_> {
         if std::mem::replace(&mut self.waited, true) {
             return Ok(());
         }
-        let timeout = self.plan.options.timeout;
-        let mut first: Option<Error> = self.submit_error.take();
-        for (signal, value) in &self.targets {
-            if let Err(e) = signal.wait(*value, timeout) {
-                first.get_or_insert(e);
-            }
-        }
-        match first {
-            None => Ok(()),
+        let drained = self.plan.drain();
+        match self.submit_error.take() {
             Some(e) => Err(self.plan.recover(e)),
+            None => drained,
         }
     }
 }

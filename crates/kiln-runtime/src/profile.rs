@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, Op, UOp};
-use kiln_device::{Error, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result};
+use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::{Error, Kernel, LaunchDims, Program, RawView, Result};
 
 /// Time stamps of one node, in nanoseconds since the plan's epoch plus one (0 = not taken).
 #[derive(Debug, Default)]
@@ -60,6 +60,12 @@ impl Program for TimedProgram {
     fn name(&self) -> &str {
         self.inner.name()
     }
+
+    /// The wrapped program, so a queue that enqueues its own programs natively still can
+    /// (that queue then runs the program without these stamps).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        self.inner.as_any()
+    }
 }
 
 /// `kernel` with its program wrapped to fill `stamps`.
@@ -90,21 +96,7 @@ impl Program for MarkerProgram {
 
 /// Two kernels (start, end) that stamp `stamps` when they run on a queue of `device`.
 pub(crate) fn marker_kernels(device: &DeviceSpec, stamps: Arc<Stamps>, epoch: Instant) -> (Kernel, Kernel) {
-    let one = || UOp::index_const(1);
-    let spec = Arc::new(ProgramSpec {
-        name: "copy_marker".into(),
-        src: String::new(),
-        device: device.clone(),
-        ast: UOp::new(Op::Sink, DType::Void, Arg::None, vec![]),
-        global_size: [one(), one(), one()],
-        local_size: None,
-        vars: vec![],
-        var_names: vec![],
-        globals: vec![],
-        outs: vec![],
-        ins: vec![],
-        params: vec![],
-    });
+    let spec = Arc::new(crate::fuse::bare_spec("copy_marker", device));
     let mark = |end| Kernel {
         spec: spec.clone(),
         program: Arc::new(MarkerProgram { stamps: stamps.clone(), end, epoch }) as Arc<dyn Program>,

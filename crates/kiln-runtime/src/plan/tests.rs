@@ -225,7 +225,11 @@ fn failing(len: usize) -> Kernel {
 }
 
 fn plan(compute_queues: usize) -> ExecutionPlan {
-    let options = PlanOptions { compute_queues, use_copy_queue: true, timeout: Duration::from_secs(60) };
+    plan_with(compute_queues, true)
+}
+
+fn plan_with(compute_queues: usize, fuse: bool) -> ExecutionPlan {
+    let options = PlanOptions { compute_queues, use_copy_queue: true, timeout: Duration::from_secs(60), fuse };
     ExecutionPlan::on_queues(queue_factory(), options)
 }
 
@@ -359,12 +363,16 @@ proptest! {
     /// A random DAG over overlapping views gives bit-identical results to serial execution,
     /// on the first run and on a replay (which applies every node a second time).
     #[test]
-    fn plan_equals_serial_execution(ops in proptest::collection::vec(op_strategy(), 1..40), queues in 1usize..4) {
+    fn plan_equals_serial_execution(
+        ops in proptest::collection::vec(op_strategy(), 1..40),
+        queues in 1usize..4,
+        fuse in proptest::bool::ANY,
+    ) {
         let alloc = HostAllocator::shared();
         let mut kernels = Kernels::default();
         let make = || -> Vec<Buffer> { (0..3).map(|i| filled(&alloc, LEN, i as f32 * 100.0)).collect() };
         let (expected, actual) = (make(), make());
-        let mut p = plan(queues);
+        let mut p = plan_with(queues, fuse);
         record(&ops, &actual, &mut kernels, &mut p).expect("record");
         for _ in 0..2 {
             serial(&ops, &expected, &mut kernels).expect("serial");
