@@ -38,7 +38,9 @@ use opencl3::types::{cl_command_queue_properties, cl_device_id, cl_platform_id};
 pub use allocator::OpenClAllocator;
 pub use compiler::OpenClCompiler;
 pub use program::OpenClProgram;
+pub use queue::{OpenClQueue, OpenClQueueFactory};
 pub use renderer::OpenClRenderer;
+pub use signal::{ClEvent, OpenClSignal};
 
 /// `clGetPlatformIDs` when the ICD loader finds no driver (`CL_PLATFORM_NOT_FOUND_KHR`).
 const PLATFORM_NOT_FOUND_KHR: i32 = -1001;

@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use kiln_device::kiln_ir::{Arg, DType, variables};
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, RawView, Result};
 use opencl3::command_queue::enqueue_nd_range_kernel;
-use opencl3::event::Event;
 use opencl3::kernel::Kernel;
 use opencl3::program::Program as ClProgram;
 use opencl3::types::{cl_command_queue, cl_event, cl_mem, cl_ulong};
 
 use crate::allocator::mem;
 use crate::compiler::{BUILD_OPTIONS, build_source};
+use crate::signal::ClEvent;
 use crate::{ClDevice, driver};
 
 /// A kernel ready to launch on one OpenCL device. `Send + Sync` and reentrant.
@@ -158,21 +158,22 @@ impl OpenClProgram {
         Ok(())
     }
 
-    /// Enqueues one launch on `queue` after the events in `wait` and returns its event.
-    /// Does not wait; the caller keeps `bufs` alive until the event completes.
+    /// Enqueues one launch on `queue` after the events in `wait` and returns its event (the
+    /// caller owns that reference). Does not wait; the caller keeps `bufs` alive until the
+    /// event completes.
     ///
     /// # Safety
     /// As [`Program::execute`], except that the launch runs asynchronously: the memory must
     /// stay valid and unraced until the returned event completes. `queue` belongs to this
     /// program's context.
-    pub unsafe fn enqueue(
+    pub unsafe fn enqueue_raw(
         &self,
         queue: cl_command_queue,
         bufs: &[RawView],
         vals: &[i64],
         launch: &LaunchDims,
         wait: &[cl_event],
-    ) -> Result<Event> {
+    ) -> Result<cl_event> {
         if bufs.len() != self.params || vals.len() != self.vars.len() {
             return Err(Error::Launch(format!(
                 "`{}` takes {} buffer(s) and {} variable(s), got {} and {}",
@@ -200,7 +201,6 @@ impl OpenClProgram {
             unsafe {
                 enqueue_nd_range_kernel(queue, kernel.get(), 3, std::ptr::null(), global.as_ptr(), local_ptr, n, list)
             }
-            .map(Event::new)
             .map_err(|e| {
                 driver(&format!("clEnqueueNDRangeKernel of `{}` (global {global:?}, local {local:?})", self.name), e)
             })
@@ -230,7 +230,8 @@ impl Program for OpenClProgram {
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
         // SAFETY: forwarded from this function's contract; we wait below, so the memory
         // outlives the launch.
-        let event = unsafe { self.enqueue(self.cl.sync_queue().get(), bufs, vals, launch, &[]) }?;
+        let event = unsafe { self.enqueue_raw(self.cl.sync_queue().get(), bufs, vals, launch, &[]) }?;
+        let event = ClEvent::from_raw(event, self.cl.context().get(), Vec::new());
         event.wait().map_err(|e| Error::Driver {
             backend: "OpenCL",
             message: format!("kernel `{}` failed while running on {}: {e}", self.name, self.cl.info.name.trim()),

@@ -1,1 +1,656 @@
-//! In-order command queues.
+//! In-order OpenCL command queues ordered by timeline signals.
+//!
+//! Recording checks arguments and keeps owned copies; [`OpenClQueue::submit`] enqueues the
+//! batch in order and flushes, without waiting. How each command is enqueued:
+//! - `exec`: the program's kernel (`clEnqueueNDRangeKernel`); the program must be an
+//!   [`OpenClProgram`] of this queue's device.
+//! - `copy`: `clEnqueueCopyBuffer` between two buffers of this device; a non-blocking
+//!   `clEnqueueWrite/ReadBuffer` when the other side is host memory; otherwise (another
+//!   device) a helper thread stages it through the host once every earlier command of this
+//!   queue has finished, and a user event holds the queue until it is done.
+//! - `wait`: `clEnqueueBarrierWithWaitList` on the signal's marker event when that event is in
+//!   this context; a host-side wait on a helper thread (completing a user event) when it is
+//!   not, when no event covers the value yet, or for a foreign signal ([`OpenClQueue::wait_foreign`]).
+//! - `signal`: `clEnqueueMarkerWithWaitList` over every command since the previous signal,
+//!   recorded into the signal. A command that fails on the device fails the marker, and the
+//!   signal with it (carrying the first error when the queue knows it).
+//! - `memory_barrier`: `clEnqueueBarrierWithWaitList` (OpenCL makes writes visible at command
+//!   boundaries; the barrier keeps the ordering explicit).
+//!
+//! Buffers and kernels of submitted commands are held until the commands finish, so dropping
+//! the caller's handles (or an allocator reusing the block) cannot race the device. Dropping
+//! the queue waits for its work.
+//!
+//! A submit that fails part-way (a driver refusal, a wait on a failed signal) returns the
+//! error and fails every signal of the batch that was not recorded yet, so no waiter hangs.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::{Buffer, Error, HardwareQueue, Kernel, LaunchDims, QueueFactory, RawView, Result, TimelineSignal};
+use opencl3::command_queue::{
+    CommandQueue, enqueue_barrier_with_wait_list, enqueue_copy_buffer, enqueue_marker_with_wait_list,
+    enqueue_read_buffer, enqueue_write_buffer,
+};
+use opencl3::types::{CL_NON_BLOCKING, cl_event};
+
+use crate::allocator::mem;
+use crate::program::OpenClProgram;
+use crate::signal::{Cause, ClEvent, OpenClSignal};
+use crate::{ClDevice, cl_device, driver};
+
+/// A command held until submit.
+enum Command {
+    Wait(Arc<dyn TimelineSignal>, u64),
+    Signal(Arc<OpenClSignal>, u64),
+    Exec { kernel: Kernel, bufs: Vec<Buffer>, views: Vec<RawView>, vals: Vec<i64>, dims: LaunchDims },
+    Copy { dst: Buffer, src: Buffer },
+    Barrier,
+}
+
+/// What submitted commands still use, released when `until` completes.
+struct InFlight {
+    until: Arc<ClEvent>,
+    _buffers: Vec<Buffer>,
+    _kernels: Vec<Kernel>,
+}
+
+/// One in-order OpenCL command queue (compute or copy).
+pub struct OpenClQueue {
+    cl: Arc<ClDevice>,
+    queue: CommandQueue,
+    batch: Vec<Command>,
+    /// The first recording error of the batch; `submit` returns it and submits nothing.
+    error: Option<Error>,
+    /// Events of commands enqueued since the last signal.
+    unsignaled: Vec<Arc<ClEvent>>,
+    in_flight: VecDeque<InFlight>,
+    /// Host steps (with their user event) that have not finished cleanly: every event
+    /// enqueued after one holds its cause (see [`Cause`]).
+    steps: Vec<(Cause, Arc<ClEvent>)>,
+}
+
+impl std::fmt::Debug for OpenClQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpenClQueue(on {}, {} recorded, {} in flight)", self.cl.spec, self.batch.len(), self.in_flight.len())
+    }
+}
+
+impl OpenClQueue {
+    fn new(cl: Arc<ClDevice>) -> Result<OpenClQueue> {
+        let queue = cl.new_queue()?;
+        Ok(OpenClQueue {
+            cl,
+            queue,
+            batch: Vec::new(),
+            error: None,
+            unsignaled: Vec::new(),
+            in_flight: VecDeque::new(),
+            steps: Vec::new(),
+        })
+    }
+
+    fn record(&mut self, command: Result<Command>) -> &mut Self {
+        if self.error.is_none() {
+            match command {
+                Ok(c) => self.batch.push(c),
+                Err(e) => self.error = Some(e),
+            }
+        }
+        self
+    }
+
+    /// Like [`HardwareQueue::wait`] for a signal of any type (a CPU signal, another
+    /// backend's): the queue is held by a user event that a helper thread completes once the
+    /// signal reaches `value` (or fails it, failing the commands behind it).
+    pub fn wait_foreign(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
+        self.record(Ok(Command::Wait(signal.clone(), value)))
+    }
+
+    /// Blocks until every submitted command has finished; returns the first failure.
+    pub fn finish(&mut self) -> Result<()> {
+        self.queue.finish().map_err(|e| driver("clFinish", e))?;
+        let mut first = None;
+        for f in self.in_flight.drain(..) {
+            if let Err(e) = f.until.status() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    fn context(&self) -> opencl3::types::cl_context {
+        self.cl.context().get()
+    }
+
+    /// The causes a newly enqueued event inherits: of steps still running or failed.
+    fn causes(&mut self) -> Vec<Cause> {
+        self.steps.retain(|(cause, gate)| cause.get().is_some() || !matches!(gate.status(), Ok(true)));
+        self.steps.iter().map(|(c, _)| c.clone()).collect()
+    }
+
+    /// Wraps the event an enqueue returned; it joins the wait list of the next signal.
+    fn enqueued(&mut self, event: cl_event) -> Arc<ClEvent> {
+        let causes = self.causes();
+        let e = Arc::new(ClEvent::from_raw(event, self.context(), causes));
+        self.unsignaled.push(e.clone());
+        e
+    }
+
+    /// A barrier holding this queue until `events` complete.
+    fn barrier(&mut self, events: &[cl_event]) -> Result<Arc<ClEvent>> {
+        let (n, list) = wait_list(events);
+        // SAFETY: the queue is live and the wait list holds `n` live events of this context.
+        let e = unsafe { enqueue_barrier_with_wait_list(self.queue.get(), n, list) }
+            .map_err(|e| driver("clEnqueueBarrierWithWaitList", e))?;
+        Ok(self.enqueued(e))
+    }
+
+    /// A marker of everything enqueued so far (not joining the next signal's wait list).
+    fn marker(&mut self) -> Result<Arc<ClEvent>> {
+        // SAFETY: the queue is live; an empty wait list means "all previous commands".
+        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), 0, std::ptr::null()) }
+            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
+        let causes = self.causes();
+        Ok(Arc::new(ClEvent::from_raw(e, self.context(), causes)))
+    }
+
+    /// Runs `job` on a helper thread once `after` (if any) completed; the queue continues
+    /// when the job returns. A failing job fails every signal recorded behind it.
+    fn host_step(
+        &mut self,
+        after: Option<Arc<ClEvent>>,
+        job: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Result<()> {
+        let gate = Arc::new(ClEvent::user(self.context())?);
+        let cause: Cause = Arc::new(OnceLock::new());
+        let thread_gate = gate.clone();
+        self.steps.push((cause.clone(), gate.clone()));
+        std::thread::Builder::new()
+            .name("kiln-opencl-host-step".into())
+            .spawn(move || {
+                let result = after.map_or(Ok(()), |e| e.wait()).and_then(|()| job());
+                if let Err(e) = &result {
+                    let _ = cause.set(e.clone());
+                }
+                // Completing a live user event cannot fail; if the driver refuses anyway there
+                // is nobody left to report to.
+                let _ = thread_gate.complete();
+            })
+            .map_err(|e| Error::Driver { backend: "OpenCL", message: format!("cannot start a helper thread: {e}") })?;
+        self.barrier(&[gate.raw()])?;
+        Ok(())
+    }
+
+    fn enqueue_wait(&mut self, signal: Arc<dyn TimelineSignal>, value: u64) -> Result<()> {
+        if let Some(e) = signal.failure()
+            && !signal.is_reached(value)
+        {
+            return Err(Error::SignalFailed(format!("queue on {} waits on a failed signal: {e}", self.cl.spec)));
+        }
+        if signal.is_reached(value) {
+            return Ok(());
+        }
+        let device_event = signal
+            .as_any()
+            .downcast_ref::<OpenClSignal>()
+            .and_then(|s| s.event_for(value))
+            .filter(|e| e.context() == self.context());
+        match device_event {
+            Some(e) => self.barrier(&[e.raw()]).map(drop),
+            None => self.host_step(None, move || signal.wait(value, Duration::MAX)),
+        }
+    }
+
+    fn enqueue_signal(&mut self, signal: &OpenClSignal, value: u64) -> Result<()> {
+        let waits: Vec<cl_event> = self.unsignaled.iter().map(|e| e.raw()).collect();
+        let (n, list) = wait_list(&waits);
+        // SAFETY: the queue is live; the wait list holds `n` events this queue retains.
+        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), n, list) }
+            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
+        let causes = self.causes();
+        let marker = Arc::new(ClEvent::from_raw(e, self.context(), causes));
+        self.unsignaled.clear();
+        signal.record(value, marker)
+    }
+
+    fn enqueue_exec(&mut self, kernel: &Kernel, views: &[RawView], vals: &[i64], dims: &LaunchDims) -> Result<()> {
+        let program = opencl_program(kernel)?;
+        // SAFETY: `views` are live cl_mem windows of this context (checked at record time and
+        // kept alive in `in_flight` until the launch completes); the queue is of this context.
+        let event = unsafe { program.enqueue_raw(self.queue.get(), views, vals, dims, &[]) }?;
+        self.enqueued(event);
+        Ok(())
+    }
+
+    fn enqueue_copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<()> {
+        let mine = |b: &Buffer| b.device() == &self.cl.spec;
+        let (d, s) = (dst.raw()?, src.raw()?);
+        let event = if mine(dst) && mine(src) {
+            // SAFETY: both windows are live cl_mem ranges of this context with equal sizes
+            // (checked at record time); the buffers are held until the copy completes.
+            unsafe {
+                enqueue_copy_buffer(
+                    self.queue.get(),
+                    mem(s.base),
+                    mem(d.base),
+                    s.offset,
+                    d.offset,
+                    s.bytes,
+                    0,
+                    std::ptr::null(),
+                )
+            }
+            .map_err(|e| driver("clEnqueueCopyBuffer", e))?
+        } else if mine(dst) && src.allocator().is_host() {
+            // SAFETY: `src` is host memory of `s.bytes` bytes held alive until the command
+            // completes; the in-order queue reads it only after every earlier command.
+            unsafe {
+                enqueue_write_buffer(
+                    self.queue.get(),
+                    mem(d.base),
+                    CL_NON_BLOCKING,
+                    d.offset,
+                    d.bytes,
+                    s.host_ptr() as *const c_void,
+                    0,
+                    std::ptr::null(),
+                )
+            }
+            .map_err(|e| driver("clEnqueueWriteBuffer", e))?
+        } else if mine(src) && dst.allocator().is_host() {
+            // SAFETY: as above, for the host destination.
+            unsafe {
+                enqueue_read_buffer(
+                    self.queue.get(),
+                    mem(s.base),
+                    CL_NON_BLOCKING,
+                    s.offset,
+                    s.bytes,
+                    d.host_ptr() as *mut c_void,
+                    0,
+                    std::ptr::null(),
+                )
+            }
+            .map_err(|e| driver("clEnqueueReadBuffer", e))?
+        } else {
+            let after = self.marker()?;
+            let (dst, src) = (dst.clone(), src.clone());
+            return self.host_step(Some(after), move || dst.copy_from(&src));
+        };
+        self.enqueued(event);
+        Ok(())
+    }
+
+    /// Drops what completed commands held.
+    fn retire(&mut self) {
+        while self.in_flight.front().is_some_and(|f| !matches!(f.until.status(), Ok(false))) {
+            self.in_flight.pop_front();
+        }
+    }
+}
+
+/// The (count, pointer) pair of an OpenCL wait list.
+fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
+    if events.is_empty() { (0, std::ptr::null()) } else { (events.len() as u32, events.as_ptr()) }
+}
+
+/// The OpenCL program behind `kernel`, or why it cannot run on an OpenCL queue.
+fn opencl_program(kernel: &Kernel) -> Result<&OpenClProgram> {
+    kernel.program.as_any().and_then(|a| a.downcast_ref::<OpenClProgram>()).ok_or_else(|| {
+        Error::Invalid(format!(
+            "kernel `{}` was loaded for {}, not by the OpenCL backend: compile it with an OpenCL device",
+            kernel.spec.name, kernel.spec.device
+        ))
+    })
+}
+
+impl HardwareQueue for OpenClQueue {
+    type Signal = OpenClSignal;
+
+    fn wait(&mut self, signal: &Arc<OpenClSignal>, value: u64) -> &mut Self {
+        let s: Arc<dyn TimelineSignal> = signal.clone();
+        self.record(Ok(Command::Wait(s, value)))
+    }
+
+    fn signal(&mut self, signal: &Arc<OpenClSignal>, value: u64) -> &mut Self {
+        self.record(Ok(Command::Signal(signal.clone(), value)))
+    }
+
+    /// Checks the kernel (an OpenCL program of this device), the buffers (this device, dtype,
+    /// size) and `vals` now, allocating lazily allocated buffers.
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
+        let cmd = (|| {
+            let program = opencl_program(kernel)?;
+            if !Arc::ptr_eq(program.device(), &self.cl) {
+                return Err(Error::Invalid(format!(
+                    "kernel `{}` was loaded for {}, this queue runs on {}",
+                    kernel.spec.name,
+                    program.device().spec,
+                    self.cl.spec
+                )));
+            }
+            if let Some(b) = bufs.iter().find(|b| b.device() != &self.cl.spec) {
+                return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.cl.spec)));
+            }
+            let (views, dims) = kernel.check(bufs, vals)?;
+            Ok(Command::Exec {
+                kernel: kernel.clone(),
+                bufs: bufs.iter().map(|b| (*b).clone()).collect(),
+                views,
+                vals: vals.to_vec(),
+                dims,
+            })
+        })();
+        self.record(cmd)
+    }
+
+    /// Either side may be on another device or the host; sizes must match and windows of
+    /// one buffer must not overlap.
+    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
+        let cmd = if dst.nbytes() != src.nbytes() {
+            Err(Error::Buffer(format!("copy of {} bytes into a buffer of {} bytes", src.nbytes(), dst.nbytes())))
+        } else if dst.overlaps(src) {
+            Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
+        } else if dst.device() != &self.cl.spec && src.device() != &self.cl.spec {
+            Err(Error::Invalid(format!("a queue on {} copies only to or from its device", self.cl.spec)))
+        } else {
+            Ok(Command::Copy { dst: dst.clone(), src: src.clone() })
+        };
+        self.record(cmd)
+    }
+
+    fn memory_barrier(&mut self) -> &mut Self {
+        self.record(Ok(Command::Barrier))
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        if let Some(e) = self.error.take() {
+            self.batch.clear();
+            return Err(e);
+        }
+        self.retire();
+        let mut buffers = Vec::new();
+        let mut kernels = Vec::new();
+        let mut commands = std::mem::take(&mut self.batch).into_iter();
+        let mut result = Ok(());
+        for cmd in commands.by_ref() {
+            let step = match cmd {
+                Command::Wait(s, v) => self.enqueue_wait(s, v),
+                Command::Signal(s, v) => self.enqueue_signal(&s, v),
+                Command::Exec { kernel, bufs, views, vals, dims } => {
+                    let r = self.enqueue_exec(&kernel, &views, &vals, &dims);
+                    kernels.push(kernel);
+                    buffers.extend(bufs);
+                    r
+                }
+                Command::Copy { dst, src } => {
+                    let r = self.enqueue_copy(&dst, &src);
+                    buffers.extend([dst, src]);
+                    r
+                }
+                Command::Barrier => self.barrier(&[]).map(drop),
+            };
+            if let Err(e) = step {
+                result = Err(e);
+                break;
+            }
+        }
+        if let Err(e) = &result {
+            for cmd in commands {
+                if let Command::Signal(s, _) = cmd {
+                    s.fail(e.clone());
+                }
+            }
+        }
+        self.queue.flush().map_err(|e| driver("clFlush", e))?;
+        if !buffers.is_empty() || !kernels.is_empty() {
+            let until = self.marker()?;
+            self.in_flight.push_back(InFlight { until, _buffers: buffers, _kernels: kernels });
+        }
+        result
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.cl.spec
+    }
+}
+
+impl Drop for OpenClQueue {
+    fn drop(&mut self) {
+        // Held buffers must outlive the commands using them.
+        let _ = self.queue.finish();
+    }
+}
+
+/// Creates the queues and signals of one OpenCL device. Queues are independent in-order
+/// `cl_command_queue`s of the device's shared context.
+pub struct OpenClQueueFactory {
+    cl: Arc<ClDevice>,
+}
+
+impl OpenClQueueFactory {
+    /// The factory of `spec` (an `OPENCL:n` device).
+    pub fn open(spec: &DeviceSpec) -> Result<OpenClQueueFactory> {
+        Ok(OpenClQueueFactory { cl: cl_device(spec)? })
+    }
+}
+
+impl QueueFactory for OpenClQueueFactory {
+    type Queue = OpenClQueue;
+    type Signal = OpenClSignal;
+
+    fn create_compute_queue(&self) -> Result<OpenClQueue> {
+        OpenClQueue::new(self.cl.clone())
+    }
+
+    /// OpenCL exposes no copy engine; a second in-order queue lets copies overlap kernels.
+    fn create_copy_queue(&self) -> Result<Option<OpenClQueue>> {
+        OpenClQueue::new(self.cl.clone()).map(Some)
+    }
+
+    fn create_signal(&self) -> Result<Arc<OpenClSignal>> {
+        Ok(Arc::new(OpenClSignal::new()))
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.cl.spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use kiln_device::kiln_ir::{KernelBuilder, Scalar};
+    use kiln_device::{Allocator, CpuTimelineSignal, Device, DynQueueFactory, RawPtr};
+
+    use super::*;
+    use crate::test_device;
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    /// `c[i] = a[i] * 2 + 1` over `n` f32.
+    fn affine(dev: &Device) -> Kernel {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 24);
+        let (a, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+        let i = k.global(0, &n);
+        k.store(&c.at(&i), &(a.at(&i).load() * 2.0 + 1.0));
+        dev.compile(&k.finish().unwrap(), Some("affine")).unwrap()
+    }
+
+    fn setup() -> Option<(Arc<Device>, OpenClQueueFactory, Kernel)> {
+        let dev = test_device()?;
+        let factory = OpenClQueueFactory::open(&dev.spec).unwrap();
+        let k = affine(&dev);
+        Some((dev, factory, k))
+    }
+
+    fn f32s(dev: &Device, data: &[f32]) -> Buffer {
+        Buffer::from_slice(dev.allocator.clone(), data).unwrap()
+    }
+
+    #[test]
+    fn exec_then_signal_completes_without_a_host_wait_in_submit() {
+        let Some((dev, factory, k)) = setup() else { return };
+        let mut q = factory.create_compute_queue().unwrap();
+        let s = factory.create_signal().unwrap();
+        let (a, c) = (f32s(&dev, &[1.0, 2.0, 3.0]), f32s(&dev, &[0.0; 3]));
+        q.exec(&k, &[&a, &c], &[3]).exec(&k, &[&c, &a], &[3]).signal(&s, 1).submit().unwrap();
+        s.wait(1, LONG).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![7.0, 11.0, 15.0]);
+        assert_eq!(s.value(), 1);
+    }
+
+    /// Queue B consumes what queue A produces, ordered only by a signal; both submission
+    /// orders (B first: the wait is resolved on the host; A first: a device barrier).
+    #[test]
+    fn wait_and_signal_across_two_queues() {
+        let Some((dev, factory, k)) = setup() else { return };
+        for a_first in [false, true] {
+            let (mut qa, mut qb) =
+                (factory.create_compute_queue().unwrap(), factory.create_copy_queue().unwrap().unwrap());
+            let (produced, consumed) = (factory.create_signal().unwrap(), factory.create_signal().unwrap());
+            let n = 1 << 16;
+            let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let (a, mid, out) = (f32s(&dev, &x), f32s(&dev, &vec![0.0; n]), f32s(&dev, &vec![0.0; n]));
+            qa.exec(&k, &[&a, &mid], &[n as i64]).signal(&produced, 1);
+            qb.wait(&produced, 1).exec(&k, &[&mid, &out], &[n as i64]).signal(&consumed, 5);
+            if a_first {
+                qa.submit().unwrap();
+                qb.submit().unwrap();
+            } else {
+                qb.submit().unwrap();
+                qa.submit().unwrap();
+            }
+            consumed.wait(5, LONG).unwrap();
+            let want: Vec<f32> = x.iter().map(|v| (v * 2.0 + 1.0) * 2.0 + 1.0).collect();
+            assert_eq!(out.to_vec::<f32>().unwrap(), want, "a_first = {a_first}");
+        }
+    }
+
+    #[test]
+    fn a_host_signal_gates_the_queue_and_its_failure_propagates() {
+        let Some((dev, factory, k)) = setup() else { return };
+        let mut q = factory.create_compute_queue().unwrap();
+        let (gate, done) = (Arc::new(CpuTimelineSignal::new()), factory.create_signal().unwrap());
+        let (a, c) = (f32s(&dev, &[1.0; 4]), f32s(&dev, &[0.0; 4]));
+        let host: Arc<dyn TimelineSignal> = gate.clone();
+        q.wait_foreign(&host, 1).exec(&k, &[&a, &c], &[4]).signal(&done, 1).submit().unwrap();
+        // Nothing behind the wait can run before the host signal is set.
+        assert!(matches!(done.wait(1, Duration::from_millis(50)), Err(Error::Timeout { .. })));
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![0.0; 4]);
+        gate.set(1);
+        done.wait(1, LONG).unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![3.0; 4]);
+
+        // A failed producer fails the signals behind the wait instead of hanging them.
+        let (gate, done) = (Arc::new(CpuTimelineSignal::new()), factory.create_signal().unwrap());
+        let host: Arc<dyn TimelineSignal> = gate.clone();
+        q.wait_foreign(&host, 1).exec(&k, &[&a, &c], &[4]).signal(&done, 1).submit().unwrap();
+        gate.fail(Error::Launch("producer broke".into()));
+        let r = done.wait(1, LONG);
+        assert!(matches!(&r, Err(Error::SignalFailed(m)) if m.contains("producer broke")), "{r:?}");
+        // Waiting on an already failed signal is refused at submit and fails later signals.
+        let after = factory.create_signal().unwrap();
+        assert!(q.wait(&done, 1).signal(&after, 1).submit().is_err());
+        assert!(matches!(after.wait(1, LONG), Err(Error::SignalFailed(_))));
+    }
+
+    #[test]
+    fn recording_errors_submit_nothing() {
+        let Some((dev, factory, k)) = setup() else { return };
+        let mut q = factory.create_compute_queue().unwrap();
+        let s = factory.create_signal().unwrap();
+        let (a, c) = (f32s(&dev, &[1.0; 4]), f32s(&dev, &[0.0; 4]));
+        // Too few buffers: refused at record time; the signal in the batch is never recorded.
+        q.exec(&k, &[&a], &[4]).signal(&s, 1);
+        assert!(matches!(q.submit(), Err(Error::Launch(_))));
+        assert!(matches!(s.wait(1, Duration::ZERO), Err(Error::Timeout { .. })));
+        // A size mismatch in a copy.
+        assert!(matches!(q.copy(&a, &f32s(&dev, &[0.0; 3])).submit(), Err(Error::Buffer(_))));
+        // The queue is usable again afterwards.
+        q.exec(&k, &[&a, &c], &[4]).signal(&s, 2).submit().unwrap();
+        s.wait(2, LONG).unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![3.0; 4]);
+    }
+
+    /// An allocator of host (`is_host`) or opaque (`!is_host`) memory on another device.
+    struct OtherDevice {
+        spec: DeviceSpec,
+        host: bool,
+        blocks: Mutex<Vec<Box<[u64]>>>,
+    }
+
+    impl Allocator for OtherDevice {
+        fn device(&self) -> &DeviceSpec {
+            &self.spec
+        }
+        fn alloc(&self, bytes: usize) -> Result<RawPtr> {
+            let mut block = vec![0u64; bytes.div_ceil(8)].into_boxed_slice();
+            let ptr = RawPtr(block.as_mut_ptr() as *mut c_void);
+            self.blocks.lock().unwrap().push(block);
+            Ok(ptr)
+        }
+        unsafe fn free(&self, _ptr: RawPtr, _bytes: usize) {}
+        unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()> {
+            // SAFETY: `dst` lies in a block of this allocator with `src.len()` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.host_ptr(), src.len()) };
+            Ok(())
+        }
+        unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()> {
+            // SAFETY: as above.
+            unsafe { std::ptr::copy_nonoverlapping(src.host_ptr(), dst.as_mut_ptr(), dst.len()) };
+            Ok(())
+        }
+        fn is_host(&self) -> bool {
+            self.host
+        }
+    }
+
+    #[test]
+    fn copies_on_the_device_from_host_memory_and_across_devices() {
+        let Some((dev, factory, _)) = setup() else { return };
+        let mut q = factory.create_copy_queue().unwrap().unwrap();
+        let done = factory.create_signal().unwrap();
+        for host in [true, false] {
+            let other: Arc<dyn Allocator> =
+                Arc::new(OtherDevice { spec: DeviceSpec::Cpu, host, blocks: Mutex::new(Vec::new()) });
+            let far = Buffer::from_slice(other.clone(), &[1.0f32, 2.0, 3.0, 4.0, 5.0]).unwrap();
+            let (near, near2) = (f32s(&dev, &[0.0; 8]), f32s(&dev, &[0.0; 8]));
+            let back = Buffer::from_slice(other, &[0.0f32; 3]).unwrap();
+            // far -> near[2..7] -> near2[0..5] -> back (three kinds of copy in one batch).
+            q.copy(&near.view(2, 5).unwrap(), &far)
+                .copy(&near2.view(0, 5).unwrap(), &near.view(2, 5).unwrap())
+                .memory_barrier()
+                .copy(&back, &near2.view(1, 3).unwrap())
+                .signal(&done, if host { 1 } else { 2 })
+                .submit()
+                .unwrap();
+            done.wait(if host { 1 } else { 2 }, LONG).unwrap();
+            assert_eq!(near.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0], "host = {host}");
+            assert_eq!(back.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0], "host = {host}");
+        }
+    }
+
+    #[test]
+    fn the_type_erased_queue_forwards_wait_and_signal() {
+        let Some((dev, factory, k)) = setup() else { return };
+        let factory: Arc<dyn DynQueueFactory> = Arc::new(factory);
+        let (mut q1, mut q2) =
+            (factory.create_dyn_compute_queue().unwrap(), factory.create_dyn_compute_queue().unwrap());
+        let (s1, s2) = (factory.create_dyn_signal().unwrap(), factory.create_dyn_signal().unwrap());
+        let (a, b, c) = (f32s(&dev, &[1.0; 16]), f32s(&dev, &[0.0; 16]), f32s(&dev, &[0.0; 16]));
+        q2.wait(&s1, 3).exec(&k, &[&b, &c], &[16]).signal(&s2, 1).submit().unwrap();
+        q1.exec(&k, &[&a, &b], &[16]).signal(&s1, 3).submit().unwrap();
+        s2.wait(1, LONG).unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![7.0; 16]);
+        // A foreign signal type is a recording error, not a dropped dependency.
+        let cpu: Arc<dyn TimelineSignal> = Arc::new(CpuTimelineSignal::new());
+        assert!(matches!(q1.wait(&cpu, 1).submit(), Err(Error::Invalid(_))));
+    }
+}

@@ -1,1 +1,253 @@
-//! Timeline signals backed by cl_events.
+//! Timeline signals backed by `cl_event`s: the generic [`RingSignal`] over [`ClEvent`].
+//!
+//! A queue that signals `v` enqueues a marker and records its event for `v`; the timeline
+//! reaches `v` when the marker completes. A queue of the same context that waits for `v`
+//! puts the marker's event in a barrier's wait list (the device orders the work, the host
+//! never blocks); anything else (another context, a value no event covers yet, a host
+//! signal) is waited for on a helper thread that completes a user event.
+//!
+//! [`RingSignal`] keeps its slots private, so [`OpenClSignal`] records every event twice:
+//! into the ring (which owns the timeline semantics) and into a mirror [`EventRing`] that
+//! queues read to find the event to wait on.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use kiln_device::{BackendEvent, Error, EventRing, Result, RingSignal, TimelineSignal};
+use opencl3::event::{
+    CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS, create_user_event, get_event_info, release_event,
+    set_user_event_status, wait_for_events,
+};
+use opencl3::types::{cl_context, cl_event, cl_int};
+
+use crate::driver;
+
+/// The error of a host-side step of a queue (a wait on a host signal, a staged copy), set by
+/// its helper thread. Every event the queue enqueues after that step holds the cause and
+/// reports it as its failure.
+///
+/// A failed step still completes its user event successfully: PoCL (3.1) aborts the process
+/// when a command depends on a user event completed with an error status. So the commands
+/// behind a failed step run, but every signal recorded after it fails with the step's error.
+pub(crate) type Cause = Arc<OnceLock<Error>>;
+
+/// An owned reference to a `cl_event`, released on drop. Shared as `Arc<ClEvent>`.
+pub struct ClEvent {
+    event: cl_event,
+    context: cl_context,
+    /// The host steps enqueued before this event that had not finished cleanly.
+    causes: Vec<Cause>,
+}
+
+// SAFETY: OpenCL event handles may be used from any thread (the API is thread-safe); the
+// reference this value owns is released exactly once, in Drop.
+unsafe impl Send for ClEvent {}
+// SAFETY: as above; every method only passes the handle to thread-safe API calls.
+unsafe impl Sync for ClEvent {}
+
+impl fmt::Debug for ClEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClEvent({:p})", self.event)
+    }
+}
+
+impl Drop for ClEvent {
+    fn drop(&mut self) {
+        // SAFETY: we own one reference to the event (from its creation or a retain).
+        let _ = unsafe { release_event(self.event) };
+    }
+}
+
+impl ClEvent {
+    /// Takes ownership of the reference an enqueue call returned.
+    pub(crate) fn from_raw(event: cl_event, context: cl_context, causes: Vec<Cause>) -> ClEvent {
+        ClEvent { event, context, causes }
+    }
+
+    /// A user event of `context`, completed by the host with [`ClEvent::complete`].
+    pub(crate) fn user(context: cl_context) -> Result<ClEvent> {
+        let e = create_user_event(context).map_err(|e| driver("clCreateUserEvent", e))?;
+        Ok(ClEvent { event: e, context, causes: Vec::new() })
+    }
+
+    pub fn raw(&self) -> cl_event {
+        self.event
+    }
+
+    pub fn context(&self) -> cl_context {
+        self.context
+    }
+
+    /// Completes a user event (always successfully: see [`Cause`]).
+    pub(crate) fn complete(&self) -> Result<()> {
+        set_user_event_status(self.event, CL_COMPLETE).map_err(|e| driver("clSetUserEventStatus", e))
+    }
+
+    /// `Ok(true)` when the command completed, `Ok(false)` while it is queued or running, an
+    /// error when it or a host step before it failed.
+    pub fn status(&self) -> Result<bool> {
+        let status: cl_int = get_event_info(self.event, CL_EVENT_COMMAND_EXECUTION_STATUS)
+            .map_err(|e| driver("clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)", e))?
+            .into();
+        // Read after the status: a step's cause is set before its user event completes, so a
+        // completed event always sees the cause of a failed step before it.
+        if let Some(e) = self.causes.iter().find_map(|c| c.get()) {
+            return Err(e.clone());
+        }
+        match status {
+            CL_COMPLETE => Ok(true),
+            s if s < 0 => Err(Error::Driver {
+                backend: "OpenCL",
+                message: format!(
+                    "a command before this event failed with status {s} ({})",
+                    opencl3::error_codes::ClError(s)
+                ),
+            }),
+            _ => Ok(false),
+        }
+    }
+}
+
+impl ClEvent {
+    /// Blocks until the command finished; its failure (or the driver's) is an error.
+    pub fn wait(&self) -> Result<()> {
+        match wait_for_events(&[self.event]) {
+            Ok(()) => self.status().map(drop),
+            Err(code) => match self.status() {
+                Err(e) => Err(e),
+                Ok(_) => Err(driver("clWaitForEvents", code)),
+            },
+        }
+    }
+}
+
+/// The ring's view of a recorded marker (shared with the mirror ring).
+#[derive(Debug)]
+pub struct Marker(Arc<ClEvent>);
+
+impl BackendEvent for Marker {
+    fn is_complete(&self) -> Result<bool> {
+        self.0.status()
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.0.wait()
+    }
+}
+
+/// A timeline signal whose values are reached by OpenCL markers (or host `set`s).
+pub struct OpenClSignal {
+    ring: RingSignal<Marker>,
+    /// The events of `ring`, readable by queues (see the module docs).
+    events: Mutex<EventRing<ClEvent>>,
+}
+
+impl fmt::Debug for OpenClSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OpenClSignal({:?})", self.ring)
+    }
+}
+
+impl Default for OpenClSignal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenClSignal {
+    pub fn new() -> OpenClSignal {
+        let capacity = EventRing::<ClEvent>::DEFAULT_CAPACITY;
+        OpenClSignal { ring: RingSignal::new(capacity), events: Mutex::new(EventRing::new(capacity)) }
+    }
+
+    /// The timeline reaches `value` when `event` completes. Values must not decrease.
+    pub(crate) fn record(&self, value: u64, event: Arc<ClEvent>) -> Result<()> {
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        // Both rings see the same records in the same order, under this lock.
+        self.ring.record(value, Marker(event.clone()))?;
+        events.record(value, event)?;
+        Ok(())
+    }
+
+    /// The earliest recorded event whose completion means the timeline reached `target`.
+    pub(crate) fn event_for(&self, target: u64) -> Option<Arc<ClEvent>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).find(target).map(|(_, e)| e)
+    }
+}
+
+impl TimelineSignal for OpenClSignal {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+
+    fn value(&self) -> u64 {
+        self.ring.value()
+    }
+
+    fn set(&self, value: u64) {
+        self.ring.set(value)
+    }
+
+    fn wait(&self, value: u64, timeout: Duration) -> Result<()> {
+        self.ring.wait(value, timeout)
+    }
+
+    fn fail(&self, error: Error) {
+        self.ring.fail(error)
+    }
+
+    fn failure(&self) -> Option<Error> {
+        self.ring.failure()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_device;
+
+    #[test]
+    fn user_events_drive_the_timeline() {
+        let Some(dev) = test_device() else { return };
+        let cl = crate::cl_device(&dev.spec).unwrap();
+        let s = Arc::new(OpenClSignal::new());
+        let user = || Arc::new(ClEvent::user(cl.context().get()).unwrap());
+        let (a, b) = (user(), user());
+        s.record(1, a.clone()).unwrap();
+        s.record(2, b.clone()).unwrap();
+        assert_eq!(s.value(), 0);
+        assert!(s.wait(1, Duration::from_millis(5)).is_err());
+        a.complete().unwrap();
+        s.wait(1, Duration::from_secs(10)).unwrap();
+        assert_eq!(s.value(), 1);
+        assert!(matches!(s.record(0, a.clone()), Err(Error::Invalid(_))), "values never decrease");
+        let waiter = {
+            let s = s.clone();
+            std::thread::spawn(move || s.wait(2, Duration::MAX))
+        };
+        b.complete().unwrap();
+        waiter.join().unwrap().unwrap();
+        assert_eq!(s.value(), 2);
+    }
+
+    #[test]
+    fn a_failed_step_fails_the_events_behind_it() {
+        let Some(dev) = test_device() else { return };
+        let cl = crate::cl_device(&dev.spec).unwrap();
+        let cause: Cause = Arc::new(OnceLock::new());
+        let user = ClEvent::user(cl.context().get()).unwrap();
+        let e = ClEvent::from_raw(user.raw(), user.context(), vec![cause.clone()]);
+        std::mem::forget(user); // `e` now owns the reference
+        assert!(matches!(e.status(), Ok(false)));
+        let _ = cause.set(Error::Launch("the producer broke".into()));
+        e.complete().unwrap();
+        assert!(matches!(e.status(), Err(Error::Launch(m)) if m.contains("producer")));
+        assert!(matches!(e.wait(), Err(Error::Launch(_))));
+    }
+}
