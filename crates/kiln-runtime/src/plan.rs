@@ -7,8 +7,11 @@
 //! variables and hand the same command sequence to the queues again.
 //!
 //! Signal values: each run continues each queue's timeline where the previous run left it
-//! (`base + position`), so values only grow, even across failed runs (a failed signal is
-//! replaced by a fresh one and the count goes on).
+//! (`base + position`), so values only grow, even across failed runs.
+//!
+//! After a failed run the plan drops its queues and signals and creates new ones on the
+//! next run: a failed signal's value is frozen, and a queue that saw a failure may refuse
+//! further work (the CPU queue's poison is sticky). The timeline values carry over.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,8 +86,6 @@ struct Lanes {
     layout: QueueLayout,
     queues: Vec<DynQueue>,
     signals: Vec<Arc<dyn TimelineSignal>>,
-    /// Each queue's signal value before the next run.
-    base: Vec<u64>,
 }
 
 /// A recorded sequence of kernel launches and copies. See the module documentation.
@@ -113,6 +114,8 @@ pub struct ExecutionPlan {
     /// Signal values of the submitted run that nobody waited for yet.
     in_flight: Vec<(Arc<dyn TimelineSignal>, u64)>,
     lanes: Option<Lanes>,
+    /// Each queue's signal value before the next run (outlives recreated lanes).
+    base: Vec<u64>,
     /// The clock profiled runs measure against.
     epoch: Instant,
 }
@@ -156,6 +159,7 @@ impl ExecutionPlan {
             segment_of: Vec::new(),
             in_flight: Vec::new(),
             lanes: None,
+            base: Vec::new(),
             epoch: Instant::now(),
         }
     }
@@ -283,6 +287,12 @@ impl ExecutionPlan {
         self.nodes.is_empty()
     }
 
+    /// Each queue's signal value at the end of the last submitted run (compute queues
+    /// first, then the copy queue; empty before the first run). Runs only raise these.
+    pub fn timeline(&self) -> &[u64] {
+        &self.base
+    }
+
     /// The plan variables, in the order [`ExecutionPlan::run_vals`] takes their values.
     pub fn var_names(&self) -> &[String] {
         &self.var_names
@@ -392,8 +402,20 @@ impl ExecutionPlan {
                 copy = true;
             }
             let signals = (0..queues.len()).map(|_| self.factory.create_dyn_signal()).collect::<Result<Vec<_>>>()?;
-            let base = signals.iter().map(|s| s.value()).collect();
-            self.lanes = Some(Lanes { layout: QueueLayout { compute, copy }, queues, signals, base });
+            let layout = QueueLayout { compute, copy };
+            if self.schedule.as_ref().is_some_and(|s| s.order.len() != layout.len()) {
+                self.schedule = None;
+            }
+            // New signals of a new layout start the timeline above every value used so far.
+            let floor = self.base.iter().copied().max().unwrap_or(0);
+            let start = signals.iter().map(|s| s.value()).max().unwrap_or(0).max(floor);
+            if self.base.len() != signals.len() {
+                self.base = vec![start; signals.len()];
+            }
+            for (b, s) in self.base.iter_mut().zip(&signals) {
+                *b = (*b).max(s.value());
+            }
+            self.lanes = Some(Lanes { layout, queues, signals });
         }
         if self.schedule.is_none() {
             let layout = self.lanes.as_ref().map_or(QueueLayout { compute: 1, copy: false }, |l| l.layout);
@@ -511,7 +533,7 @@ impl ExecutionPlan {
                 at += 1;
                 let node = &self.nodes[n];
                 for w in &schedule.waits[n] {
-                    queue.wait(&lanes.signals[w.queue], lanes.base[w.queue] + w.position);
+                    queue.wait(&lanes.signals[w.queue], self.base[w.queue] + w.position);
                 }
                 if let Some(g) = self.segment_of[n].map(|g| &self.segments[g]) {
                     // Segments start at their first node and cover consecutive positions.
@@ -539,11 +561,11 @@ impl ExecutionPlan {
                     }
                 }
                 if schedule.signal_after[n] {
-                    queue.memory_barrier().signal(&lanes.signals[q], lanes.base[q] + schedule.position[n]);
+                    queue.memory_barrier().signal(&lanes.signals[q], self.base[q] + schedule.position[n]);
                 }
             }
             match queue.submit() {
-                Ok(()) => self.in_flight.push((lanes.signals[q].clone(), lanes.base[q] + schedule.queue_len(q))),
+                Ok(()) => self.in_flight.push((lanes.signals[q].clone(), self.base[q] + schedule.queue_len(q))),
                 Err(e) => {
                     // Queues already submitted may wait on this queue or later ones, which
                     // will never signal: fail those signals so nothing hangs.
@@ -556,7 +578,7 @@ impl ExecutionPlan {
             }
         }
         for q in 0..nq {
-            lanes.base[q] += schedule.queue_len(q);
+            self.base[q] += schedule.queue_len(q);
         }
         Ok(PlanRun { plan: self, submit_error, waited: false })
     }
@@ -580,33 +602,20 @@ impl ExecutionPlan {
         }
     }
 
-    /// After a failed run: the root cause among the failed signals, and fresh signals in
-    /// place of the failed ones (a failed signal's value is frozen). After a timeout every
-    /// signal is failed first, so queues still waiting on them stop instead of running the
-    /// rest of the run into the next one.
+    /// After a failed run: the root cause among the failed signals; drops the queues and
+    /// signals so the next run starts on fresh ones. After a timeout every signal is failed
+    /// first, so queues still waiting on them stop instead of running into the next run.
     fn recover(&mut self, first: Error) -> Error {
-        let Some(lanes) = self.lanes.as_mut() else { return first };
+        let Some(lanes) = self.lanes.take() else { return first };
         if matches!(first, Error::Timeout { .. }) {
             for s in &lanes.signals {
                 s.fail(first.clone());
             }
         }
         let mut root: Option<Error> = None;
-        for s in &mut lanes.signals {
-            let Some(e) = s.failure() else { continue };
+        for e in lanes.signals.iter().filter_map(|s| s.failure()) {
             if root.as_ref().is_none_or(|r| matches!(r, Error::SignalFailed(_))) {
                 root = Some(e);
-            }
-            // The fresh signal starts at 0 and the bases only grow, so no value is reused.
-            match self.factory.create_dyn_signal() {
-                Ok(fresh) => *s = fresh,
-                Err(e2) => {
-                    // Without a fresh signal the plan cannot run again: make it reschedule
-                    // (and recreate its queues and signals) next time.
-                    self.lanes = None;
-                    self.schedule = None;
-                    return Error::Invalid(format!("{first}; and no fresh signal could be created: {e2}"));
-                }
             }
         }
         match (root, first) {

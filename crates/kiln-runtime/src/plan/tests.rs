@@ -1,13 +1,12 @@
-//! Plan tests over host memory with mock programs (native Rust over the raw pointers), so
-//! they need no C compiler; `cpu_backend` at the end repeats the key checks with kernels
-//! compiled by the CPU backend.
+//! Plan tests on the CPU backend's queues over host memory with mock programs (native Rust
+//! over the raw pointers), so they need no C compiler; `cpu_backend` at the end repeats the
+//! key checks with kernels compiled by the CPU backend.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar, Val};
-use kiln_device::signal::CpuTimelineSignal;
-use kiln_device::{Allocator, HardwareQueue, LaunchDims, Program, ProgramSpec, QueueFactory, RawPtr, RawView};
+use kiln_device::{Allocator, LaunchDims, Program, ProgramSpec, RawPtr, RawView};
 use proptest::prelude::*;
 
 use super::*;
@@ -104,99 +103,8 @@ impl Program for FailingProgram {
     }
 }
 
-/// A minimal host queue for these tests: one worker thread runs each submitted batch in
-/// order; after a failed command it skips the rest of the batch and fails its signals.
-struct ThreadQueue {
-    batch: Vec<Command>,
-    tx: std::sync::mpsc::Sender<Vec<Command>>,
-}
-
-enum Command {
-    Wait(Arc<CpuTimelineSignal>, u64),
-    Signal(Arc<CpuTimelineSignal>, u64),
-    Exec(Kernel, Vec<Buffer>, Vec<i64>),
-    Copy(Buffer, Buffer),
-}
-
-impl ThreadQueue {
-    fn new() -> ThreadQueue {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<Command>>();
-        std::thread::spawn(move || {
-            for batch in rx {
-                let mut failed: Option<Error> = None;
-                for c in batch {
-                    match (c, &failed) {
-                        (Command::Signal(s, _), Some(e)) => s.fail(e.clone()),
-                        (Command::Signal(s, v), None) => s.set(v),
-                        (_, Some(_)) => {}
-                        (Command::Wait(s, v), None) => failed = s.wait(v, Duration::MAX).err(),
-                        (Command::Exec(k, bufs, vals), None) => {
-                            let refs: Vec<&Buffer> = bufs.iter().collect();
-                            failed = k.launch(&refs, &vals).err();
-                        }
-                        (Command::Copy(d, s), None) => failed = d.copy_from(&s).err(),
-                    }
-                }
-            }
-        });
-        ThreadQueue { batch: Vec::new(), tx }
-    }
-}
-
-impl HardwareQueue for ThreadQueue {
-    type Signal = CpuTimelineSignal;
-    fn wait(&mut self, signal: &Arc<CpuTimelineSignal>, value: u64) -> &mut Self {
-        self.batch.push(Command::Wait(signal.clone(), value));
-        self
-    }
-    fn signal(&mut self, signal: &Arc<CpuTimelineSignal>, value: u64) -> &mut Self {
-        self.batch.push(Command::Signal(signal.clone(), value));
-        self
-    }
-    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        self.batch.push(Command::Exec(kernel.clone(), bufs.iter().map(|b| (*b).clone()).collect(), vals.to_vec()));
-        self
-    }
-    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
-        self.batch.push(Command::Copy(dst.clone(), src.clone()));
-        self
-    }
-    fn memory_barrier(&mut self) -> &mut Self {
-        self
-    }
-    fn submit(&mut self) -> Result<()> {
-        let batch = std::mem::take(&mut self.batch);
-        self.tx.send(batch).map_err(|_| Error::Invalid("queue worker is gone".into()))
-    }
-    fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
-    }
-}
-
-/// Two-kind factory: compute queues and (when `copy`) a copy queue, all [`ThreadQueue`]s.
-struct ThreadQueues {
-    copy: bool,
-}
-
-impl QueueFactory for ThreadQueues {
-    type Queue = ThreadQueue;
-    type Signal = CpuTimelineSignal;
-    fn create_compute_queue(&self) -> Result<ThreadQueue> {
-        Ok(ThreadQueue::new())
-    }
-    fn create_copy_queue(&self) -> Result<Option<ThreadQueue>> {
-        Ok(self.copy.then(ThreadQueue::new))
-    }
-    fn create_signal(&self) -> Result<Arc<CpuTimelineSignal>> {
-        Ok(Arc::new(CpuTimelineSignal::new()))
-    }
-    fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
-    }
-}
-
 fn queue_factory() -> Arc<dyn DynQueueFactory> {
-    Arc::new(ThreadQueues { copy: true })
+    Arc::new(kiln_cpu::queue::CpuQueueFactory::new())
 }
 
 /// The metadata of `out[i] = f(in[i])` over `len` elements, or over a variable `n` when
@@ -461,8 +369,12 @@ fn a_failing_node_fails_the_run_and_nothing_hangs() {
     p.exec(&ok, &[&bufs[2], &bufs[3]], &[]).expect("record");
     let queues = p.queue_assignment().expect("schedule");
     assert_ne!(queues[0], queues[2], "the branches run on different queues");
+    let mut timeline = p.timeline().to_vec();
     for _ in 0..2 {
         let err = p.run(&[]).expect_err("the flaky node fails");
+        let pairs = || p.timeline().iter().zip(&timeline);
+        assert!(pairs().all(|(now, before)| now >= before) && pairs().any(|(now, before)| now > before));
+        timeline = p.timeline().to_vec();
         assert!(matches!(&err, Error::Driver { backend: "mock", message } if message == "the kernel trapped"), "{err}");
     }
     // Disarmed, the same plan runs to completion on fresh signals.
@@ -471,6 +383,7 @@ fn a_failing_node_fails_the_run_and_nothing_hangs() {
         b.copy_from_slice(&(0..8).map(|j| i as f32 + j as f32 * 0.25).collect::<Vec<_>>()).expect("reset");
     }
     p.run(&[]).expect("runs after failures");
+    assert!(p.timeline().iter().zip(&timeline).all(|(now, before)| now >= before), "values never go back");
     assert_eq!(bufs[2].to_vec::<f32>().expect("read")[0], 2.0, "0 → +1 → +1");
 
     // A node that always fails, alone on its queue, with a dependent on another queue.
