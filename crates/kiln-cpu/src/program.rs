@@ -45,11 +45,7 @@ impl CpuProgram {
     pub fn load(compiled: &CompiledSpec) -> Result<CpuProgram> {
         let name = compiled.spec.name.clone();
         let path = std::env::temp_dir().join(format!("kiln-cpu-{}-{}-{name}.so", std::process::id(), unique()));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&path)?;
-            f.write_all(&compiled.bytes)?;
-            f.sync_data()
-        };
+        let write = || -> std::io::Result<()> { std::fs::File::create(&path)?.write_all(&compiled.bytes) };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&path);
             return Err(Error::Load(format!("kernel `{name}`: cannot write {}: {e}", path.display())));

@@ -1188,3 +1188,71 @@ fn program_stages_inside_a_kernel_cannot_be_rendered() {
     assert!(CpuRenderer::new().render(&weird, None).is_err());
     assert!(matches!(CpuRenderer::new().render(&sink.src()[0], None), Err(Error::Render(_))));
 }
+
+#[test]
+fn bind_after_and_a_two_phase_kernel() {
+    // Phase 1 fills tmp[r] = x[r] * 2 in a loop; phase 2 reads tmp only after that loop
+    // (AFTER), reversed, plus a bound variable (BIND evaluates to its bound value).
+    let n = 6i64;
+    let mut k = KernelBuilder::new();
+    let m = k.var("m", 0, 100);
+    let (x, tmp, out) = (k.param(0, Scalar::I32, n), k.param(1, Scalar::I32, n), k.param(2, Scalar::I32, n));
+    let r = k.range(n);
+    let st = k.store(&tmp.at(&r), &(x.at(&r).load() * 2));
+    let filled = k.end(&r, &[&st]);
+    let tmp_ready = tmp.after(&[&filled]);
+    let bound = Val(UOp::new(Op::Bind, DType::INDEX, Arg::None, vec![m.0.clone(), UOp::index_const(7)]));
+    let s = k.range(n);
+    let v = tmp_ready.at(&(Val::int(n - 1) - &s)).load() + &bound;
+    let st2 = k.store(&out.at(&s), &v);
+    k.end(&s, &[&st2]);
+    let kernel = compile(&k.finish().unwrap(), "two_phase");
+    let xs: Vec<i32> = (1..=n as i32).collect();
+    let (bt, bo) =
+        (device().buffer(Scalar::I32, n as usize).unwrap(), device().buffer(Scalar::I32, n as usize).unwrap());
+    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bt, &bo], &[7]).unwrap();
+    let want: Vec<i32> = xs.iter().rev().map(|v| v * 2 + 7).collect();
+    assert_eq!(bo.to_vec::<i32>().unwrap(), want);
+}
+
+#[test]
+fn vector_where_with_a_scalar_condition_and_gated_vector_loads() {
+    let n = 4usize;
+    let mut k = KernelBuilder::new();
+    let (x, out) = (k.param(0, Scalar::F32, (4 * n) as i64), k.param(1, Scalar::F32, (4 * n) as i64));
+    let i = k.global(0, n as i64);
+    let in_range = i.lt(2);
+    let v = x.at_vec(&(&i * 4), 4).load_gated(&in_range, &Val::f32(-1.0).broadcast(4));
+    let odd = (&i % 2).eq(1);
+    let r = odd.select(&(&v * &v), &v);
+    k.store(&out.at_vec(&(&i * 4), 4), &r);
+    let kernel = compile(&k.finish().unwrap(), "vwhere");
+    let data = randf(4 * n, 10);
+    let bo = device().buffer(Scalar::F32, 4 * n).unwrap();
+    kernel.launch(&[&from_f32s(&data), &bo], &[]).unwrap();
+    let want: Vec<f32> = (0..4 * n)
+        .map(|e| {
+            let i = e / 4;
+            let v = if i < 2 { data[e] } else { -1.0 };
+            if i % 2 == 1 { v * v } else { v }
+        })
+        .collect();
+    assert_eq!(f32s(&bo), want);
+}
+
+#[test]
+fn a_carried_end_value_of_a_loop_that_never_runs_is_zero() {
+    let mut k = KernelBuilder::new();
+    let m = k.var("m", 0, 10);
+    let (x, out) = (k.param(0, Scalar::F32, 10), k.param(1, Scalar::F32, 1));
+    let r = k.range(&m);
+    let last = Val(UOp::new(Op::End, DType::F32, Arg::None, vec![r.0.clone(), x.at(&r).load().0.clone()]));
+    k.store(&out.at(&Val::int(0)), &last);
+    let kernel = compile(&k.finish().unwrap(), "zero_trip");
+    let bx = from_f32s(&(0..10).map(|v| v as f32 + 0.5).collect::<Vec<_>>());
+    let bo = from_f32s(&[99.0]);
+    kernel.launch(&[&bx, &bo], &[0]).unwrap();
+    assert_eq!(f32s(&bo), vec![0.0]);
+    kernel.launch(&[&bx, &bo], &[4]).unwrap();
+    assert_eq!(f32s(&bo), vec![3.5]);
+}

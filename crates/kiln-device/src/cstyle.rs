@@ -1040,3 +1040,218 @@ fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{KernelBuilder, Val};
+
+    /// A minimal OpenCL-flavoured dialect: enough to check what the core decides.
+    struct Toy;
+
+    impl Dialect for Toy {
+        fn header(&self) -> String {
+            "// toy".into()
+        }
+        fn scalar_type(&self, s: Scalar, _: &mut Prelude) -> String {
+            s.name().into()
+        }
+        fn vector_type(&self, s: Scalar, w: u8, p: &mut Prelude) -> String {
+            let name = format!("{}x{w}", s.name());
+            p.need(&name, |_| format!("typedef vec {}x{w};", s.name()));
+            name
+        }
+        fn lane(&self, v: &str, _: DType, lane: u8) -> String {
+            format!("{v}.s{lane}")
+        }
+        fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String {
+            let t = match dtype {
+                DType::Vector(s, w) => self.vector_type(s, w, p),
+                _ => "?".into(),
+            };
+            format!("({t})({})", lanes.join(", "))
+        }
+        fn native_vector_op(&self, op: Op, _: DType) -> bool {
+            op == Op::Add
+        }
+        fn to_f32(&self, e: &str, _: Scalar, _: &mut Prelude) -> String {
+            format!("up({e})")
+        }
+        fn from_f32(&self, e: &str, _: Scalar, _: &mut Prelude) -> String {
+            format!("down({e})")
+        }
+        fn math(&self, f: MathFn, _: Scalar, args: &[String], _: &mut Prelude) -> String {
+            format!("{}({})", f.c_name(), args.join(", "))
+        }
+        fn cast(&self, e: &str, _: Scalar, to: Scalar, _: &mut Prelude) -> String {
+            format!("convert_{}({e})", to.name())
+        }
+        fn bitcast(&self, e: &str, _: DType, to: DType, _: &mut Prelude) -> Result<String> {
+            Ok(format!("as_{to}({e})"))
+        }
+        fn float_const(&self, v: f64, s: Scalar, _: &mut Prelude) -> String {
+            c_float_literal(v, s)
+        }
+        fn signature(&self, name: &str, params: &[KernelParam], vars: &[KernelVar], _: &mut Prelude) -> String {
+            let mut args: Vec<String> = params
+                .iter()
+                .map(|p| format!("{}{} *{}", if p.written { "" } else { "const " }, p.scalar.name(), p.name))
+                .collect();
+            args.extend(vars.iter().map(|v| format!("int {}", v.name)));
+            format!("kernel void {name}({}) {{", args.join(", "))
+        }
+        fn prologue(&self, _: &[KernelParam], _: &[KernelVar], _: &mut Prelude) -> Vec<String> {
+            Vec::new()
+        }
+        fn open_launch(&self, indices: &[LaunchIndex], _: &mut Prelude) -> Result<Vec<String>> {
+            Ok(indices
+                .iter()
+                .map(|ix| format!("int {} = id('{}', {}); // < {}", ix.name, ix.kind, ix.axis, ix.extent))
+                .collect())
+        }
+        fn load(&self, addr: &Address, _: DType, _: &mut Prelude) -> String {
+            format!("{}[{}]", addr.base, addr.index)
+        }
+        fn store(&self, addr: &Address, value: &str, _: DType, _: &mut Prelude) -> String {
+            format!("{}[{}] = {value}", addr.base, addr.index)
+        }
+    }
+
+    fn render(sink: &Arc<UOp>) -> Result<ProgramSpec> {
+        CStyle::new(Toy, DeviceSpec::Cpu).render(sink, Some("k"))
+    }
+
+    #[test]
+    fn rounding_to_narrow_floats_is_exact() {
+        // f32 through the generic rounding must agree with the hardware conversion.
+        let mut s = 0x1234_5678_9abc_def0u64;
+        for _ in 0..20_000 {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let v = f64::from_bits(s);
+            let want = v as f32;
+            let got = f32::from_bits(round_float_bits(v, 8, 23) as u32);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
+        }
+        for v in [1e-40, -1e-45, 7e-46, 3.4028235677973366e38, 3.402823669209385e38, 1.0 + 2f64.powi(-24)] {
+            assert_eq!(round_float_bits(v, 8, 23) as u32, (v as f32).to_bits(), "{v:e}");
+        }
+        assert_eq!(f16_bits(1.0), 0x3c00);
+        assert_eq!(f16_bits(65504.0), 0x7bff);
+        assert_eq!(f16_bits(65520.0), 0x7c00); // the tie rounds to even: infinity
+        assert_eq!(f16_bits(2f64.powi(-24)), 0x0001);
+        assert_eq!(f16_bits(2f64.powi(-25)), 0x0000); // tie to even: zero
+        assert_eq!(f16_bits(-0.0), 0x8000);
+        assert_eq!(f16_bits(f64::NAN) & 0x7e00, 0x7e00);
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        assert_eq!(bf16_bits(1.0 + 2f64.powi(-8)), 0x3f80); // tie to even
+        assert_eq!(bf16_bits(1.0 + 3.0 * 2f64.powi(-8)), 0x3f82);
+    }
+
+    #[test]
+    fn names_and_literals() {
+        let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![]);
+        assert_eq!(kernel_name(Some("my kernel-1"), &sink), "my_kernel_1");
+        assert_eq!(kernel_name(Some("9lives"), &sink), "k_9lives");
+        assert_eq!(kernel_name(Some("for"), &sink), "k_for");
+        assert!(kernel_name(None, &sink).starts_with("k_"));
+        assert_eq!(var_c_name("n", 0), "n");
+        assert_eq!(var_c_name("alu3", 1), "var1_alu3");
+        assert_eq!(var_c_name("a-b", 2), "var2_a_b");
+        assert_eq!(c_int_literal(i64::MIN, Scalar::I64), "(-9223372036854775807LL - 1)");
+        assert_eq!(c_int_literal(-1, Scalar::U64), "18446744073709551615ULL");
+        assert_eq!(c_int_literal(wrap_int(300, Scalar::U8), Scalar::U8), "44");
+        assert_eq!(c_float_literal(0.1, Scalar::F32), "0.1f");
+        assert_eq!(c_float_literal(-2.5, Scalar::F64), "(-2.5)");
+    }
+
+    #[test]
+    fn prelude_orders_dependencies_first_and_once() {
+        let mut p = Prelude::default();
+        p.need("b", |p| {
+            p.need("a", |_| "A".into());
+            "B".into()
+        });
+        p.need("a", |_| "A again".into());
+        assert_eq!(p.items(), ["A", "B"]);
+        assert!(p.contains("b"));
+    }
+
+    #[test]
+    fn core_structure_hoists_extents_and_scopes_loops() {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 4, 1024);
+        let (a, out) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+        let g = k.special("gidx0", &n / 4);
+        let r = k.range(4);
+        let acc = k.acc(&Val::f32(0.0), &[&r]);
+        let total = acc.update(&(acc.get() + a.at(&(&g * 4 + &r)).load()));
+        k.store(&out.at(&g), &total);
+        let spec = render(&k.finish().unwrap()).unwrap();
+        let src = &spec.src;
+        assert!(src.starts_with("// toy\n"), "{src}");
+        assert!(src.contains("kernel void k(const f32 *data0, f32 *data1, int n) {"), "{src}");
+        // The extent n/4 is computed before the launch index that needs it.
+        let extent = src.find("const i32 alu0 = (n / 4);").expect("hoisted extent");
+        let launch = src.find("int gidx0 = id('g', 0); // < alu0").expect("launch index");
+        assert!(extent < launch, "{src}");
+        // The accumulator is declared before its loop and written back at the loop's end.
+        let decl = src.find("f32 acc0 = 0.0f;").expect("acc");
+        let open = src.find("for (i32 ridx0 = 0; ridx0 < 4; ridx0++) {").expect("loop");
+        let commit = src.find("acc0 = alu").expect("commit");
+        let store = src.find("data1[gidx0] = acc0;").expect("store of the finished acc");
+        assert!(decl < open && open < commit && commit < store, "{src}");
+        assert_eq!(src.matches('{').count(), src.matches('}').count(), "{src}");
+        assert_eq!(spec.outs, vec![1]);
+    }
+
+    #[test]
+    fn vectors_use_native_ops_or_go_lane_by_lane() {
+        let mut k = KernelBuilder::new();
+        let (a, out) = (k.param(0, Scalar::F32, 8), k.param(1, Scalar::F32, 8));
+        let i = k.global(0, 2);
+        let v = a.at_vec(&(&i * 4), 4).load();
+        let r = (&v + &v) * &v;
+        k.store(&out.at_vec(&(&i * 4), 4), &r);
+        let src = render(&k.finish().unwrap()).unwrap().src;
+        assert!(src.contains("typedef vec f32x4;"), "{src}");
+        assert!(src.contains("const f32x4 alu1 = (val0 + val0);"), "{src}");
+        assert!(src.contains("(f32x4)((alu1.s0 * val0.s0), (alu1.s1 * val0.s1)"), "{src}");
+    }
+
+    #[test]
+    fn half_arithmetic_goes_through_f32() {
+        let mut k = KernelBuilder::new();
+        let (a, out) = (k.param(0, Scalar::F16, 4), k.param(1, Scalar::F16, 4));
+        let i = k.global(0, 4);
+        let v = a.at(&i).load();
+        k.store(&out.at(&i), &(&v * &v).sqrt());
+        let src = render(&k.finish().unwrap()).unwrap().src;
+        assert!(src.contains("down((up(val0) * up(val0)))"), "{src}");
+        assert!(src.contains("down(sqrt(up(alu0)))"), "{src}");
+    }
+
+    #[test]
+    fn unrenderable_kernels_are_render_errors() {
+        // Two different extents for one launch index.
+        let mut k = KernelBuilder::new();
+        let out = k.param(0, Scalar::I32, 16);
+        let g1 = k.special("gidx0", 4);
+        let g2 = k.special("gidx0", 8);
+        k.store(&out.at(&g1), &g2);
+        let sink = UOp::new(Op::Sink, DType::Void, Arg::None, k_effects(&out, &g1, &g2));
+        assert!(matches!(render(&sink), Err(Error::Render(m)) if m.contains("two different extents")));
+        // An extent that reads memory.
+        let mut k = KernelBuilder::new();
+        let (sizes, out) = (k.param(0, Scalar::I32, 1), k.param(1, Scalar::I32, 16));
+        let g = k.special("gidx0", sizes.at(&Val::int(0)).load());
+        k.store(&out.at(&g), &g);
+        assert!(matches!(render(&k.finish().unwrap()), Err(Error::Render(m)) if m.contains("launch extent")));
+        // Not a SINK.
+        assert!(matches!(render(&UOp::index_const(1)), Err(Error::Render(_))));
+    }
+
+    fn k_effects(out: &Val, g1: &Val, g2: &Val) -> Vec<Arc<UOp>> {
+        let st = |g: &Val| UOp::new(Op::Store, DType::Void, Arg::None, vec![out.at(g).0.clone(), g.0.clone()]);
+        vec![st(g1), st(g2)]
+    }
+}
