@@ -1222,7 +1222,7 @@ fn vector_where_with_a_scalar_condition_and_gated_vector_loads() {
     let (x, out) = (k.param(0, Scalar::F32, (4 * n) as i64), k.param(1, Scalar::F32, (4 * n) as i64));
     let i = k.global(0, n as i64);
     let in_range = i.lt(2);
-    let v = x.at_vec(&(&i * 4), 4).load_gated(&in_range, &Val::f32(-1.0).broadcast(4));
+    let v = x.at_vec(&(&i * 4), 4).load_gated(&in_range, Val::f32(-1.0).broadcast(4));
     let odd = (&i % 2).eq(1);
     let r = odd.select(&(&v * &v), &v);
     k.store(&out.at_vec(&(&i * 4), 4), &r);
