@@ -616,12 +616,16 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
         self.lines.push(format!("{}{text}", "  ".repeat(self.indent)));
     }
 
+    /// A new name `{prefix}{N}` not used anywhere in the kernel.
     fn fresh(&mut self, prefix: &'static str) -> String {
-        let c = self.counters.entry(prefix).or_insert(0);
-        let name = format!("{prefix}{c}");
-        *c += 1;
-        self.used_names.insert(name.clone());
-        name
+        loop {
+            let c = self.counters.entry(prefix).or_insert(0);
+            let name = format!("{prefix}{c}");
+            *c += 1;
+            if self.used_names.insert(name.clone()) {
+                return name;
+            }
+        }
     }
 
     fn value(&self, n: &UOp) -> Result<Value> {
@@ -1248,6 +1252,21 @@ mod tests {
         assert!(matches!(render(&k.finish().unwrap()), Err(Error::Render(m)) if m.contains("launch extent")));
         // Not a SINK.
         assert!(matches!(render(&UOp::index_const(1)), Err(Error::Render(_))));
+    }
+
+    #[test]
+    fn loops_with_the_same_axis_get_distinct_names() {
+        let range = |extent: i64| UOp::new(Op::Range, DType::I32, Arg::Int(5), vec![UOp::index_const(extent)]);
+        let (outer, inner) = (range(3), range(2));
+        let mut k = KernelBuilder::new();
+        let out = k.param(0, Scalar::I32, 6);
+        let idx = &Val(outer.clone()) * 2 + &Val(inner.clone());
+        let st = k.store(&out.at(&idx), &idx);
+        let e_inner = k.end(&Val(inner), &[&st]);
+        k.end(&Val(outer), &[&e_inner]);
+        let src = render(&k.finish().unwrap()).unwrap().src;
+        assert!(src.contains("for (i32 ridx5 = 0; ridx5 < 3; ridx5++) {"), "{src}");
+        assert!(src.contains("for (i32 ridx0 = 0; ridx0 < 2; ridx0++) {"), "{src}");
     }
 
     fn k_effects(out: &Val, g1: &Val, g2: &Val) -> Vec<Arc<UOp>> {
