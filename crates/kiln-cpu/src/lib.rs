@@ -38,8 +38,13 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     let description = format!("{} ({} threads), {}", cpu_model(), Pool::global().threads(), compiler.version());
     let allocator = Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?);
     let runtime: RuntimeFactory = Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-    let device =
-        Device::new(DeviceSpec::Cpu, description, allocator, vec![(Arc::new(CpuRenderer::new()), Arc::new(compiler))], runtime)?;
+    let device = Device::new(
+        DeviceSpec::Cpu,
+        description,
+        allocator,
+        vec![(Arc::new(CpuRenderer::new()), Arc::new(compiler))],
+        runtime,
+    )?;
     Ok(Arc::new(device))
 }
 
