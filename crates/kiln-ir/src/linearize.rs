@@ -34,7 +34,12 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     for (i, node) in topo.iter().enumerate() {
         let mut s = BTreeSet::new();
         match node.op() {
-            Op::DefineAcc => s.extend(raw[at(&node.src()[0])].iter().copied()),
+            // Readers of an accumulator run inside its reduce loops, so it carries them;
+            // the accumulator itself is placed outside them in pass 2.
+            Op::DefineAcc => {
+                s.extend(raw[at(&node.src()[0])].iter().copied());
+                s.extend(node.src()[1..].iter().map(|r| rank[&at(r)]));
+            }
             Op::End => {
                 let r = rank[&at(&node.src()[0])];
                 for src in node.src() {
@@ -296,6 +301,21 @@ mod tests {
         assert_eq!(ends.len(), 3);
         assert!(ends[0] < store_pos && store_pos < ends[1]);
         assert_eq!(ops.last(), Some(&"SINK"));
+    }
+
+    #[test]
+    fn accumulator_update_with_loop_invariant_operand_stays_in_the_loop() {
+        // acc = acc * 2 over r: nothing but the accumulator ties the update to the loop.
+        let mut k = KernelBuilder::new();
+        let out = k.param(0, Scalar::F32, 1);
+        let r = k.range(5);
+        let acc = k.acc(&Val::f32(1.0), &[&r]);
+        let total = acc.update(&(acc.get() * 2.0));
+        k.store(&out.at(&Val::int(0)), &total);
+        let order = linearize(&k.finish().unwrap()).unwrap();
+        let pos = |op: Op| order.iter().position(|n| n.op() == op).unwrap();
+        assert!(pos(Op::DefineAcc) < pos(Op::Range));
+        assert!(pos(Op::Range) < pos(Op::Mul) && pos(Op::Mul) < pos(Op::Assign) && pos(Op::Assign) < pos(Op::End));
     }
 
     #[test]
