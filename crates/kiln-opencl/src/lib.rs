@@ -262,8 +262,8 @@ pub fn devices() -> Vec<(DeviceSpec, String)> {
 }
 
 /// Opens `spec` as a kiln [`Device`]: OpenCL C renderer, clBuildProgram compiler, program
-/// loader and a cached (`LruAllocator`, budget from `KILN_MEMORY_BUDGET`) `cl_mem` allocator
-/// over the shared context of that device.
+/// loader, a cached (`LruAllocator`, budget from `KILN_MEMORY_BUDGET`) `cl_mem` allocator and
+/// its queue factory, all over the shared context of that device.
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     Ok(Arc::new(build_device(spec)?))
 }
@@ -276,7 +276,9 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
     let runtime: kiln_device::RuntimeFactory =
         Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
     let allocator = Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?);
-    Device::new(spec.clone(), cl.info.description(), allocator, vec![(renderer, compiler)], runtime)
+    let queues = Arc::new(OpenClQueueFactory::new(cl.clone()));
+    Ok(Device::new(spec.clone(), cl.info.description(), allocator, vec![(renderer, compiler)], runtime)?
+        .with_queues(queues))
 }
 
 /// Registers the `OPENCL` backend with [`kiln_device::open_device`].

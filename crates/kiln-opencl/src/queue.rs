@@ -433,6 +433,10 @@ pub struct OpenClQueueFactory {
 }
 
 impl OpenClQueueFactory {
+    pub fn new(cl: Arc<ClDevice>) -> OpenClQueueFactory {
+        OpenClQueueFactory { cl }
+    }
+
     /// The factory of `spec` (an `OPENCL:n` device).
     pub fn open(spec: &DeviceSpec) -> Result<OpenClQueueFactory> {
         Ok(OpenClQueueFactory { cl: cl_device(spec)? })
@@ -639,8 +643,8 @@ mod tests {
 
     #[test]
     fn the_type_erased_queue_forwards_wait_and_signal() {
-        let Some((dev, factory, k)) = setup() else { return };
-        let factory: Arc<dyn DynQueueFactory> = Arc::new(factory);
+        let Some((dev, _, k)) = setup() else { return };
+        let factory: Arc<dyn DynQueueFactory> = dev.queues.clone().unwrap();
         let (mut q1, mut q2) =
             (factory.create_dyn_compute_queue().unwrap(), factory.create_dyn_compute_queue().unwrap());
         let (s1, s2) = (factory.create_dyn_signal().unwrap(), factory.create_dyn_signal().unwrap());
