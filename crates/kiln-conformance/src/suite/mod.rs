@@ -1,0 +1,9 @@
+//! The test bodies, one module per contract. Each `pub fn` takes the device under test (and,
+//! for cross-device checks, a peer device) and returns an [`crate::Outcome`].
+
+pub mod buffers;
+pub mod errors;
+pub mod plans;
+pub mod programs;
+pub mod queues;
+pub mod signals;

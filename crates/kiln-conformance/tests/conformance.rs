@@ -1,0 +1,125 @@
+//! The conformance suite, instantiated once per backend.
+//!
+//! Every test body lives in `kiln_conformance::suite`; this file only lists them once
+//! (`suite!`) and instantiates the list per backend (`backend!`). Adding a backend is one
+//! `backend!` line (plus its opener in `kiln_conformance::open`); adding a check is one line
+//! in the `suite!` list.
+//!
+//! A backend that is not present is skipped (`skipped <backend>: <reason>`) unless
+//! `KILN_REQUIRE` names it. Cross-device checks run against a peer backend and are skipped
+//! when the peer is missing (unless it is required).
+
+use std::sync::Arc;
+
+use kiln_conformance::{Outcome, backend};
+use kiln_device::Device;
+
+/// Runs `body` on backend `name`, panicking with the failure (this is the test harness).
+fn run(name: &str, body: fn(&Arc<Device>) -> Outcome) {
+    let Some(dev) = backend(name) else { return };
+    if let Err(e) = body(&dev) {
+        panic!("[{name}] {e}");
+    }
+}
+
+/// Runs `body` on backend `name` with backend `peer` as the other device.
+fn run_pair(name: &str, peer: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outcome) {
+    let Some(dev) = backend(name) else { return };
+    let Some(other) = backend(peer) else { return };
+    if let Err(e) = body(&dev, &other) {
+        panic!("[{name} with {peer}] {e}");
+    }
+}
+
+macro_rules! suite {
+    ($name:literal, $peer:literal) => {
+        use kiln_conformance::suite::{buffers, errors, plans, programs, queues, signals};
+        use kiln_device::kiln_ir::Scalar;
+
+        suite!(@single $name;
+            signal_ordering => signals::ordering,
+            signal_timeout => signals::timeout,
+            signal_failure_propagation => signals::failure_propagation,
+
+            queue_nothing_runs_before_submit => queues::nothing_runs_before_submit,
+            queue_two_queue_chain => queues::two_queue_chain,
+            queue_copies => queues::copies,
+            queue_memory_barrier => queues::memory_barrier,
+            queue_recording_error_submits_nothing => queues::recording_error_submits_nothing,
+            queue_failure_propagates => queues::failure_propagates,
+
+            buffer_views => buffers::views,
+            buffer_exact_size_transfers => buffers::exact_size_transfers,
+            buffer_copies => buffers::copies,
+            buffer_dtype_checked_access => buffers::dtype_checked_access,
+
+            alu_bool => |d| programs::alu(d, Scalar::Bool),
+            alu_i8 => |d| programs::alu(d, Scalar::I8),
+            alu_i16 => |d| programs::alu(d, Scalar::I16),
+            alu_i32 => |d| programs::alu(d, Scalar::I32),
+            alu_i64 => |d| programs::alu(d, Scalar::I64),
+            alu_u8 => |d| programs::alu(d, Scalar::U8),
+            alu_u16 => |d| programs::alu(d, Scalar::U16),
+            alu_u32 => |d| programs::alu(d, Scalar::U32),
+            alu_u64 => |d| programs::alu(d, Scalar::U64),
+            alu_f16 => |d| programs::alu(d, Scalar::F16),
+            alu_bf16 => |d| programs::alu(d, Scalar::BF16),
+            alu_f32 => |d| programs::alu(d, Scalar::F32),
+            alu_f64 => |d| programs::alu(d, Scalar::F64),
+            casts => programs::casts,
+            casts_f64 => |d| programs::casts_with(d, Scalar::F64),
+            casts_f16 => |d| programs::casts_with(d, Scalar::F16),
+            casts_bf16 => |d| programs::casts_with(d, Scalar::BF16),
+            bitcasts => programs::bitcasts,
+            bitcasts_half => programs::bitcasts_half,
+            bitcasts_f64 => programs::bitcasts_f64,
+            vectors => programs::vectors,
+            variables => programs::variables,
+            launch_dims => programs::launch_dims,
+            gated_access => programs::gated_access,
+
+            plan_hazards => plans::hazards,
+            plan_independent_nodes => plans::independent_nodes,
+            plan_replay_with_new_values => plans::replay_with_new_values,
+
+            error_kernel_text => errors::kernel_text,
+            error_malformed_graphs => errors::malformed_graphs,
+            error_launch_checks => errors::launch_checks,
+        );
+
+        suite!(@pair $name, $peer;
+            buffer_cross_device_copies => buffers::cross_device_copies,
+            queue_cross_device => queues::cross_device,
+            error_foreign_buffer => errors::foreign_buffer,
+        );
+    };
+    (@single $name:literal; $($test:ident => $body:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                super::run($name, $body);
+            }
+        )*
+    };
+    (@pair $name:literal, $peer:literal; $($test:ident => $body:expr),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                super::run_pair($name, $peer, $body);
+            }
+        )*
+    };
+}
+
+/// One line per backend: module name, backend name (as in `KILN_REQUIRE`), peer backend
+/// for the cross-device checks.
+macro_rules! backend {
+    ($module:ident, $name:literal, peer = $peer:literal) => {
+        mod $module {
+            suite!($name, $peer);
+        }
+    };
+}
+
+backend!(cpu, "cpu", peer = "opencl");
+backend!(opencl, "opencl", peer = "cpu");
