@@ -294,6 +294,7 @@ impl ops::Neg for &Val {
 pub struct KernelBuilder {
     effects: Vec<Arc<UOp>>,
     next_axis: i64,
+    next_acc: i64,
 }
 
 /// A loop under construction: its index value and the range node.
@@ -367,8 +368,9 @@ impl KernelBuilder {
     pub fn acc(&mut self, init: &Val, ranges: &[&Val]) -> Acc {
         let mut src = vec![init.0.clone()];
         src.extend(ranges.iter().map(|r| r.0.clone()));
+        self.next_acc += 1;
         Acc {
-            acc: Val(UOp::new(Op::DefineAcc, init.dtype(), Arg::None, src)),
+            acc: Val(UOp::new(Op::DefineAcc, init.dtype(), Arg::Int(self.next_acc), src)),
             ranges: ranges.iter().map(|r| (*r).clone()).collect(),
         }
     }

@@ -59,6 +59,7 @@
 //! | PARAM | buffer slot | `PARAM ptr<f32> 0 (%n)` |
 //! | RANGE | axis (smaller = outer) | `RANGE i32 0 (%n)` |
 //! | GEP | lane | `GEP f32 3 (%v)` |
+//! | DEFINE_ACC | accumulator id (keeps equal-looking accumulators apart) | `DEFINE_ACC f32 0 (%zero, %r)` |
 //! | DEFINE_VAR | `"name" min max` | `DEFINE_VAR i32 "n" 1 1024` |
 //! | SPECIAL | launch index name | `SPECIAL i32 "gidx0" (%n)` |
 //! | SOURCE | source text | `SOURCE void "int x;\n"` |
@@ -760,6 +761,7 @@ fn accepted(op: Op) -> (&'static [Kind], &'static str) {
         Op::Const => (&[Kind::Int, Kind::Float, Kind::Bool], "`CONST i32 7`, `CONST f32 1.0` or `CONST bool true`"),
         Op::Param => (&[Kind::Int], "its slot: `PARAM ptr<f32> 0 (%n)`"),
         Op::Range => (&[Kind::Int], "its axis: `RANGE i32 0 (%n)`"),
+        Op::DefineAcc => (&[Kind::Int], "its id: `DEFINE_ACC f32 0 (%zero, %r)`"),
         Op::Gep => (&[Kind::Int], "the lane: `GEP f32 2 (%v)`"),
         Op::DefineVar => (&[Kind::Var], "name and bounds: `DEFINE_VAR i32 \"n\" 1 1024`"),
         Op::Special => (&[Kind::Str], "its name: `SPECIAL i32 \"gidx0\" (%n)`"),
@@ -963,7 +965,7 @@ mod tests {
     fn reduction_with_nested_ranges_round_trips() {
         let sink = matmul();
         let text = round_trip(&sink);
-        for op in ["DEFINE_ACC f32", "ASSIGN f32", "END f32", "END void", "RANGE i32 3"] {
+        for op in ["DEFINE_ACC f32 1", "ASSIGN f32", "END f32", "END void", "RANGE i32 3"] {
             assert!(text.contains(op), "{op} missing:\n{text}");
         }
         assert!(Arc::ptr_eq(&parse_kernel(&text).unwrap(), &sink));

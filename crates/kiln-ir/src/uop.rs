@@ -51,8 +51,10 @@ pub enum Op {
     Load,
     /// Write through a pointer. src: `[index, value]` or `[index, value, gate]`.
     Store,
-    /// A local accumulator. src: `[initial value, reduce ranges...]`. Defined just outside the
-    /// outermost of its reduce ranges.
+    /// A local accumulator. arg: its id, unique within the kernel (two accumulators with the
+    /// same init and ranges are different variables; without the id hash-consing would merge
+    /// them). src: `[initial value, reduce ranges...]`. Defined just outside the outermost of
+    /// its reduce ranges.
     DefineAcc,
     /// Update an accumulator. src: `[acc, new value]`. Evaluates to the new value.
     Assign,

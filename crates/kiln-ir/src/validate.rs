@@ -53,6 +53,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             | Op::Const
             | Op::Special
             | Op::Range
+            | Op::DefineAcc
             | Op::Gep
             | Op::Program
             | Op::Device
@@ -191,6 +192,9 @@ fn check_node(n: &UOp) -> Result<(), String> {
         Op::DefineAcc => {
             if src.is_empty() {
                 return Err("needs an initial value".into());
+            }
+            if !matches!(n.arg(), Arg::Int(_)) {
+                return Err(format!("needs an accumulator id, got {:?}", n.arg()));
             }
             same(dt, src[0].dtype(), "the initial value")?;
             if src[1..].iter().any(|r| r.op() != Op::Range) {
