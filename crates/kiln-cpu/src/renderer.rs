@@ -209,6 +209,67 @@ impl Dialect for CpuDialect {
         }
     }
 
+    /// Float vector FMA, MAX and MIN as AVX/FMA intrinsics where the target has them (the
+    /// compiler does not turn lane-by-lane `fmaf`/`fmaxf` into vector instructions), with a
+    /// lane loop as the portable fallback. MAX/MIN keep `fmax`/`fmin` NaN semantics.
+    fn vector_alu(&self, op: Op, dtype: DType, args: &[String], p: &mut Prelude) -> Option<String> {
+        let DType::Vector(s @ (Scalar::F32 | Scalar::F64), w) = dtype else { return None };
+        let (fname, c) = match op {
+            Op::MulAcc => ("fma", "fma"),
+            Op::Max => ("max", "fmax"),
+            Op::Min => ("min", "fmin"),
+            _ => return None,
+        };
+        let ty = self.vector_type(s, w, p);
+        let t = tag(s, w);
+        let (suffix, bits) = if s == Scalar::F32 { ("ps", 32 * w as usize) } else { ("pd", 64 * w as usize) };
+        let intr = match bits {
+            128 => Some(("__m128", "_mm", if s == Scalar::F32 { "__m128" } else { "__m128d" })),
+            256 => Some(("__m256", "_mm256", if s == Scalar::F32 { "__m256" } else { "__m256d" })),
+            _ => None,
+        };
+        let name = format!("kiln_{fname}_{t}");
+        let def = name.clone();
+        let libm = format!("{c}{}", if s == Scalar::F32 { "f" } else { "" });
+        p.need("immintrin", |_| "#if defined(__AVX__)\n#include <immintrin.h>\n#endif\n".to_string());
+        p.need(&name, move |_| {
+            let n = w as usize;
+            let (params, lane_args) = if op == Op::MulAcc {
+                (format!("{ty} a, {ty} b, {ty} c"), "a[i], b[i], c[i]")
+            } else {
+                (format!("{ty} a, {ty} b"), "a[i], b[i]")
+            };
+            let fast = intr.map(|(_, pre, vt)| {
+                let guard = if bits == 256 { "__AVX__" } else { "__SSE2__" };
+                let (guard, body) = match op {
+                    Op::MulAcc => (
+                        "__FMA__".to_string(),
+                        format!("return ({ty}){pre}_fmadd_{suffix}(({vt})a, ({vt})b, ({vt})c);"),
+                    ),
+                    _ => {
+                        // max/min(b, a) yields `a` when either is NaN; then take `b` where `a` is NaN.
+                        let m = format!("{pre}_{fname}_{suffix}(({vt})b, ({vt})a)");
+                        let body = if bits == 256 {
+                            format!(
+                                "{vt} m = {m}; return ({ty}){pre}_blendv_{suffix}(m, ({vt})b, {pre}_cmp_{suffix}(({vt})a, ({vt})a, _CMP_UNORD_Q));"
+                            )
+                        } else {
+                            format!("{vt} m = {m}; {vt} nan = {pre}_cmpunord_{suffix}(({vt})a, ({vt})a); return ({ty}){pre}_or_{suffix}({pre}_and_{suffix}(nan, ({vt})b), {pre}_andnot_{suffix}(nan, m));")
+                        };
+                        (guard.to_string(), body)
+                    }
+                };
+                format!("#if defined({guard})\n  {body}\n#else\n")
+            });
+            let endif = if fast.is_some() { "#endif\n" } else { "" };
+            format!(
+                "static inline {ty} {def}({params}) {{\n{}  {ty} r;\n  for (int i = 0; i < {n}; i++) r[i] = {libm}({lane_args});\n  return r;\n{endif}}}\n",
+                fast.unwrap_or_default()
+            )
+        });
+        Some(format!("{name}({})", args.join(", ")))
+    }
+
     fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
         match s {
             Scalar::BF16 => {

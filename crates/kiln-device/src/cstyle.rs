@@ -197,6 +197,12 @@ pub trait Dialect {
     /// Asked only for ADD, SUB, MUL, DIV, AND, OR, XOR, NEG; everything else goes lane by lane.
     fn native_vector_op(&self, op: Op, dtype: DType) -> bool;
 
+    /// A whole-vector spelling of ALU `op` on operands of `dtype` (e.g. a fused multiply-add
+    /// intrinsic), with exactly the lane-by-lane semantics; `None` falls back to lanes.
+    fn vector_alu(&self, _op: Op, _dtype: DType, _args: &[String], _p: &mut Prelude) -> Option<String> {
+        None
+    }
+
     /// Whether arithmetic on this float type is done in f32 (true for f16/bf16 unless native).
     fn float_via_f32(&self, s: Scalar) -> bool {
         matches!(s, Scalar::F16 | Scalar::BF16)
@@ -907,6 +913,10 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                     } else {
                         format!("({} {} {})", args[0].0, infix_symbol(op), args[1].0)
                     });
+                }
+                let exprs: Vec<String> = args.iter().map(|a| a.0.clone()).collect();
+                if let Some(e) = self.d.vector_alu(op, operand, &exprs, &mut self.p) {
+                    return Ok(e);
                 }
                 let mut lanes = Vec::with_capacity(w as usize);
                 for i in 0..w {
