@@ -14,6 +14,8 @@ use crate::plan::{ExecutionPlan, PlanOptions};
 #[derive(Clone, Debug)]
 pub struct ReplayReport {
     pub kernels: usize,
+    /// Whether the plan fused runs of kernels into one queue command ([`PlanOptions::fuse`]).
+    pub fused: bool,
     pub runs: usize,
     /// Wall time of one `run` divided by the kernel count (best of `runs`): everything the
     /// host and the queue do per kernel, plus the kernel itself (a one-element add).
@@ -31,8 +33,9 @@ impl fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "plan replay, {} dependent tiny kernels, {} runs: {:.3} µs/kernel best, {:.3} µs/kernel median \
+            "plan replay{}, {} dependent tiny kernels, {} runs: {:.3} µs/kernel best, {:.3} µs/kernel median \
              (submit {:.3} µs/kernel); direct Kernel::launch {:.3} µs/kernel",
+            if self.fused { "" } else { " (unfused)" },
             self.kernels,
             self.runs,
             us(self.per_kernel),
@@ -46,9 +49,15 @@ impl fmt::Display for ReplayReport {
 /// Two independent compute-bound kernels: serially on one queue vs. a plan on two queues.
 #[derive(Clone, Debug)]
 pub struct ParallelReport {
+    /// Work items per kernel (1 keeps each kernel on one core, so any overlap comes from
+    /// the queues; more lets the backend split each kernel over its own cores too).
+    pub elements: usize,
     pub iterations: i64,
     /// Both kernels one after another with `Kernel::launch` (best of runs).
     pub serial: Duration,
+    /// Both kernels at once on two plain threads with `Kernel::launch` (best of runs): what
+    /// this machine gives two concurrent kernels, the bound for the two-queue plan.
+    pub two_threads: Duration,
     /// Both kernels in a plan with one compute queue (best of runs).
     pub one_queue: Duration,
     /// Both kernels in a plan with two compute queues (best of runs).
@@ -61,10 +70,12 @@ impl fmt::Display for ParallelReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "two independent compute-bound kernels ({} iterations): serial {:.3} ms, plan on 1 queue {:.3} ms, \
-             plan on 2 queues {:.3} ms (queues {:?}, speed-up {:.2}x over serial)",
+            "two independent compute-bound kernels ({} elements x {} iterations): serial {:.3} ms, two threads {:.3} ms, \
+             plan on 1 queue {:.3} ms, plan on 2 queues {:.3} ms (queues {:?}, speed-up {:.2}x over serial)",
+            self.elements,
             self.iterations,
             ms(self.serial),
+            ms(self.two_threads),
             ms(self.one_queue),
             ms(self.two_queues),
             self.queues,
@@ -95,7 +106,7 @@ pub fn increment_kernel() -> Result<Arc<UOp>> {
 /// `iters` is a variable so one binary serves every problem size.
 pub fn spin_kernel(n: usize) -> Result<Arc<UOp>> {
     let mut k = KernelBuilder::new();
-    let iters = k.var("iters", 1, 1 << 40);
+    let iters = k.var("iters", 1, 1 << 30);
     let x = k.param(0, Scalar::F32, n);
     let y = k.param(1, Scalar::F32, n);
     let i = k.global(0, n);
@@ -117,9 +128,18 @@ fn best_and_median(mut samples: Vec<Duration>) -> (Duration, Duration) {
 /// Records `kernels` increments of one buffer (a dependent chain) and replays the plan
 /// `runs` times.
 pub fn replay_overhead(device: &Device, kernels: usize, runs: usize) -> Result<ReplayReport> {
+    replay_overhead_with(device, kernels, runs, PlanOptions::default())
+}
+
+/// [`replay_overhead`] with fusion off: every kernel is its own queue command.
+pub fn replay_overhead_unfused(device: &Device, kernels: usize, runs: usize) -> Result<ReplayReport> {
+    replay_overhead_with(device, kernels, runs, PlanOptions { fuse: false, ..PlanOptions::default() })
+}
+
+fn replay_overhead_with(device: &Device, kernels: usize, runs: usize, options: PlanOptions) -> Result<ReplayReport> {
     let kernel: Kernel = device.compile(&increment_kernel()?, Some("increment"))?;
     let x = Buffer::from_slice(device.allocator.clone(), &[0.0f32])?;
-    let mut plan = ExecutionPlan::new(device)?;
+    let mut plan = ExecutionPlan::with_options(device, options)?;
     for _ in 0..kernels {
         plan.exec(&kernel, &[&x], &[])?;
     }
@@ -145,6 +165,7 @@ pub fn replay_overhead(device: &Device, kernels: usize, runs: usize) -> Result<R
     let (per_kernel, per_kernel_median) = best_and_median(total);
     Ok(ReplayReport {
         kernels,
+        fused: options.fuse,
         runs: runs.max(1),
         per_kernel,
         per_kernel_median,
@@ -153,15 +174,16 @@ pub fn replay_overhead(device: &Device, kernels: usize, runs: usize) -> Result<R
     })
 }
 
-/// Runs two independent [`spin_kernel`]s serially and as a plan on one and on two queues.
-pub fn parallel_branches(device: &Device, iterations: i64, runs: usize) -> Result<ParallelReport> {
-    const N: usize = 64;
-    let kernel = device.compile(&spin_kernel(N)?, Some("spin"))?;
-    let input: Vec<f32> = (0..N).map(|i| i as f32 * 1e-3).collect();
+/// Runs two independent [`spin_kernel`]s of `elements` work items serially and as a plan on
+/// one and on two queues.
+pub fn parallel_branches(device: &Device, elements: usize, iterations: i64, runs: usize) -> Result<ParallelReport> {
+    let n = elements.max(1);
+    let kernel = device.compile(&spin_kernel(n)?, Some("spin"))?;
+    let input: Vec<f32> = (0..n).map(|i| i as f32 * 1e-3).collect();
     let xa = Buffer::from_slice(device.allocator.clone(), &input)?;
     let xb = Buffer::from_slice(device.allocator.clone(), &input)?;
-    let ya = device.buffer(Scalar::F32, N)?;
-    let yb = device.buffer(Scalar::F32, N)?;
+    let ya = device.buffer(Scalar::F32, n)?;
+    let yb = device.buffer(Scalar::F32, n)?;
     let vars = [("iters", iterations)];
     let runs = runs.max(1);
 
@@ -171,6 +193,19 @@ pub fn parallel_branches(device: &Device, iterations: i64, runs: usize) -> Resul
         kernel.launch(&[&xa, &ya], &[iterations])?;
         kernel.launch(&[&xb, &yb], &[iterations])?;
         serial.push(t0.elapsed());
+    }
+    let mut threads = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| kernel.launch(&[&xa, &ya], &[iterations]));
+            let b = s.spawn(|| kernel.launch(&[&xb, &yb], &[iterations]));
+            (a.join(), b.join())
+        });
+        for r in [a, b] {
+            r.map_err(|_| kiln_device::Error::Launch("a benchmark thread panicked".into()))??;
+        }
+        threads.push(t0.elapsed());
     }
     let timed_plan = |compute_queues: usize| -> Result<(Duration, Vec<usize>)> {
         let options = PlanOptions { compute_queues, ..PlanOptions::default() };
@@ -189,8 +224,10 @@ pub fn parallel_branches(device: &Device, iterations: i64, runs: usize) -> Resul
     let (one_queue, _) = timed_plan(1)?;
     let (two_queues, assignment) = timed_plan(2)?;
     Ok(ParallelReport {
+        elements: n,
         iterations,
         serial: best_and_median(serial).0,
+        two_threads: best_and_median(threads).0,
         one_queue,
         two_queues,
         queues: [assignment.first().copied().unwrap_or(0), assignment.get(1).copied().unwrap_or(0)],

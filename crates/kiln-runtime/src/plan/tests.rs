@@ -334,6 +334,24 @@ fn a_variable_out_of_range_fails_before_anything_runs() {
     assert_eq!(y.to_vec::<f32>().expect("read")[0], 2.0);
 }
 
+#[test]
+fn submitted_runs_never_overlap() {
+    let alloc = HostAllocator::shared();
+    let x = filled(&alloc, 256, 0.0);
+    let y = Buffer::new(alloc.clone(), Scalar::F32, 256).expect("buffer");
+    let k = affine(Some(256), 1.0, 1.0);
+    let mut p = plan(2);
+    p.exec(&k, &[&x, &y], &[]).expect("record");
+    p.exec(&k, &[&y, &x], &[]).expect("record"); // x += 2 per run
+    p.submit(&[]).expect("submit").wait().expect("wait");
+    // A leaked handle: the next run still waits for this one before it submits.
+    std::mem::forget(p.submit(&[]).expect("submit"));
+    drop(p.submit(&[]).expect("submit")); // dropping waits
+    p.run(&[]).expect("run");
+    let want: Vec<f32> = (0..256).map(|i| i as f32 * 0.25 + 8.0).collect();
+    assert_eq!(x.to_vec::<f32>().expect("read"), want);
+}
+
 /// Fails while `armed` is set, else behaves like [`AffineProgram`].
 struct FlakyProgram {
     armed: std::sync::atomic::AtomicBool,
@@ -448,4 +466,126 @@ fn profile_of_two_branches_uses_two_queues() {
     assert_eq!(json.matches('[').count(), json.matches(']').count());
     // Profiling leaves the plan's results right: a plain run after it still works.
     p.run(&[]).expect("plain run after profiling");
+}
+
+/// The same checks with kernels compiled by the CPU backend (skipped, with a note, when
+/// no C compiler is installed).
+mod cpu_backend {
+    use super::*;
+    use kiln_device::kiln_ir::UOp;
+
+    /// The CPU device with its queues.
+    fn device() -> Option<Arc<Device>> {
+        let d = match kiln_cpu::open(&DeviceSpec::Cpu) {
+            Ok(d) => d,
+            Err(Error::CompilerMissing(m)) => {
+                eprintln!("skipping: no C compiler ({m})");
+                return None;
+            }
+            Err(e) => panic!("the CPU device does not open: {e}"),
+        };
+        if d.queues.is_some() {
+            return Some(d);
+        }
+        let d = Device::new(
+            d.spec.clone(),
+            d.description.clone(),
+            d.allocator.clone(),
+            d.compilers.clone(),
+            d.runtime.clone(),
+        )
+        .expect("device")
+        .with_queues(queue_factory());
+        Some(Arc::new(d))
+    }
+
+    /// `y[i] = x[i] * mul + add` for `i < n`.
+    fn scale(mul: f32, add: f32) -> Arc<UOp> {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 16);
+        let x = k.param(0, Scalar::F32, &n);
+        let y = k.param(1, Scalar::F32, &n);
+        let i = k.global(0, &n);
+        k.store(&y.at(&i), &(x.at(&i).load() * mul + add));
+        k.finish().expect("valid kernel")
+    }
+
+    /// `c[i] = a[i] + b[i]` for `i < n`.
+    fn add() -> Arc<UOp> {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 16);
+        let a = k.param(0, Scalar::F32, &n);
+        let b = k.param(1, Scalar::F32, &n);
+        let c = k.param(2, Scalar::F32, &n);
+        let i = k.global(0, &n);
+        k.store(&c.at(&i), &(a.at(&i).load() + b.at(&i).load()));
+        k.finish().expect("valid kernel")
+    }
+
+    #[test]
+    fn compiled_branches_join_and_replay() {
+        let Some(dev) = device() else { return };
+        let double = dev.compile(&scale(2.0, 0.0), Some("double")).expect("compile");
+        let inc = dev.compile(&scale(1.0, 1.0), Some("inc")).expect("compile");
+        let sum = dev.compile(&add(), Some("sum")).expect("compile");
+        const N: usize = 256;
+        let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+        let make = || -> Vec<Buffer> {
+            let mut v = vec![Buffer::from_slice(dev.allocator.clone(), &x).expect("buffer")];
+            v.extend((0..5).map(|_| dev.buffer(Scalar::F32, N).expect("buffer")));
+            v
+        };
+        // b1 = 2·b0 → b2 = b1 + 1  |  b3 = b0 + 1 → b4 = 2·b3  |  b5 = b2 + b4; b0 = b5 + 1 (WAR on b0).
+        let steps: Vec<(&Kernel, Vec<usize>)> = vec![
+            (&double, vec![0, 1]),
+            (&inc, vec![1, 2]),
+            (&inc, vec![0, 3]),
+            (&double, vec![3, 4]),
+            (&sum, vec![2, 4, 5]),
+            (&inc, vec![5, 0]),
+        ];
+        let (expected, actual) = (make(), make());
+        let mut p = ExecutionPlan::with_options(&dev, PlanOptions { compute_queues: 2, ..PlanOptions::default() })
+            .expect("plan");
+        for (k, slots) in &steps {
+            let bufs: Vec<&Buffer> = slots.iter().map(|&s| &actual[s]).collect();
+            p.exec(k, &bufs, &[("n", N as i64)]).expect("record");
+        }
+        let q = p.queue_assignment().expect("schedule");
+        assert_ne!(q[0], q[2], "independent branches on different queues");
+        for n in [N, N, 100] {
+            for (k, slots) in &steps {
+                let bufs: Vec<&Buffer> = slots.iter().map(|&s| &expected[s]).collect();
+                k.launch(&bufs, &[n as i64]).expect("serial");
+            }
+            p.run(&[("n", n as i64)]).expect("plan run");
+            for (e, a) in expected.iter().zip(&actual) {
+                assert_eq!(e.to_vec::<f32>().expect("read"), a.to_vec::<f32>().expect("read"), "n = {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn compiled_profile_shows_both_branches() {
+        let Some(dev) = device() else { return };
+        let k = dev.compile(&scale(0.5, 1.0), Some("halve_inc")).expect("compile");
+        let bufs: Vec<Buffer> = (0..4).map(|_| dev.buffer(Scalar::F32, 4096).expect("buffer")).collect();
+        let mut p = ExecutionPlan::with_options(&dev, PlanOptions { compute_queues: 2, ..PlanOptions::default() })
+            .expect("plan");
+        for step in 0..4 {
+            let (s, d) = if step % 2 == 0 { (0, 1) } else { (1, 0) };
+            p.exec(&k, &[&bufs[s], &bufs[d]], &[("n", 4096)]).expect("record");
+            p.exec(&k, &[&bufs[s + 2], &bufs[d + 2]], &[("n", 4096)]).expect("record");
+        }
+        let profile = p.run_profiled(&[]).expect("profiled run");
+        assert_eq!(profile.events.len(), 8);
+        let tids: std::collections::BTreeSet<usize> = profile.events.iter().map(|e| e.queue).collect();
+        assert_eq!(tids.len(), 2, "two branches, two queues");
+        assert!(profile.events.iter().all(|e| e.name == "halve_inc"));
+        let json = profile.to_chrome_trace();
+        assert_eq!(json.matches("\"ph\":\"X\"").count(), 8);
+        for tid in tids {
+            assert!(json.contains(&format!("\"tid\":{tid},\"ts\"")));
+        }
+    }
 }
