@@ -513,6 +513,23 @@ mod loom_tests {
         });
     }
 
+    /// The ring signal's path: a state change plus `wake_parked` releases a parked waiter.
+    #[test]
+    fn signal_wake_parked_races_with_wait_until() {
+        loom::model(|| {
+            let s = Arc::new(CpuTimelineSignal::new());
+            let flag = Arc::new(AtomicU64::new(0));
+            let (s2, f2) = (s.clone(), flag.clone());
+            let t = thread::spawn(move || {
+                f2.store(1, Ordering::Release);
+                s2.wake_parked();
+            });
+            let woken = || flag.load(Ordering::Acquire) == 1;
+            assert!(!s.wait_until(1, Instant::now(), None, &woken).unwrap());
+            t.join().unwrap();
+        });
+    }
+
     #[test]
     fn signal_fail_races_with_wait() {
         loom::model(|| {
