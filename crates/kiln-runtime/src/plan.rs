@@ -98,7 +98,7 @@ pub struct ExecutionPlan {
     options: PlanOptions,
     nodes: Vec<Node>,
     tracker: HazardTracker,
-    /// Plan variables: names, bounds from the first kernel that declared them, recorded values.
+    /// Plan variables: names and the values they were recorded with.
     var_names: Vec<String>,
     var_defaults: Vec<i64>,
     /// Positional values of every exec node, back to back (`vals_at` indexes here).
@@ -194,8 +194,15 @@ impl ExecutionPlan {
 
     /// [`ExecutionPlan::exec`] with the values positional, in the kernel's `var_names` order.
     pub fn exec_vals(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<usize> {
-        let (_, dims) = kernel.check(bufs, vals)?;
         let spec = &kernel.spec;
+        let device = self.factory.dyn_device();
+        if spec.device.base_type() != device.base_type() {
+            return Err(Error::Launch(format!(
+                "kernel `{}` was built for {}, this plan runs on the queues of {device}",
+                spec.name, spec.device
+            )));
+        }
+        let (_, dims) = kernel.check(bufs, vals)?;
         // Bind the kernel's variables to plan variables without changing anything yet.
         let mut var_index = Vec::with_capacity(vals.len());
         let mut new_vars: Vec<(&str, i64)> = Vec::new();
@@ -321,17 +328,17 @@ impl ExecutionPlan {
     /// checked for the new values before anything is submitted; nothing is recompiled.
     ///
     /// Failure: a node that fails on its queue fails that queue's signal, which fails every
-    /// queue waiting on it; `run` waits for every queue to stop and returns the first
-    /// node's error. The plan stays usable (failed signals are replaced).
+    /// queue waiting on it; `run` waits for every queue to stop and returns the failing
+    /// node's own error. The plan stays usable: the next run creates fresh queues and signals.
     pub fn run(&mut self, vars: &[(&str, i64)]) -> Result<()> {
         let vals = self.resolve(vars)?;
-        self.submit_vals(&vals, false)?.wait().map(|_| ())
+        self.submit_vals(&vals, false)?.wait()
     }
 
     /// [`ExecutionPlan::run`] with every plan variable positional, in
     /// [`ExecutionPlan::var_names`] order (no name lookups).
     pub fn run_vals(&mut self, vals: &[i64]) -> Result<()> {
-        self.submit_vals(vals, false)?.wait().map(|_| ())
+        self.submit_vals(vals, false)?.wait()
     }
 
     /// Submits a run and returns without waiting; [`PlanRun::wait`] (or dropping the handle)
@@ -431,7 +438,11 @@ impl ExecutionPlan {
                 .nodes
                 .iter()
                 .map(|n| match &n.kind {
-                    NodeKind::Exec { bufs, .. } => self.options.fuse && bufs.iter().all(|b| b.allocator().is_host()),
+                    NodeKind::Exec { kernel, bufs, .. } => {
+                        self.options.fuse
+                            && kernel.spec.device.base_type() == self.factory.dyn_device().base_type()
+                            && bufs.iter().all(|b| b.allocator().is_host())
+                    }
                     NodeKind::Copy { .. } => false,
                 })
                 .collect();

@@ -182,6 +182,10 @@ fn recording_checks_arguments() {
     assert!(matches!(p.exec(&k, &[&a, &a], &[("n", 8)]), Err(Error::Launch(_))), "n recorded as 4 before");
     assert!(matches!(p.copy(&a, &small), Err(Error::Buffer(_))), "size mismatch");
     assert!(matches!(p.copy(&a.view(0, 4).expect("view"), &a.view(2, 4).expect("view")), Err(Error::Buffer(_))));
+    let mut foreign_spec = (*affine_spec(Some(8))).clone();
+    foreign_spec.device = DeviceSpec::OpenCl { ordinal: 0 };
+    let foreign = Kernel { spec: Arc::new(foreign_spec), program: Arc::new(AffineProgram { mul: 1.0, add: 0.0 }) };
+    assert!(matches!(p.exec(&foreign, &[&a, &a], &[]), Err(Error::Launch(m)) if m.contains("OPENCL")));
     assert_eq!(p.len(), 1, "failed recordings add nothing");
     assert!(matches!(p.run(&[("m", 3)]), Err(Error::Launch(_))), "unknown plan variable");
 }
