@@ -231,7 +231,7 @@ impl Program for OpenClProgram {
         // SAFETY: forwarded from this function's contract; we wait below, so the memory
         // outlives the launch.
         let event = unsafe { self.enqueue_raw(self.cl.sync_queue().get(), bufs, vals, launch, &[]) }?;
-        let event = ClEvent::from_raw(event, self.cl.context().get(), Vec::new());
+        let event = ClEvent::from_raw(event, self.cl.context().get());
         event.wait().map_err(|e| Error::Driver {
             backend: "OpenCL",
             message: format!("kernel `{}` failed while running on {}: {e}", self.name, self.cl.info.name.trim()),

@@ -6,27 +6,36 @@
 //!   [`OpenClProgram`] of this queue's device.
 //! - `copy`: `clEnqueueCopyBuffer` between two buffers of this device; a non-blocking
 //!   `clEnqueueWrite/ReadBuffer` when the other side is host memory; otherwise (another
-//!   device) a helper thread stages it through the host once every earlier command of this
-//!   queue has finished, and a user event holds the queue until it is done.
+//!   device) a host step stages it through host memory once every earlier command finished.
 //! - `wait`: `clEnqueueBarrierWithWaitList` on the signal's marker event when that event is in
-//!   this context; a host-side wait on a helper thread (completing a user event) when it is
-//!   not, when no event covers the value yet, or for a foreign signal ([`OpenClQueue::wait_foreign`]).
+//!   this context; otherwise (another context, a value no event covers yet, a host signal via
+//!   [`OpenClQueue::wait_foreign`]) a host step.
 //! - `signal`: `clEnqueueMarkerWithWaitList` over every command since the previous signal,
-//!   recorded into the signal. A command that fails on the device fails the marker, and the
-//!   signal with it (carrying the first error when the queue knows it).
+//!   recorded into the signal: the timeline reaches the value when the marker completes.
 //! - `memory_barrier`: `clEnqueueBarrierWithWaitList` (OpenCL makes writes visible at command
 //!   boundaries; the barrier keeps the ordering explicit).
 //!
-//! Buffers and kernels of submitted commands are held until the commands finish, so dropping
-//! the caller's handles (or an allocator reusing the block) cannot race the device. Dropping
-//! the queue waits for its work.
+//! # Host steps
+//! A host step (a host-side wait, a staged copy) hands the rest of the batch, and every batch
+//! submitted after it, to the queue's helper thread: it performs the step, then enqueues what
+//! follows, in order, until the next host step or until nothing is left. `submit` therefore
+//! never blocks. (A user event in a barrier would let the device wait instead, but a failed
+//! wait must keep the commands behind it from running, and PoCL 3.1 aborts the process when
+//! a user event completes with an error status.)
 //!
-//! A submit that fails part-way (a driver refusal, a wait on a failed signal) returns the
-//! error and fails every signal of the batch that was not recorded yet, so no waiter hangs.
+//! # Failure
+//! A host step that fails (the awaited signal failed, the staged copy failed) poisons the
+//! queue: nothing behind it runs, every signal recorded behind it is failed with the error,
+//! and every later `submit` fails its signals and returns the error. Recreate the queue.
+//! A submit refused part-way by the driver returns the error and fails the batch's signals
+//! that were not recorded yet, so no waiter hangs; the queue stays usable.
+//!
+//! Buffers and kernels of submitted commands are held until the commands finish, so dropping
+//! the caller's handles (or an allocator reusing the block) cannot race the device.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kiln_device::kiln_ir::DeviceSpec;
@@ -39,16 +48,40 @@ use opencl3::types::{CL_NON_BLOCKING, cl_event};
 
 use crate::allocator::mem;
 use crate::program::OpenClProgram;
-use crate::signal::{Cause, ClEvent, OpenClSignal};
+use crate::signal::{ClEvent, OpenClSignal};
 use crate::{ClDevice, cl_device, driver};
 
-/// A command held until submit.
+/// A command held until it is enqueued.
 enum Command {
     Wait(Arc<dyn TimelineSignal>, u64),
     Signal(Arc<OpenClSignal>, u64),
     Exec { kernel: Kernel, bufs: Vec<Buffer>, views: Vec<RawView>, vals: Vec<i64>, dims: LaunchDims },
     Copy { dst: Buffer, src: Buffer },
     Barrier,
+}
+
+/// Work the host does between two device commands.
+enum HostStep {
+    Wait(Arc<dyn TimelineSignal>, u64),
+    /// Once `after` (a marker of everything before) completes: `dst.copy_from(src)`.
+    Copy {
+        after: Arc<ClEvent>,
+        dst: Buffer,
+        src: Buffer,
+    },
+}
+
+impl HostStep {
+    /// Performs the step, blocking the calling (helper) thread.
+    fn run(self) -> Result<()> {
+        match self {
+            HostStep::Wait(signal, value) => signal.wait(value, Duration::MAX),
+            HostStep::Copy { after, dst, src } => {
+                after.wait()?;
+                dst.copy_from(&src)
+            }
+        }
+    }
 }
 
 /// What submitted commands still use, released when `until` completes.
@@ -58,39 +91,240 @@ struct InFlight {
     _kernels: Vec<Kernel>,
 }
 
-/// One in-order OpenCL command queue (compute or copy).
-pub struct OpenClQueue {
+/// Fails the signals among `commands` (which will never run) with `error`.
+fn fail_signals(commands: impl IntoIterator<Item = Command>, error: &Error) {
+    for cmd in commands {
+        if let Command::Signal(s, _) = cmd {
+            s.fail(error.clone());
+        }
+    }
+}
+
+/// The device side of a queue, shared with its helper thread.
+struct Inner {
     cl: Arc<ClDevice>,
     queue: CommandQueue,
-    batch: Vec<Command>,
-    /// The first recording error of the batch; `submit` returns it and submits nothing.
-    error: Option<Error>,
     /// Events of commands enqueued since the last signal.
     unsignaled: Vec<Arc<ClEvent>>,
     in_flight: VecDeque<InFlight>,
-    /// Host steps (with their user event) that have not finished cleanly: every event
-    /// enqueued after one holds its cause (see [`Cause`]).
-    steps: Vec<(Cause, Arc<ClEvent>)>,
+    /// `Some` while the helper thread runs: the commands it enqueues after its current step.
+    deferred: Option<VecDeque<Command>>,
+    /// Sticky: the error of a failed host step.
+    poison: Option<Error>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Held buffers must outlive the commands using them.
+        let _ = self.queue.finish();
+    }
+}
+
+impl Inner {
+    fn context(&self) -> opencl3::types::cl_context {
+        self.cl.context().get()
+    }
+
+    /// Wraps the event an enqueue returned; it joins the wait list of the next signal.
+    fn enqueued(&mut self, event: cl_event) {
+        let e = Arc::new(ClEvent::from_raw(event, self.context()));
+        self.unsignaled.push(e);
+    }
+
+    /// A barrier holding this queue until `events` complete.
+    fn barrier(&mut self, events: &[cl_event]) -> Result<()> {
+        let (n, list) = wait_list(events);
+        // SAFETY: the queue is live and the wait list holds `n` live events of this context.
+        let e = unsafe { enqueue_barrier_with_wait_list(self.queue.get(), n, list) }
+            .map_err(|e| driver("clEnqueueBarrierWithWaitList", e))?;
+        self.enqueued(e);
+        Ok(())
+    }
+
+    /// A marker of everything enqueued so far.
+    fn marker(&self, waits: &[cl_event]) -> Result<Arc<ClEvent>> {
+        let (n, list) = wait_list(waits);
+        // SAFETY: the queue is live; the wait list holds `n` events this queue retains (an
+        // empty one means "all previous commands").
+        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), n, list) }
+            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
+        Ok(Arc::new(ClEvent::from_raw(e, self.context())))
+    }
+
+    /// Drops what completed commands held.
+    fn retire(&mut self) {
+        while self.in_flight.front().is_some_and(|f| !matches!(f.until.status(), Ok(false))) {
+            self.in_flight.pop_front();
+        }
+    }
+
+    /// Enqueues `commands` in order until they run out (`Ok(None)`) or one needs the host
+    /// (`Ok(Some(step))`, the commands after it stay in `commands`). On an error the failing
+    /// command is consumed and the rest stay in `commands`.
+    fn run(&mut self, commands: &mut VecDeque<Command>) -> Result<Option<HostStep>> {
+        let mut buffers = Vec::new();
+        let mut kernels = Vec::new();
+        let mut outcome = Ok(None);
+        while let Some(cmd) = commands.pop_front() {
+            let step = match cmd {
+                Command::Wait(s, v) => self.wait(s, v),
+                Command::Signal(s, v) => self.signal(&s, v).map(|()| None),
+                Command::Exec { kernel, bufs, views, vals, dims } => {
+                    let r = self.exec(&kernel, &views, &vals, &dims);
+                    kernels.push(kernel);
+                    buffers.extend(bufs);
+                    r.map(|()| None)
+                }
+                Command::Copy { dst, src } => {
+                    let r = self.copy(&dst, &src);
+                    buffers.extend([dst, src]);
+                    r
+                }
+                Command::Barrier => self.barrier(&[]).map(|()| None),
+            };
+            match step {
+                Ok(None) => {}
+                other => {
+                    outcome = other;
+                    break;
+                }
+            }
+        }
+        if !buffers.is_empty() || !kernels.is_empty() {
+            match self.marker(&[]) {
+                Ok(until) => self.in_flight.push_back(InFlight { until, _buffers: buffers, _kernels: kernels }),
+                Err(e) => {
+                    // Without a marker, hold the resources until the queue is idle.
+                    let _ = self.queue.finish();
+                    outcome = outcome.and(Err(e));
+                }
+            }
+        }
+        self.queue.flush().map_err(|e| driver("clFlush", e))?;
+        outcome
+    }
+
+    fn wait(&mut self, signal: Arc<dyn TimelineSignal>, value: u64) -> Result<Option<HostStep>> {
+        let device_event = signal
+            .as_any()
+            .downcast_ref::<OpenClSignal>()
+            .and_then(|s| s.event_for(value))
+            .filter(|e| e.context() == self.context());
+        if let Some(e) = device_event {
+            return self.barrier(&[e.raw()]).map(|()| None);
+        }
+        if signal.is_reached(value) {
+            return Ok(None);
+        }
+        Ok(Some(HostStep::Wait(signal, value)))
+    }
+
+    fn signal(&mut self, signal: &OpenClSignal, value: u64) -> Result<()> {
+        let waits: Vec<cl_event> = self.unsignaled.iter().map(|e| e.raw()).collect();
+        let marker = self.marker(&waits)?;
+        self.unsignaled.clear();
+        signal.record(value, marker)
+    }
+
+    fn exec(&mut self, kernel: &Kernel, views: &[RawView], vals: &[i64], dims: &LaunchDims) -> Result<()> {
+        let program = opencl_program(kernel)?;
+        // SAFETY: `views` are live cl_mem windows of this context (checked at record time and
+        // held in `in_flight` until the launch completes); the queue is of this context.
+        let event = unsafe { program.enqueue_raw(self.queue.get(), views, vals, dims, &[]) }?;
+        self.enqueued(event);
+        Ok(())
+    }
+
+    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<Option<HostStep>> {
+        let mine = |b: &Buffer| b.device() == &self.cl.spec;
+        let (d, s) = (dst.raw()?, src.raw()?);
+        let q = self.queue.get();
+        let event = if mine(dst) && mine(src) {
+            // SAFETY: both windows are live cl_mem ranges of this context with equal sizes
+            // (checked at record time); the buffers are held until the copy completes.
+            unsafe {
+                enqueue_copy_buffer(q, mem(s.base), mem(d.base), s.offset, d.offset, s.bytes, 0, std::ptr::null())
+            }
+            .map_err(|e| driver("clEnqueueCopyBuffer", e))?
+        } else if mine(dst) && src.allocator().is_host() {
+            let host = s.host_ptr() as *const c_void;
+            // SAFETY: `src` is host memory of `s.bytes` bytes held alive until the command
+            // completes; the in-order queue reads it only after every earlier command.
+            unsafe {
+                enqueue_write_buffer(q, mem(d.base), CL_NON_BLOCKING, d.offset, d.bytes, host, 0, std::ptr::null())
+            }
+            .map_err(|e| driver("clEnqueueWriteBuffer", e))?
+        } else if mine(src) && dst.allocator().is_host() {
+            let host = d.host_ptr() as *mut c_void;
+            // SAFETY: as above, for the host destination.
+            unsafe {
+                enqueue_read_buffer(q, mem(s.base), CL_NON_BLOCKING, s.offset, s.bytes, host, 0, std::ptr::null())
+            }
+            .map_err(|e| driver("clEnqueueReadBuffer", e))?
+        } else {
+            let after = self.marker(&[])?;
+            return Ok(Some(HostStep::Copy { after, dst: dst.clone(), src: src.clone() }));
+        };
+        self.enqueued(event);
+        Ok(None)
+    }
+}
+
+/// Locks the shared state; no code panics while holding it, so a poisoned lock is consistent.
+fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The helper thread: performs `step`, then enqueues the deferred commands up to the next
+/// host step, until none are left or a step fails (which poisons the queue).
+fn helper(inner: Arc<Mutex<Inner>>, mut step: HostStep) {
+    loop {
+        let result = step.run();
+        let mut g = lock(&inner);
+        let mut commands = g.deferred.take().unwrap_or_default();
+        let next = result.and_then(|()| g.run(&mut commands));
+        match next {
+            Ok(None) => return,
+            Ok(Some(s)) => {
+                g.deferred = Some(commands);
+                step = s;
+            }
+            Err(e) => {
+                fail_signals(commands, &e);
+                g.poison = Some(e);
+                return;
+            }
+        }
+    }
+}
+
+/// One in-order OpenCL command queue (compute or copy).
+pub struct OpenClQueue {
+    cl: Arc<ClDevice>,
+    inner: Arc<Mutex<Inner>>,
+    batch: Vec<Command>,
+    /// The first recording error of the batch; `submit` returns it and submits nothing.
+    error: Option<Error>,
 }
 
 impl std::fmt::Debug for OpenClQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OpenClQueue(on {}, {} recorded, {} in flight)", self.cl.spec, self.batch.len(), self.in_flight.len())
+        write!(f, "OpenClQueue(on {}, {} recorded)", self.cl.spec, self.batch.len())
     }
 }
 
 impl OpenClQueue {
     fn new(cl: Arc<ClDevice>) -> Result<OpenClQueue> {
         let queue = cl.new_queue()?;
-        Ok(OpenClQueue {
-            cl,
+        let inner = Inner {
+            cl: cl.clone(),
             queue,
-            batch: Vec::new(),
-            error: None,
             unsignaled: Vec::new(),
             in_flight: VecDeque::new(),
-            steps: Vec::new(),
-        })
+            deferred: None,
+            poison: None,
+        };
+        Ok(OpenClQueue { cl, inner: Arc::new(Mutex::new(inner)), batch: Vec::new(), error: None })
     }
 
     fn record(&mut self, command: Result<Command>) -> &mut Self {
@@ -104,192 +338,14 @@ impl OpenClQueue {
     }
 
     /// Like [`HardwareQueue::wait`] for a signal of any type (a CPU signal, another
-    /// backend's): the queue is held by a user event that a helper thread completes once the
-    /// signal reaches `value` (or fails it, failing the commands behind it).
+    /// backend's): a host step (see the module docs).
     pub fn wait_foreign(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
         self.record(Ok(Command::Wait(signal.clone(), value)))
     }
 
-    /// Blocks until every submitted command has finished; returns the first failure.
-    pub fn finish(&mut self) -> Result<()> {
-        self.queue.finish().map_err(|e| driver("clFinish", e))?;
-        let mut first = None;
-        for f in self.in_flight.drain(..) {
-            if let Err(e) = f.until.status() {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-
-    fn context(&self) -> opencl3::types::cl_context {
-        self.cl.context().get()
-    }
-
-    /// The causes a newly enqueued event inherits: of steps still running or failed.
-    fn causes(&mut self) -> Vec<Cause> {
-        self.steps.retain(|(cause, gate)| cause.get().is_some() || !matches!(gate.status(), Ok(true)));
-        self.steps.iter().map(|(c, _)| c.clone()).collect()
-    }
-
-    /// Wraps the event an enqueue returned; it joins the wait list of the next signal.
-    fn enqueued(&mut self, event: cl_event) -> Arc<ClEvent> {
-        let causes = self.causes();
-        let e = Arc::new(ClEvent::from_raw(event, self.context(), causes));
-        self.unsignaled.push(e.clone());
-        e
-    }
-
-    /// A barrier holding this queue until `events` complete.
-    fn barrier(&mut self, events: &[cl_event]) -> Result<Arc<ClEvent>> {
-        let (n, list) = wait_list(events);
-        // SAFETY: the queue is live and the wait list holds `n` live events of this context.
-        let e = unsafe { enqueue_barrier_with_wait_list(self.queue.get(), n, list) }
-            .map_err(|e| driver("clEnqueueBarrierWithWaitList", e))?;
-        Ok(self.enqueued(e))
-    }
-
-    /// A marker of everything enqueued so far (not joining the next signal's wait list).
-    fn marker(&mut self) -> Result<Arc<ClEvent>> {
-        // SAFETY: the queue is live; an empty wait list means "all previous commands".
-        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), 0, std::ptr::null()) }
-            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
-        let causes = self.causes();
-        Ok(Arc::new(ClEvent::from_raw(e, self.context(), causes)))
-    }
-
-    /// Runs `job` on a helper thread once `after` (if any) completed; the queue continues
-    /// when the job returns. A failing job fails every signal recorded behind it.
-    fn host_step(
-        &mut self,
-        after: Option<Arc<ClEvent>>,
-        job: impl FnOnce() -> Result<()> + Send + 'static,
-    ) -> Result<()> {
-        let gate = Arc::new(ClEvent::user(self.context())?);
-        let cause: Cause = Arc::new(OnceLock::new());
-        let thread_gate = gate.clone();
-        self.steps.push((cause.clone(), gate.clone()));
-        std::thread::Builder::new()
-            .name("kiln-opencl-host-step".into())
-            .spawn(move || {
-                let result = after.map_or(Ok(()), |e| e.wait()).and_then(|()| job());
-                if let Err(e) = &result {
-                    let _ = cause.set(e.clone());
-                }
-                // Completing a live user event cannot fail; if the driver refuses anyway there
-                // is nobody left to report to.
-                let _ = thread_gate.complete();
-            })
-            .map_err(|e| Error::Driver { backend: "OpenCL", message: format!("cannot start a helper thread: {e}") })?;
-        self.barrier(&[gate.raw()])?;
-        Ok(())
-    }
-
-    fn enqueue_wait(&mut self, signal: Arc<dyn TimelineSignal>, value: u64) -> Result<()> {
-        if let Some(e) = signal.failure()
-            && !signal.is_reached(value)
-        {
-            return Err(Error::SignalFailed(format!("queue on {} waits on a failed signal: {e}", self.cl.spec)));
-        }
-        if signal.is_reached(value) {
-            return Ok(());
-        }
-        let device_event = signal
-            .as_any()
-            .downcast_ref::<OpenClSignal>()
-            .and_then(|s| s.event_for(value))
-            .filter(|e| e.context() == self.context());
-        match device_event {
-            Some(e) => self.barrier(&[e.raw()]).map(drop),
-            None => self.host_step(None, move || signal.wait(value, Duration::MAX)),
-        }
-    }
-
-    fn enqueue_signal(&mut self, signal: &OpenClSignal, value: u64) -> Result<()> {
-        let waits: Vec<cl_event> = self.unsignaled.iter().map(|e| e.raw()).collect();
-        let (n, list) = wait_list(&waits);
-        // SAFETY: the queue is live; the wait list holds `n` events this queue retains.
-        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), n, list) }
-            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
-        let causes = self.causes();
-        let marker = Arc::new(ClEvent::from_raw(e, self.context(), causes));
-        self.unsignaled.clear();
-        signal.record(value, marker)
-    }
-
-    fn enqueue_exec(&mut self, kernel: &Kernel, views: &[RawView], vals: &[i64], dims: &LaunchDims) -> Result<()> {
-        let program = opencl_program(kernel)?;
-        // SAFETY: `views` are live cl_mem windows of this context (checked at record time and
-        // kept alive in `in_flight` until the launch completes); the queue is of this context.
-        let event = unsafe { program.enqueue_raw(self.queue.get(), views, vals, dims, &[]) }?;
-        self.enqueued(event);
-        Ok(())
-    }
-
-    fn enqueue_copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<()> {
-        let mine = |b: &Buffer| b.device() == &self.cl.spec;
-        let (d, s) = (dst.raw()?, src.raw()?);
-        let event = if mine(dst) && mine(src) {
-            // SAFETY: both windows are live cl_mem ranges of this context with equal sizes
-            // (checked at record time); the buffers are held until the copy completes.
-            unsafe {
-                enqueue_copy_buffer(
-                    self.queue.get(),
-                    mem(s.base),
-                    mem(d.base),
-                    s.offset,
-                    d.offset,
-                    s.bytes,
-                    0,
-                    std::ptr::null(),
-                )
-            }
-            .map_err(|e| driver("clEnqueueCopyBuffer", e))?
-        } else if mine(dst) && src.allocator().is_host() {
-            // SAFETY: `src` is host memory of `s.bytes` bytes held alive until the command
-            // completes; the in-order queue reads it only after every earlier command.
-            unsafe {
-                enqueue_write_buffer(
-                    self.queue.get(),
-                    mem(d.base),
-                    CL_NON_BLOCKING,
-                    d.offset,
-                    d.bytes,
-                    s.host_ptr() as *const c_void,
-                    0,
-                    std::ptr::null(),
-                )
-            }
-            .map_err(|e| driver("clEnqueueWriteBuffer", e))?
-        } else if mine(src) && dst.allocator().is_host() {
-            // SAFETY: as above, for the host destination.
-            unsafe {
-                enqueue_read_buffer(
-                    self.queue.get(),
-                    mem(s.base),
-                    CL_NON_BLOCKING,
-                    s.offset,
-                    s.bytes,
-                    d.host_ptr() as *mut c_void,
-                    0,
-                    std::ptr::null(),
-                )
-            }
-            .map_err(|e| driver("clEnqueueReadBuffer", e))?
-        } else {
-            let after = self.marker()?;
-            let (dst, src) = (dst.clone(), src.clone());
-            return self.host_step(Some(after), move || dst.copy_from(&src));
-        };
-        self.enqueued(event);
-        Ok(())
-    }
-
-    /// Drops what completed commands held.
-    fn retire(&mut self) {
-        while self.in_flight.front().is_some_and(|f| !matches!(f.until.status(), Ok(false))) {
-            self.in_flight.pop_front();
-        }
+    /// The error that poisoned this queue, if a host step failed.
+    pub fn poisoned(&self) -> Option<Error> {
+        lock(&self.inner).poison.clone()
     }
 }
 
@@ -368,61 +424,48 @@ impl HardwareQueue for OpenClQueue {
     }
 
     fn submit(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
         if let Some(e) = self.error.take() {
-            self.batch.clear();
             return Err(e);
         }
-        self.retire();
-        let mut buffers = Vec::new();
-        let mut kernels = Vec::new();
-        let mut commands = std::mem::take(&mut self.batch).into_iter();
-        let mut result = Ok(());
-        for cmd in commands.by_ref() {
-            let step = match cmd {
-                Command::Wait(s, v) => self.enqueue_wait(s, v),
-                Command::Signal(s, v) => self.enqueue_signal(&s, v),
-                Command::Exec { kernel, bufs, views, vals, dims } => {
-                    let r = self.enqueue_exec(&kernel, &views, &vals, &dims);
-                    kernels.push(kernel);
-                    buffers.extend(bufs);
-                    r
+        let mut g = lock(&self.inner);
+        if let Some(p) = g.poison.clone() {
+            let e = Error::SignalFailed(format!("the queue on {} is poisoned by a failed wait: {p}", self.cl.spec));
+            fail_signals(batch, &e);
+            return Err(e);
+        }
+        g.retire();
+        if let Some(deferred) = g.deferred.as_mut() {
+            deferred.extend(batch);
+            return Ok(());
+        }
+        let mut commands: VecDeque<Command> = batch.into();
+        match g.run(&mut commands) {
+            Ok(None) => Ok(()),
+            Ok(Some(step)) => {
+                g.deferred = Some(commands);
+                let inner = self.inner.clone();
+                let spawned =
+                    std::thread::Builder::new().name("kiln-opencl-queue".into()).spawn(move || helper(inner, step));
+                if let Err(e) = spawned {
+                    let e = Error::Driver {
+                        backend: "OpenCL",
+                        message: format!("cannot start the queue's helper thread: {e}"),
+                    };
+                    fail_signals(g.deferred.take().unwrap_or_default(), &e);
+                    return Err(e);
                 }
-                Command::Copy { dst, src } => {
-                    let r = self.enqueue_copy(&dst, &src);
-                    buffers.extend([dst, src]);
-                    r
-                }
-                Command::Barrier => self.barrier(&[]).map(drop),
-            };
-            if let Err(e) = step {
-                result = Err(e);
-                break;
+                Ok(())
+            }
+            Err(e) => {
+                fail_signals(commands, &e);
+                Err(e)
             }
         }
-        if let Err(e) = &result {
-            for cmd in commands {
-                if let Command::Signal(s, _) = cmd {
-                    s.fail(e.clone());
-                }
-            }
-        }
-        self.queue.flush().map_err(|e| driver("clFlush", e))?;
-        if !buffers.is_empty() || !kernels.is_empty() {
-            let until = self.marker()?;
-            self.in_flight.push_back(InFlight { until, _buffers: buffers, _kernels: kernels });
-        }
-        result
     }
 
     fn device(&self) -> &DeviceSpec {
         &self.cl.spec
-    }
-}
-
-impl Drop for OpenClQueue {
-    fn drop(&mut self) {
-        // Held buffers must outlive the commands using them.
-        let _ = self.queue.finish();
     }
 }
 
@@ -552,16 +595,22 @@ mod tests {
         done.wait(1, LONG).unwrap();
         assert_eq!(c.to_vec::<f32>().unwrap(), vec![3.0; 4]);
 
-        // A failed producer fails the signals behind the wait instead of hanging them.
+        // A failed producer: nothing behind the wait runs, the signals behind it fail, and
+        // the queue stays poisoned (later batches fail their signals too).
         let (gate, done) = (Arc::new(CpuTimelineSignal::new()), factory.create_signal().unwrap());
         let host: Arc<dyn TimelineSignal> = gate.clone();
-        q.wait_foreign(&host, 1).exec(&k, &[&a, &c], &[4]).signal(&done, 1).submit().unwrap();
+        let fresh = f32s(&dev, &[0.0; 4]);
+        q.wait_foreign(&host, 1).exec(&k, &[&a, &fresh], &[4]).signal(&done, 1).submit().unwrap();
+        let later = factory.create_signal().unwrap();
+        q.signal(&later, 1).submit().unwrap(); // queued behind the pending wait
         gate.fail(Error::Launch("producer broke".into()));
         let r = done.wait(1, LONG);
         assert!(matches!(&r, Err(Error::SignalFailed(m)) if m.contains("producer broke")), "{r:?}");
-        // Waiting on an already failed signal is refused at submit and fails later signals.
+        assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("producer broke")));
+        assert_eq!(fresh.to_vec::<f32>().unwrap(), vec![0.0; 4], "the kernel behind the failed wait ran");
+        assert!(q.poisoned().is_some());
         let after = factory.create_signal().unwrap();
-        assert!(q.wait(&done, 1).signal(&after, 1).submit().is_err());
+        assert!(matches!(q.signal(&after, 1).submit(), Err(Error::SignalFailed(_))));
         assert!(matches!(after.wait(1, LONG), Err(Error::SignalFailed(_))));
     }
 

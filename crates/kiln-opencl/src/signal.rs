@@ -4,7 +4,7 @@
 //! reaches `v` when the marker completes. A queue of the same context that waits for `v`
 //! puts the marker's event in a barrier's wait list (the device orders the work, the host
 //! never blocks); anything else (another context, a value no event covers yet, a host
-//! signal) is waited for on a helper thread that completes a user event.
+//! signal) is waited for on the host by the queue's helper thread (see [`crate::queue`]).
 //!
 //! [`RingSignal`] keeps its slots private, so [`OpenClSignal`] records every event twice:
 //! into the ring (which owns the timeline semantics) and into a mirror [`EventRing`] that
@@ -12,33 +12,19 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kiln_device::{BackendEvent, Error, EventRing, Result, RingSignal, TimelineSignal};
-use opencl3::event::{
-    CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS, create_user_event, get_event_info, release_event,
-    set_user_event_status, wait_for_events,
-};
+use opencl3::event::{CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS, get_event_info, release_event, wait_for_events};
 use opencl3::types::{cl_context, cl_event, cl_int};
 
 use crate::driver;
-
-/// The error of a host-side step of a queue (a wait on a host signal, a staged copy), set by
-/// its helper thread. Every event the queue enqueues after that step holds the cause and
-/// reports it as its failure.
-///
-/// A failed step still completes its user event successfully: PoCL (3.1) aborts the process
-/// when a command depends on a user event completed with an error status. So the commands
-/// behind a failed step run, but every signal recorded after it fails with the step's error.
-pub(crate) type Cause = Arc<OnceLock<Error>>;
 
 /// An owned reference to a `cl_event`, released on drop. Shared as `Arc<ClEvent>`.
 pub struct ClEvent {
     event: cl_event,
     context: cl_context,
-    /// The host steps enqueued before this event that had not finished cleanly.
-    causes: Vec<Cause>,
 }
 
 // SAFETY: OpenCL event handles may be used from any thread (the API is thread-safe); the
@@ -62,14 +48,15 @@ impl Drop for ClEvent {
 
 impl ClEvent {
     /// Takes ownership of the reference an enqueue call returned.
-    pub(crate) fn from_raw(event: cl_event, context: cl_context, causes: Vec<Cause>) -> ClEvent {
-        ClEvent { event, context, causes }
+    pub(crate) fn from_raw(event: cl_event, context: cl_context) -> ClEvent {
+        ClEvent { event, context }
     }
 
     /// A user event of `context`, completed by the host with [`ClEvent::complete`].
+    #[cfg(test)]
     pub(crate) fn user(context: cl_context) -> Result<ClEvent> {
-        let e = create_user_event(context).map_err(|e| driver("clCreateUserEvent", e))?;
-        Ok(ClEvent { event: e, context, causes: Vec::new() })
+        let e = opencl3::event::create_user_event(context).map_err(|e| driver("clCreateUserEvent", e))?;
+        Ok(ClEvent { event: e, context })
     }
 
     pub fn raw(&self) -> cl_event {
@@ -80,22 +67,19 @@ impl ClEvent {
         self.context
     }
 
-    /// Completes a user event (always successfully: see [`Cause`]).
-    pub(crate) fn complete(&self) -> Result<()> {
-        set_user_event_status(self.event, CL_COMPLETE).map_err(|e| driver("clSetUserEventStatus", e))
+    /// Completes a user event: successfully, or with a failure status.
+    #[cfg(test)]
+    pub(crate) fn complete(&self, ok: bool) -> Result<()> {
+        let status = if ok { CL_COMPLETE } else { -1 };
+        opencl3::event::set_user_event_status(self.event, status).map_err(|e| driver("clSetUserEventStatus", e))
     }
 
     /// `Ok(true)` when the command completed, `Ok(false)` while it is queued or running, an
-    /// error when it or a host step before it failed.
+    /// error when it (or a command it depended on) failed.
     pub fn status(&self) -> Result<bool> {
         let status: cl_int = get_event_info(self.event, CL_EVENT_COMMAND_EXECUTION_STATUS)
             .map_err(|e| driver("clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)", e))?
             .into();
-        // Read after the status: a step's cause is set before its user event completes, so a
-        // completed event always sees the cause of a failed step before it.
-        if let Some(e) = self.causes.iter().find_map(|c| c.get()) {
-            return Err(e.clone());
-        }
         match status {
             CL_COMPLETE => Ok(true),
             s if s < 0 => Err(Error::Driver {
@@ -223,7 +207,7 @@ mod tests {
         s.record(2, b.clone()).unwrap();
         assert_eq!(s.value(), 0);
         assert!(s.wait(1, Duration::from_millis(5)).is_err());
-        a.complete().unwrap();
+        a.complete(true).unwrap();
         s.wait(1, Duration::from_secs(10)).unwrap();
         assert_eq!(s.value(), 1);
         assert!(matches!(s.record(0, a.clone()), Err(Error::Invalid(_))), "values never decrease");
@@ -231,23 +215,8 @@ mod tests {
             let s = s.clone();
             std::thread::spawn(move || s.wait(2, Duration::MAX))
         };
-        b.complete().unwrap();
-        waiter.join().unwrap().unwrap();
-        assert_eq!(s.value(), 2);
-    }
-
-    #[test]
-    fn a_failed_step_fails_the_events_behind_it() {
-        let Some(dev) = test_device() else { return };
-        let cl = crate::cl_device(&dev.spec).unwrap();
-        let cause: Cause = Arc::new(OnceLock::new());
-        let user = ClEvent::user(cl.context().get()).unwrap();
-        let e = ClEvent::from_raw(user.raw(), user.context(), vec![cause.clone()]);
-        std::mem::forget(user); // `e` now owns the reference
-        assert!(matches!(e.status(), Ok(false)));
-        let _ = cause.set(Error::Launch("the producer broke".into()));
-        e.complete().unwrap();
-        assert!(matches!(e.status(), Err(Error::Launch(m)) if m.contains("producer")));
-        assert!(matches!(e.wait(), Err(Error::Launch(_))));
+        b.complete(false).unwrap();
+        assert!(matches!(waiter.join().unwrap(), Err(Error::SignalFailed(_))));
+        assert!(s.failure().is_some());
     }
 }
