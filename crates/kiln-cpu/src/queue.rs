@@ -15,7 +15,7 @@
 //! queue can be trusted. Create a new queue to continue. Once the failure is visible to the
 //! host, `submit` on a poisoned queue fails the batch's signals at once and returns the error.
 //!
-//! Latency: the worker spins a few microseconds for the next batch before it parks, and
+//! Latency: the worker spins ~20 µs for the next batch before it parks, and
 //! signal waiters spin before they park, so a submit→kernel→signal→host wake round trip
 //! takes microseconds, not a thread wake-up (see `examples/queue_latency.rs`).
 

@@ -75,9 +75,12 @@ use sync::{AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 /// Bit 63 of the signal word: the signal failed.
 const FAILED: u64 = 1 << 63;
 
-/// How long `wait` spins on the value before it parks the thread. Parking and waking a
-/// thread costs tens of microseconds; a producer that is about to finish is usually faster.
-const SPIN_FOR: Duration = Duration::from_micros(5);
+/// How long `wait` spins on the value before it parks the thread. Waking a parked thread
+/// costs ~10-15 µs here (futex wake plus scheduling); the spin must outlast that, or two
+/// threads that signal each other in turn get stuck paying it on every hand-off (each one's
+/// spin ends before the other, itself just woken, answers). Short enough that a long wait
+/// wastes almost no CPU.
+const SPIN_FOR: Duration = Duration::from_micros(20);
 
 /// A host timeline signal: one atomic word plus a mutex/condvar pair for parked waiters.
 ///
