@@ -34,7 +34,10 @@ pub struct PlanOptions {
     /// The longest `run` waits for a queue to finish; `Duration::MAX` waits without limit.
     pub timeout: Duration,
     /// Hand each run of kernels on host memory that needs no signal in between to its queue
-    /// as one command (see [`crate::fuse`]).
+    /// as one command that calls the kernels' programs in order with arguments checked when
+    /// the variable values were bound: a replay then costs one queue command per run of
+    /// kernels instead of one argument check and recording per kernel. Failure is the same:
+    /// the first failing kernel's error fails the queue's signal and the rest do not run.
     pub fuse: bool,
 }
 
@@ -349,6 +352,11 @@ impl ExecutionPlan {
     }
 
     /// Runs once with timing on the executing side and returns the timeline.
+    ///
+    /// Kernel nodes are timed by their program wrapped in a timing program, copies by marker
+    /// programs around them; both need a queue that calls `Program::execute` itself, so nodes
+    /// on device memory whose queue enqueues programs natively (OpenCL) run untimed and are
+    /// missing from the profile.
     pub fn run_profiled(&mut self, vars: &[(&str, i64)]) -> Result<Profile> {
         let vals = self.resolve(vars)?;
         let start = Instant::now();
@@ -604,8 +612,9 @@ impl ExecutionPlan {
                         *timed = Some(profile::timed_kernel(kernel, node.stamps.clone(), self.epoch));
                     }
                 }
-                NodeKind::Copy { markers, .. } => {
-                    if markers.is_none() {
+                // Markers are programs the queue must run itself: only on host memory.
+                NodeKind::Copy { markers, dst, src } => {
+                    if markers.is_none() && dst.allocator().is_host() && src.allocator().is_host() {
                         *markers = Some(profile::marker_kernels(&device, node.stamps.clone(), self.epoch));
                     }
                 }

@@ -504,7 +504,7 @@ mod cpu_backend {
     }
 
     /// `y[i] = x[i] * mul + add` for `i < n`.
-    fn scale(mul: f32, add: f32) -> Arc<UOp> {
+    pub(super) fn scale(mul: f32, add: f32) -> Arc<UOp> {
         let mut k = KernelBuilder::new();
         let n = k.var("n", 1, 1 << 16);
         let x = k.param(0, Scalar::F32, &n);
@@ -591,5 +591,50 @@ mod cpu_backend {
         for tid in tids {
             assert!(json.contains(&format!("\"tid\":{tid},\"ts\"")));
         }
+    }
+}
+
+/// A plan on an OpenCL device's queues (skipped when no OpenCL device is present): device
+/// memory, native enqueues, signals as marker events.
+mod opencl_backend {
+    use super::*;
+
+    #[test]
+    fn branches_copies_and_replay_match_serial() {
+        let dev = match kiln_opencl::open(&DeviceSpec::OpenCl { ordinal: 0 }) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("skipping: no OpenCL device ({e})");
+                return;
+            }
+        };
+        let k =
+            |mul: f32, add: f32, name: &str| dev.compile(&cpu_backend::scale(mul, add), Some(name)).expect("compile");
+        let (double, inc) = (k(2.0, 0.0, "double"), k(1.0, 1.0, "inc"));
+        const N: usize = 128;
+        let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+        let make = || -> Vec<Buffer> {
+            (0..4).map(|_| Buffer::from_slice(dev.allocator.clone(), &x).expect("buffer")).collect()
+        };
+        let (expected, actual) = (make(), make());
+        let mut p = ExecutionPlan::with_options(&dev, PlanOptions { compute_queues: 2, ..PlanOptions::default() })
+            .expect("plan");
+        // 0 → 1 (double), 2 → 3 (inc) in parallel; then 1 copied into 2 (after inc read 2).
+        p.exec(&double, &[&actual[0], &actual[1]], &[("n", N as i64)]).expect("record");
+        p.exec(&inc, &[&actual[2], &actual[3]], &[("n", N as i64)]).expect("record");
+        p.copy(&actual[2], &actual[1]).expect("record");
+        p.exec(&inc, &[&actual[2], &actual[0]], &[("n", N as i64)]).expect("record");
+        for n in [N, 64] {
+            double.launch(&[&expected[0], &expected[1]], &[n as i64]).expect("serial");
+            inc.launch(&[&expected[2], &expected[3]], &[n as i64]).expect("serial");
+            expected[2].copy_from(&expected[1]).expect("serial");
+            inc.launch(&[&expected[2], &expected[0]], &[n as i64]).expect("serial");
+            p.run(&[("n", n as i64)]).expect("plan run");
+            for (e, a) in expected.iter().zip(&actual) {
+                assert_eq!(e.to_vec::<f32>().expect("read"), a.to_vec::<f32>().expect("read"), "n = {n}");
+            }
+        }
+        let profile = p.run_profiled(&[]).expect("a profiled run works, untimed on OpenCL");
+        assert!(profile.events.len() <= p.len());
     }
 }
