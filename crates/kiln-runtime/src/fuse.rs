@@ -126,8 +126,8 @@ mod tests {
 
     #[test]
     fn segments_break_at_waits_signals_and_unfusable_nodes() {
-        // Queue of a chain 0..6 on one compute queue, plus node 6 independent (other queue)
-        // and node 7 joining 5 and 6 (a wait).
+        // A chain 0..6, an independent expensive node 6 (another queue) and node 7 joining
+        // 5 and 6 (a wait).
         let deps: Vec<Vec<usize>> = vec![vec![], vec![0], vec![1], vec![2], vec![3], vec![4], vec![], vec![5, 6]];
         let n = deps.len();
         let s = schedule(
@@ -140,10 +140,10 @@ mod tests {
         fusable[3] = false;
         let (segments, of) = find_segments(&s, &fusable);
         let runs: Vec<Vec<usize>> = segments.iter().map(|g| g.nodes.clone()).collect();
-        // 0,1,2 | 3 alone | 4,5 (5 ends the queue's part before the join only if 7 is
-        // elsewhere); every segment lies on one queue, with waits only at its head and a
-        // signal only after its tail.
+        // The chain 0..6 stays on one queue; the unfusable node 3 splits it. Every segment
+        // lies on one queue, with waits only at its head and a signal only after its tail.
         assert!(runs.contains(&vec![0, 1, 2]), "{runs:?}");
+        assert!(runs.contains(&vec![4, 5]), "{runs:?}");
         assert_eq!(of[3], None);
         for g in &segments {
             let q = s.queue[g.nodes[0]];
