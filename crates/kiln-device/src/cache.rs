@@ -109,7 +109,9 @@ impl Toolchain {
     }
 
     /// The disk key of `sink` compiled under `name` for the device family `family`.
-    pub fn disk_key(&self, sink: &UOp, name: Option<&str>, family: &str) -> [u8; 32] {
+    /// The disk key also covers the rendered source, so a renderer change can never load a
+    /// binary built from older output (no version constant to forget to bump).
+    pub fn disk_key(&self, sink: &UOp, name: Option<&str>, family: &str, src: &str) -> [u8; 32] {
         let mut h = Sha256::new();
         h.update(b"kiln-kernel-cache\0");
         h.update(FORMAT_VERSION.to_le_bytes());
@@ -125,6 +127,7 @@ impl Toolchain {
         put_str(&mut h, &self.renderer_key);
         put_str(&mut h, self.compiler.cache_key());
         put_str(&mut h, &self.fingerprint);
+        put_str(&mut h, src);
         h.finalize().into()
     }
 }
@@ -404,11 +407,13 @@ impl KernelCache {
         device: &DeviceSpec,
         tc: &Toolchain,
     ) -> Result<Kernel> {
+        // Rendering is cheap next to compiling (~0.1 ms) and its output is part of the key.
+        let spec = tc.renderer.render(sink, name)?;
         let disk = self.disk();
-        let key = disk.map(|_| tc.disk_key(sink, name, device.base_type()));
+        let key = disk.map(|_| tc.disk_key(sink, name, device.base_type(), &spec.src));
         if let (Some(d), Some(key)) = (disk, &key) {
             match d.load(key) {
-                Ok(Lookup::Hit(entry)) => match entry.instantiate(sink, device, tc) {
+                Ok(Lookup::Hit(entry)) => match entry.instantiate(&spec, tc) {
                     Ok(k) => {
                         self.disk_hits.fetch_add(1, Ordering::Relaxed);
                         return Ok(k);
@@ -428,7 +433,6 @@ impl KernelCache {
             }
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let spec = tc.renderer.render(sink, name)?;
         let compiled = tc.compiler.compile(&spec)?;
         let program = (tc.runtime)(&compiled)?;
         if let (Some(d), Some(key)) = (disk, &key)
@@ -555,13 +559,17 @@ impl Entry {
     }
 
     /// Rebuilds the spec from the graph and loads the stored code with the toolchain's runtime.
-    fn instantiate(self, sink: &Arc<UOp>, device: &DeviceSpec, tc: &Toolchain) -> Result<Kernel> {
+    /// Loads the entry for `spec`, the freshly rendered kernel whose source is in the key.
+    fn instantiate(self, spec: &ProgramSpec, tc: &Toolchain) -> Result<Kernel> {
         let (src, bytes) = if self.is_source {
             (String::from_utf8(self.data).map_err(|_| Error::Cache("stored source is not UTF-8".into()))?, Vec::new())
         } else {
-            (String::new(), self.data)
+            (spec.src.clone(), self.data)
         };
-        let spec = Arc::new(ProgramSpec::from_sink(&self.spec_name, src.clone(), device.clone(), sink)?);
+        let mut spec = spec.clone();
+        spec.name = self.spec_name;
+        spec.src = src.clone();
+        let spec = Arc::new(spec);
         let compiled =
             CompiledSpec { name: self.compiled_name, src: self.is_source.then_some(src), bytes, spec: spec.clone() };
         let program = (tc.runtime)(&compiled)?;
@@ -1107,7 +1115,7 @@ mod tests {
         let sink = kernel(1.0);
         let a = rig(MockCompiler::new("cc 12.2 -O2 x86-64-v3")).toolchain;
         let b = rig(MockCompiler::new("cc 13.1 -O2 x86-64-v3")).toolchain;
-        let k = |t: &Toolchain, s: &Arc<UOp>, n: Option<&str>, f: &str| t.disk_key(s, n, f);
+        let k = |t: &Toolchain, s: &Arc<UOp>, n: Option<&str>, f: &str| t.disk_key(s, n, f, "src");
         let base = k(&a, &sink, Some("k"), "CPU");
         assert_eq!(base, k(&a, &sink, Some("k"), "CPU"), "stable");
         assert_ne!(base, k(&b, &sink, Some("k"), "CPU"), "fingerprint");
@@ -1115,6 +1123,7 @@ mod tests {
         assert_ne!(base, k(&a, &sink, Some("j"), "CPU"), "name");
         assert_ne!(base, k(&a, &sink, None, "CPU"), "default name");
         assert_ne!(base, k(&a, &sink, Some("k"), "CUDA"), "family");
+        assert_ne!(base, a.disk_key(&sink, Some("k"), "CPU", "other src"), "rendered source");
         assert_ne!(a.id, b.id);
 
         // Behaviour: a toolchain change misses and compiles next to the old entry.
@@ -1136,8 +1145,17 @@ mod tests {
         for k in &kernels[..3] {
             c.get_or_compile(k, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
         }
-        let paths: Vec<PathBuf> =
-            kernels.iter().map(|k| c.disk().unwrap().entry_path(&r.toolchain.disk_key(k, None, "CPU"))).collect();
+        let paths: Vec<PathBuf> = kernels
+            .iter()
+            .map(|k| {
+                c.disk().unwrap().entry_path(&r.toolchain.disk_key(
+                    k,
+                    None,
+                    "CPU",
+                    &r.toolchain.renderer.render(k, None).unwrap().src,
+                ))
+            })
+            .collect();
         let size = fs::metadata(&paths[0]).unwrap().len();
         // Age the entries: 0 oldest, then 1, then 2.
         let t0 = SystemTime::now() - Duration::from_secs(1000);
