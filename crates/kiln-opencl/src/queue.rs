@@ -31,7 +31,9 @@
 //! that were not recorded yet, so no waiter hangs; the queue stays usable.
 //!
 //! Buffers and kernels of submitted commands are held until the commands finish, so dropping
-//! the caller's handles (or an allocator reusing the block) cannot race the device.
+//! the caller's handles (or an allocator reusing the block) cannot race the device. Dropping
+//! a queue waits for its enqueued work; a helper thread still waiting on a signal keeps the
+//! queue's resources alive until that signal is reached or failed.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;

@@ -523,6 +523,19 @@ mod tests {
         }
 
         #[test]
+        fn oversized_work_groups_are_refused_before_the_driver() {
+            let Some(dev) = test_device() else { return };
+            let mut k = KernelBuilder::new();
+            let a = k.param(0, Scalar::F32, 1 << 16);
+            let l = k.special("lidx0", 1 << 16);
+            k.store(&a.at(&l), &Val::f32(1.0));
+            let kernel = dev.compile(&k.finish().unwrap(), Some("wide_group")).unwrap();
+            let b = dev.buffer(Scalar::F32, 1 << 16).unwrap();
+            let r = kernel.launch(&[&b], &[]);
+            assert!(matches!(&r, Err(Error::Launch(m)) if m.contains("work-group")), "{r:?}");
+        }
+
+        #[test]
         fn reduction_over_rows() {
             let Some(dev) = test_device() else { return };
             let mut k = KernelBuilder::new();
