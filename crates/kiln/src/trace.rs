@@ -10,7 +10,9 @@ use crate::error::{CliError, Context};
 
 /// Records `kernel` over `bufs` in an execution plan, runs it once with profiling and
 /// writes the trace to `path`. A device without command queues cannot be profiled: the
-/// kernel then runs directly and a note on stderr says why no trace was written.
+/// kernel then runs directly and a note on stderr says why no trace was written. Queues that
+/// enqueue their own programs (OpenCL) run untimed: the trace then has no kernel slices,
+/// and a note says so.
 pub fn run_traced(
     device: &Device,
     kernel: &Kernel,
@@ -29,5 +31,12 @@ pub fn run_traced(
     plan.exec_vals(kernel, bufs, vals).context(|| format!("cannot record kernel `{name}` in an execution plan"))?;
     let vars: Vec<(&str, i64)> = kernel.spec.var_names.iter().map(String::as_str).zip(vals.iter().copied()).collect();
     let profile = plan.run_profiled(&vars).context(|| format!("kernel `{name}` failed"))?;
+    if profile.events.is_empty() {
+        eprintln!(
+            "note: {} runs kernels natively on its queues, so the trace in {} has its queues but no kernel timings",
+            device.spec,
+            path.display()
+        );
+    }
     profile.write_chrome_trace(path).context(|| format!("cannot write the trace to {}", path.display()))
 }

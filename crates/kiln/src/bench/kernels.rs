@@ -1,0 +1,164 @@
+//! The benchmark kernels: ordinary kiln kernels built with the builder. Their speed comes
+//! from the IR (vector dtypes, unrolled accumulators, core splitting), not from hand C.
+
+use std::sync::Arc;
+
+use kiln_device::kiln_ir::{DType, IrError, KernelBuilder, Scalar, UOp, Val};
+
+/// The launch index that spreads work: `gidx0` on the CPU (split over its cores by the
+/// renderer), `idx0` elsewhere (one work item each; the driver picks the group size).
+pub type Axis = &'static str;
+
+const W: u8 = 8; // f32x8: one AVX2 register
+
+/// `c[i] = a[i] + b[i]` for `n` elements (n a multiple of 8·block), vectorized 8 wide.
+pub fn add_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+    let block = 4096usize; // elements per work item
+    let mut k = KernelBuilder::new();
+    let (a, b, c) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n), k.param(2, Scalar::F32, n));
+    let g = k.special(axis, (n / block) as i64);
+    let r = k.range((block / W as usize) as i64);
+    let idx = &g * block as i64 + &r * W as i64;
+    let v = a.at_vec(&idx, W).load() + b.at_vec(&idx, W).load();
+    let st = k.store(&c.at_vec(&idx, W), &v);
+    k.end(&r, &[&st]);
+    k.finish()
+}
+
+/// Partial sums: `partial[g] = sum(a[g·chunk .. (g+1)·chunk])` with 4 independent f32x8
+/// accumulators to hide add latency, then a horizontal sum.
+pub fn sum_partials_f32(axis: Axis, n: usize, chunks: usize) -> Result<Arc<UOp>, IrError> {
+    let chunk = n / chunks;
+    let unroll = 4usize;
+    let step = W as usize * unroll;
+    let mut k = KernelBuilder::new();
+    let a = k.param(0, Scalar::F32, n);
+    let out = k.param(1, Scalar::F32, chunks);
+    let g = k.special(axis, chunks as i64);
+    let r = k.range((chunk / step) as i64);
+    let zero = Val::constant(DType::vec(Scalar::F32, W), 0.0);
+    let mut finals = Vec::new();
+    for u in 0..unroll {
+        let acc = k.acc(&zero, &[&r]);
+        let idx = &g * chunk as i64 + &r * step as i64 + (u * W as usize) as i64;
+        let v = a.at_vec(&idx, W).load();
+        finals.push(acc.update(&(acc.get() + v)));
+    }
+    let mut total = finals[0].clone();
+    for f in &finals[1..] {
+        total = total + f;
+    }
+    let mut s = total.gep(0);
+    for l in 1..W {
+        s = s + total.gep(l);
+    }
+    k.store(&out.at(&g), &s);
+    k.finish()
+}
+
+/// `out[0] = sum(partial[0..chunks])`.
+pub fn sum_finish_f32(chunks: usize) -> Result<Arc<UOp>, IrError> {
+    let mut k = KernelBuilder::new();
+    let p = k.param(0, Scalar::F32, chunks);
+    let out = k.param(1, Scalar::F32, 1);
+    let r = k.range(chunks as i64);
+    let acc = k.acc(&Val::f32(0.0), &[&r]);
+    let total = acc.update(&(acc.get() + p.at(&r).load()));
+    k.store(&out.at(&Val::int(0)), &total);
+    k.finish()
+}
+
+/// `C = A·B` for n×n row-major matrices. Work item g owns a 16-column strip of C; inside,
+/// a loop over 4-row blocks keeps a 4×16 tile in 8 f32x8 accumulators across the k loop,
+/// so each k step is 2 vector loads of B, 4 broadcasts of A and 8 FMAs.
+pub fn matmul_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+    const ROWS: usize = 4;
+    const COLS: usize = 16;
+    let halves = COLS / W as usize;
+    let nn = (n * n) as i64;
+    let ni = n as i64;
+    let mut k = KernelBuilder::new();
+    let (a, b, c) = (k.param(0, Scalar::F32, nn), k.param(1, Scalar::F32, nn), k.param(2, Scalar::F32, nn));
+    let strip = k.special(axis, (n / COLS) as i64);
+    let rb = k.range((n / ROWS) as i64);
+    let kk = k.range(ni);
+    let zero = Val::constant(DType::vec(Scalar::F32, W), 0.0);
+    let col0 = &strip * COLS as i64;
+    // B is read from its packed form: strip-major, so one strip's k rows are contiguous.
+    let packed = &(&strip * ni + &kk) * COLS as i64;
+    let bvec: Vec<Val> = (0..halves).map(|h| b.at_vec(&(&packed + (h * W as usize) as i64), W).load()).collect();
+    let mut stores = Vec::new();
+    for row in 0..ROWS {
+        let i = &rb * ROWS as i64 + row as i64;
+        let aval = a.at(&(&i * ni + &kk)).load().broadcast(W);
+        for (h, bv) in bvec.iter().enumerate() {
+            let acc = k.acc(&zero, &[&kk]);
+            let tile = acc.update(&aval.mul_acc(bv, &acc.get()));
+            let addr = c.at_vec(&(&i * ni + &col0 + (h * W as usize) as i64), W);
+            stores.push(k.store(&addr, &tile));
+        }
+    }
+    let refs: Vec<&Val> = stores.iter().collect();
+    k.end(&rb, &refs);
+    k.finish()
+}
+
+/// Packs B (n×n) into 16-column strips: `bp[(s·n + k)·16 + c] = b[k·n + 16·s + c]`, so the
+/// matmul streams each strip contiguously instead of at a 4 KiB stride (which aliases cache sets).
+pub fn pack_b_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+    let nn = (n * n) as i64;
+    let ni = n as i64;
+    let mut k = KernelBuilder::new();
+    let (b, bp) = (k.param(0, Scalar::F32, nn), k.param(1, Scalar::F32, nn));
+    let strip = k.special(axis, ni / 16);
+    let kk = k.range(ni);
+    let mut stores = Vec::new();
+    for h in 0..2i64 {
+        let v = b.at_vec(&(&kk * ni + &strip * 16 + h * 8), W).load();
+        stores.push(k.store(&bp.at_vec(&(&(&strip * ni + &kk) * 16 + h * 8), W), &v));
+    }
+    k.end(&kk, &[&stores[0], &stores[1]]);
+    k.finish()
+}
+
+/// Row-wise softmax of a rows×cols matrix: max, exp(x - max) summed, then scaled.
+pub fn softmax_f32(axis: Axis, rows: usize, cols: usize) -> Result<Arc<UOp>, IrError> {
+    let mut k = KernelBuilder::new();
+    let total = (rows * cols) as i64;
+    let (x, y) = (k.param(0, Scalar::F32, total), k.param(1, Scalar::F32, total));
+    let row = k.special(axis, rows as i64);
+    let base = &row * cols as i64;
+    let vw = W as i64;
+    let vecs = cols as i64 / vw;
+    let dt = DType::vec(Scalar::F32, W);
+    // Pass 1: max.
+    let r1 = k.range(vecs);
+    let m = k.acc(&Val::constant(dt, f64::NEG_INFINITY), &[&r1]);
+    let mv = m.update(&m.get().max(x.at_vec(&(&base + &r1 * vw), W).load()));
+    let mut mx = mv.gep(0);
+    for l in 1..W {
+        mx = mx.max(mv.gep(l));
+    }
+    let mxv = mx.broadcast(W);
+    // Pass 2: exp(x - max) written out and summed.
+    let r2 = k.range(vecs);
+    let s = k.acc(&Val::constant(dt, 0.0), &[&r2]);
+    let addr2 = &base + &r2 * vw;
+    let e = (x.at_vec(&addr2, W).load() - &mxv).exp();
+    let st = k.store(&y.at_vec(&addr2, W), &e);
+    let sv = s.update(&(s.get() + &e));
+    let e2 = k.end(&r2, &[&st]);
+    let mut sum = sv.gep(0);
+    for l in 1..W {
+        sum = sum + sv.gep(l);
+    }
+    let inv = sum.recip();
+    // Pass 3: scale (after pass 2's stores: AFTER orders the reload behind them).
+    let r3 = k.range(vecs);
+    let addr3 = &base + &r3 * vw;
+    let ptr = y.at_vec(&addr3, W);
+    let after = ptr.after(&[&e2]);
+    let st3 = k.store(&ptr, &(after.load() * inv.broadcast(W)));
+    k.end(&r3, &[&st3]);
+    k.finish()
+}
