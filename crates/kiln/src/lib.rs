@@ -9,6 +9,7 @@
 //! `error: <message>` with its cause chain, exit status 2 for usage errors and 1 otherwise.
 
 pub mod args;
+pub mod bench;
 pub mod cache;
 pub mod compile;
 pub mod devices;
@@ -53,6 +54,12 @@ pub const COMMANDS: &[Command] = &[
         summary: "run a kernel file once on .npy inputs",
         usage: run::USAGE,
         run: |p| run::run(&run::RunArgs::parse(p)?),
+    },
+    Command {
+        name: "bench",
+        summary: "verify and time kiln's benchmark suite against same-run baselines",
+        usage: bench::USAGE,
+        run: |p| bench::run(&bench::BenchArgs::parse(p)?),
     },
     Command {
         name: "cache",

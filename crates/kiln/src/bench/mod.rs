@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::{DeviceSpec, Scalar, UOp};
-use kiln_device::{Buffer, Device, Kernel, TimelineSignal};
+use kiln_device::{Buffer, Device, Kernel};
 use kiln_runtime::{ExecutionPlan, PlanOptions};
 
 use crate::args::{ArgParser, Token, unknown};
@@ -99,7 +99,10 @@ pub struct Stats {
 impl Stats {
     fn of(mut v: Vec<f64>) -> Result<Stats, CliError> {
         if v.is_empty() || v.iter().any(|x| !x.is_finite()) {
-            return Err(kiln_err("timing", kiln_device::Error::Invalid("a benchmark produced no finite sample".into())));
+            return Err(kiln_err(
+                "timing",
+                kiln_device::Error::Invalid("a benchmark produced no finite sample".into()),
+            ));
         }
         v.sort_by(f64::total_cmp);
         Ok(Stats { median: v[v.len() / 2], min: v[0], max: v[v.len() - 1] })
@@ -190,7 +193,7 @@ impl Bench {
         if self.device.spec == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
     }
 
-    fn compile(&self, sink: Result<Arc<UOp>, kiln_device::kiln_ir::IrError>, name: &str) -> Result<Kernel, CliError> {
+    fn compile<E: Into<kiln_device::Error>>(&self, sink: Result<Arc<UOp>, E>, name: &str) -> Result<Kernel, CliError> {
         let sink = sink.map_err(|e| kiln_err(&format!("building the {name} kernel"), e.into()))?;
         self.device.compile(&sink, Some(name)).map_err(|e| kiln_err(&format!("compiling the {name} kernel"), e))
     }
@@ -320,7 +323,10 @@ impl Bench {
         // Inputs are multiples of 1/8 with small numerators: every product and partial sum
         // is exact in f32, so any summation order must agree exactly.
         if let Some(i) = (0..n * n).find(|&i| c[i] != reference[i]) {
-            return Err(wrong("matmul_f32_1024", format!("C[{}, {}] = {} but the reference is {}", i / n, i % n, c[i], reference[i])));
+            return Err(wrong(
+                "matmul_f32_1024",
+                format!("C[{}, {}] = {} but the reference is {}", i / n, i % n, c[i], reference[i]),
+            ));
         }
         let flops = 2.0 * (n * n * n) as f64 / 1e9;
         let t = time_reps(self.reps, run)?;
@@ -489,7 +495,8 @@ impl Bench {
         let (ya, yb) = (self.zeros(1)?, self.zeros(1)?);
         let launch = |x: &Buffer, y: &Buffer| k.launch(&[x, y], &[iterations]).map_err(|e| kiln_err("running spin", e));
         let options = PlanOptions { compute_queues: 2, ..PlanOptions::default() };
-        let mut plan = ExecutionPlan::with_options(&self.device, options).map_err(|e| kiln_err("creating a plan", e))?;
+        let mut plan =
+            ExecutionPlan::with_options(&self.device, options).map_err(|e| kiln_err("creating a plan", e))?;
         let vars = [("iters", iterations)];
         plan.exec(&k, &[&xa, &ya], &vars).map_err(|e| kiln_err("recording", e))?;
         plan.exec(&k, &[&xb, &yb], &vars).map_err(|e| kiln_err("recording", e))?;
@@ -528,14 +535,16 @@ impl Bench {
 
     /// Render + compile + load of kernels no cache has seen (a fresh constant in each).
     fn compile_cold(&self) -> Result<BenchResult, CliError> {
-        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nonce =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let reps = self.reps.min(5);
         let mut samples = Vec::with_capacity(reps);
         for r in 0..reps {
             let c = ((nonce % 1_000_000) as f32) + r as f32;
             let sink = add_const_kernel(c).map_err(|e| kiln_err("building the compile kernel", e.into()))?;
             let t = Instant::now();
-            let spec = self.device.renderer().render(&sink, Some("compile_cold")).map_err(|e| kiln_err("rendering", e))?;
+            let spec =
+                self.device.renderer().render(&sink, Some("compile_cold")).map_err(|e| kiln_err("rendering", e))?;
             let compiled = self.device.compiler().compile(&spec).map_err(|e| kiln_err("compiling", e))?;
             let program = (self.device.runtime)(&compiled).map_err(|e| kiln_err("loading", e))?;
             samples.push(t.elapsed().as_secs_f64() * 1e3);
@@ -577,9 +586,9 @@ impl Bench {
         if hits != (n * self.reps) as u64 || after.misses != before.misses || !same {
             return Err(wrong("cache_mem_hit", format!("{hits} memory hits for {} lookups", n * self.reps)));
         }
-        let x = self.upload(&[1.0])?;
+        let x = self.upload(&[1.0, 2.0])?;
         self.launch(&first, &[&x])?;
-        if self.read(&x)? != [4.0] {
+        if self.read(&x)? != [4.0, 5.0] {
             return Err(wrong("cache_mem_hit", "the cached kernel computed a wrong result".into()));
         }
         Ok(BenchResult {
@@ -595,8 +604,11 @@ impl Bench {
 
     /// A new `kiln` process loads a kernel from a disk cache filled by an earlier process.
     fn cache_disk_hit(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
-        let exe = std::env::current_exe()
-            .map_err(|e| CliError::Io { action: "finding", path: "the kiln executable".into(), source: e })?;
+        let exe = std::env::current_exe().map_err(|e| CliError::Io {
+            action: "finding",
+            path: "the kiln executable".into(),
+            source: e,
+        })?;
         let dir = std::env::temp_dir().join(format!("kiln-bench-disk-{}", std::process::id()));
         let child = |expect_hit: bool| -> Result<f64, CliError> {
             let out = Process::new(&exe)
@@ -659,7 +671,10 @@ impl Bench {
         }
         let after = alloc.stats();
         if after.hits - before.hits != (n * self.reps) as u64 {
-            return Err(wrong("alloc_cached", format!("{} cache hits for {} allocations", after.hits - before.hits, n * self.reps)));
+            return Err(wrong(
+                "alloc_cached",
+                format!("{} cache hits for {} allocations", after.hits - before.hits, n * self.reps),
+            ));
         }
         let b = self.upload(&[1.5, 2.5, 3.5])?;
         if self.read(&b)? != [1.5, 2.5, 3.5] {
@@ -734,7 +749,8 @@ fn to_table(device: &Device, results: &[BenchResult]) -> String {
         "entry", "unit", "median", "min", "max", "b.median", "b.min", "b.max", "ratio"
     );
     for r in results {
-        let b = |f: fn(&Stats) -> f64| r.baseline.as_ref().map(|x| format!("{:.3}", f(x))).unwrap_or_else(|| "-".into());
+        let b =
+            |f: fn(&Stats) -> f64| r.baseline.as_ref().map(|x| format!("{:.3}", f(x))).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             s,
             "{:<24} {:>8} {:>10.3} {:>10.3} {:>10.3}   {:>10} {:>10} {:>10} {:>7}  {}",
