@@ -162,3 +162,33 @@ pub fn softmax_f32(axis: Axis, rows: usize, cols: usize) -> Result<Arc<UOp>, IrE
     k.end(&r3, &[&st3]);
     k.finish()
 }
+
+/// Every benchmark kernel for the CPU, with the file name it is shipped under in
+/// `examples/kernels/bench/` (regenerate with `cargo run -p kiln --example bench_kernels`).
+pub fn shipped() -> Result<Vec<(&'static str, Arc<UOp>)>, IrError> {
+    let cpu = "gidx0";
+    Ok(vec![
+        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24)?),
+        ("sum_partials_f32_16m.kiln", sum_partials_f32(cpu, 1 << 24, 64)?),
+        ("sum_finish_f32_64.kiln", sum_finish_f32(64)?),
+        ("pack_b_f32_1024.kiln", pack_b_f32(cpu, 1024)?),
+        ("matmul_f32_1024.kiln", matmul_f32(cpu, 1024)?),
+        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024)?),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped text files are exactly the kernels the benchmark runs.
+    #[test]
+    fn shipped_files_match_the_builder() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels/bench");
+        for (file, sink) in shipped().unwrap() {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let parsed = kiln_device::kiln_ir::parse_kernel(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert!(Arc::ptr_eq(&parsed, &sink), "{file} is stale: run `cargo run -p kiln --example bench_kernels`");
+        }
+    }
+}
