@@ -416,6 +416,24 @@ SINK void (%st)
 }
 
 #[test]
+fn a_very_deep_kernel_does_not_overflow_the_stack() {
+    let s = Scratch::new("deep");
+    // A PARAM size that is a chain of 30000 additions (8 MiB of stack overflowed at 20000): walks over it recurse per level.
+    let depth = 30_000;
+    let mut text = String::from("%n = DEFINE_VAR i32 \"n\" 1 10\n%one = CONST i32 1\n%s0 = ADD i32 (%n, %one)\n");
+    for i in 1..depth {
+        text.push_str(&format!("%s{i} = ADD i32 (%s{}, %one)\n", i - 1));
+    }
+    text.push_str(&format!("%a = PARAM ptr<f32> 0 (%s{})\n", depth - 1));
+    text.push_str("%z = CONST i32 0\n%p = INDEX ptr<f32> (%a, %z)\n%c = CONST f32 1.0\n%st = STORE void (%p, %c)\nSINK void (%st)\n");
+    let k = kernel_with(&s, "deep.kiln", &text);
+    assert!(ok(s.kiln(&["compile", &k, "--emit", "spec"], &[])).contains("slot 0:"));
+    assert!(ok(s.kiln(&["compile", &k, "--emit", "linear"], &[])).lines().count() > depth);
+    let out = ok(s.kiln(&["run", &k, "--var", "n=2"], &[]));
+    assert!(out.starts_with(&format!("slot 0: f32 x {} [1.0, 0.0", depth + 2)), "{out}");
+}
+
+#[test]
 fn npy_inputs_must_match_the_param() {
     let s = Scratch::new("npy");
     let good = s.f32s("good.npy", &[1.0; 8]);
