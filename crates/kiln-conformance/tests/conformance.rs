@@ -9,26 +9,50 @@
 //! `KILN_REQUIRE` names it. Cross-device checks run against a peer backend and are skipped
 //! when the peer is missing (unless it is required).
 
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
-use kiln_conformance::{Outcome, backend};
+use kiln_conformance::{Failure, Outcome, backend};
 use kiln_device::Device;
+
+/// The longest one test body may take before it counts as hung. Far above any healthy run
+/// (the whole suite takes seconds); it turns a deadlock into a failure naming the test
+/// instead of a stuck CI job.
+const BODY_LIMIT: Duration = Duration::from_secs(180);
+
+/// Runs `body` on a watchdog thread and panics with its failure, or when it hangs.
+fn watched(label: String, body: impl FnOnce() -> Outcome + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let _ = tx.send(body());
+    });
+    match rx.recv_timeout(BODY_LIMIT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("[{label}] {e}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            let why = worker.join().err().map_or_else(String::new, |p| match p.downcast_ref::<&str>() {
+                Some(s) => s.to_string(),
+                None => p.downcast_ref::<String>().cloned().unwrap_or_default(),
+            });
+            panic!("[{label}] the test body panicked: {why}")
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("[{label}] {}", Failure::Violation(format!("the test body hung for {BODY_LIMIT:?}")))
+        }
+    }
+}
 
 /// Runs `body` on backend `name`, panicking with the failure (this is the test harness).
 fn run(name: &str, body: fn(&Arc<Device>) -> Outcome) {
     let Some(dev) = backend(name) else { return };
-    if let Err(e) = body(&dev) {
-        panic!("[{name}] {e}");
-    }
+    watched(name.to_string(), move || body(&dev));
 }
 
 /// Runs `body` on backend `name` with backend `peer` as the other device.
 fn run_pair(name: &str, peer: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outcome) {
     let Some(dev) = backend(name) else { return };
     let Some(other) = backend(peer) else { return };
-    if let Err(e) = body(&dev, &other) {
-        panic!("[{name} with {peer}] {e}");
-    }
+    watched(format!("{name} with {peer}"), move || body(&dev, &other));
 }
 
 macro_rules! suite {

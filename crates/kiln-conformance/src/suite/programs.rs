@@ -647,6 +647,18 @@ mod tests {
     }
 
     #[test]
+    fn every_alu_op_is_covered_on_some_dtype() {
+        for op in Op::ALL.iter().filter(|op| op.is_alu()) {
+            let covered = Scalar::ALL.into_iter().any(|s| {
+                [reference::unary_ops(s), reference::binary_ops(s), reference::ternary_ops(s), &COMPARISONS[..]]
+                    .concat()
+                    .contains(op)
+            });
+            assert!(covered, "{op} is in no ALU kernel");
+        }
+    }
+
+    #[test]
     fn every_listed_op_has_a_reference() {
         for s in Scalar::ALL {
             let [a, b, c] = samples(s);

@@ -173,6 +173,11 @@ pub fn recording_error_submits_nothing(dev: &Arc<Device>) -> Outcome {
     expect_err("a batch with n larger than the buffers", q.submit(), |e| matches!(e, Error::Launch(_)))?;
     ensure!(s.value() == 0, "a refused batch set its signal to {}", s.value());
 
+    q.copy(&b, &a).copy(&b.view(0, N - 1)?, &a).signal(&s, 1);
+    expect_err("a batch with a copy of N elements into N - 1", q.submit(), |e| matches!(e, Error::Buffer(_)))?;
+    ensure!(s.value() == 0, "a refused batch set its signal to {}", s.value());
+    ensure!(b.to_vec::<f32>()? == [0.0; N], "a refused batch ran its first (valid) copy");
+
     q.exec(&k.add1, &[&a, &b], &[N as i64]).signal(&s, 1);
     submit(q, "a valid batch after refused ones")?;
     host_wait(&s, 1, "a valid batch after refused ones")?;
