@@ -71,6 +71,7 @@ macro_rules! suite {
             queue_memory_barrier => queues::memory_barrier,
             queue_recording_error_submits_nothing => queues::recording_error_submits_nothing,
             queue_failure_propagates => queues::failure_propagates,
+            queue_buffers_outlive_handles => queues::buffers_outlive_handles,
 
             buffer_views => buffers::views,
             buffer_exact_size_transfers => buffers::exact_size_transfers,
@@ -100,6 +101,8 @@ macro_rules! suite {
             vectors => programs::vectors,
             variables => programs::variables,
             launch_dims => programs::launch_dims,
+            odd_launch_sizes => programs::odd_launch_sizes,
+            concurrent_launches => programs::concurrent_launches,
             gated_access => programs::gated_access,
 
             plan_hazards => plans::hazards,

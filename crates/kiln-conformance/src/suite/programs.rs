@@ -474,16 +474,19 @@ pub fn vectors(dev: &Arc<Device>) -> Outcome {
 }
 
 /// Symbolic sizes: buffer lengths, launch extents and loop bounds that are expressions over
-/// variables, bound per launch; variables are positional in name order.
+/// variables, bound per launch (including a loop that runs zero times); variables are
+/// positional in name order.
 pub fn variables(dev: &Arc<Device>) -> Outcome {
     let mut k = KernelBuilder::new();
-    // Declared out of name order on purpose: `vals` follow the sorted names (m, n).
+    // Declared out of name order on purpose: `vals` follow the sorted names (m, n, z).
+    let z = k.var("z", 0, 4);
     let n = k.var("n", 1, 64);
     let m = k.var("m", 1, 8);
     let x = k.param(0, Scalar::F32, &n);
     let out = k.param(1, Scalar::F32, &n);
     let grid = k.param(2, Scalar::I32, &n * &m);
     let sums = k.param(3, Scalar::F32, &n);
+    let zsums = k.param(4, Scalar::F32, &n);
     let i = k.global(0, &n);
     let j = k.global(1, &m);
     let xi = x.at(&i).load();
@@ -496,19 +499,26 @@ pub fn variables(dev: &Arc<Device>) -> Outcome {
     let acc = k.acc(&Val::f32(0.0), &[&r]);
     let total = acc.update(&(acc.get() + &xi + r.cast(DType::F32)));
     k.store_gated(&sums.at(&i), &total, &first);
+    // zsums[i] = sum over r < z of (x[i] + r), where z may be 0.
+    let rz = k.range(&z);
+    let zacc = k.acc(&Val::f32(0.0), &[&rz]);
+    let ztotal = zacc.update(&(zacc.get() + &xi + rz.cast(DType::F32)));
+    k.store_gated(&zsums.at(&i), &ztotal, &first);
     let kernel = compile(dev, &k.finish()?, "conf_variables")?;
-    ensure!(kernel.spec.var_names == ["m", "n"], "var_names {:?}, want [m, n] (sorted by name)", kernel.spec.var_names);
+    let names = &kernel.spec.var_names;
+    ensure!(names == &["m", "n", "z"], "var_names {names:?}, want [m, n, z] (sorted by name)");
 
     let data: Vec<f32> = (0..64).map(|v| v as f32 * 0.5 + 1.0).collect();
     let xb = Buffer::from_slice(dev.allocator.clone(), &data)?;
     let mut bad = Mismatches::new();
-    for (mv, nv) in [(3i64, 5i64), (2, 17), (8, 64), (1, 1)] {
+    for (mv, nv, zv) in [(3i64, 5i64, 0i64), (2, 17, 3), (8, 64, 4), (1, 1, 0)] {
         let ob = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
         let gb = Buffer::from_slice(dev.allocator.clone(), &[-1i32; 512])?;
         let sb = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
-        kernel.launch(&[&xb, &ob, &gb, &sb], &[mv, nv])?;
-        let (o, g, s) = (ob.to_vec::<f32>()?, gb.to_vec::<i32>()?, sb.to_vec::<f32>()?);
-        let (mu, nu) = (mv as usize, nv as usize);
+        let zb = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
+        kernel.launch(&[&xb, &ob, &gb, &sb, &zb], &[mv, nv, zv])?;
+        let (o, g, s, zs) = (ob.to_vec::<f32>()?, gb.to_vec::<i32>()?, sb.to_vec::<f32>()?, zb.to_vec::<f32>()?);
+        let (mu, nu, zu) = (mv as usize, nv as usize, zv as usize);
         for e in 0..64 {
             let want = if e < nu { data[e] * mv as f32 + nv as f32 } else { -1.0 };
             if o[e] != want {
@@ -517,6 +527,10 @@ pub fn variables(dev: &Arc<Device>) -> Outcome {
             let want_sum = if e < nu { (0..mu).fold(0f32, |acc, r| acc + data[e] + r as f32) } else { -1.0 };
             if s[e] != want_sum {
                 bad.push(format!("m={mv} n={nv}: sums[{e}] = {}, want {want_sum}", s[e]));
+            }
+            let want_z = if e < nu { (0..zu).fold(0f32, |acc, r| acc + data[e] + r as f32) } else { -1.0 };
+            if zs[e] != want_z {
+                bad.push(format!("z={zv} n={nv}: zsums[{e}] = {}, want {want_z}", zs[e]));
             }
         }
         for (e, got) in g.iter().enumerate() {
@@ -584,6 +598,69 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
         }
     }
     bad.finish(&format!("{} launch dims", dev.spec))
+}
+
+/// Launch sizes that do not divide evenly: a direct launch over a prime number of items and a
+/// grouped launch with an odd local size. Every item is written exactly once.
+pub fn odd_launch_sizes(dev: &Arc<Device>) -> Outcome {
+    const ITEMS: usize = 100_003;
+    let mut k = KernelBuilder::new();
+    let out = k.param(0, Scalar::I32, ITEMS);
+    let i = k.global(0, ITEMS);
+    k.store(&out.at(&i), &(&i * 3 + 1));
+    let direct = compile(dev, &k.finish()?, "conf_launch_prime")?;
+
+    let (groups, local) = (13i64, 7i64);
+    let mut k = KernelBuilder::new();
+    let out2 = k.param(0, Scalar::I32, groups * local);
+    let (g, l) = (k.special("gidx0", groups), k.special("lidx0", local));
+    let flat = &g * local + &l;
+    k.store(&out2.at(&flat), &(&flat + 1000));
+    let grouped = compile(dev, &k.finish()?, "conf_launch_odd_local")?;
+
+    let buf = Buffer::from_slice(dev.allocator.clone(), &vec![-1i32; ITEMS])?;
+    direct.launch(&[&buf], &[])?;
+    let mut bad = Mismatches::new();
+    for (e, g) in buf.to_vec::<i32>()?.iter().enumerate() {
+        if *g != e as i32 * 3 + 1 {
+            bad.push(format!("{ITEMS} direct items: out[{e}] = {g}"));
+        }
+    }
+    let buf2 = Buffer::from_slice(dev.allocator.clone(), &vec![-1i32; (groups * local) as usize])?;
+    grouped.launch(&[&buf2], &[])?;
+    for (e, g) in buf2.to_vec::<i32>()?.iter().enumerate() {
+        if *g != e as i32 + 1000 {
+            bad.push(format!("{groups} groups of {local}: out[{e}] = {g}"));
+        }
+    }
+    bad.finish(&format!("{} odd launch sizes", dev.spec))
+}
+
+/// One program launched from several threads at once on disjoint buffers (programs are
+/// reentrant): every launch computes its own result.
+pub fn concurrent_launches(dev: &Arc<Device>) -> Outcome {
+    let kernel = compile(dev, &crate::kernels::affine(3.0, 0.5)?, "conf_affine_3")?;
+    let threads: Vec<std::thread::JoinHandle<Outcome>> = (0..4)
+        .map(|t| {
+            let (dev, kernel) = (dev.clone(), kernel.clone());
+            std::thread::spawn(move || {
+                for round in 0..8 {
+                    let n = 64 + 32 * t + round;
+                    let x: Vec<f32> = (0..n).map(|i| (i * (t + 1)) as f32).collect();
+                    let xb = Buffer::from_slice(dev.allocator.clone(), &x)?;
+                    let yb = Buffer::from_slice(dev.allocator.clone(), &vec![0f32; n])?;
+                    kernel.launch(&[&xb, &yb], &[n as i64])?;
+                    let want: Vec<f32> = x.iter().map(|v| v * 3.0 + 0.5).collect();
+                    ensure!(yb.to_vec::<f32>()? == want, "thread {t} round {round}: wrong result");
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in threads {
+        h.join().map_err(|_| Failure::Violation("a launching thread panicked".into()))??;
+    }
+    Ok(())
 }
 
 /// All `(a, b, c, d)` with each coordinate below its extent.

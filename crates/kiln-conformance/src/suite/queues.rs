@@ -186,6 +186,31 @@ pub fn recording_error_submits_nothing(dev: &Arc<Device>) -> Outcome {
     Ok(())
 }
 
+/// A queue owns what its commands use: the caller may drop its buffer handles right after
+/// recording. The memory must not be reused (here: by new buffers of the same size filled
+/// with garbage) before the commands ran.
+pub fn buffers_outlive_handles(dev: &Arc<Device>) -> Outcome {
+    let f = queues(dev)?;
+    let k = kernels(dev)?;
+    let (gate, done) = (f.create_dyn_signal()?, f.create_dyn_signal()?);
+    let out = f32s(dev, &[0.0; N])?;
+    let mut q = f.create_dyn_compute_queue()?;
+    {
+        let a = f32s(dev, &input())?;
+        let staged = f32s(dev, &[0.0; N])?;
+        q.wait(&gate, 1).copy(&staged, &a).exec(&k.add1, &[&staged, &out], &[N as i64]).signal(&done, 1);
+    }
+    let q = submit(q, "commands whose buffers the caller dropped")?;
+    // Allocations of the same size would get the dropped blocks if they had been freed.
+    let garbage: Vec<Buffer> = (0..8).map(|_| f32s(dev, &[1e30; N])).collect::<Result<_, _>>()?;
+    gate.set(1);
+    host_wait(&done, 1, "commands whose buffers the caller dropped")?;
+    let want: Vec<f32> = input().iter().map(|v| v + 1.0).collect();
+    ensure!(out.to_vec::<f32>()? == want, "the queue used freed memory: {:?}", out.to_vec::<f32>()?);
+    drop((q, garbage));
+    Ok(())
+}
+
 /// A queue waiting on a signal that fails does not run what follows the wait, and the
 /// signals it would set are failed with the original error (nothing hangs).
 pub fn failure_propagates(dev: &Arc<Device>) -> Outcome {
