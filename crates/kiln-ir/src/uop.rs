@@ -440,6 +440,19 @@ impl fmt::Debug for UOp {
     }
 }
 
+/// Dropping a graph never recurses: a long chain of nodes would otherwise overflow the
+/// stack through nested `Arc` drops.
+impl Drop for UOp {
+    fn drop(&mut self) {
+        let mut stack = std::mem::take(&mut self.src);
+        while let Some(node) = stack.pop() {
+            if let Ok(mut owned) = Arc::try_unwrap(node) {
+                stack.append(&mut owned.src);
+            }
+        }
+    }
+}
+
 struct Interner {
     live: HashMap<ContentHash, Weak<UOp>>,
     sweep_at: usize,
@@ -612,6 +625,16 @@ mod tests {
         });
         assert_eq!(Op::Const.tag(), 3);
         assert_eq!(Op::Neg.tag(), 14);
+    }
+
+    #[test]
+    fn a_deep_chain_drops_without_recursion() {
+        let mut x = UOp::const_int(DType::I64, -1);
+        for _ in 0..200_000 {
+            x = UOp::new(Op::Neg, DType::I64, Arg::None, vec![x]);
+        }
+        assert_eq!(x.toposort().len(), 200_001);
+        drop(x); // would overflow the test thread's stack if drops nested
     }
 
     #[test]
