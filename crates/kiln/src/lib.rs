@@ -139,3 +139,8 @@ fn find(name: &str) -> Result<&'static Command, CliError> {
 fn wants_help(p: &ArgParser) -> bool {
     p.remaining().iter().take_while(|a| *a != "--").any(|a| a == "-h" || a == "--help")
 }
+
+/// The README's Rust example is compiled and run as a doctest, so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
