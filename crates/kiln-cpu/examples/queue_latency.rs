@@ -22,6 +22,7 @@ use kiln_device::{
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
+const IDLE: Duration = Duration::from_micros(200);
 
 /// A program that does nothing: measures the queue, not the kernel.
 struct Noop;
@@ -59,16 +60,28 @@ fn summary(name: &str, mut samples: Vec<Duration>) {
     );
 }
 
-fn queue_round_trip(name: &str, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64], iters: u64) -> Result<()> {
+/// `idle`: a pause before each batch, long enough for the worker and the host to park.
+fn queue_round_trip(
+    name: &str,
+    kernel: &Kernel,
+    bufs: &[&Buffer],
+    vals: &[i64],
+    iters: u64,
+    idle: Duration,
+) -> Result<()> {
     let factory = CpuQueueFactory::new();
     let mut q = factory.create_compute_queue()?;
     let s = factory.create_signal()?;
     let mut samples = Vec::with_capacity(iters as usize);
-    for i in 1..=iters + 1000 {
+    let warmup = 1000.min(iters);
+    for i in 1..=iters + warmup {
+        if !idle.is_zero() {
+            thread::sleep(idle);
+        }
         let t0 = Instant::now();
         q.exec(kernel, bufs, vals).signal(&s, i).submit()?;
         s.wait(i, TIMEOUT)?;
-        if i > 1000 {
+        if i > warmup {
             samples.push(t0.elapsed());
         }
     }
@@ -134,19 +147,35 @@ fn main() -> Result<()> {
     let (a, b) = (Buffer::from_slice(alloc.clone(), &[1.0f32; 16])?, Buffer::new(alloc, Scalar::F32, 16)?);
 
     signal_only_round_trip(20_000)?;
-    queue_round_trip("queue round trip, exec(no-op program) + signal", &noop, &[&a, &b], &[16], 20_000)?;
+    queue_round_trip(
+        "queue round trip, exec(no-op program) + signal",
+        &noop,
+        &[&a, &b],
+        &[16],
+        20_000,
+        Duration::ZERO,
+    )?;
+    queue_round_trip("  same, after 200 µs idle (worker parked)", &noop, &[&a, &b], &[16], 2_000, IDLE)?;
     match kiln_cpu::open(&DeviceSpec::Cpu).and_then(|dev| {
         let kernel = dev.compile(&sink, Some("add_one"))?;
         let (x, y) = (Buffer::from_slice(dev.allocator.clone(), &[1.0f32; 16])?, dev.buffer(Scalar::F32, 16)?);
         Ok((kernel, x, y))
     }) {
         Ok((kernel, x, y)) => {
-            queue_round_trip("queue round trip, exec(C add_one, n=16) + signal", &kernel, &[&x, &y], &[16], 20_000)?;
+            queue_round_trip(
+                "queue round trip, exec(C add_one, n=16) + signal",
+                &kernel,
+                &[&x, &y],
+                &[16],
+                20_000,
+                Duration::ZERO,
+            )?;
+            queue_round_trip("  same, after 200 µs idle (worker parked)", &kernel, &[&x, &y], &[16], 2_000, IDLE)?;
             println!("  (check: y[0] = {})", y.to_vec::<f32>()?[0]);
         }
         Err(e) => println!("queue round trip with a real C kernel skipped: {e}"),
     }
-    signal_wake("signal wake, waiter spinning", 20_000, Duration::ZERO)?;
-    signal_wake("signal wake, waiter parked (after 200 µs)", 2_000, Duration::from_micros(200))?;
+    signal_wake("signal wake, ping-pong (waiter spinning)", 20_000, Duration::ZERO)?;
+    signal_wake("signal wake, waiter parked (set after 200 µs)", 2_000, IDLE)?;
     Ok(())
 }

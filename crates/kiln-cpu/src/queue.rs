@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::signal::SpinWait;
 use kiln_device::{
     Buffer, CpuTimelineSignal, Error, HardwareQueue, Kernel, LaunchDims, QueueFactory, RawView, Result, TimelineSignal,
 };
@@ -234,13 +235,15 @@ impl Worker {
     /// The next batch: polled for [`WORKER_SPIN`], then a blocking receive. `None` once the
     /// host handle is dropped and every batch ran.
     fn next_batch(&self) -> Option<Vec<Command>> {
-        let start = Instant::now();
+        let mut spin = SpinWait::new(Instant::now(), WORKER_SPIN, None);
         loop {
             match self.from_host.try_recv() {
                 Ok(batch) => return Some(batch),
                 Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) if start.elapsed() < WORKER_SPIN => std::hint::spin_loop(),
-                Err(TryRecvError::Empty) => return self.from_host.recv().ok(),
+                Err(TryRecvError::Empty) if spin.pause() => {}
+                Err(TryRecvError::Empty) => {
+                    return self.from_host.recv().ok();
+                }
             }
         }
     }
