@@ -44,7 +44,8 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
         allocator,
         vec![(Arc::new(CpuRenderer::new()), Arc::new(compiler))],
         runtime,
-    )?;
+    )?
+    .with_queues(Arc::new(CpuQueueFactory::new()));
     Ok(Arc::new(device))
 }
 
