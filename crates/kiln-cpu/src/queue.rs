@@ -590,6 +590,34 @@ mod tests {
         assert_eq!(b.to_vec::<f32>().unwrap(), vec![2.0; 2]);
     }
 
+    /// The CPU device's own queues run a really compiled kernel, ordered by a host gate.
+    #[test]
+    fn device_queues_run_a_compiled_kernel() {
+        let device = match crate::open(&DeviceSpec::Cpu) {
+            Err(Error::CompilerMissing(why)) => {
+                eprintln!("no C compiler, compiled-kernel queue test skipped: {why}");
+                return;
+            }
+            other => other.unwrap(),
+        };
+        let queues = device.queues.clone().expect("the CPU device has queues");
+        let kernel = device.compile(&add_one_sink(), Some("add_one")).unwrap();
+        let a = Buffer::from_slice(device.allocator.clone(), &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let (b, c) = (device.buffer(Scalar::F32, 4).unwrap(), device.buffer(Scalar::F32, 4).unwrap());
+        let (gate, mid, done) = (
+            queues.create_dyn_signal().unwrap(),
+            queues.create_dyn_signal().unwrap(),
+            queues.create_dyn_signal().unwrap(),
+        );
+        let mut compute = queues.create_dyn_compute_queue().unwrap();
+        let mut copy = queues.create_dyn_copy_queue().unwrap().expect("a CPU copy queue");
+        copy.wait(&mid, 1).copy(&c, &b).signal(&done, 1).submit().unwrap();
+        compute.wait(&gate, 1).exec(&kernel, &[&a, &b], &[4]).signal(&mid, 1).submit().unwrap();
+        gate.set(1);
+        done.wait(1, LONG).unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0]);
+    }
+
     #[derive(Debug)]
     struct ForeignEvent;
     impl kiln_device::BackendEvent for ForeignEvent {
