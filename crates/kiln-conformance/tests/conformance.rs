@@ -72,6 +72,7 @@ macro_rules! suite {
             queue_recording_error_submits_nothing => queues::recording_error_submits_nothing,
             queue_failure_propagates => queues::failure_propagates,
             queue_buffers_outlive_handles => queues::buffers_outlive_handles,
+            queue_signal_never_lowers => queues::signal_never_lowers,
 
             buffer_views => buffers::views,
             buffer_exact_size_transfers => buffers::exact_size_transfers,
@@ -118,6 +119,7 @@ macro_rules! suite {
             buffer_cross_device_copies => buffers::cross_device_copies,
             queue_cross_device => queues::cross_device,
             error_foreign_buffer => errors::foreign_buffer,
+            plan_cross_device_copies => plans::cross_device_copies,
         );
     };
     (@single $name:literal; $($test:ident => $body:expr),* $(,)?) => {

@@ -173,6 +173,16 @@ pub fn recording_error_submits_nothing(dev: &Arc<Device>) -> Outcome {
     expect_err("a batch with n larger than the buffers", q.submit(), |e| matches!(e, Error::Launch(_)))?;
     ensure!(s.value() == 0, "a refused batch set its signal to {}", s.value());
 
+    q.exec(&k.add1, &[&a, &b], &[0]).signal(&s, 1);
+    expect_err("a batch with n = 0 below its min", q.submit(), |e| {
+        matches!(e, Error::Ir(kiln_device::kiln_ir::IrError::VarOutOfRange { .. }) | Error::Launch(_))
+    })?;
+    ensure!(s.value() == 0, "a refused batch set its signal to {}", s.value());
+
+    q.copy(&a.view(0, 8)?, &a.view(4, 8)?).signal(&s, 1);
+    expect_err("a batch with a copy between overlapping windows", q.submit(), |e| matches!(e, Error::Buffer(_)))?;
+    ensure!(s.value() == 0, "a refused batch set its signal to {}", s.value());
+
     q.copy(&b, &a).copy(&b.view(0, N - 1)?, &a).signal(&s, 1);
     expect_err("a batch with a copy of N elements into N - 1", q.submit(), |e| matches!(e, Error::Buffer(_)))?;
     ensure!(s.value() == 0, "a refused batch set its signal to {}", s.value());
@@ -183,6 +193,26 @@ pub fn recording_error_submits_nothing(dev: &Arc<Device>) -> Outcome {
     host_wait(&s, 1, "a valid batch after refused ones")?;
     let want: Vec<f32> = input().iter().map(|v| v + 1.0).collect();
     ensure!(b.to_vec::<f32>()? == want, "the valid batch computed {:?}", b.to_vec::<f32>()?);
+    Ok(())
+}
+
+/// A queue's `signal` never lowers a signal: signalling a value below the current one leaves
+/// the value where it is (or is refused with an error), and the queue keeps working.
+pub fn signal_never_lowers(dev: &Arc<Device>) -> Outcome {
+    let f = queues(dev)?;
+    let s = f.create_dyn_signal()?;
+    let mut q = f.create_dyn_compute_queue()?;
+    q.signal(&s, 5);
+    q = submit(q, "signal 5")?;
+    host_wait(&s, 5, "signal 5")?;
+    q.signal(&s, 3);
+    let lowered = q.submit();
+    let done = f.create_dyn_signal()?;
+    q.signal(&done, 1);
+    let q = submit(q, "a batch after signalling a lower value")?;
+    host_wait(&done, 1, "a batch after signalling a lower value")?;
+    ensure!(s.value() >= 5, "signal(3) after signal(5) lowered the value to {} (submit: {lowered:?})", s.value());
+    drop(q);
     Ok(())
 }
 
