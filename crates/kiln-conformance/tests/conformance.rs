@@ -78,6 +78,7 @@ macro_rules! suite {
             buffer_exact_size_transfers => buffers::exact_size_transfers,
             buffer_copies => buffers::copies,
             buffer_dtype_checked_access => buffers::dtype_checked_access,
+            buffer_oversized_allocation => buffers::oversized_allocation,
 
             alu_bool => |d| programs::alu(d, Scalar::Bool),
             alu_i8 => |d| programs::alu(d, Scalar::I8),
@@ -103,6 +104,7 @@ macro_rules! suite {
             variables => programs::variables,
             launch_dims => programs::launch_dims,
             odd_launch_sizes => programs::odd_launch_sizes,
+            launch_on_views => programs::launch_on_views,
             concurrent_launches => programs::concurrent_launches,
             gated_access => programs::gated_access,
 
@@ -113,6 +115,7 @@ macro_rules! suite {
             error_kernel_text => errors::kernel_text,
             error_malformed_graphs => errors::malformed_graphs,
             error_launch_checks => errors::launch_checks,
+            error_oversized_work_group => errors::oversized_work_group,
         );
 
         suite!(@pair $name, $peer;

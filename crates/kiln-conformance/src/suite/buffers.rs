@@ -133,6 +133,18 @@ pub fn cross_device_copies(dev: &Arc<Device>, peer: &Arc<Device>) -> Outcome {
     Ok(())
 }
 
+/// An allocation no device can satisfy is a typed out-of-memory error (lazily, at first
+/// use), and the device keeps allocating normally afterwards.
+pub fn oversized_allocation(dev: &Arc<Device>) -> Outcome {
+    expect_err("a buffer of usize::MAX f32 elements", dev.buffer(Scalar::F32, usize::MAX), is_buffer_error)?;
+    let huge = dev.buffer(Scalar::U8, 1 << 56)?;
+    expect_err("allocating 64 PiB", huge.raw(), |e| matches!(e, Error::OutOfMemory { .. }))?;
+    ensure!(!huge.is_allocated(), "a failed allocation left the buffer marked allocated");
+    let ok = Buffer::from_slice(dev.allocator.clone(), &[1u8, 2, 3])?;
+    ensure!(ok.to_vec::<u8>()? == [1, 2, 3], "after a failed allocation a small buffer reads wrong data");
+    Ok(())
+}
+
 /// Typed host access checks the element type; the bytes themselves are reachable through
 /// `reinterpret` or the untyped transfers.
 pub fn dtype_checked_access(dev: &Arc<Device>) -> Outcome {

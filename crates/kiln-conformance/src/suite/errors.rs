@@ -204,6 +204,32 @@ pub fn launch_checks(dev: &Arc<Device>) -> Outcome {
     Ok(())
 }
 
+/// A work group larger than the device allows is refused with [`Error::Launch`] before
+/// anything runs; a device that can run it must compute the right result.
+pub fn oversized_work_group(dev: &Arc<Device>) -> Outcome {
+    let local = 1i64 << 14;
+    let mut k = KernelBuilder::new();
+    let out = k.param(0, Scalar::I32, 2 * local);
+    let (g, l) = (k.special("gidx0", 2), k.special("lidx0", local));
+    let flat = &g * local + &l;
+    k.store(&out.at(&flat), &(&flat + 1));
+    let kernel = compile(dev, &k.finish()?, "conf_big_group")?;
+    let buf = Buffer::from_slice(dev.allocator.clone(), &vec![0i32; 2 * local as usize])?;
+    match kernel.launch(&[&buf], &[]) {
+        Ok(()) => {
+            let got = buf.to_vec::<i32>()?;
+            let bad = got.iter().enumerate().filter(|(e, v)| **v != *e as i32 + 1).count();
+            ensure!(bad == 0, "a work group of {local} items ran but {bad} results are wrong");
+        }
+        Err(Error::Launch(m)) => {
+            println!("note: {} refuses work groups of {local}: {m}", dev.spec);
+            ensure!(buf.to_vec::<i32>()?.iter().all(|v| *v == 0), "a refused launch wrote the output");
+        }
+        Err(e) => return Err(Failure::Violation(format!("a work group of {local} items: wrong error {e:?}"))),
+    }
+    Ok(())
+}
+
 /// A buffer of another device is refused at launch.
 pub fn foreign_buffer(dev: &Arc<Device>, peer: &Arc<Device>) -> Outcome {
     let kernel = checked_kernel(dev)?;

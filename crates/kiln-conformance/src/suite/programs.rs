@@ -600,6 +600,39 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
     bad.finish(&format!("{} launch dims", dev.spec))
 }
 
+/// Kernels launched on views: only the window changes, scalar and vector accesses see the
+/// window's elements, and a vector access needs no alignment beyond the element's (views
+/// start at any element).
+pub fn launch_on_views(dev: &Arc<Device>) -> Outcome {
+    let scalar = compile(dev, &crate::kernels::affine(2.0, 1.0)?, "conf_affine_2_1")?;
+    let mut k = KernelBuilder::new();
+    let x = k.param(0, Scalar::F32, 4 * N);
+    let y = k.param(1, Scalar::F32, 4 * N);
+    let i = k.global(0, N);
+    let v = x.at_vec(&(&i * 4), 4).load();
+    k.store(&y.at_vec(&(&i * 4), 4), &(&v * 2.0 + 1.0));
+    let vector = compile(dev, &k.finish()?, "conf_affine_vec4")?;
+
+    let total = 4 * N + 16;
+    let data: Vec<f32> = (0..total).map(|v| v as f32 * 0.5).collect();
+    let xb = Buffer::from_slice(dev.allocator.clone(), &data)?;
+    let mut bad = Mismatches::new();
+    for (name, kernel, len, vals) in [("scalar", &scalar, N, vec![N as i64]), ("f32x4", &vector, 4 * N, vec![])] {
+        for (xo, yo) in [(0usize, 0usize), (1, 3), (5, 2), (7, 9)] {
+            let yb = Buffer::from_slice(dev.allocator.clone(), &vec![-1f32; total])?;
+            kernel.launch(&[&xb.view(xo, len)?, &yb.view(yo, len)?], &vals)?;
+            let got = yb.to_vec::<f32>()?;
+            for (e, g) in got.iter().enumerate() {
+                let want = if (yo..yo + len).contains(&e) { data[e - yo + xo] * 2.0 + 1.0 } else { -1.0 };
+                if *g != want {
+                    bad.push(format!("{name} on views x+{xo}, y+{yo}: y[{e}] = {g}, want {want}"));
+                }
+            }
+        }
+    }
+    bad.finish(&format!("{} launches on views", dev.spec))
+}
+
 /// Launch sizes that do not divide evenly: a direct launch over a prime number of items and a
 /// grouped launch with an odd local size. Every item is written exactly once.
 pub fn odd_launch_sizes(dev: &Arc<Device>) -> Outcome {
