@@ -7,12 +7,27 @@
 //! host cost per node. [`ExecutionPlan::run_profiled`] times every node on the executing
 //! side and writes the timeline as a Chrome trace ([`Profile::write_chrome_trace`]).
 //!
-//! ```ignore
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_device::{Buffer, kiln_ir::{DeviceSpec, KernelBuilder, Scalar}};
+//! use kiln_runtime::ExecutionPlan;
+//! let device = kiln_cpu::open(&DeviceSpec::Cpu)?;
+//! // y[i] = 2·x[i] over n elements
+//! let mut k = KernelBuilder::new();
+//! let n = k.var("n", 1, 1024);
+//! let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+//! let i = k.global(0, &n);
+//! k.store(&y.at(&i), &(x.at(&i).load() * 2.0));
+//! let double = device.compile(&k.finish()?, Some("double"))?;
+//! let a = Buffer::from_slice(device.allocator.clone(), &[1.0f32; 1024])?;
+//! let (b, c) = (device.buffer(Scalar::F32, 1024)?, device.buffer(Scalar::F32, 1024)?);
 //! let mut plan = ExecutionPlan::new(&device)?;
-//! plan.exec(&scale, &[&x, &y], &[("n", 1024)])?;   // y = f(x)
-//! plan.exec(&scale, &[&x2, &y2], &[("n", 1024)])?; // independent: runs on another queue
-//! plan.exec(&add, &[&y, &y2, &z], &[])?;           // joins both: waits on a signal
-//! plan.run(&[("n", 512)])?;                        // replay with a new `n`
+//! plan.exec(&double, &[&a, &b], &[("n", 1024)])?; // b = 2a
+//! plan.exec(&double, &[&b, &c], &[("n", 1024)])?; // c = 2b: reads what the first wrote
+//! plan.run(&[("n", 512)])?;                         // replay with a new `n`
+//! assert_eq!(c.to_vec::<f32>()?[..512], [4.0f32; 512]);
+//! # Ok(())
+//! # }
 //! ```
 
 pub mod bench;
