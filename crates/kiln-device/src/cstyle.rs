@@ -306,11 +306,144 @@ fn is_reserved(name: &str) -> bool {
     if WORDS.contains(&name) || name.starts_with("kiln_") || name.starts_with("__") || name.ends_with("_t") {
         return true;
     }
+    if is_builtin_function(name) {
+        return true;
+    }
     const PREFIXES: &[&str] =
         &["alu", "val", "cast", "acc", "vec", "gep", "end", "ridx", "data", "gidx", "lidx", "idx"];
     PREFIXES
         .iter()
         .any(|p| name.strip_prefix(p).is_some_and(|rest| rest.chars().next().is_none_or(|c| c.is_ascii_digit())))
+}
+
+/// C library and OpenCL C built-in functions: a kernel or variable of that name would clash
+/// with (or shadow) the function, e.g. a kernel named `dot` in OpenCL C.
+fn is_builtin_function(name: &str) -> bool {
+    const FUNCTIONS: &[&str] = &[
+        "abs",
+        "fabs",
+        "exp",
+        "exp2",
+        "exp10",
+        "expm1",
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "atan2",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "pow",
+        "pown",
+        "powr",
+        "rootn",
+        "floor",
+        "ceil",
+        "round",
+        "rint",
+        "trunc",
+        "fmod",
+        "remainder",
+        "fma",
+        "mad",
+        "hypot",
+        "fmin",
+        "fmax",
+        "fdim",
+        "frexp",
+        "ldexp",
+        "modf",
+        "erf",
+        "erfc",
+        "tgamma",
+        "lgamma",
+        "sincos",
+        "copysign",
+        "nextafter",
+        "nan",
+        "isnan",
+        "isinf",
+        "isfinite",
+        "signbit",
+        "min",
+        "max",
+        "clamp",
+        "mix",
+        "step",
+        "smoothstep",
+        "sign",
+        "degrees",
+        "radians",
+        "dot",
+        "cross",
+        "length",
+        "distance",
+        "normalize",
+        "select",
+        "bitselect",
+        "any",
+        "all",
+        "shuffle",
+        "shuffle2",
+        "barrier",
+        "printf",
+        "malloc",
+        "calloc",
+        "realloc",
+        "free",
+        "exit",
+        "abort",
+        "memset",
+        "memmove",
+        "memcmp",
+        "strlen",
+        "rotate",
+        "clz",
+        "ctz",
+        "popcount",
+        "mul24",
+        "mad24",
+        "upsample",
+        "hadd",
+        "rhadd",
+        "prefetch",
+        "work_group_barrier",
+    ];
+    const PREFIXES: &[&str] = &[
+        "get_",
+        "convert_",
+        "as_",
+        "vload",
+        "vstore",
+        "atomic_",
+        "atom_",
+        "native_",
+        "half_",
+        "mem_fence",
+        "read_mem_fence",
+        "write_mem_fence",
+        "read_image",
+        "write_image",
+        "async_work_group",
+        "wait_group",
+        "sub_group",
+        "work_group_",
+    ];
+    let base = name.strip_suffix(['f', 'l']).filter(|b| FUNCTIONS.contains(b)).unwrap_or(name);
+    FUNCTIONS.contains(&base) || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 fn var_c_name(ir_name: &str, position: usize) -> String {
@@ -1159,6 +1292,16 @@ mod tests {
         assert_eq!(bf16_bits(1.0), 0x3f80);
         assert_eq!(bf16_bits(1.0 + 2f64.powi(-8)), 0x3f80); // tie to even
         assert_eq!(bf16_bits(1.0 + 3.0 * 2f64.powi(-8)), 0x3f82);
+    }
+
+    #[test]
+    fn names_never_clash_with_builtin_functions() {
+        let ast = UOp::index_const(0);
+        assert_eq!(kernel_name(Some("dot"), &ast), "k_dot");
+        assert_eq!(kernel_name(Some("expf"), &ast), "k_expf");
+        assert_eq!(kernel_name(Some("get_sum"), &ast), "k_get_sum");
+        assert_eq!(kernel_name(Some("matmul"), &ast), "matmul");
+        assert_eq!(kernel_name(Some("shelf"), &ast), "shelf");
     }
 
     #[test]
