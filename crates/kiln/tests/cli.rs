@@ -304,11 +304,22 @@ fn cache_stats_and_clear_see_compiled_kernels() {
 #[test]
 fn trace_writes_a_chrome_trace() {
     let s = Scratch::new("trace");
-    let trace = s.path("trace.json");
-    ok(s.kiln(&["run", &example("add.kiln"), "--var", "n=16", "--trace", &trace.display().to_string()], &[]));
-    let text = std::fs::read_to_string(&trace).unwrap();
-    assert!(text.contains("traceEvents"), "{text}");
-    assert!(text.contains("add"), "{text}");
+    for dev in devices(&s) {
+        let trace = s.path("trace.json");
+        let _ = std::fs::remove_file(&trace);
+        let args = ["run", &example("add.kiln"), "--device", &dev, "--var", "n=16"];
+        let o = s.kiln(&[&args[..], &["--trace", &trace.display().to_string()]].concat(), &[]);
+        let err = stderr(&o);
+        ok(o);
+        let text = std::fs::read_to_string(&trace).unwrap();
+        assert!(text.starts_with("{\"traceEvents\":["), "{text}");
+        // The CPU's queues run the timed program; OpenCL's enqueue their own (and say so).
+        if dev == "CPU" {
+            assert!(text.contains("\"name\":\"add\",\"cat\":\"kernel\",\"ph\":\"X\""), "{text}");
+        } else if !text.contains("\"ph\":\"X\"") {
+            assert!(err.contains("no kernel timings"), "{err}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------- bad inputs
