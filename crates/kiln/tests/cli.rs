@@ -543,3 +543,72 @@ fn a_library_without_the_kernel_symbol_is_reported() {
     let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4"], &[("KILN_CC", &cc)]);
     fails(o, 1, &["load failed", "add"]);
 }
+
+// ---------------------------------------------------------------- the kernel cache across processes
+
+/// A C compiler wrapper that logs every kernel it builds (not `--version` probes), then
+/// runs the real compiler.
+fn logging_cc(s: &Scratch) -> (String, PathBuf) {
+    let log = s.path("cc.log");
+    let real = ["clang", "cc"]
+        .iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .expect("a C compiler for the test");
+    let cc = script(
+        s,
+        "logging-cc",
+        &format!("if [ \"$1\" != --version ]; then echo \"$@\" >> '{}'; fi\nexec {real} \"$@\"", log.display()),
+    );
+    (cc, log)
+}
+
+fn compiles(log: &Path) -> usize {
+    std::fs::read_to_string(log).map(|t| t.lines().count()).unwrap_or(0)
+}
+
+fn run_add(s: &Scratch, cc: &str) -> Vec<f32> {
+    let (fa, fb) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[10.0, 20.0, 30.0, 40.0]));
+    let out = format!("2={}", s.path("c.npy").display());
+    let args = ["run", &example("add.kiln"), "--var", "n=4", "--in", &format!("0={fa}"), "--in", &format!("1={fb}")];
+    ok(s.kiln(&[&args[..], &["--out", &out]].concat(), &[("KILN_CC", cc)]));
+    s.read_f32s("c.npy")
+}
+
+#[test]
+fn a_second_process_loads_the_kernel_without_the_c_compiler() {
+    let s = Scratch::new("second-run");
+    let (cc, log) = logging_cc(&s);
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    assert_eq!(compiles(&log), 1, "the first run compiles once");
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    assert_eq!(compiles(&log), 1, "the second process must load from the disk cache");
+}
+
+#[test]
+fn a_cache_of_garbage_still_gives_correct_results() {
+    let s = Scratch::new("garbage-cache");
+    let (cc, log) = logging_cc(&s);
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    // Overwrite every file under the cache directory with garbage (same length and shorter).
+    let mut stack = vec![s.path("cache")];
+    let mut overwritten = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let len = std::fs::metadata(&path).unwrap().len() as usize;
+                let junk: Vec<u8> = (0..len).map(|i| (i * 131 + 7) as u8).collect();
+                std::fs::write(&path, &junk[..len.saturating_sub(overwritten % 2 * 9)]).unwrap();
+                overwritten += 1;
+            }
+        }
+    }
+    assert!(overwritten > 0, "the first run left no cache file to corrupt");
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    assert_eq!(compiles(&log), 2, "the corrupt entry is rejected and the kernel rebuilt");
+    // The rebuilt entry is valid again: a third process loads it without compiling.
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    assert_eq!(compiles(&log), 2);
+}
