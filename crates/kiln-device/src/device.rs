@@ -158,9 +158,9 @@ impl Device {
     /// disk cache, else rendered, compiled and loaded (and stored in both). Concurrent calls
     /// for one kernel compile it once. A disk-cache failure never fails the compile.
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
-        let toolchain = self.toolchain.get_or_init(|| {
-            Toolchain::new(self.renderer().clone(), self.compiler().clone(), self.runtime.clone())
-        });
+        let toolchain = self
+            .toolchain
+            .get_or_init(|| Toolchain::new(self.renderer().clone(), self.compiler().clone(), self.runtime.clone()));
         self.cache.get_or_compile(sink, name, &self.spec, toolchain)
     }
 }
