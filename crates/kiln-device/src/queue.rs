@@ -8,6 +8,7 @@
 
 use std::any::{Any, type_name};
 use std::sync::Arc;
+use std::time::Instant;
 
 use kiln_ir::DeviceSpec;
 
@@ -15,6 +16,18 @@ use crate::buffer::Buffer;
 use crate::device::Kernel;
 use crate::error::{Error, Result};
 use crate::signal::TimelineSignal;
+
+/// Reads when one profiled command ran, as (start, end) on the host's clock. It blocks until
+/// the command completed, and fails when the device kept no times for it.
+pub type TimeProbe = Box<dyn FnOnce() -> Result<(Instant, Instant)> + Send>;
+
+/// Receives the times a queue measured for profiled commands (see [`HardwareQueue::exec_timed`]).
+pub trait CommandTimer: Send + Sync {
+    /// Called at most once per timed command, when the queue hands the command to the device
+    /// (at `submit` or later, on any thread). A command that is never handed over (a failed
+    /// submit, a poisoned queue) never reports.
+    fn measured(&self, probe: TimeProbe);
+}
 
 pub trait HardwareQueue: Send {
     type Signal: TimelineSignal;
@@ -30,8 +43,30 @@ pub trait HardwareQueue: Send {
     /// Arguments are checked now; launch sizes are evaluated now from `vals`.
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self;
 
+    /// [`HardwareQueue::exec`], and the queue reports to `timer` when the kernel ran on the
+    /// device. The default records a plain `exec` and reports nothing: a queue that calls
+    /// `Program::execute` itself lets the caller time the program (by wrapping it); a queue
+    /// that enqueues programs natively overrides this with the device's own times.
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        let _ = timer;
+        self.exec(kernel, bufs, vals)
+    }
+
     /// Copies `src` into `dst` (same byte size, either may be on another device).
     fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self;
+
+    /// [`HardwareQueue::copy`], and the queue reports to `timer` when the copy ran, if it can
+    /// measure that. The default records a plain `copy` and reports nothing.
+    fn copy_timed(&mut self, dst: &Buffer, src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
+        let _ = timer;
+        self.copy(dst, src)
+    }
 
     /// Makes every earlier write visible to every later command of any queue that waits on
     /// a signal set after this point.
@@ -101,13 +136,31 @@ impl DynQueue {
 
     /// See [`HardwareQueue::exec`] (arguments are checked when the batch is submitted).
     pub fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        self.inner.exec(kernel, bufs, vals);
+        self.inner.exec(kernel, bufs, vals, None);
+        self
+    }
+
+    /// See [`HardwareQueue::exec_timed`].
+    pub fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        self.inner.exec(kernel, bufs, vals, Some(timer));
         self
     }
 
     /// See [`HardwareQueue::copy`].
     pub fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
-        self.inner.copy(dst, src);
+        self.inner.copy(dst, src, None);
+        self
+    }
+
+    /// See [`HardwareQueue::copy_timed`].
+    pub fn copy_timed(&mut self, dst: &Buffer, src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
+        self.inner.copy(dst, src, Some(timer));
         self
     }
 
@@ -137,8 +190,8 @@ trait ErasedQueue: Send {
     fn accepts(&self, signal: &dyn Any) -> bool;
     fn wait(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64);
     fn signal(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64);
-    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]);
-    fn copy(&mut self, dst: &Buffer, src: &Buffer);
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64], timer: Option<&Arc<dyn CommandTimer>>);
+    fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>);
     fn memory_barrier(&mut self);
     fn submit(&mut self) -> Result<()>;
     fn device(&self) -> &DeviceSpec;
@@ -149,8 +202,8 @@ trait ErasedQueue: Send {
 enum Recorded<S> {
     Wait(Arc<S>, u64),
     Signal(Arc<S>, u64),
-    Exec(Kernel, Vec<Buffer>, Vec<i64>),
-    Copy(Buffer, Buffer),
+    Exec(Kernel, Vec<Buffer>, Vec<i64>, Option<Arc<dyn CommandTimer>>),
+    Copy(Buffer, Buffer, Option<Arc<dyn CommandTimer>>),
     Barrier,
 }
 
@@ -204,12 +257,13 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
         }
     }
 
-    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) {
-        self.push(Recorded::Exec(kernel.clone(), bufs.iter().map(|b| (*b).clone()).collect(), vals.to_vec()));
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64], timer: Option<&Arc<dyn CommandTimer>>) {
+        let bufs = bufs.iter().map(|b| (*b).clone()).collect();
+        self.push(Recorded::Exec(kernel.clone(), bufs, vals.to_vec(), timer.cloned()));
     }
 
-    fn copy(&mut self, dst: &Buffer, src: &Buffer) {
-        self.push(Recorded::Copy(dst.clone(), src.clone()));
+    fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>) {
+        self.push(Recorded::Copy(dst.clone(), src.clone(), timer.cloned()));
     }
 
     fn memory_barrier(&mut self) {
@@ -228,11 +282,15 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
             match command {
                 Recorded::Wait(s, v) => self.queue.wait(&s, v),
                 Recorded::Signal(s, v) => self.queue.signal(&s, v),
-                Recorded::Exec(kernel, bufs, vals) => {
+                Recorded::Exec(kernel, bufs, vals, timer) => {
                     let refs: Vec<&Buffer> = bufs.iter().collect();
-                    self.queue.exec(&kernel, &refs, &vals)
+                    match &timer {
+                        Some(t) => self.queue.exec_timed(&kernel, &refs, &vals, t),
+                        None => self.queue.exec(&kernel, &refs, &vals),
+                    }
                 }
-                Recorded::Copy(dst, src) => self.queue.copy(&dst, &src),
+                Recorded::Copy(dst, src, None) => self.queue.copy(&dst, &src),
+                Recorded::Copy(dst, src, Some(t)) => self.queue.copy_timed(&dst, &src, &t),
                 Recorded::Barrier => self.queue.memory_barrier(),
             };
         }
@@ -317,6 +375,13 @@ mod tests {
         }
         fn copy(&mut self, dst: &Buffer, _src: &Buffer) -> &mut Self {
             self.pending.push(format!("copy {}", dst.len()));
+            self
+        }
+        /// Reports a fixed 1 ms span, as a queue that measures its copies would.
+        fn copy_timed(&mut self, dst: &Buffer, _src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
+            self.pending.push(format!("timed copy {}", dst.len()));
+            let t = Instant::now();
+            timer.measured(Box::new(move || Ok((t, t + Duration::from_millis(1)))));
             self
         }
         fn memory_barrier(&mut self) -> &mut Self {
@@ -408,6 +473,30 @@ mod tests {
         s.wait(7, Duration::ZERO).unwrap();
         assert!(f.create_dyn_copy_queue().unwrap().is_none());
         assert_eq!(f.dyn_device(), &DeviceSpec::Cpu);
+    }
+
+    /// Collects the spans reported to it.
+    #[derive(Default)]
+    struct Spans(Mutex<Vec<Duration>>);
+    impl CommandTimer for Spans {
+        fn measured(&self, probe: TimeProbe) {
+            let (s, e) = probe().unwrap();
+            self.0.lock().unwrap().push(e - s);
+        }
+    }
+
+    #[test]
+    fn timed_commands_reach_the_queue_with_their_timer_at_submit() {
+        let (f, log) = factory();
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let spans = Arc::new(Spans::default());
+        let timer: Arc<dyn CommandTimer> = spans.clone();
+        let (a, b) = (unallocated(2), unallocated(2));
+        q.copy_timed(&a, &b, &timer).copy(&a, &b);
+        assert!(spans.0.lock().unwrap().is_empty(), "nothing is measured before submit");
+        q.submit().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["timed copy 2", "copy 2"]);
+        assert_eq!(*spans.0.lock().unwrap(), [Duration::from_millis(1)], "only the timed copy reports");
     }
 
     #[test]
