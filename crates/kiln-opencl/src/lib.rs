@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{Device, Error, LruAllocator, Result};
-use opencl3::command_queue::CommandQueue;
+use opencl3::command_queue::{CL_QUEUE_PROFILING_ENABLE, CommandQueue};
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_NOT_FOUND, CL_DEVICE_TYPE_ALL};
 use opencl3::error_codes::ClError;
@@ -195,9 +195,10 @@ impl ClDevice {
         &self.queue
     }
 
-    /// A new in-order command queue on this device.
+    /// A new in-order command queue on this device, with profiling enabled (events carry
+    /// their device times; see [`ClEvent::host_span`]).
     pub fn new_queue(&self) -> Result<CommandQueue> {
-        create_queue(&self.context, self.device, 0)
+        create_queue(&self.context, self.device, CL_QUEUE_PROFILING_ENABLE)
     }
 }
 

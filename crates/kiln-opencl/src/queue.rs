@@ -15,6 +15,13 @@
 //! - `memory_barrier`: `clEnqueueBarrierWithWaitList` (OpenCL makes writes visible at command
 //!   boundaries; the barrier keeps the ordering explicit).
 //!
+//! # Profiling
+//! Queues are created with `CL_QUEUE_PROFILING_ENABLE`. `exec_timed` and `copy_timed` hand
+//! their timer a probe over the command's event that reads `CL_PROFILING_COMMAND_START/END`
+//! once the command completed and places them on the host clock: the host instant taken right
+//! before the enqueue call is the reference for the event's `CL_PROFILING_COMMAND_QUEUED`
+//! (see [`ClEvent::host_span`]). A staged copy (a host step) is timed on the host.
+//!
 //! # Host steps
 //! A host step (a host-side wait, a staged copy) hands the rest of the batch, and every batch
 //! submitted after it, to the queue's helper thread: it performs the step, then enqueues what
@@ -38,9 +45,10 @@
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::queue::CommandTimer;
 use kiln_device::{Buffer, Error, HardwareQueue, Kernel, LaunchDims, QueueFactory, RawView, Result, TimelineSignal};
 use opencl3::command_queue::{
     CommandQueue, enqueue_barrier_with_wait_list, enqueue_copy_buffer, enqueue_marker_with_wait_list,
@@ -57,8 +65,19 @@ use crate::{ClDevice, cl_device, driver};
 enum Command {
     Wait(Arc<dyn TimelineSignal>, u64),
     Signal(Arc<OpenClSignal>, u64),
-    Exec { kernel: Kernel, bufs: Vec<Buffer>, views: Vec<RawView>, vals: Vec<i64>, dims: LaunchDims },
-    Copy { dst: Buffer, src: Buffer },
+    Exec {
+        kernel: Kernel,
+        bufs: Vec<Buffer>,
+        views: Vec<RawView>,
+        vals: Vec<i64>,
+        dims: LaunchDims,
+        timer: Option<Arc<dyn CommandTimer>>,
+    },
+    Copy {
+        dst: Buffer,
+        src: Buffer,
+        timer: Option<Arc<dyn CommandTimer>>,
+    },
     Barrier,
 }
 
@@ -70,6 +89,7 @@ enum HostStep {
         after: Arc<ClEvent>,
         dst: Buffer,
         src: Buffer,
+        timer: Option<Arc<dyn CommandTimer>>,
     },
 }
 
@@ -78,9 +98,15 @@ impl HostStep {
     fn run(self) -> Result<()> {
         match self {
             HostStep::Wait(signal, value) => signal.wait(value, Duration::MAX),
-            HostStep::Copy { after, dst, src } => {
+            HostStep::Copy { after, dst, src, timer } => {
                 after.wait()?;
-                dst.copy_from(&src)
+                let start = Instant::now();
+                dst.copy_from(&src)?;
+                if let Some(t) = timer {
+                    let end = Instant::now();
+                    t.measured(Box::new(move || Ok((start, end))));
+                }
+                Ok(())
             }
         }
     }
@@ -128,9 +154,19 @@ impl Inner {
     }
 
     /// Wraps the event an enqueue returned; it joins the wait list of the next signal.
-    fn enqueued(&mut self, event: cl_event) {
+    fn enqueued(&mut self, event: cl_event) -> Arc<ClEvent> {
         let e = Arc::new(ClEvent::from_raw(event, self.context()));
-        self.unsignaled.push(e);
+        self.unsignaled.push(e.clone());
+        e
+    }
+
+    /// [`Inner::enqueued`], and `timer` (if any) gets a probe of the event's device times;
+    /// `reference` is the host instant taken right before the enqueue call.
+    fn enqueued_timed(&mut self, event: cl_event, reference: Instant, timer: Option<&Arc<dyn CommandTimer>>) {
+        let e = self.enqueued(event);
+        if let Some(t) = timer {
+            t.measured(Box::new(move || e.host_span(reference)));
+        }
     }
 
     /// A barrier holding this queue until `events` complete.
@@ -171,14 +207,14 @@ impl Inner {
             let step = match cmd {
                 Command::Wait(s, v) => self.wait(s, v),
                 Command::Signal(s, v) => self.signal(&s, v).map(|()| None),
-                Command::Exec { kernel, bufs, views, vals, dims } => {
-                    let r = self.exec(&kernel, &views, &vals, &dims);
+                Command::Exec { kernel, bufs, views, vals, dims, timer } => {
+                    let r = self.exec(&kernel, &views, &vals, &dims, timer.as_ref());
                     kernels.push(kernel);
                     buffers.extend(bufs);
                     r.map(|()| None)
                 }
-                Command::Copy { dst, src } => {
-                    let r = self.copy(&dst, &src);
+                Command::Copy { dst, src, timer } => {
+                    let r = self.copy(&dst, &src, timer);
                     buffers.extend([dst, src]);
                     r
                 }
@@ -228,19 +264,28 @@ impl Inner {
         signal.record(value, marker)
     }
 
-    fn exec(&mut self, kernel: &Kernel, views: &[RawView], vals: &[i64], dims: &LaunchDims) -> Result<()> {
+    fn exec(
+        &mut self,
+        kernel: &Kernel,
+        views: &[RawView],
+        vals: &[i64],
+        dims: &LaunchDims,
+        timer: Option<&Arc<dyn CommandTimer>>,
+    ) -> Result<()> {
         let program = opencl_program(kernel)?;
+        let reference = Instant::now();
         // SAFETY: `views` are live cl_mem windows of this context (checked at record time and
         // held in `in_flight` until the launch completes); the queue is of this context.
         let event = unsafe { program.enqueue_raw(self.queue.get(), views, vals, dims, &[]) }?;
-        self.enqueued(event);
+        self.enqueued_timed(event, reference, timer);
         Ok(())
     }
 
-    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<Option<HostStep>> {
+    fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<Arc<dyn CommandTimer>>) -> Result<Option<HostStep>> {
         let mine = |b: &Buffer| b.device() == &self.cl.spec;
         let (d, s) = (dst.raw()?, src.raw()?);
         let q = self.queue.get();
+        let reference = Instant::now();
         let event = if mine(dst) && mine(src) {
             // SAFETY: both windows are live cl_mem ranges of this context with equal sizes
             // (checked at record time); the buffers are held until the copy completes.
@@ -265,9 +310,9 @@ impl Inner {
             .map_err(|e| driver("clEnqueueReadBuffer", e))?
         } else {
             let after = self.marker(&[])?;
-            return Ok(Some(HostStep::Copy { after, dst: dst.clone(), src: src.clone() }));
+            return Ok(Some(HostStep::Copy { after, dst: dst.clone(), src: src.clone(), timer }));
         };
-        self.enqueued(event);
+        self.enqueued_timed(event, reference, timer.as_ref());
         Ok(None)
     }
 }
@@ -351,6 +396,50 @@ impl OpenClQueue {
     }
 }
 
+impl OpenClQueue {
+    fn exec_command(
+        &self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: Option<Arc<dyn CommandTimer>>,
+    ) -> Result<Command> {
+        let program = opencl_program(kernel)?;
+        if !Arc::ptr_eq(program.device(), &self.cl) {
+            return Err(Error::Invalid(format!(
+                "kernel `{}` was loaded for {}, this queue runs on {}",
+                kernel.spec.name,
+                program.device().spec,
+                self.cl.spec
+            )));
+        }
+        if let Some(b) = bufs.iter().find(|b| b.device() != &self.cl.spec) {
+            return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.cl.spec)));
+        }
+        let (views, dims) = kernel.check(bufs, vals)?;
+        Ok(Command::Exec {
+            kernel: kernel.clone(),
+            bufs: bufs.iter().map(|b| (*b).clone()).collect(),
+            views,
+            vals: vals.to_vec(),
+            dims,
+            timer,
+        })
+    }
+
+    fn copy_command(&self, dst: &Buffer, src: &Buffer, timer: Option<Arc<dyn CommandTimer>>) -> Result<Command> {
+        if dst.nbytes() != src.nbytes() {
+            Err(Error::Buffer(format!("copy of {} bytes into a buffer of {} bytes", src.nbytes(), dst.nbytes())))
+        } else if dst.overlaps(src) {
+            Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
+        } else if dst.device() != &self.cl.spec && src.device() != &self.cl.spec {
+            Err(Error::Invalid(format!("a queue on {} copies only to or from its device", self.cl.spec)))
+        } else {
+            Ok(Command::Copy { dst: dst.clone(), src: src.clone(), timer })
+        }
+    }
+}
+
 /// The (count, pointer) pair of an OpenCL wait list.
 fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
     if events.is_empty() { (0, std::ptr::null()) } else { (events.len() as u32, events.as_ptr()) }
@@ -381,43 +470,32 @@ impl HardwareQueue for OpenClQueue {
     /// Checks the kernel (an OpenCL program of this device), the buffers (this device, dtype,
     /// size) and `vals` now, allocating lazily allocated buffers.
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        let cmd = (|| {
-            let program = opencl_program(kernel)?;
-            if !Arc::ptr_eq(program.device(), &self.cl) {
-                return Err(Error::Invalid(format!(
-                    "kernel `{}` was loaded for {}, this queue runs on {}",
-                    kernel.spec.name,
-                    program.device().spec,
-                    self.cl.spec
-                )));
-            }
-            if let Some(b) = bufs.iter().find(|b| b.device() != &self.cl.spec) {
-                return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.cl.spec)));
-            }
-            let (views, dims) = kernel.check(bufs, vals)?;
-            Ok(Command::Exec {
-                kernel: kernel.clone(),
-                bufs: bufs.iter().map(|b| (*b).clone()).collect(),
-                views,
-                vals: vals.to_vec(),
-                dims,
-            })
-        })();
+        let cmd = self.exec_command(kernel, bufs, vals, None);
+        self.record(cmd)
+    }
+
+    /// Reports the kernel's `CL_PROFILING_COMMAND_START/END` (see the module docs).
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        let cmd = self.exec_command(kernel, bufs, vals, Some(timer.clone()));
         self.record(cmd)
     }
 
     /// Either side may be on another device or the host; sizes must match and windows of
     /// one buffer must not overlap.
     fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
-        let cmd = if dst.nbytes() != src.nbytes() {
-            Err(Error::Buffer(format!("copy of {} bytes into a buffer of {} bytes", src.nbytes(), dst.nbytes())))
-        } else if dst.overlaps(src) {
-            Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
-        } else if dst.device() != &self.cl.spec && src.device() != &self.cl.spec {
-            Err(Error::Invalid(format!("a queue on {} copies only to or from its device", self.cl.spec)))
-        } else {
-            Ok(Command::Copy { dst: dst.clone(), src: src.clone() })
-        };
+        let cmd = self.copy_command(dst, src, None);
+        self.record(cmd)
+    }
+
+    /// Reports the copy's device times, or its host times when it is staged through the host.
+    fn copy_timed(&mut self, dst: &Buffer, src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
+        let cmd = self.copy_command(dst, src, Some(timer.clone()));
         self.record(cmd)
     }
 
@@ -689,6 +767,48 @@ mod tests {
             done.wait(if host { 1 } else { 2 }, LONG).unwrap();
             assert_eq!(near.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0], "host = {host}");
             assert_eq!(back.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0], "host = {host}");
+        }
+    }
+
+    /// Keeps the probes queues hand over.
+    #[derive(Default)]
+    struct Probes(Mutex<Vec<kiln_device::queue::TimeProbe>>);
+    impl CommandTimer for Probes {
+        fn measured(&self, probe: kiln_device::queue::TimeProbe) {
+            self.0.lock().unwrap().push(probe);
+        }
+    }
+
+    /// A timed kernel, device copy and staged copy each report one span inside the window
+    /// from before the submit to after the signal was reached; untimed commands report none.
+    #[test]
+    fn timed_commands_report_spans_on_the_host_clock() {
+        let Some((dev, factory, k)) = setup() else { return };
+        let mut q = factory.create_compute_queue().unwrap();
+        let done = factory.create_signal().unwrap();
+        let probes = Arc::new(Probes::default());
+        let timer: Arc<dyn CommandTimer> = probes.clone();
+        let n = 1 << 16;
+        let (a, c, d) = (f32s(&dev, &vec![1.0; n]), f32s(&dev, &vec![0.0; n]), f32s(&dev, &vec![0.0; n]));
+        let other: Arc<dyn Allocator> =
+            Arc::new(OtherDevice { spec: DeviceSpec::Cpu, host: false, blocks: Mutex::new(Vec::new()) });
+        let far = Buffer::from_slice(other, &vec![0.0f32; n]).unwrap();
+        let before = Instant::now();
+        q.exec_timed(&k, &[&a, &c], &[n as i64], &timer)
+            .exec(&k, &[&a, &c], &[n as i64])
+            .copy_timed(&d, &c, &timer)
+            .copy(&d, &c)
+            .copy_timed(&far, &d, &timer)
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        done.wait(1, LONG).unwrap();
+        let after = Instant::now();
+        assert_eq!(far.to_vec::<f32>().unwrap(), vec![3.0; n]);
+        let spans: Vec<(Instant, Instant)> = probes.0.lock().unwrap().drain(..).map(|p| p().unwrap()).collect();
+        assert_eq!(spans.len(), 3, "one span per timed command");
+        for (i, (s, e)) in spans.iter().enumerate() {
+            assert!(before <= *s && s <= e && *e <= after, "span {i}: {:?}..{:?}", *s - before, *e - before);
         }
     }
 

@@ -13,11 +13,14 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kiln_device::{BackendEvent, Error, EventRing, Result, RingSignal, TimelineSignal};
-use opencl3::event::{CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS, get_event_info, release_event, wait_for_events};
-use opencl3::types::{cl_context, cl_event, cl_int};
+use opencl3::event::{
+    CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS, CL_PROFILING_COMMAND_END, CL_PROFILING_COMMAND_QUEUED,
+    CL_PROFILING_COMMAND_START, get_event_info, get_event_profiling_info, release_event, wait_for_events,
+};
+use opencl3::types::{cl_context, cl_event, cl_int, cl_profiling_info, cl_ulong};
 
 use crate::driver;
 
@@ -104,6 +107,25 @@ impl ClEvent {
                 Ok(_) => Err(driver("clWaitForEvents", code)),
             },
         }
+    }
+}
+
+impl ClEvent {
+    /// Waits for the command, then returns when it started and ended on the device, placed on
+    /// the host clock: `queued` is a host instant taken right before the command was enqueued,
+    /// the reference for the event's `CL_PROFILING_COMMAND_QUEUED` (which the driver stamps
+    /// during the enqueue call, so the result errs late by at most that call's duration).
+    /// Fails when the command failed or its queue was created without profiling.
+    pub fn host_span(&self, queued: Instant) -> Result<(Instant, Instant)> {
+        self.wait()?;
+        let read = |what: &str, param: cl_profiling_info| -> Result<cl_ulong> {
+            Ok(get_event_profiling_info(self.event, param).map_err(|e| driver(what, e))?.into())
+        };
+        let q = read("clGetEventProfilingInfo(CL_PROFILING_COMMAND_QUEUED)", CL_PROFILING_COMMAND_QUEUED)?;
+        let s = read("clGetEventProfilingInfo(CL_PROFILING_COMMAND_START)", CL_PROFILING_COMMAND_START)?;
+        let e = read("clGetEventProfilingInfo(CL_PROFILING_COMMAND_END)", CL_PROFILING_COMMAND_END)?;
+        let at = |t: cl_ulong| queued + Duration::from_nanos(t.saturating_sub(q));
+        Ok((at(s), at(e.max(s))))
     }
 }
 
