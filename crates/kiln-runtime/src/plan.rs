@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_device::queue::{DynQueue, DynQueueFactory};
+use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory};
 use kiln_device::{Buffer, Device, Error, Kernel, Result, TimelineSignal};
 
 use crate::fuse::{Launch, Segment, find_segments, fused_kernel};
@@ -353,10 +353,12 @@ impl ExecutionPlan {
 
     /// Runs once with timing on the executing side and returns the timeline.
     ///
-    /// Kernel nodes are timed by their program wrapped in a timing program, copies by marker
-    /// programs around them; both need a queue that calls `Program::execute` itself, so nodes
-    /// on device memory whose queue enqueues programs natively (OpenCL) run untimed and are
-    /// missing from the profile.
+    /// Every node is recorded with `exec_timed`/`copy_timed`. On a queue that calls
+    /// `Program::execute` itself, kernels are timed by their program wrapped in a timing
+    /// program and copies between host buffers by marker programs around them; a queue that
+    /// enqueues programs natively (OpenCL) reports the device's own start and end of each
+    /// command instead, placed on the host clock. A node no queue measured (a copy on a queue
+    /// that neither runs markers nor measures copies) is missing from the profile.
     pub fn run_profiled(&mut self, vars: &[(&str, i64)]) -> Result<Profile> {
         let vals = self.resolve(vars)?;
         let start = Instant::now();
@@ -366,7 +368,7 @@ impl ExecutionPlan {
         let mut events: Vec<ProfileEvent> = Vec::with_capacity(self.nodes.len());
         let schedule = self.schedule.as_ref().ok_or_else(|| Error::Invalid("plan lost its schedule".into()))?;
         for (i, node) in self.nodes.iter().enumerate() {
-            if let Some((s, e)) = node.stamps.read() {
+            if let Some((s, e)) = node.stamps.read(self.epoch) {
                 let rel = |t: Duration| t.saturating_sub(start.saturating_duration_since(self.epoch));
                 events.push(ProfileEvent {
                     node: i,
@@ -566,14 +568,20 @@ impl ExecutionPlan {
                         NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } => {
                             scratch.clear();
                             scratch.extend(bufs.iter());
-                            let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
-                            queue.exec(k, &scratch, &self.node_vals[*vals_at..*vals_at + var_index.len()]);
+                            let vals = &self.node_vals[*vals_at..*vals_at + var_index.len()];
+                            match timed.as_ref().filter(|_| profiled) {
+                                Some(k) => queue.exec_timed(k, &scratch, vals, &timer(&node.stamps)),
+                                None => queue.exec(kernel, &scratch, vals),
+                            };
                         }
-                        NodeKind::Copy { dst, src, markers } => match markers.as_ref().filter(|_| profiled) {
-                            Some((start, end)) => {
+                        NodeKind::Copy { dst, src, markers } => match (profiled, markers) {
+                            (true, Some((start, end))) => {
                                 queue.exec(start, &[], &[]).copy(dst, src).exec(end, &[], &[]);
                             }
-                            None => {
+                            (true, None) => {
+                                queue.copy_timed(dst, src, &timer(&node.stamps));
+                            }
+                            (false, _) => {
                                 queue.copy(dst, src);
                             }
                         },
@@ -643,6 +651,11 @@ impl ExecutionPlan {
             (_, first) => first,
         }
     }
+}
+
+/// A node's stamps as the timer its queue reports to.
+fn timer(stamps: &Arc<Stamps>) -> Arc<dyn CommandTimer> {
+    stamps.clone()
 }
 
 /// Adds the failing node to a launch check error.

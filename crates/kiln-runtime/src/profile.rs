@@ -5,38 +5,73 @@
 //! the time right before and after the real program runs on the queue's thread. Copy nodes
 //! have no program, so a profiled run brackets them with two marker kernels (no buffers, one
 //! work item) that stamp the time on the copy's queue.
+//!
+//! A queue that enqueues programs natively (OpenCL) never runs the wrapper; it reports the
+//! device's own times instead, through [`CommandTimer`] (the plan records every profiled
+//! command with `exec_timed`/`copy_timed`, and each node's [`Stamps`] is its timer).
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::queue::{CommandTimer, TimeProbe};
 use kiln_device::{Error, Kernel, LaunchDims, Program, RawView, Result};
 
-/// Time stamps of one node, in nanoseconds since the plan's epoch plus one (0 = not taken).
-#[derive(Debug, Default)]
+/// Time stamps of one node, in nanoseconds since the plan's epoch plus one (0 = not taken),
+/// or the probe of a queue that measured the node itself.
+#[derive(Default)]
 pub(crate) struct Stamps {
     start: AtomicU64,
     end: AtomicU64,
+    probe: Mutex<Option<TimeProbe>>,
+}
+
+impl std::fmt::Debug for Stamps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stamps").field("start", &self.start).field("end", &self.end).finish_non_exhaustive()
+    }
+}
+
+/// Nanoseconds from `epoch` to `t`, plus one (0 means "not taken").
+fn since(epoch: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX - 1) + 1
 }
 
 impl Stamps {
     fn stamp(slot: &AtomicU64, epoch: Instant) {
-        let ns = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
-        slot.store(ns + 1, Ordering::Release);
+        slot.store(since(epoch, Instant::now()), Ordering::Release);
+    }
+
+    fn probe(&self) -> std::sync::MutexGuard<'_, Option<TimeProbe>> {
+        self.probe.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn clear(&self) {
         self.start.store(0, Ordering::Relaxed);
         self.end.store(0, Ordering::Relaxed);
+        self.probe().take();
     }
 
-    /// (start, end) since the epoch, when both were taken.
-    pub(crate) fn read(&self) -> Option<(Duration, Duration)> {
+    /// (start, end) since `epoch`, when both were taken. A queue's probe (read here, after
+    /// the run completed) takes precedence over host stamps; a probe that fails leaves the
+    /// node untimed.
+    pub(crate) fn read(&self, epoch: Instant) -> Option<(Duration, Duration)> {
+        let probe = self.probe().take();
+        if let Some(Ok((s, e))) = probe.map(|p| p()) {
+            self.start.store(since(epoch, s), Ordering::Release);
+            self.end.store(since(epoch, e), Ordering::Release);
+        }
         let (s, e) = (self.start.load(Ordering::Acquire), self.end.load(Ordering::Acquire));
         (s > 0 && e > 0).then(|| (Duration::from_nanos(s - 1), Duration::from_nanos(e - 1)))
+    }
+}
+
+impl CommandTimer for Stamps {
+    fn measured(&self, probe: TimeProbe) {
+        *self.probe() = Some(probe);
     }
 }
 
@@ -231,15 +266,35 @@ mod tests {
         }
         let stamps = Arc::new(Stamps::default());
         let p = TimedProgram { inner: Arc::new(Nop), stamps: stamps.clone(), epoch: Instant::now() };
-        assert!(stamps.read().is_none());
+        assert!(stamps.read(p.epoch).is_none());
         let dims = LaunchDims { global: [1; 3], local: None };
         // SAFETY: the inner program touches no memory.
         let r = unsafe { p.execute(&[], &[], &dims) };
         assert!(matches!(r, Err(Error::Launch(m)) if m == "inner"), "the inner error is passed on");
-        let (s, e) = stamps.read().expect("both stamps taken");
+        let (s, e) = stamps.read(p.epoch).expect("both stamps taken");
         assert!(s <= e);
         assert_eq!(p.name(), "nop");
         stamps.clear();
-        assert!(stamps.read().is_none());
+        assert!(stamps.read(p.epoch).is_none());
+    }
+
+    #[test]
+    fn a_queue_probe_is_read_on_the_epoch_and_wins_over_host_stamps() {
+        let epoch = Instant::now();
+        let ms = Duration::from_millis;
+        let stamps = Stamps::default();
+        Stamps::stamp(&stamps.start, epoch);
+        Stamps::stamp(&stamps.end, epoch);
+        stamps.measured(Box::new(move || Ok((epoch + ms(5), epoch + ms(7)))));
+        assert_eq!(stamps.read(epoch), Some((ms(5), ms(7))));
+        assert_eq!(stamps.read(epoch), Some((ms(5), ms(7))), "a second read gives the same times");
+        // A failing probe (no device times) leaves the node untimed.
+        stamps.clear();
+        stamps.measured(Box::new(|| Err(Error::Invalid("no profiling".into()))));
+        assert_eq!(stamps.read(epoch), None);
+        // A probe measured before the epoch clamps to it instead of wrapping.
+        let late = Instant::now();
+        stamps.measured(Box::new(move || Ok((epoch, epoch + ms(1)))));
+        assert_eq!(stamps.read(late).map(|(s, _)| s), Some(Duration::ZERO));
     }
 }

@@ -634,7 +634,14 @@ mod opencl_backend {
                 assert_eq!(e.to_vec::<f32>().expect("read"), a.to_vec::<f32>().expect("read"), "n = {n}");
             }
         }
-        let profile = p.run_profiled(&[]).expect("a profiled run works, untimed on OpenCL");
-        assert!(profile.events.len() <= p.len());
+        // Every node, kernels and the device copy, carries the device's own times.
+        let profile = p.run_profiled(&[]).expect("profiled run");
+        let mut nodes: Vec<usize> = profile.events.iter().map(|e| e.node).collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, (0..p.len()).collect::<Vec<_>>(), "{profile:?}");
+        assert!(profile.events.iter().all(|e| e.start <= e.end && e.end <= profile.wall + Duration::from_millis(1)));
+        assert_eq!(profile.events.iter().filter(|e| e.name == "copy").count(), 1);
+        let queues = p.queue_assignment().expect("schedule");
+        assert!(profile.events.iter().all(|e| e.queue == queues[e.node]));
     }
 }
