@@ -105,9 +105,8 @@ pub fn independent_nodes(dev: &Arc<Device>) -> Outcome {
     for (_, y) in &pairs {
         y.copy_from_slice(&[0f32; N])?;
     }
-    // A profiled run computes the same and reports nodes at most once, each on its queue.
-    // Every node is timed on host-memory devices; `run_profiled` documents that nodes whose
-    // queue enqueues programs natively (OpenCL) run untimed, so there the list may be short.
+    // A profiled run computes the same and reports every node once, each on its queue: timed
+    // on the host where the queue runs the program, by the device where it enqueues natively.
     let profile = plan.run_profiled(&[])?;
     check("profiled run")?;
     let mut nodes: Vec<usize> = profile.events.iter().map(|e| e.node).collect();
@@ -115,16 +114,7 @@ pub fn independent_nodes(dev: &Arc<Device>) -> Outcome {
     nodes.dedup();
     ensure!(nodes.len() == profile.events.len(), "a node appears twice in the profile: {:?}", profile.events);
     let all: Vec<usize> = (0..pairs.len()).collect();
-    if dev.allocator.is_host() {
-        ensure!(nodes == all, "profiled events for nodes {nodes:?}, want {all:?}");
-    } else if nodes != all {
-        println!(
-            "note: {} profiles {} of {} nodes (documented: native queues run untimed)",
-            dev.spec,
-            nodes.len(),
-            all.len()
-        );
-    }
+    ensure!(nodes == all, "profiled events for nodes {nodes:?}, want {all:?}");
     for e in &profile.events {
         ensure!(e.start <= e.end, "profile event {e:?} ends before it starts");
         ensure!(e.queue == assignment[e.node], "profile event {e:?} is not on its assigned queue");
