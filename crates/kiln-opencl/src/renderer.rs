@@ -165,6 +165,32 @@ impl Dialect for OpenClDialect {
         }
     }
 
+    /// OpenCL C's math built-ins take float and double vectors and apply the scalar function
+    /// to each lane, so a vector FMA (the matmul inner loop), max or exp is one call instead
+    /// of a literal of per-lane calls that the compiler would have to re-vectorize.
+    fn vector_alu(&self, op: Op, dtype: DType, args: &[String], p: &mut Prelude) -> Option<String> {
+        let DType::Vector(s, w) = dtype else { return None };
+        if !native_width(w) || !matches!(s, Scalar::F32 | Scalar::F64) {
+            return None;
+        }
+        let f = match op {
+            Op::MulAcc => MathFn::Fma,
+            Op::Max => MathFn::Fmax,
+            Op::Min => MathFn::Fmin,
+            Op::Sqrt => MathFn::Sqrt,
+            Op::Exp2 => MathFn::Exp2,
+            Op::Log2 => MathFn::Log2,
+            Op::Exp => MathFn::Exp,
+            Op::Log => MathFn::Log,
+            Op::Sin => MathFn::Sin,
+            Op::Cos => MathFn::Cos,
+            Op::Trunc => MathFn::Trunc,
+            Op::Abs => MathFn::Fabs,
+            _ => return None,
+        };
+        Some(self.math(f, s, args, p))
+    }
+
     fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
         match s {
             Scalar::F32 => e.to_string(),
@@ -642,6 +668,55 @@ mod tests {
                 lb.copyout(&mut flags).unwrap();
                 let want_flags: Vec<u8> = xs.iter().map(|&x| (x < 5.0) as u8).collect();
                 assert_eq!(flags, want_flags, "width {w}");
+            }
+        }
+
+        /// Float vector math renders as one built-in call per op on native widths (lanes on
+        /// odd ones) and computes what the scalar ops compute lane by lane.
+        #[test]
+        fn vector_math_uses_whole_vector_builtins() {
+            for w in [4u8, 5] {
+                let mut k = KernelBuilder::new();
+                let n = 4 * w as i64;
+                let (a, b) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n));
+                let outs: Vec<Val> = (0..5).map(|s| k.param(2 + s, Scalar::F32, n)).collect();
+                let base = &k.global(0, 4) * w as i64;
+                let (x, y) = (a.at_vec(&base, w).load(), b.at_vec(&base, w).load());
+                let results = [x.mul_acc(&y, &x), x.max(&y), x.min(&y), x.abs().trunc(), (&x * 0.25).exp()];
+                for (out, r) in outs.iter().zip(&results) {
+                    k.store(&out.at_vec(&base, w), r);
+                }
+                let sink = k.finish().unwrap();
+                let src = render(&sink);
+                if w == 4 {
+                    for call in
+                        ["fma(val0, val1, val0)", "fmax(val0, val1)", "fmin(val0, val1)", "fabs(val0)", "trunc(alu"]
+                    {
+                        assert!(src.contains(call), "{call} in {src}");
+                    }
+                } else {
+                    assert!(src.contains("fma((val0).v[4], (val1).v[4], (val0).v[4])"), "{src}");
+                }
+                let Some(dev) = test_device() else { return };
+                let kernel = dev.compile(&sink, Some(&format!("vmath{w}"))).unwrap();
+                let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.75 - 7.3).collect();
+                let ys: Vec<f32> = (0..n).map(|i| 3.1 - i as f32 * 0.5).collect();
+                let bufs: Vec<Buffer> = [&xs, &ys].into_iter().map(|v| buf(&dev, v)).collect();
+                let out_bufs: Vec<Buffer> = (0..5).map(|_| buf(&dev, &vec![0f32; n as usize])).collect();
+                let all: Vec<&Buffer> = bufs.iter().chain(&out_bufs).collect();
+                kernel.launch(&all, &[]).unwrap();
+                let got: Vec<Vec<f32>> = out_bufs.iter().map(|b| b.to_vec::<f32>().unwrap()).collect();
+                let exact = [
+                    xs.iter().zip(&ys).map(|(x, y)| x.mul_add(*y, *x)).collect::<Vec<_>>(),
+                    xs.iter().zip(&ys).map(|(x, y)| x.max(*y)).collect(),
+                    xs.iter().zip(&ys).map(|(x, y)| x.min(*y)).collect(),
+                    xs.iter().map(|x| x.abs().trunc()).collect(),
+                ];
+                for (op, want) in exact.iter().enumerate() {
+                    assert_eq!(&got[op], want, "op {op}, width {w}");
+                }
+                let exps: Vec<f32> = xs.iter().map(|x| (x * 0.25).exp()).collect();
+                close(&got[4], &exps, 1e-6);
             }
         }
 
