@@ -61,7 +61,12 @@ struct Location {
 }
 
 /// Every OpenCL device of every platform, in ordinal order.
+///
+/// Serialized process-wide: the ICD loader and PoCL 3.1 initialize their platform on the
+/// first call, and two threads doing that at once crash the process or see no device.
 fn enumerate() -> Result<Vec<Location>> {
+    static DISCOVERY: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = DISCOVERY.lock().unwrap_or_else(|p| p.into_inner());
     let platforms = match opencl3::platform::get_platforms() {
         Ok(p) => p,
         Err(e) if e.0 == RUNTIME_LOAD_FAILED => {
@@ -323,6 +328,20 @@ mod tests {
         let missing = DeviceSpec::OpenCl { ordinal: list.len() as u32 };
         assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
         assert!(matches!(open(&DeviceSpec::Cpu), Err(Error::Invalid(_))));
+    }
+
+    /// The first discovery of a process, from many threads at once, agrees (PoCL 3.1 reports
+    /// no device to a thread that enumerates while another initializes the platform).
+    #[test]
+    fn concurrent_first_discovery_agrees() {
+        let lists: Vec<Vec<(DeviceSpec, String)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8).map(|_| s.spawn(devices)).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(lists.iter().all(|l| *l == lists[0]), "{lists:?}");
+        if test_device().is_some() {
+            assert!(!lists[0].is_empty());
+        }
     }
 
     #[test]
