@@ -72,6 +72,18 @@ pub fn sum_finish_f32(chunks: usize) -> Result<Arc<UOp>, IrError> {
 /// a loop over 4-row blocks keeps a 4×16 tile in 8 f32x8 accumulators across the k loop,
 /// so each k step is 2 vector loads of B, 4 broadcasts of A and 8 FMAs.
 pub fn matmul_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+    matmul_tiles(axis, None, n)
+}
+
+/// [`matmul_f32`] with one 4×16 tile per work item: strips on `idx0`, 4-row blocks on
+/// `idx1`, so the device gets n²/64 independent work items instead of n/16 that each loop
+/// over every row block (on PoCL: ~1.3× the strip shape, which leaves cores idle).
+pub fn matmul_tile_f32(n: usize) -> Result<Arc<UOp>, IrError> {
+    matmul_tiles("idx0", Some("idx1"), n)
+}
+
+/// The matmul of [`matmul_f32`]; `rows_axis` launches the row blocks instead of looping.
+fn matmul_tiles(axis: Axis, rows_axis: Option<Axis>, n: usize) -> Result<Arc<UOp>, IrError> {
     const ROWS: usize = 4;
     const COLS: usize = 16;
     let halves = COLS / W as usize;
@@ -80,7 +92,10 @@ pub fn matmul_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
     let mut k = KernelBuilder::new();
     let (a, b, c) = (k.param(0, Scalar::F32, nn), k.param(1, Scalar::F32, nn), k.param(2, Scalar::F32, nn));
     let strip = k.special(axis, (n / COLS) as i64);
-    let rb = k.range((n / ROWS) as i64);
+    let rb = match rows_axis {
+        Some(name) => k.special(name, (n / ROWS) as i64),
+        None => k.range((n / ROWS) as i64),
+    };
     let kk = k.range(ni);
     let zero = Val::constant(DType::vec(Scalar::F32, W), 0.0);
     let col0 = &strip * COLS as i64;
@@ -98,8 +113,10 @@ pub fn matmul_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
             stores.push(k.store(&addr, &tile));
         }
     }
-    let refs: Vec<&Val> = stores.iter().collect();
-    k.end(&rb, &refs);
+    if rows_axis.is_none() {
+        let refs: Vec<&Val> = stores.iter().collect();
+        k.end(&rb, &refs);
+    }
     k.finish()
 }
 
@@ -189,6 +206,42 @@ mod tests {
             let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
             let parsed = kiln_device::kiln_ir::parse_kernel(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
             assert!(Arc::ptr_eq(&parsed, &sink), "{file} is stale: run `cargo run -p kiln --example bench_kernels`");
+        }
+    }
+
+    /// Both matmul shapes compute the exact product (inputs in 1/8 steps, so any order of
+    /// summation is exact), on the CPU and on OpenCL when a device is present.
+    #[test]
+    fn tile_and_strip_matmuls_compute_the_product() {
+        use kiln_device::Buffer;
+        crate::session::register_backends();
+        let n = 64usize;
+        let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
+        let mut want = vec![0f32; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                want[i * n + j] = (0..n).map(|k| a[i * n + k] * b[k * n + j]).sum();
+            }
+        }
+        for (name, axis) in [("CPU", "gidx0"), ("OPENCL:0", "idx0")] {
+            let dev = match kiln_device::open_device(name) {
+                Ok(d) => d,
+                Err(e) if name != "CPU" && !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+                    println!("skipped {name}: {e}");
+                    continue;
+                }
+                Err(e) => panic!("{name}: {e}"),
+            };
+            let buf = |v: &[f32]| Buffer::from_slice(dev.allocator.clone(), v).unwrap();
+            let (ba, bb, bp) = (buf(&a), buf(&b), buf(&vec![0f32; n * n]));
+            dev.compile(&pack_b_f32(axis, n).unwrap(), Some("pack_b")).unwrap().launch(&[&bb, &bp], &[]).unwrap();
+            for (shape, sink) in [("strip", matmul_f32(axis, n)), ("tile", matmul_tile_f32(n))] {
+                let c = buf(&vec![0f32; n * n]);
+                let k = dev.compile(&sink.unwrap(), Some("mm")).unwrap();
+                k.launch(&[&ba, &bp, &c], &[]).unwrap();
+                assert_eq!(c.to_vec::<f32>().unwrap(), want, "{shape} matmul on {name}");
+            }
         }
     }
 }

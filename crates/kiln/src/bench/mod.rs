@@ -310,7 +310,13 @@ impl Bench {
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
         let pack = self.compile(kernels::pack_b_f32(self.axis(), n), "pack_b_f32")?;
-        let mm = self.compile(kernels::matmul_f32(self.axis(), n), "matmul_f32")?;
+        // The CPU backend splits the 64 strips over its cores; elsewhere, one tile per item.
+        let sink = if self.device.spec == DeviceSpec::Cpu {
+            kernels::matmul_f32(self.axis(), n)
+        } else {
+            kernels::matmul_tile_f32(n)
+        };
+        let mm = self.compile(sink, "matmul_f32")?;
         let (ba, bb, bp, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?, self.zeros(n * n)?);
         let run = || -> Result<(), CliError> {
             self.launch(&pack, &[&bb, &bp])?;
