@@ -33,7 +33,7 @@ pub fn run_traced(
     let profile = plan.run_profiled(&vars).context(|| format!("kernel `{name}` failed"))?;
     if profile.events.is_empty() {
         eprintln!(
-            "note: {} runs kernels natively on its queues, so the trace in {} has its queues but no kernel timings",
+            "note: the queues of {} reported no command times, so the trace in {} has its queues but no kernel slices",
             device.spec,
             path.display()
         );
