@@ -358,13 +358,7 @@ impl Dialect for OpenClDialect {
     }
 
     fn load(&self, addr: &Address, dtype: DType, p: &mut Prelude) -> String {
-        let at = |k: u8| {
-            if k == 0 {
-                format!("({})[{}]", addr.base, addr.index)
-            } else {
-                format!("({})[({}) + {k}]", addr.base, addr.index)
-            }
-        };
+        let at = |k: u8| element(addr, k);
         match dtype {
             DType::Vector(_, w) if native_width(w) => format!("vload{w}(0, {})", addr.pointer()),
             DType::Vector(_, w) => {
@@ -378,13 +372,7 @@ impl Dialect for OpenClDialect {
     }
 
     fn store(&self, addr: &Address, value: &str, dtype: DType, _p: &mut Prelude) -> String {
-        let at = |k: u8| {
-            if k == 0 {
-                format!("({})[{}]", addr.base, addr.index)
-            } else {
-                format!("({})[({}) + {k}]", addr.base, addr.index)
-            }
-        };
+        let at = |k: u8| element(addr, k);
         match dtype {
             DType::Vector(_, w) if native_width(w) => format!("vstore{w}({value}, 0, {})", addr.pointer()),
             DType::Vector(_, w) => {
@@ -433,6 +421,11 @@ impl Renderer for OpenClRenderer {
     fn cache_key(&self) -> String {
         format!("opencl-c v1 fp64={}", self.fp64)
     }
+}
+
+/// Element `k` after `addr` as an lvalue/rvalue.
+fn element(addr: &Address, k: u8) -> String {
+    if k == 0 { format!("({})[{}]", addr.base, addr.index) } else { format!("({})[({}) + {k}]", addr.base, addr.index) }
 }
 
 #[cfg(test)]
