@@ -22,20 +22,22 @@ use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{Device, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend};
 
 pub use allocator::CpuAllocator;
-pub use compiler::{CC_ENV, CCompiler};
+pub use compiler::{CC_ENV, CCompiler, COMPILE_TIMEOUT_ENV, DEFAULT_COMPILE_TIMEOUT};
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer};
 
 /// Opens the CPU device (`CPU`; there is only one). Fails with
-/// [`Error::CompilerMissing`] when no C compiler can be run.
+/// [`Error::CompilerMissing`] when no C compiler is found. Starts no process: the description
+/// names the compiler by path (its version is [`CCompiler::version`], which runs it).
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
     let compiler = CCompiler::detect()?;
-    let description = format!("{} ({} threads), {}", cpu_model(), Pool::global().threads(), compiler.version());
+    let description =
+        format!("{} ({} threads), C compiler {}", cpu_model(), Pool::global().threads(), compiler.path().display());
     let allocator = Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?);
     let runtime: RuntimeFactory = Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
     let device = Device::new(

@@ -1,9 +1,14 @@
 //! Loading a compiled kernel (`.so` bytes) and running it over the core pool.
 
 use std::ffi::c_void;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libloading::Library;
 
 use kiln_device::kiln_ir::{Op, UOp};
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, ProgramSpec, RawView, Result};
@@ -29,8 +34,10 @@ pub struct CpuProgram {
     /// those that are: together an upper estimate of the work per launch index.
     loop_exprs: Vec<Arc<UOp>>,
     loop_const: u64,
-    // Keeps the code `entry` points into mapped. Declared last: dropped after everything else.
-    _lib: libloading::Library,
+    // Keeps the code `entry` points into mapped. Dropped after everything but `_image`.
+    _lib: Library,
+    // The in-memory file the library was loaded from, if it was; closed after the library.
+    _image: Option<MemfdImage>,
 }
 
 impl std::fmt::Debug for CpuProgram {
@@ -41,20 +48,10 @@ impl std::fmt::Debug for CpuProgram {
 
 impl CpuProgram {
     /// Loads `compiled.bytes` (a shared library) and looks up the entry `compiled.spec.name`.
-    /// The library is written to a temporary file, opened, and the file is deleted again.
+    /// The bytes are loaded from memory, or from a private folder (see [`open_library`]).
     pub fn load(compiled: &CompiledSpec) -> Result<CpuProgram> {
         let name = compiled.spec.name.clone();
-        let path = std::env::temp_dir().join(format!("kiln-cpu-{}-{}-{name}.so", std::process::id(), unique()));
-        let write = || -> std::io::Result<()> { std::fs::File::create(&path)?.write_all(&compiled.bytes) };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&path);
-            return Err(Error::Load(format!("kernel `{name}`: cannot write {}: {e}", path.display())));
-        }
-        // SAFETY: the library is one kiln compiled from its own C source: it has no
-        // initialisers besides the C runtime's, and loading it has no other side effects.
-        let lib = unsafe { libloading::Library::new(&path) };
-        let _ = std::fs::remove_file(&path);
-        let lib = lib.map_err(|e| Error::Load(format!("kernel `{name}`: not a loadable library: {e}")))?;
+        let (lib, image) = open_library(&compiled.bytes).map_err(|e| Error::Load(format!("kernel `{name}`: {e}")))?;
         // SAFETY: the symbol is the entry point the CPU renderer emits with exactly the
         // `KernelFn` signature; the pointer is used only while `lib` is alive (same struct).
         let entry: KernelFn = unsafe {
@@ -71,7 +68,7 @@ impl CpuProgram {
                 }
             }
         }
-        Ok(CpuProgram { entry, spec: compiled.spec.clone(), loop_exprs, loop_const, _lib: lib })
+        Ok(CpuProgram { entry, spec: compiled.spec.clone(), loop_exprs, loop_const, _lib: lib, _image: image })
     }
 
     /// How many chunks to split a launch into.
@@ -94,9 +91,84 @@ impl CpuProgram {
     }
 }
 
-fn unique() -> u64 {
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
+/// Loads a shared library from `bytes` without a path that another user could plant or race:
+/// from an anonymous in-memory file (`memfd_create`, opened as `/proc/self/fd/N`), else, when
+/// that is unavailable, from a new file in a fresh private (0700) folder that is deleted once
+/// the library is loaded. The in-memory file, when used, must stay open while the library is
+/// loaded (see [`MemfdImage`]). The error says why the bytes do not load.
+fn open_library(bytes: &[u8]) -> std::result::Result<(Library, Option<MemfdImage>), String> {
+    if let Some(image) = MemfdImage::new(bytes)
+        && let Some(lib) = image.open()
+    {
+        return Ok((lib, Some(image)));
+    }
+    open_from_private_file(bytes).map(|lib| (lib, None))
+}
+
+/// Libraries kept open from memory at once; more load through private files, so that kiln
+/// never holds more than this many file descriptors for its kernels.
+const MAX_MEMFD_IMAGES: usize = 256;
+static MEMFD_IMAGES: AtomicUsize = AtomicUsize::new(0);
+
+/// A library's bytes in an anonymous in-memory file. glibc's `dlopen` returns an already loaded
+/// library whose name matches the one asked for, and descriptor numbers are reused once closed:
+/// the file stays open while its library is loaded, so its name `/proc/self/fd/N` is unique.
+struct MemfdImage {
+    fd: OwnedFd,
+}
+
+impl MemfdImage {
+    /// `None` when memfd is unavailable (old kernel, sandbox, no descriptors left) or
+    /// [`MAX_MEMFD_IMAGES`] are open. The limit is approximate under concurrent loads.
+    fn new(bytes: &[u8]) -> Option<MemfdImage> {
+        if MEMFD_IMAGES.load(Ordering::Relaxed) >= MAX_MEMFD_IMAGES {
+            return None;
+        }
+        let mut file = File::from(rustix::fs::memfd_create("kiln-kernel", rustix::fs::MemfdFlags::CLOEXEC).ok()?);
+        file.write_all(bytes).ok()?;
+        MEMFD_IMAGES.fetch_add(1, Ordering::Relaxed);
+        Some(MemfdImage { fd: file.into() })
+    }
+
+    /// Loads the library, or `None` when it does not load from here.
+    fn open(&self) -> Option<Library> {
+        let path = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        // SAFETY: RTLD_NOLOAD loads nothing: it only asks whether a library of this name is
+        // loaded (one that outlived its descriptor, e.g. loaded by other code), whose handle
+        // is then closed again. Such a name cannot be used: dlopen would return that library.
+        let stale = unsafe { libloading::os::unix::Library::open(Some(&path), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if stale.is_ok() {
+            return None;
+        }
+        // SAFETY: the library is one kiln compiled from its own C source: it has no
+        // initialisers besides the C runtime's, and loading it has no other side effects.
+        unsafe { Library::new(&path) }.ok()
+    }
+}
+
+impl Drop for MemfdImage {
+    fn drop(&mut self) {
+        MEMFD_IMAGES.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Loads the library from a new file (`O_EXCL | O_NOFOLLOW`, mode 0600) in a fresh private
+/// folder, deleted with the file once the library is loaded.
+fn open_from_private_file(bytes: &[u8]) -> std::result::Result<Library, String> {
+    let dir = crate::compiler::scratch_dir().map_err(|e| format!("cannot create a private temporary folder: {e}"))?;
+    let path = dir.path().join("kernel.so");
+    let write = || -> std::io::Result<()> {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&path)?
+            .write_all(bytes)
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    // SAFETY: as in `MemfdImage::open`: a library kiln compiled from its own C source.
+    unsafe { Library::new(&path) }.map_err(|e| format!("not a loadable library: {e}"))
 }
 
 impl CpuProgram {
