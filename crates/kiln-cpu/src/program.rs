@@ -241,3 +241,79 @@ impl Program for CpuProgram {
         &self.spec.name
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CCompiler;
+    use kiln_device::Renderer;
+
+    /// A library whose function `k` returns `value`.
+    fn library(value: i32) -> Vec<u8> {
+        CCompiler::detect().unwrap().compile_source("k", &format!("int k(void) {{ return {value}; }}\n")).unwrap()
+    }
+
+    fn call_k(lib: &Library) -> i32 {
+        // SAFETY: `library` defines `k` as `int k(void)`; `lib` outlives the call.
+        unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"k").unwrap()() }
+    }
+
+    #[test]
+    fn loading_never_writes_through_a_planted_link() {
+        let victim_dir = tempfile::tempdir().unwrap();
+        let victim = victim_dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        // Links at every name the old loader used for this process's first loads.
+        let tmp = std::env::temp_dir();
+        let links: Vec<_> = (0..64)
+            .map(|n| {
+                let link = tmp.join(format!("kiln-cpu-{}-{n}-k.so", std::process::id()));
+                let _ = std::fs::remove_file(&link);
+                std::os::unix::fs::symlink(&victim, &link).unwrap();
+                link
+            })
+            .collect();
+        let bytes = library(7);
+        let compiled = CompiledSpec {
+            name: "k".into(),
+            src: None,
+            bytes: bytes.clone(),
+            spec: Arc::new(crate::CpuRenderer::new().render(&tiny_kernel(), Some("k")).unwrap()),
+        };
+        // The entry `k` of these programs is never run: loading is what is tested.
+        let programs: Vec<_> = (0..4).map(|_| CpuProgram::load(&compiled).unwrap()).collect();
+        let fallback = open_from_private_file(&bytes).unwrap();
+        assert_eq!(call_k(&fallback), 7);
+        drop(programs);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious", "the link's target is untouched");
+        for link in links {
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+            std::fs::remove_file(link).unwrap();
+        }
+    }
+
+    /// A kernel named `k` (its C entry is `k`).
+    fn tiny_kernel() -> Arc<UOp> {
+        use kiln_device::kiln_ir::{KernelBuilder, Scalar, Val};
+        let mut b = KernelBuilder::new();
+        let a = b.param(0, Scalar::F32, 4);
+        let i = b.global(0, 4);
+        b.store(&a.at(&i), &Val::f32(1.0));
+        b.finish().unwrap()
+    }
+
+    #[test]
+    fn libraries_of_one_name_each_load_their_own_code() {
+        // Loaded from memory, one after another, the first still loaded (its descriptor
+        // number must not be reused) and after it is unloaded (it may be).
+        let (one, two) = (open_library(&library(1)).unwrap(), open_library(&library(2)).unwrap());
+        assert!(one.1.is_some() && two.1.is_some(), "memfd is available on Linux");
+        assert_eq!((call_k(&one.0), call_k(&two.0)), (1, 2));
+        drop(one);
+        let three = open_library(&library(3)).unwrap();
+        assert_eq!((call_k(&two.0), call_k(&three.0)), (2, 3));
+        // Through the private-file fallback as well.
+        assert_eq!(call_k(&open_from_private_file(&library(4)).unwrap()), 4);
+        assert!(open_from_private_file(b"not a library").is_err());
+    }
+}

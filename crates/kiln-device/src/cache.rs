@@ -10,10 +10,13 @@
 //! device: give each device its own `KernelCache` (the default) or share one only between
 //! devices whose programs are interchangeable.
 //!
-//! **Disk.** One file per compiled kernel, named by a SHA-256 over the kernel's content hash,
-//! its requested name, the device family, the renderer's `cache_key()`, the compiler's
-//! `cache_key()` and `fingerprint()` (version, flags, target): a toolchain change changes the
-//! name, so a stale binary is never found. An entry stores the compiled `bytes` (or the
+//! **Disk.** One file per compiled kernel, `<64 hex digits>.kiln-bin`, named by a SHA-256 over
+//! the kernel's content hash, its requested name, the device family, the renderer's
+//! `cache_key()`, the compiler's `cache_key()` and `fingerprint()` (version or identity of the
+//! compiler binary, flags, target): a toolchain change changes the name, so a stale binary is
+//! never found. The cache reads, counts, evicts and clears only files named exactly so (and
+//! its own `.kiln-bin-*.tmp` files): anything else in the folder, such as a user's `.kiln`
+//! kernel sources, is never touched. An entry stores the compiled `bytes` (or the
 //! source, for JIT backends whose bytes are empty) and the entry-point names; on a hit the
 //! [`ProgramSpec`] is rebuilt from the graph with [`ProgramSpec::from_sink`] (no rendering)
 //! and the toolchain's runtime loads the bytes.
@@ -39,9 +42,9 @@
 //! `~/.cache/kiln`); `KILN_CACHE_LIMIT` its size (default 512M; K/M/G suffixes).
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -67,7 +70,11 @@ pub const DEFAULT_DISK_LIMIT: u64 = 512 << 20;
 const MAGIC: [u8; 8] = *b"KILNKRNL";
 const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 8 + 4 + 32 + 8 + 32;
-const ENTRY_EXT: &str = "kiln";
+/// Entries are `<64 lowercase hex digits>.<ENTRY_EXT>`: a name no user file plausibly has.
+const ENTRY_EXT: &str = "kiln-bin";
+/// Temporary files (entries being written) are `<TEMP_PREFIX><random><TEMP_SUFFIX>`.
+const TEMP_PREFIX: &str = ".kiln-bin-";
+const TEMP_SUFFIX: &str = ".tmp";
 /// No compiled kernel is this large; a bigger file is refused rather than read.
 const MAX_ENTRY_BYTES: u64 = 1 << 30;
 /// Temporary files older than this are leftovers of crashed writers.
@@ -605,15 +612,17 @@ fn cache_err(what: &str, path: &Path, e: std::io::Error) -> Error {
     Error::Cache(format!("{what} {}: {e}", path.display()))
 }
 
-fn temp_name(tag: &str) -> String {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!(".{tag}.{}.{nanos}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+/// A new private (0600) temporary file in `dir` that no other process can have opened,
+/// deleted on drop unless persisted.
+fn temp_file(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new().prefix(TEMP_PREFIX).suffix(TEMP_SUFFIX).tempfile_in(dir)
 }
 
-/// Creates a new private file that no other process can have opened.
-fn create_private(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)
+/// Whether `name` is a cache entry's: exactly 64 lowercase hex digits and the entry extension.
+fn is_entry_name(name: &str) -> bool {
+    name.strip_suffix(ENTRY_EXT)
+        .and_then(|n| n.strip_suffix('.'))
+        .is_some_and(|stem| stem.len() == 64 && stem.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 fn hex(key: &[u8; 32]) -> String {
@@ -628,13 +637,11 @@ impl DiskDir {
             .mode(0o700)
             .create(dir)
             .map_err(|e| cache_err("cannot create cache directory", dir, e))?;
-        let probe = dir.join(temp_name("probe"));
-        let uid = create_private(&probe)
-            .and_then(|f| f.metadata())
+        // A leftover probe (after a crash) is harmless: stale temporary files are swept.
+        let uid = temp_file(dir)
+            .and_then(|f| f.as_file().metadata())
             .map_err(|e| cache_err("cannot write to cache directory", dir, e))?
             .uid();
-        // A leftover probe is harmless: it is not an entry and eviction removes stale temps.
-        let _ = fs::remove_file(&probe);
         let meta = fs::metadata(dir).map_err(|e| cache_err("cannot stat cache directory", dir, e))?;
         if meta.uid() != uid || meta.mode() & 0o022 != 0 {
             return Err(Error::Cache(format!(
@@ -703,15 +710,11 @@ impl DiskDir {
     fn store(&self, key: &[u8; 32], compiled: &CompiledSpec) -> Result<()> {
         let Some(entry) = Entry::from_compiled(compiled) else { return Ok(()) };
         let bytes = entry.encode(key);
-        let tmp = self.dir.join(temp_name(&hex(key)[..16]));
-        let written = create_private(&tmp).and_then(|mut f| f.write_all(&bytes)).and_then(|()| {
-            let path = self.entry_path(key);
-            fs::rename(&tmp, &path)
-        });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(cache_err("cannot write entry in", &self.dir, e));
-        }
+        // On failure the temporary file is deleted when dropped.
+        temp_file(&self.dir)
+            .and_then(|mut f| f.write_all(&bytes).map(|()| f))
+            .and_then(|f| f.persist(self.entry_path(key)).map_err(|e| e.error))
+            .map_err(|e| cache_err("cannot write entry in", &self.dir, e))?;
         self.enforce_limit(bytes.len() as u64)
     }
 
@@ -745,7 +748,8 @@ impl DiskDir {
         Ok(())
     }
 
-    /// Lists the entries (and deletes temporary files that crashed writers left behind).
+    /// Lists the entries (and deletes temporary files that crashed writers left behind). Only
+    /// names the cache gives its files are considered.
     fn scan(&self) -> Result<Vec<ScannedEntry>> {
         let rd = fs::read_dir(&self.dir).map_err(|e| cache_err("cannot list", &self.dir, e))?;
         let now = SystemTime::now();
@@ -756,11 +760,11 @@ impl DiskDir {
             let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let name = item.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                if now.duration_since(mtime).is_ok_and(|age| age > STALE_TEMP) {
+            if name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX) {
+                if meta.is_file() && now.duration_since(mtime).is_ok_and(|age| age > STALE_TEMP) {
                     let _ = fs::remove_file(&path);
                 }
-            } else if path.extension().is_some_and(|x| x == ENTRY_EXT) {
+            } else if is_entry_name(&name) {
                 out.push(ScannedEntry { path, len: meta.len(), mtime });
             }
         }
@@ -903,25 +907,17 @@ pub(crate) mod mock {
         b.finish().expect("a valid test kernel")
     }
 
-    /// A fresh directory under the system temp dir, deleted on drop.
-    pub struct TempDir(pub PathBuf);
+    /// The path `tag` in a fresh private folder (deleted on drop); the path itself does not
+    /// exist yet.
+    pub struct TempDir(
+        pub PathBuf,
+        #[allow(dead_code, reason = "held to delete the folder on drop")] tempfile::TempDir,
+    );
 
     impl TempDir {
         pub fn new(tag: &str) -> TempDir {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
-            let p = std::env::temp_dir().join(format!(
-                "kiln-{tag}-{}-{nanos}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::SeqCst)
-            ));
-            TempDir(p)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
+            let parent = tempfile::Builder::new().prefix("kiln-cache-test-").tempdir().expect("a temporary folder");
+            TempDir(parent.path().join(tag), parent)
         }
     }
 }
@@ -930,6 +926,7 @@ pub(crate) mod mock {
 mod tests {
     use super::mock::*;
     use super::*;
+    use std::fs::OpenOptions;
     use std::os::unix::fs::PermissionsExt;
 
     fn disk_cache(dir: &TempDir) -> KernelCache {
@@ -940,7 +937,7 @@ mod tests {
         let mut v: Vec<PathBuf> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == ENTRY_EXT))
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(is_entry_name))
             .collect();
         v.sort();
         v
@@ -1175,13 +1172,61 @@ mod tests {
     }
 
     #[test]
+    fn user_files_in_the_cache_folder_survive_clear_and_eviction() {
+        let dir = TempDir::new("user-files");
+        let r = rig(MockCompiler::new("fp"));
+        let c = disk_cache(&dir);
+        c.get_or_compile(&kernel(12.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        let entry_len = fs::metadata(only_entry(&dir.0)).unwrap().len();
+        // Old and large files that an overly broad pattern would count, evict or clear.
+        let user: Vec<PathBuf> =
+            ["add.kiln", "notes.kiln-bin", &format!("{}.kiln", "ab".repeat(32)), ".backup.tmp", ".kiln-bin-x.tmp.keep"]
+                .iter()
+                .map(|name| {
+                    let p = dir.0.join(name);
+                    fs::write(&p, vec![b'k'; 4096]).unwrap();
+                    File::options().write(true).open(&p).unwrap().set_modified(SystemTime::UNIX_EPOCH).unwrap();
+                    p
+                })
+                .collect();
+        let s = c.stats();
+        assert_eq!((s.disk_entries, s.disk_bytes), (1, entry_len), "only entries are counted");
+        // Eviction down to one entry's size: the new entry pushes out the old one, nothing else.
+        let limited = KernelCache::new(CacheConfig { dir: Some(dir.0.clone()), limit: entry_len });
+        limited.get_or_compile(&kernel(13.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        assert_eq!(entries(&dir.0).len(), 1);
+        limited.clear().unwrap();
+        assert_eq!(entries(&dir.0).len(), 0);
+        for p in &user {
+            assert_eq!(fs::read(p).unwrap().len(), 4096, "{} survives", p.display());
+        }
+    }
+
+    #[test]
+    fn entry_names_are_exactly_64_hex_digits_and_the_extension() {
+        let key = [0xab; 32];
+        assert!(is_entry_name(&format!("{}.{ENTRY_EXT}", hex(&key))));
+        for name in [
+            "add.kiln".to_string(),
+            format!("{}.kiln", hex(&key)),
+            format!("{}.{ENTRY_EXT}", &hex(&key)[1..]),
+            format!("{}.{ENTRY_EXT}", hex(&key).to_uppercase()),
+            format!("{}0.{ENTRY_EXT}", hex(&key)),
+            format!("{}{ENTRY_EXT}", hex(&key)),
+            format!("{}.{ENTRY_EXT}.tmp", hex(&key)),
+        ] {
+            assert!(!is_entry_name(&name), "{name}");
+        }
+    }
+
+    #[test]
     fn stale_temporary_files_are_swept() {
         let dir = TempDir::new("stale");
         let r = rig(MockCompiler::new("fp"));
         let c = disk_cache(&dir);
         c.get_or_compile(&kernel(7.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
-        let stale = dir.0.join(".deadbeef.1.2.3.tmp");
-        let fresh = dir.0.join(".cafe.1.2.4.tmp");
+        let stale = dir.0.join(".kiln-bin-deadbe.tmp");
+        let fresh = dir.0.join(".kiln-bin-cafe12.tmp");
         fs::write(&stale, b"partial").unwrap();
         fs::write(&fresh, b"in progress").unwrap();
         File::options().write(true).open(&stale).unwrap().set_modified(SystemTime::now() - STALE_TEMP * 2).unwrap();
