@@ -6,33 +6,17 @@ use std::fmt::Write;
 use kiln_device::{AllocatorStats, CacheStats};
 use kiln_ir::DeviceSpec;
 
-use crate::args::{ArgParser, Token, unknown};
 use crate::cache;
 use crate::error::CliError;
 
-pub const USAGE: &str = "\
-kiln devices [--verbose]
-
-Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present).
-A backend that cannot be used is listed as unavailable with the reason.
-  --verbose, -v   also open each device and show its allocator counters and the kernel cache";
-
-#[derive(Debug, Default)]
+/// `kiln devices [--verbose]`.
+#[derive(Debug, Default, clap::Args)]
+#[command(after_help = "Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present). \
+A backend that cannot be used is listed as unavailable with the reason.")]
 pub struct DevicesArgs {
+    /// Also open each device and show its allocator counters and the kernel cache
+    #[arg(short, long)]
     pub verbose: bool,
-}
-
-impl DevicesArgs {
-    pub fn parse(p: &mut ArgParser) -> Result<DevicesArgs, CliError> {
-        let mut a = DevicesArgs::default();
-        while let Some(tok) = p.next_token()? {
-            match tok {
-                Token::Flag(f, _) if f == "--verbose" || f == "-v" => a.verbose = true,
-                tok => return Err(unknown("devices", tok)),
-            }
-        }
-        Ok(a)
-    }
 }
 
 /// One line of the listing.
