@@ -45,7 +45,12 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         };
         rows.push(DeviceRow { name: spec.to_string(), status, stats, cache });
     };
-    row(&DeviceSpec::Cpu, None);
+    if cfg!(feature = "cpu") {
+        row(&DeviceSpec::Cpu, None);
+    } else {
+        rows.push(not_built("CPU", "cpu"));
+    }
+    #[cfg(feature = "opencl")]
     match kiln_opencl::probe() {
         Ok(list) if list.is_empty() => rows.push(DeviceRow {
             name: "OPENCL".into(),
@@ -60,6 +65,8 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         }
         Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None, cache: None }),
     }
+    #[cfg(not(feature = "opencl"))]
+    rows.push(not_built("OPENCL", "opencl"));
     rows.push(DeviceRow {
         name: "CUDA".into(),
         status: Err("no CUDA backend is built into this kiln".into()),
@@ -69,6 +76,13 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
     rows
 }
 
+/// The row of a backend this binary was built without (its cargo `feature` was off).
+fn not_built(name: &str, feature: &str) -> DeviceRow {
+    let why = format!("this kiln was built without the `{feature}` feature (cargo build --features {feature})");
+    DeviceRow { name: name.into(), status: Err(why), stats: None, cache: None }
+}
+
+/// Runs `kiln devices`; returns the text for stdout.
 pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
     let rows = probe(args.verbose);
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);

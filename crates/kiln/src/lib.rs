@@ -129,7 +129,8 @@ mod tests {
     }
 }
 
-/// The README's Rust example is compiled and run as a doctest, so it cannot rot.
-#[cfg(doctest)]
+/// The README's Rust example is compiled and run as a doctest, so it cannot rot (it opens
+/// the CPU backend).
+#[cfg(all(doctest, feature = "cpu"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;

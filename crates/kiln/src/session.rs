@@ -10,9 +10,12 @@ use kiln_ir::{DeviceSpec, UOp};
 
 use crate::error::{CliError, Context};
 
-/// Registers every backend compiled into this binary with the device registry. Idempotent.
+/// Registers every backend compiled into this binary (its `cpu` and `opencl` features) with
+/// the device registry. Idempotent.
 pub fn register_backends() {
+    #[cfg(feature = "cpu")]
     kiln_cpu::register();
+    #[cfg(feature = "opencl")]
     kiln_opencl::register();
 }
 
