@@ -35,7 +35,7 @@ pub struct DeviceRow {
 /// and for the CPU (whose availability depends on a C compiler being found).
 pub fn probe(open: bool) -> Vec<DeviceRow> {
     let mut rows = Vec::new();
-    let mut row = |spec: &DeviceSpec, described: Option<String>| {
+    let row = |spec: &DeviceSpec, described: Option<String>| {
         let opened = if open || described.is_none() { Some(kiln_device::open_device(&spec.to_string())) } else { None };
         let (status, stats, cache) = match (described, opened) {
             (_, Some(Err(e))) => (Err(e.to_string()), None, None),
@@ -43,10 +43,10 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
             (Some(desc), None) => (Ok(desc), None, None),
             (None, None) => (Err("not probed".into()), None, None),
         };
-        rows.push(DeviceRow { name: spec.to_string(), status, stats, cache });
+        DeviceRow { name: spec.to_string(), status, stats, cache }
     };
     if cfg!(feature = "cpu") {
-        row(&DeviceSpec::Cpu, None);
+        rows.push(row(&DeviceSpec::Cpu, None));
     } else {
         rows.push(not_built("CPU", "cpu"));
     }
@@ -60,7 +60,7 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         }),
         Ok(list) => {
             for (spec, desc) in list {
-                row(&spec, Some(desc));
+                rows.push(row(&spec, Some(desc)));
             }
         }
         Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None, cache: None }),
