@@ -133,9 +133,12 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
         return r.clone();
     }
     let r = match spec_of(name) {
+        #[cfg(feature = "cpu")]
         Some(spec @ DeviceSpec::Cpu) => kiln_cpu::open(&spec),
+        #[cfg(feature = "opencl")]
         Some(spec @ DeviceSpec::OpenCl { .. }) => kiln_opencl::open(&spec),
-        _ => Err(Error::Invalid(format!("unknown backend `{name}` (known: {})", BACKENDS.join(", ")))),
+        Some(_) => Err(Error::Unavailable(format!("this build leaves out the `{name}` feature of kiln-conformance"))),
+        None => Err(Error::Invalid(format!("unknown backend `{name}` (known: {})", BACKENDS.join(", ")))),
     };
     opened.insert(name.to_string(), r.clone());
     r

@@ -10,7 +10,6 @@
 //! device's own times instead, through [`CommandTimer`] (the plan records every profiled
 //! command with `exec_timed`/`copy_timed`, and each node's [`Stamps`] is its timer).
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +18,7 @@ use std::time::{Duration, Instant};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::{CommandTimer, TimeProbe};
 use kiln_device::{Error, Kernel, LaunchDims, Program, RawView, Result};
+use serde::Serialize;
 
 /// Time stamps of one node, in nanoseconds since the plan's epoch plus one (0 = not taken),
 /// or the probe of a queue that measured the node itself.
@@ -168,35 +168,30 @@ impl Profile {
     /// The trace as Chrome-trace JSON: one complete event (`"ph": "X"`) per node with
     /// `tid` = queue index and `ts`/`dur` in microseconds, plus thread-name metadata.
     pub fn to_chrome_trace(&self) -> String {
-        let mut out = String::from("{\"traceEvents\":[\n");
-        let mut first = true;
-        let mut sep = |out: &mut String| {
-            if !std::mem::take(&mut first) {
-                out.push_str(",\n");
-            }
-        };
-        for (tid, name) in self.queue_names.iter().enumerate() {
-            sep(&mut out);
-            let _ = write!(
-                out,
-                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
-                json_string(name)
-            );
-        }
-        for e in &self.events {
-            sep(&mut out);
-            let ts = e.start.as_secs_f64() * 1e6;
-            let dur = e.end.saturating_sub(e.start).as_secs_f64() * 1e6;
-            let _ = write!(
-                out,
-                "{{\"name\":{},\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":0,\"tid\":{},\"ts\":{ts:.3},\"dur\":{dur:.3},\"args\":{{\"node\":{}}}}}",
-                json_string(&e.name),
-                e.queue,
-                e.node
-            );
-        }
-        out.push_str("\n],\"displayTimeUnit\":\"ns\"}\n");
-        out
+        let threads = self.queue_names.iter().enumerate().map(|(tid, name)| TraceEvent::Thread {
+            name: "thread_name",
+            ph: "M",
+            pid: 0,
+            tid,
+            args: ThreadArgs { name },
+        });
+        let slices = self.events.iter().map(|e| TraceEvent::Slice {
+            name: &e.name,
+            cat: "kernel",
+            ph: "X",
+            pid: 0,
+            tid: e.queue,
+            ts: e.start.as_secs_f64() * 1e6,
+            dur: e.end.saturating_sub(e.start).as_secs_f64() * 1e6,
+            args: SliceArgs { node: e.node },
+        });
+        let trace = ChromeTrace { trace_events: threads.chain(slices).collect(), display_time_unit: "ns" };
+        // serde_json fails only on non-string map keys and failing `Serialize` impls, neither
+        // of which these structs have; the fallback is still JSON, and says what happened.
+        let mut json =
+            serde_json::to_string(&trace).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string());
+        json.push('\n');
+        json
     }
 
     /// Writes [`Profile::to_chrome_trace`] to `path`.
@@ -207,25 +202,46 @@ impl Profile {
     }
 }
 
-/// `s` as a JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// The Chrome trace file (the "JSON object format"), serialized with the fields in this order.
+#[derive(Serialize)]
+struct ChromeTrace<'a> {
+    #[serde(rename = "traceEvents")]
+    trace_events: Vec<TraceEvent<'a>>,
+    #[serde(rename = "displayTimeUnit")]
+    display_time_unit: &'static str,
+}
+
+/// A queue's name (metadata event `M`) or one node's execution (complete event `X`).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TraceEvent<'a> {
+    Thread {
+        name: &'static str,
+        ph: &'static str,
+        pid: u32,
+        tid: usize,
+        args: ThreadArgs<'a>,
+    },
+    Slice {
+        name: &'a str,
+        cat: &'static str,
+        ph: &'static str,
+        pid: u32,
+        tid: usize,
+        ts: f64,
+        dur: f64,
+        args: SliceArgs,
+    },
+}
+
+#[derive(Serialize)]
+struct ThreadArgs<'a> {
+    name: &'a str,
+}
+
+#[derive(Serialize)]
+struct SliceArgs {
+    node: usize,
 }
 
 #[cfg(test)]
@@ -235,22 +251,30 @@ mod tests {
     #[test]
     fn chrome_trace_has_complete_events_per_queue() {
         let ms = Duration::from_millis;
+        let odd = "a\"b\\c\n\u{1}";
         let p = Profile {
             events: vec![
-                ProfileEvent { node: 0, name: "a\"b".into(), queue: 0, start: ms(0), end: ms(2) },
+                ProfileEvent { node: 0, name: odd.into(), queue: 0, start: ms(0), end: ms(2) },
                 ProfileEvent { node: 1, name: "c".into(), queue: 1, start: ms(1), end: ms(3) },
             ],
-            queue_names: vec!["compute 0".into(), "compute 1".into()],
+            queue_names: vec!["compute 0".into(), "compute \"1\"".into()],
             wall: ms(3),
         };
         let json = p.to_chrome_trace();
         assert!(json.starts_with("{\"traceEvents\":["));
-        assert!(json.contains(
-            "\"name\":\"a\\\"b\",\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":0.000,\"dur\":2000.000"
-        ));
-        assert!(json.contains("\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1000.000,\"dur\":2000.000"));
-        assert!(json.contains("\"args\":{\"name\":\"compute 1\"}"));
-        assert_eq!(json_string("\u{1}\n"), "\"\\u0001\\n\"");
+        assert!(
+            json.contains("\"cat\":\"kernel\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":0.0,\"dur\":2000.0"),
+            "{json}"
+        );
+        assert!(json.contains("\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1000.0,\"dur\":2000.0"), "{json}");
+        // Names with quotes, backslashes and control characters round-trip.
+        let parsed: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+        let events = parsed["traceEvents"].as_array().expect("an event list");
+        assert_eq!(events.len(), 4);
+        assert_eq!(events[1]["args"]["name"], "compute \"1\"");
+        assert_eq!(events[2]["name"], odd);
+        assert_eq!(events[3]["args"]["node"], 1);
+        assert_eq!(parsed["displayTimeUnit"], "ns");
     }
 
     #[test]

@@ -5,44 +5,28 @@ use std::fmt::Write;
 
 use kiln_device::{CacheStats, KernelCache};
 
-use crate::args::{ArgParser, Token, unknown};
 use crate::devices::bytes;
 use crate::error::{CliError, Context};
 
-pub const USAGE: &str = "\
-kiln cache stats   show where the kernel cache lives and how much it holds
-kiln cache clear   delete every compiled kernel in it
-
-The cache directory is $KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln);
-KILN_CACHE=0 turns the disk cache off; KILN_CACHE_LIMIT caps its size (e.g. 256M).";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheAction {
-    Stats,
-    Clear,
-}
-
-#[derive(Debug)]
+/// `kiln cache stats|clear`.
+#[derive(Debug, clap::Args)]
+#[command(
+    subcommand_required = true,
+    arg_required_else_help = false,
+    after_help = "The cache directory is $KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln); \
+KILN_CACHE=0 turns the disk cache off; KILN_CACHE_LIMIT caps its size (e.g. 256M)."
+)]
 pub struct CacheArgs {
+    #[command(subcommand)]
     pub action: CacheAction,
 }
 
-impl CacheArgs {
-    pub fn parse(p: &mut ArgParser) -> Result<CacheArgs, CliError> {
-        let mut action = None;
-        while let Some(tok) = p.next_token()? {
-            match tok {
-                Token::Positional(s) if action.is_none() && s == "stats" => action = Some(CacheAction::Stats),
-                Token::Positional(s) if action.is_none() && s == "clear" => action = Some(CacheAction::Clear),
-                Token::Positional(s) if action.is_none() => {
-                    return Err(CliError::Usage(format!("`kiln cache {s}`: expected `stats` or `clear`")));
-                }
-                tok => return Err(unknown("cache", tok)),
-            }
-        }
-        let action = action.ok_or_else(|| CliError::Usage("`kiln cache` needs `stats` or `clear`".into()))?;
-        Ok(CacheArgs { action })
-    }
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Subcommand)]
+pub enum CacheAction {
+    /// Show where the kernel cache lives and how much it holds
+    Stats,
+    /// Delete every compiled kernel in it
+    Clear,
 }
 
 fn open() -> Result<KernelCache, CliError> {

@@ -5,74 +5,44 @@ use std::path::PathBuf;
 
 use kiln_ir::DeviceSpec;
 
-use crate::args::{ArgParser, Token, unknown};
 use crate::error::{CliError, Context};
 use crate::session::{self, KernelFile};
 use crate::show;
 
-pub const USAGE: &str = "\
-kiln compile FILE [--device D] [--emit source|spec|linear] [--check]
-
-Renders FILE for device D (default CPU) and prints:
-  --emit source   the rendered kernel source (default)
-  --emit spec     the metadata: buffer slots, ins/outs, variables, launch size expressions
-  --emit linear   the kernel in the linear order the renderer walks
-  --check         also compile and load it (reports compiler errors; uses the kernel cache)";
-
 /// What `kiln compile` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Emit {
+    /// The rendered kernel source
     #[default]
+    #[value(alias = "src")]
     Source,
+    /// The metadata: buffer slots, ins/outs, variables, launch size expressions
     Spec,
+    /// The kernel in the linear order the renderer walks
     Linear,
 }
 
-#[derive(Debug, Default)]
+/// `kiln compile FILE [--device D] [--emit source|spec|linear] [--check]`.
+#[derive(Debug, clap::Args)]
 pub struct CompileArgs {
-    pub file: Option<PathBuf>,
-    pub device: Option<DeviceSpec>,
+    /// The kernel text file
+    pub file: PathBuf,
+    /// The device to render for: CPU or OPENCL[:n]
+    #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
+    pub device: DeviceSpec,
+    /// What to print
+    #[arg(long, value_enum, default_value_t)]
     pub emit: Emit,
+    /// Also compile and load it (reports compiler errors; uses the kernel cache)
+    #[arg(long)]
     pub check: bool,
 }
 
-impl CompileArgs {
-    pub fn parse(p: &mut ArgParser) -> Result<CompileArgs, CliError> {
-        let mut a = CompileArgs::default();
-        while let Some(tok) = p.next_token()? {
-            match tok {
-                Token::Positional(f) if a.file.is_none() => a.file = Some(PathBuf::from(f)),
-                Token::Flag(f, _) => match f.as_str() {
-                    "--device" | "-d" => a.device = Some(session::parse_device(&p.value()?)?),
-                    "--emit" => {
-                        a.emit = match p.value()?.as_str() {
-                            "source" | "src" => Emit::Source,
-                            "spec" => Emit::Spec,
-                            "linear" => Emit::Linear,
-                            other => {
-                                return Err(CliError::Usage(format!(
-                                    "--emit {other}: expected source, spec or linear"
-                                )));
-                            }
-                        }
-                    }
-                    "--check" => a.check = true,
-                    _ => return Err(unknown("compile", Token::Flag(f, None))),
-                },
-                tok => return Err(unknown("compile", tok)),
-            }
-        }
-        if a.file.is_none() {
-            return Err(CliError::Usage("`kiln compile` needs a kernel FILE".into()));
-        }
-        Ok(a)
-    }
-}
-
+/// Runs `kiln compile`; returns the text for stdout.
 pub fn run(args: &CompileArgs) -> Result<String, CliError> {
-    let file = args.file.as_deref().ok_or_else(|| CliError::Usage("`kiln compile` needs a kernel FILE".into()))?;
+    let file = &args.file;
     let kernel_file = KernelFile::load(file)?;
-    let device = session::open_device(args.device.as_ref().unwrap_or(&DeviceSpec::Cpu))?;
+    let device = session::open_device(&args.device)?;
     let spec = if args.check { (*kernel_file.compile(&device)?.spec).clone() } else { kernel_file.render(&device)? };
     Ok(match args.emit {
         Emit::Source => {

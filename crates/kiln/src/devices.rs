@@ -6,33 +6,17 @@ use std::fmt::Write;
 use kiln_device::{AllocatorStats, CacheStats};
 use kiln_ir::DeviceSpec;
 
-use crate::args::{ArgParser, Token, unknown};
 use crate::cache;
 use crate::error::CliError;
 
-pub const USAGE: &str = "\
-kiln devices [--verbose]
-
-Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present).
-A backend that cannot be used is listed as unavailable with the reason.
-  --verbose, -v   also open each device and show its allocator counters and the kernel cache";
-
-#[derive(Debug, Default)]
+/// `kiln devices [--verbose]`.
+#[derive(Debug, Default, clap::Args)]
+#[command(after_help = "Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present). \
+A backend that cannot be used is listed as unavailable with the reason.")]
 pub struct DevicesArgs {
+    /// Also open each device and show its allocator counters and the kernel cache
+    #[arg(short, long)]
     pub verbose: bool,
-}
-
-impl DevicesArgs {
-    pub fn parse(p: &mut ArgParser) -> Result<DevicesArgs, CliError> {
-        let mut a = DevicesArgs::default();
-        while let Some(tok) = p.next_token()? {
-            match tok {
-                Token::Flag(f, _) if f == "--verbose" || f == "-v" => a.verbose = true,
-                tok => return Err(unknown("devices", tok)),
-            }
-        }
-        Ok(a)
-    }
 }
 
 /// One line of the listing.
@@ -51,7 +35,7 @@ pub struct DeviceRow {
 /// and for the CPU (whose availability depends on a C compiler being found).
 pub fn probe(open: bool) -> Vec<DeviceRow> {
     let mut rows = Vec::new();
-    let mut row = |spec: &DeviceSpec, described: Option<String>| {
+    let row = |spec: &DeviceSpec, described: Option<String>| {
         let opened = if open || described.is_none() { Some(kiln_device::open_device(&spec.to_string())) } else { None };
         let (status, stats, cache) = match (described, opened) {
             (_, Some(Err(e))) => (Err(e.to_string()), None, None),
@@ -59,9 +43,14 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
             (Some(desc), None) => (Ok(desc), None, None),
             (None, None) => (Err("not probed".into()), None, None),
         };
-        rows.push(DeviceRow { name: spec.to_string(), status, stats, cache });
+        DeviceRow { name: spec.to_string(), status, stats, cache }
     };
-    row(&DeviceSpec::Cpu, None);
+    if cfg!(feature = "cpu") {
+        rows.push(row(&DeviceSpec::Cpu, None));
+    } else {
+        rows.push(not_built("CPU", "cpu"));
+    }
+    #[cfg(feature = "opencl")]
     match kiln_opencl::probe() {
         Ok(list) if list.is_empty() => rows.push(DeviceRow {
             name: "OPENCL".into(),
@@ -71,11 +60,13 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         }),
         Ok(list) => {
             for (spec, desc) in list {
-                row(&spec, Some(desc));
+                rows.push(row(&spec, Some(desc)));
             }
         }
         Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None, cache: None }),
     }
+    #[cfg(not(feature = "opencl"))]
+    rows.push(not_built("OPENCL", "opencl"));
     rows.push(DeviceRow {
         name: "CUDA".into(),
         status: Err("no CUDA backend is built into this kiln".into()),
@@ -85,6 +76,13 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
     rows
 }
 
+/// The row of a backend this binary was built without (its cargo `feature` was off).
+fn not_built(name: &str, feature: &str) -> DeviceRow {
+    let why = format!("this kiln was built without the `{feature}` feature (cargo build --features {feature})");
+    DeviceRow { name: name.into(), status: Err(why), stats: None, cache: None }
+}
+
+/// Runs `kiln devices`; returns the text for stdout.
 pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
     let rows = probe(args.verbose);
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);

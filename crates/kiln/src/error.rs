@@ -10,7 +10,10 @@ use crate::npy::NpyError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// The command line itself is wrong; the message says how to write it.
+    /// clap refused the command line; its message ends with the usage line and a hint.
+    #[error("{}", args_text(.0))]
+    Args(clap::Error),
+    /// The command line parsed but does not make sense; the message says how to write it.
     #[error("{0}\n(run `kiln help` for usage)")]
     Usage(String),
     /// The device layer failed; `context` says what the command was doing.
@@ -48,7 +51,7 @@ impl CliError {
     /// The process exit status for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            CliError::Usage(_) => 2,
+            CliError::Usage(_) | CliError::Args(_) => 2,
             _ => 1,
         }
     }
@@ -72,6 +75,12 @@ impl CliError {
     pub fn io(action: &'static str, path: &Path, source: std::io::Error) -> CliError {
         CliError::Io { action, path: path.to_path_buf(), source }
     }
+}
+
+/// A clap error as text, without the `error: ` that [`crate::main`] prints itself.
+fn args_text(e: &clap::Error) -> String {
+    let text = e.to_string();
+    text.strip_prefix("error: ").unwrap_or(&text).trim_end().to_string()
 }
 
 /// Attaches what the command was doing to a device-layer error.

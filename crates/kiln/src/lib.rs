@@ -1,14 +1,13 @@
-//! The `kiln` command line: list devices, compile and run kernel text files, inspect the
-//! kernel cache.
+//! The `kiln` command line: list devices, compile and run kernel text files, benchmark a
+//! device, inspect the kernel cache.
 //!
-//! Each subcommand is one module with a `USAGE` text, an argument parser and a function
-//! that does the work and returns what to print on stdout. [`main`] dispatches on the
-//! subcommand name through [`COMMANDS`]; adding a subcommand (such as `bench`, which builds
-//! on [`session`] like `run` does) is one module plus one entry in that table.
+//! The command line is declared with clap's derive API in [`Cli`]: each subcommand is one
+//! module with a `clap::Args` struct (its flags and generated help) and a function that
+//! does the work and returns what to print on stdout. [`main`] parses and dispatches;
+//! adding a subcommand is one module plus one [`Command`] variant.
 //! Nothing here panics on user input: every failure is a [`CliError`], printed as
 //! `error: <message>` with its cause chain, exit status 2 for usage errors and 1 otherwise.
 
-pub mod args;
 pub mod bench;
 pub mod cache;
 pub mod compile;
@@ -23,71 +22,54 @@ pub mod trace;
 use std::ffi::OsString;
 use std::io::Write;
 
-use args::{ArgParser, Token};
+use clap::{CommandFactory, Parser, Subcommand};
 use error::CliError;
 
-/// A subcommand: its name, a one-line summary, its usage text and what it does with the
-/// remaining arguments (returning its stdout).
-pub struct Command {
-    pub name: &'static str,
-    pub summary: &'static str,
-    pub usage: &'static str,
-    pub run: fn(&mut ArgParser) -> Result<String, CliError>,
+const AFTER_HELP: &str = "\
+Examples:
+  kiln devices --verbose
+  kiln compile examples/kernels/add.kiln --emit spec
+  kiln run examples/kernels/sum.kiln --var n=8 --in 0=examples/data/ramp8.npy
+  kiln bench --quick --only add_f32_16m
+
+Environment: KILN_CC (C compiler), KILN_CACHE_DIR (kernel cache folder), KILN_CACHE=0 (no disk cache)";
+
+/// The whole command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "kiln: compile and run kernels on CPU and OpenCL devices",
+    after_help = AFTER_HELP
+)]
+pub struct Cli {
+    /// `None` when no subcommand was given: a usage error that prints the help.
+    #[command(subcommand)]
+    pub command: Option<Command>,
 }
 
-/// Every subcommand, in the order `kiln help` lists them.
-pub const COMMANDS: &[Command] = &[
-    Command {
-        name: "devices",
-        summary: "list the devices of every backend",
-        usage: devices::USAGE,
-        run: |p| devices::run(&devices::DevicesArgs::parse(p)?),
+/// Every subcommand, in the order `kiln --help` lists them.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the devices of every backend
+    Devices(devices::DevicesArgs),
+    /// Render a kernel file and print its source, metadata or linear order
+    Compile(compile::CompileArgs),
+    /// Run a kernel file once on .npy inputs
+    Run(run::RunArgs),
+    /// Verify and time kiln's benchmark suite against same-run baselines
+    Bench(bench::BenchArgs),
+    /// Show or clear the on-disk kernel cache
+    Cache(cache::CacheArgs),
+    /// Print a shell completion script (e.g. `kiln completions bash > ~/.local/share/bash-completion/completions/kiln`)
+    Completions {
+        /// The shell to complete for
+        shell: clap_complete::Shell,
     },
-    Command {
-        name: "compile",
-        summary: "render a kernel file and print its source, metadata or linear order",
-        usage: compile::USAGE,
-        run: |p| compile::run(&compile::CompileArgs::parse(p)?),
-    },
-    Command {
-        name: "run",
-        summary: "run a kernel file once on .npy inputs",
-        usage: run::USAGE,
-        run: |p| run::run(&run::RunArgs::parse(p)?),
-    },
-    Command {
-        name: "bench",
-        summary: "verify and time kiln's benchmark suite against same-run baselines",
-        usage: bench::USAGE,
-        run: |p| bench::run(&bench::BenchArgs::parse(p)?),
-    },
-    Command {
-        name: "cache",
-        summary: "show or clear the on-disk kernel cache",
-        usage: cache::USAGE,
-        run: |p| cache::run(&cache::CacheArgs::parse(p)?),
-    },
-];
-
-fn help() -> String {
-    let mut s =
-        String::from("kiln: compile and run kernels on CPU and OpenCL devices\n\nUsage: kiln <command> [options]\n\n");
-    for c in COMMANDS {
-        s.push_str(&format!("  {:<9} {}\n", c.name, c.summary));
-    }
-    s.push_str("  help      show this text, or `kiln help <command>`\n\n");
-    s.push_str("Examples:\n");
-    s.push_str("  kiln devices --verbose\n");
-    s.push_str("  kiln compile examples/kernels/add.kiln --emit spec\n");
-    s.push_str("  kiln run examples/kernels/sum.kiln --var n=8 --in 0=examples/data/ramp8.npy\n\n");
-    s.push_str(
-        "Environment: KILN_CC (C compiler), KILN_CACHE_DIR (kernel cache folder), KILN_CACHE=0 (no disk cache)\n",
-    );
-    s
 }
 
 /// Runs the command line `args` (without the program name) and returns the exit status.
-/// Output goes to stdout, errors to stderr as `error: ...`.
+/// Output goes to stdout (`--help` and `--version` included), errors to stderr as `error: ...`.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
     session::register_backends();
     match dispatch(args) {
@@ -105,42 +87,50 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
 }
 
 fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError> {
-    let mut p = ArgParser::new(args)?;
-    let name = match p.next_token()? {
-        None => return Err(CliError::Usage(format!("missing command\n\n{}", help()))),
-        Some(Token::Positional(name)) => name,
-        Some(Token::Flag(f, _)) if matches!(f.as_str(), "-h" | "--help") => return Ok(help()),
-        Some(Token::Flag(f, _)) if matches!(f.as_str(), "-V" | "--version") => {
-            return Ok(format!("kiln {}\n", env!("CARGO_PKG_VERSION")));
+    let cli = match Cli::try_parse_from(std::iter::once(OsString::from("kiln")).chain(args)) {
+        Ok(cli) => cli,
+        // `--help`, `help` and `--version` are answers, not errors.
+        Err(e) if !e.use_stderr() => {
+            let mut text = e.to_string();
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            return Ok(text);
         }
-        Some(Token::Flag(f, _)) => return Err(CliError::Usage(format!("unknown option {f} (expected a command)"))),
+        Err(e) => return Err(CliError::Args(e)),
     };
-    if name == "help" {
-        return match p.next_token()? {
-            Some(Token::Positional(c)) => find(&c).map(|c| format!("{}\n", c.usage)),
-            _ => Ok(help()),
-        };
+    match cli.command {
+        None => {
+            let mut cli = Cli::command();
+            let names: Vec<String> = cli.get_subcommands().map(|c| c.get_name().to_string()).collect();
+            let message = format!("missing command (commands: {})", names.join(", "));
+            Err(CliError::Args(cli.error(clap::error::ErrorKind::MissingSubcommand, message)))
+        }
+        Some(Command::Devices(a)) => devices::run(&a),
+        Some(Command::Compile(a)) => compile::run(&a),
+        Some(Command::Run(a)) => run::run(&a),
+        Some(Command::Bench(a)) => bench::run(&a),
+        Some(Command::Cache(a)) => cache::run(&a),
+        Some(Command::Completions { shell }) => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "kiln", &mut script);
+            Ok(String::from_utf8_lossy(&script).into_owned())
+        }
     }
-    let command = find(&name)?;
-    if wants_help(&p) {
-        return Ok(format!("{}\n", command.usage));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
-    (command.run)(&mut p)
 }
 
-fn find(name: &str) -> Result<&'static Command, CliError> {
-    COMMANDS.iter().find(|c| c.name == name).ok_or_else(|| {
-        let names: Vec<&str> = COMMANDS.iter().map(|c| c.name).collect();
-        CliError::Usage(format!("unknown command `{name}` (commands: {})", names.join(", ")))
-    })
-}
-
-/// Whether `-h`/`--help` appears among the remaining arguments (before any `--`).
-fn wants_help(p: &ArgParser) -> bool {
-    p.remaining().iter().take_while(|a| *a != "--").any(|a| a == "-h" || a == "--help")
-}
-
-/// The README's Rust example is compiled and run as a doctest, so it cannot rot.
-#[cfg(doctest)]
+/// The README's Rust example is compiled and run as a doctest, so it cannot rot (it opens
+/// the CPU backend).
+#[cfg(all(doctest, feature = "cpu"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;

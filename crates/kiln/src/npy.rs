@@ -206,18 +206,13 @@ struct Header {
     shape: Vec<usize>,
 }
 
-/// A Python literal as it may appear in a `.npy` header.
-#[derive(Debug)]
-enum Lit {
-    Str(String),
-    Bool(bool),
-    Int(usize),
-    Tuple(Vec<Lit>),
-}
-
 /// Parses the header dict: `{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }`.
+///
+/// Strict and flat on purpose: each key exactly once, only the three keys NumPy writes, a
+/// shape of integers (no nesting, so no recursion: a header of millions of parentheses is
+/// refused at the second one), and nothing but padding after the closing brace.
 fn parse_header(text: &str) -> Result<Header, NpyError> {
-    let mut p = LitParser { s: text.trim_end_matches(['\n', ' ', '\0']).as_bytes(), pos: 0 };
+    let mut p = HeaderParser { s: text.trim_end_matches(['\n', ' ', '\0']).as_bytes(), pos: 0 };
     p.skip_ws();
     p.expect(b'{')?;
     let (mut descr, mut fortran, mut shape) = (None, None, None);
@@ -226,30 +221,32 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
         if p.eat(b'}') {
             break;
         }
-        let Lit::Str(key) = p.literal()? else {
-            return err("malformed .npy header: dictionary keys must be strings");
-        };
+        let key = p.string().map_err(|_| NpyError("malformed .npy header: dictionary keys must be strings".into()))?;
         p.skip_ws();
         p.expect(b':')?;
         p.skip_ws();
-        let value = p.literal()?;
-        match (key.as_str(), value) {
-            ("descr", Lit::Str(d)) => descr = Some(d),
-            ("descr", _) => {
-                return err("unsupported dtype: structured arrays are not supported (descr is not a string)");
+        let taken = match key.as_str() {
+            "descr" => descr.is_some(),
+            "fortran_order" => fortran.is_some(),
+            "shape" => shape.is_some(),
+            k => {
+                return err(format!(
+                    "malformed .npy header: unexpected key '{k}' (expected 'descr', 'fortran_order' and 'shape')"
+                ));
             }
-            ("fortran_order", Lit::Bool(b)) => fortran = Some(b),
-            ("shape", Lit::Tuple(dims)) => {
-                let mut s = Vec::with_capacity(dims.len());
-                for d in dims {
-                    let Lit::Int(d) = d else {
-                        return err("malformed .npy header: shape entries must be integers");
-                    };
-                    s.push(d);
-                }
-                shape = Some(s);
+        };
+        if taken {
+            return err(format!("malformed .npy header: key '{key}' appears twice"));
+        }
+        match key.as_str() {
+            "descr" => {
+                let d = p.string().map_err(|_| {
+                    NpyError("unsupported dtype: structured arrays are not supported (descr is not a string)".into())
+                })?;
+                descr = Some(d);
             }
-            (k, v) => return err(format!("malformed .npy header: unexpected entry '{k}': {v:?}")),
+            "fortran_order" => fortran = Some(p.boolean()?),
+            _ => shape = Some(p.shape()?),
         }
         p.skip_ws();
         if !p.eat(b',') {
@@ -258,18 +255,23 @@ fn parse_header(text: &str) -> Result<Header, NpyError> {
             break;
         }
     }
+    p.skip_ws();
+    if p.pos != p.s.len() {
+        return err(format!("malformed .npy header: unexpected text after the dictionary at byte {}", p.pos));
+    }
     match (descr, fortran, shape) {
         (Some(descr), Some(fortran_order), Some(shape)) => Ok(Header { descr, fortran_order, shape }),
         _ => err("malformed .npy header: it needs 'descr', 'fortran_order' and 'shape'"),
     }
 }
 
-struct LitParser<'a> {
+/// A cursor over the header's bytes; every method reads one flat token.
+struct HeaderParser<'a> {
     s: &'a [u8],
     pos: usize,
 }
 
-impl LitParser<'_> {
+impl HeaderParser<'_> {
     fn skip_ws(&mut self) {
         while self.s.get(self.pos).is_some_and(u8::is_ascii_whitespace) {
             self.pos += 1;
@@ -293,60 +295,71 @@ impl LitParser<'_> {
         }
     }
 
-    fn literal(&mut self) -> Result<Lit, NpyError> {
-        match self.s.get(self.pos) {
-            Some(&q @ (b'\'' | b'"')) => {
-                self.pos += 1;
-                let start = self.pos;
-                while self.s.get(self.pos).is_some_and(|&c| c != q) {
-                    self.pos += 1;
-                }
-                let text = String::from_utf8_lossy(&self.s[start..self.pos]).into_owned();
-                self.expect(q)?;
-                Ok(Lit::Str(text))
-            }
-            Some(b'(' | b'[') => {
-                let close = if self.s[self.pos] == b'(' { b')' } else { b']' };
-                self.pos += 1;
-                let mut items = Vec::new();
-                loop {
-                    self.skip_ws();
-                    if self.eat(close) {
-                        break;
-                    }
-                    items.push(self.literal()?);
-                    self.skip_ws();
-                    if !self.eat(b',') {
-                        self.skip_ws();
-                        self.expect(close)?;
-                        break;
-                    }
-                }
-                Ok(Lit::Tuple(items))
-            }
-            Some(c) if c.is_ascii_digit() => {
-                let start = self.pos;
-                while self.s.get(self.pos).is_some_and(u8::is_ascii_digit) {
-                    self.pos += 1;
-                }
-                // Python 2 era writers append `L` to longs.
-                self.eat(b'L');
-                let digits = std::str::from_utf8(&self.s[start..self.pos]).unwrap_or("").trim_end_matches('L');
-                digits
-                    .parse()
-                    .map(Lit::Int)
-                    .map_err(|_| NpyError(format!("malformed .npy header: dimension {digits} is too large")))
-            }
-            _ => {
-                for (word, v) in [("True", true), ("False", false)] {
-                    if self.s[self.pos..].starts_with(word.as_bytes()) {
-                        self.pos += word.len();
-                        return Ok(Lit::Bool(v));
-                    }
-                }
-                err(format!("malformed .npy header: unexpected text at byte {}", self.pos))
+    fn unexpected<T>(&self, wanted: &str) -> Result<T, NpyError> {
+        err(format!("malformed .npy header: unexpected text at byte {} (expected {wanted})", self.pos))
+    }
+
+    /// A quoted string, `'...'` or `"..."`.
+    fn string(&mut self) -> Result<String, NpyError> {
+        let Some(&q @ (b'\'' | b'"')) = self.s.get(self.pos) else {
+            return self.unexpected("a quoted string");
+        };
+        self.pos += 1;
+        let start = self.pos;
+        while self.s.get(self.pos).is_some_and(|&c| c != q) {
+            self.pos += 1;
+        }
+        let text = String::from_utf8_lossy(&self.s[start..self.pos]).into_owned();
+        self.expect(q)?;
+        Ok(text)
+    }
+
+    fn boolean(&mut self) -> Result<bool, NpyError> {
+        for (word, v) in [("True", true), ("False", false)] {
+            if self.s[self.pos..].starts_with(word.as_bytes()) {
+                self.pos += word.len();
+                return Ok(v);
             }
         }
+        self.unexpected("True or False")
+    }
+
+    /// A tuple (or list) of non-negative integers: `()`, `(3,)`, `(2, 3)`, `[2, 3]`.
+    fn shape(&mut self) -> Result<Vec<usize>, NpyError> {
+        let close = match self.s.get(self.pos) {
+            Some(b'(') => b')',
+            Some(b'[') => b']',
+            _ => return self.unexpected("a tuple of integers for 'shape'"),
+        };
+        self.pos += 1;
+        let mut dims = Vec::new();
+        loop {
+            self.skip_ws();
+            if self.eat(close) {
+                return Ok(dims);
+            }
+            dims.push(self.dimension()?);
+            self.skip_ws();
+            if !self.eat(b',') {
+                self.skip_ws();
+                self.expect(close)?;
+                return Ok(dims);
+            }
+        }
+    }
+
+    /// One shape entry: decimal digits, with the `L` that Python 2 era writers append to longs.
+    fn dimension(&mut self) -> Result<usize, NpyError> {
+        let start = self.pos;
+        while self.s.get(self.pos).is_some_and(u8::is_ascii_digit) {
+            self.pos += 1;
+        }
+        if start == self.pos {
+            return err(format!("malformed .npy header: shape entries must be integers (byte {start})"));
+        }
+        let digits = std::str::from_utf8(&self.s[start..self.pos]).unwrap_or("");
+        self.eat(b'L');
+        digits.parse().map_err(|_| NpyError(format!("malformed .npy header: dimension {digits} is too large")))
     }
 }
 
@@ -476,6 +489,8 @@ mod tests {
                 "overflows",
             ),
             (with_header("{'descr': '<f4', 'fortran_order': Nope, 'shape': (1,), }", &[0; 4]), "unexpected text"),
+            (with_header("{'descr': '<f4', 'fortran_order': False, 'shape': ((1,),), }", &[0; 4]), "integers"),
+            (with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", &[0; 4]), "key 'x'"),
             (b"\x93NUMPY\x09\x00\x00\x00".to_vec(), "version 9.0"),
         ];
         for (bytes, want) in cases {
@@ -488,6 +503,42 @@ mod tests {
             assert!(read(&good[..n]).is_err());
         }
         assert!(write(&NpyArray { scalar: Scalar::BF16, shape: vec![1], data: vec![0, 0] }).is_err());
+    }
+
+    #[test]
+    fn a_deeply_nested_header_is_refused_without_recursing() {
+        // Ten million nested parentheses: a recursive parser overflows any thread's stack.
+        let depth = 10_000_000;
+        let dict = format!(
+            "{{'descr': '<f4', 'fortran_order': False, 'shape': {}1{}, }}",
+            "(".repeat(depth),
+            ")".repeat(depth)
+        );
+        let mut v = b"\x93NUMPY\x02\x00".to_vec();
+        v.extend_from_slice(&(dict.len() as u32).to_le_bytes());
+        v.extend_from_slice(dict.as_bytes());
+        // A small stack makes the test independent of the test harness's thread size.
+        let reader = std::thread::Builder::new().stack_size(64 << 10).spawn(move || read(&v)).unwrap();
+        let e = reader.join().expect("the reader must not overflow its stack").unwrap_err();
+        assert!(e.0.contains("shape entries must be integers"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_keys_and_trailing_text_are_refused() {
+        let shape1 = "'fortran_order': False, 'shape': (1,)";
+        let cases = [
+            (format!("{{'descr': '<f4', {shape1}, 'descr': '<i4'}}"), "key 'descr' appears twice"),
+            (format!("{{'descr': '<f4', {shape1}, 'shape': (1,)}}"), "key 'shape' appears twice"),
+            (format!("{{'descr': '<f4', {shape1}, 'fortran_order': True}}"), "key 'fortran_order' appears twice"),
+            (format!("{{'descr': '<f4', {shape1}}} garbage"), "unexpected text after the dictionary"),
+            (format!("{{'descr': '<f4', {shape1}}}}}"), "unexpected text after the dictionary"),
+        ];
+        for (dict, want) in cases {
+            let e = read(&with_header(&dict, &[0; 4])).unwrap_err();
+            assert!(e.0.contains(want), "expected `{want}` in `{e}` for {dict}");
+        }
+        // Padding after the dictionary is what NumPy writes and stays accepted.
+        assert!(read(&with_header(&format!("{{'descr': '<f4', {shape1}}}   \n"), &[0; 4])).is_ok());
     }
 
     #[test]

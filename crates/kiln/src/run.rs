@@ -1,83 +1,131 @@
 //! `kiln run`: compile a kernel file, bind its variables, fill its buffers from `.npy`
 //! files, run it once and save or summarize what it wrote.
 
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use kiln_device::{Buffer, Device, Kernel, ParamInfo};
 use kiln_ir::DeviceSpec;
+use kiln_runtime::Profile;
 
-use crate::args::{ArgParser, Token, split_pair, unknown};
 use crate::error::{CliError, Context};
 use crate::npy::{self, NpyArray};
 use crate::session::{self, KernelFile};
 use crate::show;
 
-pub const USAGE: &str = "\
-kiln run FILE [--device D] [--var NAME=VALUE]... [--in SLOT=FILE.npy]... [--out SLOT=FILE.npy]... [--trace OUT.json]
-
-Compiles FILE for device D (default CPU) and runs it once.
-  --var NAME=VALUE     binds a kernel variable (every variable needs one)
-  --in SLOT=FILE.npy   fills buffer SLOT from a NumPy file; its dtype and element count must
-                       match the kernel's PARAM exactly (any shape with that many elements)
-  --out SLOT=FILE.npy  saves buffer SLOT after the run (as a 1-D array)
-  --trace OUT.json     runs through the runtime's execution plan and writes a Chrome trace
-Buffers without --in start zeroed. Output slots without --out are summarized on stdout.";
-
-/// Everything `kiln run` was asked to do.
-#[derive(Debug, Default)]
+/// `kiln run FILE [--device D] [--var NAME=VALUE]... [--in SLOT=FILE.npy]... [--out SLOT=FILE.npy]... [--trace OUT.json]`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Buffers without --in start zeroed. Output slots without --out are summarized on stdout. \
+Every --out and --trace destination is opened before the kernel runs, so an unwritable one costs no run.")]
 pub struct RunArgs {
-    pub file: Option<PathBuf>,
-    pub device: Option<DeviceSpec>,
+    /// The kernel text file
+    pub file: PathBuf,
+    /// The device to run on: CPU or OPENCL[:n]
+    #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
+    pub device: DeviceSpec,
+    /// Bind a kernel variable (every variable needs exactly one)
+    #[arg(long = "var", value_name = "NAME=VALUE", value_parser = session::parse_var)]
     pub vars: Vec<(String, i64)>,
+    /// Fill buffer SLOT from a NumPy file; its dtype and element count must match the kernel's
+    /// PARAM exactly (any shape with that many elements)
+    #[arg(long = "in", value_name = "SLOT=FILE.npy", value_parser = parse_slot_file)]
     pub ins: Vec<(usize, PathBuf)>,
+    /// Save buffer SLOT after the run (as a 1-D array)
+    #[arg(long = "out", value_name = "SLOT=FILE.npy", value_parser = parse_slot_file)]
     pub outs: Vec<(usize, PathBuf)>,
+    /// Run through the runtime's execution plan and write a Chrome trace
+    #[arg(long, value_name = "OUT.json")]
     pub trace: Option<PathBuf>,
 }
 
 impl RunArgs {
-    pub fn parse(p: &mut ArgParser) -> Result<RunArgs, CliError> {
-        let mut a = RunArgs::default();
-        while let Some(tok) = p.next_token()? {
-            match tok {
-                Token::Positional(f) if a.file.is_none() => a.file = Some(PathBuf::from(f)),
-                Token::Flag(f, _) => match f.as_str() {
-                    "--device" | "-d" => a.device = Some(session::parse_device(&p.value()?)?),
-                    "--var" => a.vars.push(session::parse_var(&p.value()?)?),
-                    "--in" => a.ins.push(parse_slot_file("--in", &p.value()?)?),
-                    "--out" => a.outs.push(parse_slot_file("--out", &p.value()?)?),
-                    "--trace" => a.trace = Some(PathBuf::from(p.value()?)),
-                    _ => return Err(unknown("run", Token::Flag(f, None))),
-                },
-                tok => return Err(unknown("run", tok)),
+    /// What clap cannot check one value at a time: a slot or a variable given twice.
+    fn check(&self) -> Result<(), CliError> {
+        for (flag, list) in [("--in", &self.ins), ("--out", &self.outs)] {
+            if let Some(slot) = first_repeat(list.iter().map(|(s, _)| s)) {
+                return Err(CliError::Usage(format!("{flag} names slot {slot} twice; give each slot once")));
             }
         }
-        if a.file.is_none() {
-            return Err(CliError::Usage("`kiln run` needs a kernel FILE".into()));
+        if let Some(name) = first_repeat(self.vars.iter().map(|(n, _)| n)) {
+            let values: Vec<String> =
+                self.vars.iter().filter(|(n, _)| n == name).map(|(n, v)| format!("{n}={v}")).collect();
+            return Err(CliError::Usage(format!(
+                "--var {name} is given {} times ({}); give each variable once",
+                values.len(),
+                values.join(", ")
+            )));
         }
-        for (flag, list) in [("--in", &a.ins), ("--out", &a.outs)] {
-            if let Some((slot, _)) =
-                list.iter().enumerate().find_map(|(i, (s, _))| list[..i].iter().find(|x| x.0 == *s))
-            {
-                return Err(CliError::Usage(format!("{flag} names slot {slot} twice")));
-            }
-        }
-        Ok(a)
+        Ok(())
     }
 }
 
-fn parse_slot_file(flag: &str, text: &str) -> Result<(usize, PathBuf), CliError> {
-    let (slot, file) = split_pair(flag, text, "SLOT=FILE.npy (e.g. 0=a.npy)")?;
-    let slot = slot
-        .parse::<usize>()
-        .map_err(|_| CliError::Usage(format!("{flag} {text}: slot `{slot}` is not a non-negative integer")))?;
+/// The first item that appeared before.
+fn first_repeat<T: Eq + std::hash::Hash + Copy>(items: impl IntoIterator<Item = T>) -> Option<T> {
+    let mut seen = HashSet::new();
+    items.into_iter().find(|&x| !seen.insert(x))
+}
+
+/// Parses `SLOT=FILE.npy` (a clap value parser).
+fn parse_slot_file(text: &str) -> Result<(usize, PathBuf), String> {
+    let (slot, file) = session::split_pair(text, "SLOT=FILE.npy (e.g. 0=a.npy)")?;
+    let slot = slot.parse::<usize>().map_err(|_| format!("slot `{slot}` is not a non-negative integer"))?;
     Ok((slot, PathBuf::from(file)))
+}
+
+/// A file `kiln run` writes after the kernel ran, opened before it runs: an unwritable
+/// destination is reported before any work, and not after the run (which would lose the
+/// other outputs). Opening does not truncate; [`Destination::commit`] does. A file that the
+/// open created is removed again when the run fails before it is committed.
+struct Destination {
+    what: &'static str,
+    path: PathBuf,
+    file: File,
+    created: bool,
+    committed: bool,
+}
+
+impl Destination {
+    fn open(what: &'static str, path: &Path) -> Result<Destination, CliError> {
+        let created = std::fs::symlink_metadata(path).is_err();
+        let file = File::options()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| CliError::io(what, path, e))?;
+        Ok(Destination { what, path: path.to_path_buf(), file, created, committed: false })
+    }
+
+    /// Replaces the file's contents with `bytes` (a device such as `/dev/stdout` is written
+    /// to, not truncated).
+    fn commit(mut self, bytes: &[u8]) -> Result<(), CliError> {
+        self.committed = true;
+        let regular = self.file.metadata().is_ok_and(|m| m.is_file());
+        let truncated = if regular { self.file.set_len(0) } else { Ok(()) };
+        truncated.and_then(|_| self.file.write_all(bytes)).map_err(|e| CliError::io(self.what, &self.path, e))
+    }
+}
+
+impl Drop for Destination {
+    fn drop(&mut self) {
+        if self.created && !self.committed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Runs `kiln run`; returns the text for stdout.
 pub fn run(args: &RunArgs) -> Result<String, CliError> {
-    let file = args.file.as_deref().ok_or_else(|| CliError::Usage("`kiln run` needs a kernel FILE".into()))?;
-    let kernel_file = KernelFile::load(file)?;
-    let device = session::open_device(args.device.as_ref().unwrap_or(&DeviceSpec::Cpu))?;
+    args.check()?;
+    let mut outs = Vec::with_capacity(args.outs.len());
+    for (slot, path) in &args.outs {
+        outs.push((*slot, Destination::open("cannot write output file", path)?));
+    }
+    let trace = args.trace.as_deref().map(|p| Destination::open("cannot write the trace file", p)).transpose()?;
+    let kernel_file = KernelFile::load(&args.file)?;
+    let device = session::open_device(&args.device)?;
     let kernel = kernel_file.compile(&device)?;
     let spec = &kernel.spec;
     let vals = session::bind_vars(spec, &args.vars)?;
@@ -97,22 +145,26 @@ pub fn run(args: &RunArgs) -> Result<String, CliError> {
     for (p, &len) in spec.params.iter().zip(&lens) {
         buffers.push(fill_buffer(&device, p, len, args)?);
     }
-    launch(&device, &kernel, &buffers, &vals, args.trace.as_deref())?;
+    let profile = launch(&device, &kernel, &buffers, &vals, trace.as_ref().map(|t| t.path.as_path()))?;
     let mut stdout = String::new();
     for (p, buf) in spec.params.iter().zip(&buffers) {
-        let out_file = args.outs.iter().find(|(s, _)| *s == p.slot).map(|(_, f)| f);
+        let out_file = outs.iter().position(|(s, _)| *s == p.slot).map(|i| outs.swap_remove(i).1);
         if out_file.is_none() && !spec.outs.contains(&p.slot) {
             continue;
         }
         let mut data = host_bytes(buf.nbytes())?;
         buf.copyout(&mut data).context(|| format!("cannot read back buffer {} of `{}`", p.slot, spec.name))?;
         match out_file {
-            Some(path) => write_npy(path, p, data)?,
+            Some(dest) => write_npy(dest, p, data)?,
             None => {
                 stdout.push_str(&show::buffer_summary(p.slot, p.scalar, &data, 8));
                 stdout.push('\n');
             }
         }
+    }
+    // Last, so that a trace that cannot be written after all loses none of the outputs.
+    if let (Some(dest), Some(profile)) = (trace, profile) {
+        dest.commit(profile.to_chrome_trace().as_bytes())?;
     }
     Ok(stdout)
 }
@@ -170,25 +222,25 @@ fn read_input(path: &Path, p: &ParamInfo, len: usize) -> Result<Vec<u8>, CliErro
     Ok(array.data)
 }
 
-fn write_npy(path: &Path, p: &ParamInfo, data: Vec<u8>) -> Result<(), CliError> {
-    let array =
-        NpyArray::from_bytes(p.scalar, data).map_err(|source| CliError::Npy { path: path.to_path_buf(), source })?;
-    let bytes = npy::write(&array).map_err(|source| CliError::Npy { path: path.to_path_buf(), source })?;
-    std::fs::write(path, bytes).map_err(|e| CliError::io("cannot write output file", path, e))
+fn write_npy(dest: Destination, p: &ParamInfo, data: Vec<u8>) -> Result<(), CliError> {
+    let npy_error = |source| CliError::Npy { path: dest.path.clone(), source };
+    let array = NpyArray::from_bytes(p.scalar, data).map_err(npy_error)?;
+    let bytes = npy::write(&array).map_err(npy_error)?;
+    dest.commit(&bytes)
 }
 
-/// Runs the kernel once; with a trace path, through the runtime's profiled execution plan.
+/// Runs the kernel once; with a trace path, through the runtime's profiled execution plan,
+/// returning its profile (`None` when the device cannot be profiled).
 fn launch(
     device: &Device,
     kernel: &Kernel,
     buffers: &[Buffer],
     vals: &[i64],
     trace: Option<&Path>,
-) -> Result<(), CliError> {
+) -> Result<Option<Profile>, CliError> {
     let refs: Vec<&Buffer> = buffers.iter().collect();
-    let doing = || format!("kernel `{}` failed", kernel.spec.name);
     match trace {
-        None => kernel.launch(&refs, vals).context(doing),
+        None => kernel.launch(&refs, vals).context(|| format!("kernel `{}` failed", kernel.spec.name)).map(|_| None),
         Some(path) => crate::trace::run_traced(device, kernel, &refs, vals, path),
     }
 }

@@ -10,9 +10,12 @@ use kiln_ir::{DeviceSpec, UOp};
 
 use crate::error::{CliError, Context};
 
-/// Registers every backend compiled into this binary with the device registry. Idempotent.
+/// Registers every backend compiled into this binary (its `cpu` and `opencl` features) with
+/// the device registry. Idempotent.
 pub fn register_backends() {
+    #[cfg(feature = "cpu")]
     kiln_cpu::register();
+    #[cfg(feature = "opencl")]
     kiln_opencl::register();
 }
 
@@ -62,23 +65,29 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<Device>, CliError> {
     kiln_device::open_device(&spec.to_string()).context(|| format!("cannot open device {spec}"))
 }
 
-/// Parses `--device` text.
-pub fn parse_device(text: &str) -> Result<DeviceSpec, CliError> {
-    text.parse().map_err(|e| CliError::Usage(format!("--device {text}: {e}")))
+/// Parses `--device` text (a clap value parser: the message follows clap's "invalid value").
+pub fn parse_device(text: &str) -> Result<DeviceSpec, String> {
+    text.parse().map_err(|e: kiln_ir::IrError| e.to_string())
 }
 
-/// Parses `--var NAME=VALUE`.
-pub fn parse_var(text: &str) -> Result<(String, i64), CliError> {
-    let (name, value) = crate::args::split_pair("--var", text, "NAME=VALUE (e.g. --var n=1024)")?;
-    let value = value
-        .trim()
-        .parse::<i64>()
-        .map_err(|_| CliError::Usage(format!("--var {name}={value}: `{value}` is not a 64-bit integer")))?;
+/// Parses `--var NAME=VALUE` (a clap value parser).
+pub fn parse_var(text: &str) -> Result<(String, i64), String> {
+    let (name, value) = split_pair(text, "NAME=VALUE (e.g. --var n=1024)")?;
+    let value = value.trim().parse::<i64>().map_err(|_| format!("`{value}` is not a 64-bit integer"))?;
     Ok((name, value))
 }
 
+/// Splits `NAME=VALUE` (for `--var`, `--in`, `--out`); `example` says what was expected.
+pub fn split_pair(text: &str, example: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() && !v.is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("expected {example}")),
+    }
+}
+
 /// The values of the kernel's variables in `var_names` order, each checked against its
-/// bounds. A variable without a value or a `--var` the kernel does not declare is an error.
+/// bounds. A variable without a value or a `--var` the kernel does not declare is an error
+/// (a variable given twice is refused earlier, as a usage error).
 pub fn bind_vars(spec: &ProgramSpec, given: &[(String, i64)]) -> Result<Vec<i64>, CliError> {
     for (name, _) in given {
         if !spec.var_names.contains(name) {
@@ -96,7 +105,6 @@ pub fn bind_vars(spec: &ProgramSpec, given: &[(String, i64)]) -> Result<Vec<i64>
         .map(|v| {
             given
                 .iter()
-                .rev()
                 .find(|(n, _)| *n == v.name)
                 .map(|(_, x)| *x)
                 .ok_or_else(|| kiln_ir::IrError::MissingVar(v.name.clone()))
@@ -141,9 +149,11 @@ mod tests {
     fn vars_parse_strictly() {
         assert_eq!(parse_var("n=1024").unwrap(), ("n".into(), 1024));
         assert_eq!(parse_var("n=-3").unwrap(), ("n".into(), -3));
-        assert!(matches!(parse_var("n=1e3"), Err(CliError::Usage(_))));
-        assert!(matches!(parse_var("n=99999999999999999999"), Err(CliError::Usage(_))));
-        assert!(matches!(parse_var("n"), Err(CliError::Usage(_))));
+        assert_eq!(parse_var("n=1e3").unwrap_err(), "`1e3` is not a 64-bit integer");
+        assert!(parse_var("n=99999999999999999999").is_err());
+        assert!(parse_var("n").unwrap_err().contains("expected NAME=VALUE"));
+        assert!(parse_var("=3").is_err());
+        assert_eq!(split_pair("0=a=b.npy", "").unwrap(), ("0".into(), "a=b.npy".into()));
     }
 
     #[test]

@@ -4,28 +4,28 @@
 use std::path::Path;
 
 use kiln_device::{Buffer, Device, Kernel};
-use kiln_runtime::ExecutionPlan;
+use kiln_runtime::{ExecutionPlan, Profile};
 
 use crate::error::{CliError, Context};
 
 /// Records `kernel` over `bufs` in an execution plan, runs it once with profiling and
-/// writes the trace to `path`. A device without command queues cannot be profiled: the
-/// kernel then runs directly and a note on stderr says why no trace was written. Queues that
-/// enqueue their own programs (OpenCL) run untimed: the trace then has no kernel slices,
-/// and a note says so.
+/// returns the profile, for the caller to write to `path` (named in the notes). A device
+/// without command queues cannot be profiled: the kernel then runs directly, a note on
+/// stderr says why no trace is written, and the result is `None`. Queues that report no
+/// command times give a profile without kernel slices, and a note says so.
 pub fn run_traced(
     device: &Device,
     kernel: &Kernel,
     bufs: &[&Buffer],
     vals: &[i64],
     path: &Path,
-) -> Result<(), CliError> {
+) -> Result<Option<Profile>, CliError> {
     let name = &kernel.spec.name;
     let mut plan = match ExecutionPlan::new(device) {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("note: no trace written to {}: {e}", path.display());
-            return kernel.launch(bufs, vals).context(|| format!("kernel `{name}` failed"));
+            return kernel.launch(bufs, vals).context(|| format!("kernel `{name}` failed")).map(|_| None);
         }
     };
     plan.exec_vals(kernel, bufs, vals).context(|| format!("cannot record kernel `{name}` in an execution plan"))?;
@@ -38,5 +38,5 @@ pub fn run_traced(
             path.display()
         );
     }
-    profile.write_chrome_trace(path).context(|| format!("cannot write the trace to {}", path.display()))
+    Ok(Some(profile))
 }

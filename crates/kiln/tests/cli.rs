@@ -313,6 +313,7 @@ fn trace_writes_a_chrome_trace() {
         ok(o);
         let text = std::fs::read_to_string(&trace).unwrap();
         assert!(text.starts_with("{\"traceEvents\":["), "{text}");
+        assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), "{dev}: not JSON: {text}");
         // The CPU's queues run the timed program; OpenCL's report the device's own times.
         assert!(text.contains("\"name\":\"add\",\"cat\":\"kernel\",\"ph\":\"X\""), "{dev}: {text}");
         assert!(!err.contains("no kernel slices"), "{dev}: {err}");
@@ -480,19 +481,91 @@ fn npy_inputs_must_match_the_param() {
 #[test]
 fn usage_errors_exit_with_status_2() {
     let s = Scratch::new("usage");
-    fails(s.kiln(&[], &[]), 2, &["missing command"]);
-    fails(s.kiln(&["frobnicate"], &[]), 2, &["unknown command `frobnicate`"]);
-    fails(s.kiln(&["run"], &[]), 2, &["needs a kernel FILE"]);
-    fails(s.kiln(&["run", &example("add.kiln"), "--bogus"], &[]), 2, &["no option --bogus"]);
-    fails(s.kiln(&["run", &example("add.kiln"), "--var"], &[]), 2, &["--var needs a value"]);
+    fails(s.kiln(&[], &[]), 2, &["missing command", "run, bench"]);
+    fails(s.kiln(&["frobnicate"], &[]), 2, &["unrecognized subcommand 'frobnicate'"]);
+    fails(s.kiln(&["run"], &[]), 2, &["required arguments were not provided", "<FILE>"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--bogus"], &[]), 2, &["unexpected argument '--bogus'"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--var"], &[]), 2, &["a value is required for '--var"]);
     fails(s.kiln(&["run", &example("add.kiln"), "--in", "x=a.npy"], &[]), 2, &["slot `x`"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--out", "2"], &[]), 2, &["expected SLOT=FILE.npy"]);
     fails(s.kiln(&["run", &example("add.kiln"), "--device", "TPU"], &[]), 2, &["unknown device `TPU`"]);
-    fails(s.kiln(&["compile", &example("add.kiln"), "--emit", "asm"], &[]), 2, &["--emit asm"]);
-    fails(s.kiln(&["devices", "--verbose=yes"], &[]), 2, &["does not take a value"]);
-    fails(s.kiln(&["cache"], &[]), 2, &["stats` or `clear"]);
+    fails(
+        s.kiln(&["compile", &example("add.kiln"), "--emit", "asm"], &[]),
+        2,
+        &["invalid value 'asm' for '--emit", "possible values: source, spec, linear"],
+    );
+    fails(s.kiln(&["devices", "--verbose=yes"], &[]), 2, &["unexpected value 'yes' for '--verbose'"]);
+    fails(s.kiln(&["cache"], &[]), 2, &["requires a subcommand", "stats, clear"]);
+    fails(s.kiln(&["bench", "--only", "add"], &[]), 2, &["invalid value 'add' for '--only", "'add_f32_16m'"]);
     fails(s.kiln(&["run", "/nonexistent/k.kiln"], &[]), 1, &["cannot read kernel file", "/nonexistent/k.kiln"]);
-    assert!(ok(s.kiln(&["help"], &[])).contains("kiln run"));
-    assert!(ok(s.kiln(&["run", "--help"], &[])).contains("--in SLOT=FILE.npy"));
+}
+
+#[test]
+fn typos_get_suggestions() {
+    let s = Scratch::new("typos");
+    fails(s.kiln(&["compil", "k.kiln"], &[]), 2, &["similar subcommands exist", "'compile'"]);
+    fails(s.kiln(&["run", &example("add.kiln"), "--dvice", "CPU"], &[]), 2, &["a similar argument exists: '--device'"]);
+    fails(s.kiln(&["compile", &example("add.kiln"), "--emit", "spek"], &[]), 2, &["a similar value exists: 'spec'"]);
+}
+
+#[test]
+fn help_version_and_completions_are_generated() {
+    let s = Scratch::new("help");
+    let help = ok(s.kiln(&["--help"], &[]));
+    for want in ["Usage: kiln [COMMAND]", "devices", "compile", "run", "bench", "cache", "completions", "kiln run"] {
+        assert!(help.contains(want), "expected `{want}` in:\n{help}");
+    }
+    assert_eq!(ok(s.kiln(&["help"], &[])), help);
+    let run_help = ok(s.kiln(&["run", "--help"], &[]));
+    for want in ["Usage: kiln run [OPTIONS] <FILE>", "--var <NAME=VALUE>", "--in <SLOT=FILE.npy>", "--trace <OUT.json>"]
+    {
+        assert!(run_help.contains(want), "expected `{want}` in:\n{run_help}");
+    }
+    assert_eq!(ok(s.kiln(&["help", "run"], &[])), run_help);
+    assert!(ok(s.kiln(&["bench", "-h"], &[])).contains("--only <NAME,...>"));
+    assert!(!ok(s.kiln(&["bench", "-h"], &[])).contains("disk-hit-child"), "internal flags stay hidden");
+    assert_eq!(ok(s.kiln(&["--version"], &[])), format!("kiln {}\n", env!("CARGO_PKG_VERSION")));
+    for shell in ["bash", "zsh", "fish"] {
+        let script = ok(s.kiln(&["completions", shell], &[]));
+        assert!(script.contains("kiln") && script.contains("trace") && script.contains("emit"), "{shell}:\n{script}");
+    }
+    fails(s.kiln(&["completions", "cmd.exe"], &[]), 2, &["invalid value 'cmd.exe'"]);
+}
+
+#[test]
+fn a_repeated_var_is_a_usage_error_naming_it() {
+    let s = Scratch::new("repeated-var");
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4", "--var", "n=8"], &[]);
+    fails(o, 2, &["--var n is given 2 times (n=4, n=8)"]);
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4", "--out", "2=a.npy", "--out", "2=b.npy"], &[]);
+    fails(o, 2, &["--out names slot 2 twice"]);
+}
+
+#[test]
+fn unwritable_destinations_are_refused_before_the_run() {
+    let s = Scratch::new("unwritable");
+    // A path under a regular file can be written by nobody (not even root).
+    let blocker = s.file("plain-file", "");
+    let bad = blocker.join("trace.json").display().to_string();
+    let good_out = s.path("c.npy");
+    let out = format!("2={}", good_out.display());
+    // No C compiler: a destination checked before the kernel is compiled is the only error.
+    let no_cc = [("KILN_CC", "/nonexistent/cc")];
+    let args = ["run", &example("add.kiln"), "--var", "n=4", "--out", &out];
+    let err = fails(s.kiln(&[&args[..], &["--trace", &bad]].concat(), &no_cc), 1, &["cannot write the trace file"]);
+    assert_eq!(err.matches(&bad).count(), 1, "the path is named once:\n{err}");
+    assert!(!err.contains("compiler"), "checked before compiling:\n{err}");
+    assert!(!good_out.exists(), "a run that did not happen leaves no output file behind");
+    let bad_out = format!("2={}", blocker.join("c.npy").display());
+    let o = s.kiln(&["run", &example("add.kiln"), "--var", "n=4", "--out", &bad_out], &no_cc);
+    let err = fails(o, 1, &["cannot write output file", "plain-file/c.npy"]);
+    assert!(!err.contains("compiler"), "checked before compiling:\n{err}");
+    // With writable destinations, both the output and the trace are written.
+    let trace = s.path("t.json");
+    ok(s.kiln(&[&args[..], &["--trace", &trace.display().to_string()]].concat(), &[]));
+    assert_eq!(s.read_f32s("c.npy"), [0.0; 4]);
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    assert!(json["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{json}");
 }
 
 // ---------------------------------------------------------------- the C toolchain

@@ -8,68 +8,46 @@
 pub mod kernels;
 
 use std::fmt::Write as _;
-use std::io::Write as _;
+use std::io::IsTerminal as _;
 use std::process::Command as Process;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::builder::PossibleValuesParser;
+use indicatif::{ProgressBar, ProgressStyle};
 use kiln_device::kiln_ir::{DeviceSpec, Scalar, UOp};
 use kiln_device::{Buffer, Device, Kernel};
 use kiln_runtime::{ExecutionPlan, PlanOptions};
+use serde::Serialize;
 
-use crate::args::{ArgParser, Token, unknown};
 use crate::error::CliError;
 use crate::session;
 
-pub const USAGE: &str = "\
-Usage: kiln bench [--device D] [--json] [--quick] [--only NAME[,NAME...]]
-
-Runs kiln's benchmark suite on one device (default CPU). Each entry verifies its result
-against a host reference before it is timed, and most are compared with a baseline
-measured in the same run (plain Rust loops on all cores, the matrixmultiply crate).
-
-  --device D   CPU (default) or OPENCL:n
-  --json       print {\"device\", \"results\": [...]} instead of a table
-  --quick      fewer repetitions (for a smoke run; figures are noisier)
-  --only LIST  run only these entries (comma-separated names)
-
-Progress goes to stderr. Quote medians: these machines are shared and noisy.";
-
-/// Parsed `kiln bench` arguments.
-#[derive(Debug, Clone)]
+/// `kiln bench [--device D] [--json] [--quick] [--only NAME[,NAME...]]`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    long_about = "Runs kiln's benchmark suite on one device. Each entry verifies its result against a host \
+reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
+loops on all cores, the matrixmultiply crate).",
+    after_help = "On a terminal, progress is shown on stderr (not with --json). Quote medians: these machines \
+are shared and noisy."
+)]
 pub struct BenchArgs {
+    /// The device to benchmark: CPU or OPENCL[:n]
+    #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
+    /// Print {"device", "results": [...]} instead of a table
+    #[arg(long)]
     pub json: bool,
+    /// Fewer repetitions (for a smoke run; figures are noisier)
+    #[arg(long)]
     pub quick: bool,
+    /// Run only these entries (comma-separated names)
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',', value_parser = PossibleValuesParser::new(ENTRIES))]
     pub only: Option<Vec<String>>,
     /// Internal: run as the child process of the `cache_disk_hit` entry.
+    #[arg(long, hide = true)]
     pub disk_hit_child: bool,
-}
-
-impl BenchArgs {
-    pub fn parse(p: &mut ArgParser) -> Result<BenchArgs, CliError> {
-        let mut a = BenchArgs { device: DeviceSpec::Cpu, json: false, quick: false, only: None, disk_hit_child: false };
-        while let Some(tok) = p.next_token()? {
-            match tok {
-                Token::Flag(f, _) if f == "--device" => a.device = session::parse_device(&p.value()?)?,
-                Token::Flag(f, _) if f == "--json" => a.json = true,
-                Token::Flag(f, _) if f == "--quick" => a.quick = true,
-                Token::Flag(f, _) if f == "--only" => {
-                    let list: Vec<String> = p.value()?.split(',').map(|s| s.trim().to_string()).collect();
-                    if let Some(bad) = list.iter().find(|n| !ENTRIES.contains(&n.as_str())) {
-                        return Err(CliError::Usage(format!(
-                            "unknown bench entry `{bad}`; entries are: {}",
-                            ENTRIES.join(", ")
-                        )));
-                    }
-                    a.only = Some(list);
-                }
-                Token::Flag(f, _) if f == "--disk-hit-child" => a.disk_hit_child = true,
-                tok => return Err(unknown("bench", tok)),
-            }
-        }
-        Ok(a)
-    }
 }
 
 /// Every entry, in report order.
@@ -169,18 +147,34 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         return disk_hit_child(&device);
     }
     let bench = Bench { device, reps: if args.quick { 3 } else { 11 } };
+    let chosen: Vec<&'static str> =
+        ENTRIES.iter().copied().filter(|name| args.only.as_ref().is_none_or(|o| o.iter().any(|n| n == name))).collect();
+    let progress = progress_bar(chosen.len(), args.json);
     let mut results = Vec::new();
-    for &name in ENTRIES {
-        if args.only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
-            continue;
-        }
-        eprint!("kiln bench: {name} ... ");
-        let _ = std::io::stderr().flush();
+    for name in chosen {
+        progress.set_message(name);
         let r = bench.entry(name, args)?;
-        eprintln!("{:.3} {} (median)", r.kiln.median, r.unit);
+        progress.println(format!("{name:<24} {:>10.3} {} (median)", r.kiln.median, r.unit));
+        progress.inc(1);
         results.push(r);
     }
-    Ok(if args.json { to_json(&args.device, &results) } else { to_table(&bench.device, &results) })
+    progress.finish_and_clear();
+    Ok(if args.json { to_json(&args.device, &results)? } else { to_table(&bench.device, &results) })
+}
+
+/// What the run is doing, on stderr: a bar with the entry being measured and a line per
+/// finished entry. Hidden with `--json` and when stderr is not a terminal (a log or a pipe
+/// gets only the report).
+fn progress_bar(entries: usize, json: bool) -> ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(entries as u64);
+    if let Ok(style) = ProgressStyle::with_template("kiln bench [{pos}/{len}] {spinner} {msg} ({elapsed})") {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
 }
 
 struct Bench {
@@ -725,26 +719,47 @@ fn disk_hit_child(device: &Device) -> Result<String, CliError> {
     Ok(format!("{kind} {ms}\n"))
 }
 
-fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> String {
-    let num = |v: Option<f64>| v.filter(|x| x.is_finite()).map(|x| format!("{x}")).unwrap_or_else(|| "null".into());
-    let mut s = format!("{{\"device\": \"{device}\", \"results\": [");
-    for (i, r) in results.iter().enumerate() {
-        let _ = write!(
-            s,
-            "{}{{\"name\": \"{}\", \"verified\": {}, \"unit\": \"{}\", \"median\": {}, \"min\": {}, \"max\": {}, \"baseline_median\": {}, \"ratio\": {}}}",
-            if i > 0 { ", " } else { "" },
-            r.name,
-            r.verified,
-            r.unit,
-            num(Some(r.kiln.median)),
-            num(Some(r.kiln.min)),
-            num(Some(r.kiln.max)),
-            num(r.baseline.map(|b| b.median)),
-            num(r.ratio()),
-        );
-    }
-    s.push_str("]}\n");
-    s
+/// The `--json` report: `{"device": ..., "results": [{"name", "verified", "unit", "median",
+/// "min", "max", "baseline_median", "ratio"}, ...]}`; a missing or non-finite number is `null`.
+#[derive(Debug, Serialize)]
+struct JsonReport<'a> {
+    device: String,
+    results: Vec<JsonResult<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonResult<'a> {
+    name: &'a str,
+    verified: bool,
+    unit: &'a str,
+    median: f64,
+    min: f64,
+    max: f64,
+    baseline_median: Option<f64>,
+    ratio: Option<f64>,
+}
+
+fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<String, CliError> {
+    let report = JsonReport {
+        device: device.to_string(),
+        results: results
+            .iter()
+            .map(|r| JsonResult {
+                name: r.name,
+                verified: r.verified,
+                unit: r.unit,
+                median: r.kiln.median,
+                min: r.kiln.min,
+                max: r.kiln.max,
+                baseline_median: r.baseline.map(|b| b.median),
+                ratio: r.ratio(),
+            })
+            .collect(),
+    };
+    let mut text = serde_json::to_string(&report)
+        .map_err(|e| kiln_err("writing the JSON report", kiln_device::Error::Invalid(e.to_string())))?;
+    text.push('\n');
+    Ok(text)
 }
 
 fn to_table(device: &Device, results: &[BenchResult]) -> String {
@@ -846,5 +861,45 @@ mod baseline {
                 1,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_json_report_escapes_names_and_keeps_its_schema() {
+        let stats = Stats { median: 2.0, min: 1.0, max: 3.0 };
+        let result = |name, baseline| BenchResult {
+            name,
+            unit: "GB/s",
+            higher_is_better: true,
+            verified: true,
+            kiln: stats,
+            baseline,
+            baseline_name: "",
+        };
+        let odd = "q\"uote\\back\nslash";
+        let results = [result(odd, Some(Stats { median: 4.0, ..stats })), result("plain", None)];
+        let json = to_json(&DeviceSpec::OpenCl { ordinal: 1 }, &results).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+        assert_eq!(v["device"], "OPENCL:1");
+        let first = &v["results"][0];
+        assert_eq!(first["name"], odd);
+        assert_eq!(
+            first.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()),
+            Some(
+                ["baseline_median", "max", "median", "min", "name", "ratio", "unit", "verified"]
+                    .map(String::from)
+                    .to_vec()
+            )
+        );
+        assert_eq!((first["median"].as_f64(), first["baseline_median"].as_f64()), (Some(2.0), Some(4.0)));
+        assert_eq!(first["ratio"].as_f64(), Some(0.5));
+        assert!(v["results"][1]["baseline_median"].is_null() && v["results"][1]["ratio"].is_null());
+        let nan = [BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) }];
+        let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::Cpu, &nan).unwrap()).unwrap();
+        assert!(v["results"][0]["median"].is_null(), "a non-finite figure is null, as before");
     }
 }
