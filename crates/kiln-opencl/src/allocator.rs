@@ -189,7 +189,7 @@ impl Allocator for OpenClAllocator {
 
 #[cfg(test)]
 mod tests {
-    use kiln_device::{Buffer, Error};
+    use kiln_device::{Allocator, Buffer, Error};
 
     use crate::test_device;
 
@@ -222,6 +222,35 @@ mod tests {
         assert!(matches!(src.view(0, 4).unwrap().copy_from(&src.view(2, 4).unwrap()), Err(Error::Buffer(_))));
         // Size mismatches are caught.
         assert!(dst.copyin(&[0u8; 3]).is_err());
+    }
+
+    /// Buffers that together exceed `CL_DEVICE_GLOBAL_MEM_SIZE` are refused up front (the
+    /// driver would hand out more than the device has, or fail at first use).
+    #[test]
+    fn allocations_past_the_global_memory_size_are_out_of_memory() {
+        let Some(dev) = test_device() else { return };
+        let cl = crate::cl_device(&dev.spec).unwrap();
+        let raw = crate::OpenClAllocator::new(cl.clone());
+        let (total, max) = (cl.info.global_mem_size, cl.info.max_mem_alloc_size as usize);
+        // Untouched buffers: the driver maps them but writes no page.
+        let mut live = Vec::new();
+        while raw.stats().in_use as u64 + max as u64 <= total {
+            match raw.alloc(max) {
+                Ok(p) => live.push(p),
+                Err(Error::OutOfMemory { .. }) => break, // the host ran out first (strict overcommit)
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let in_use = raw.stats().in_use as u64;
+        if in_use + max as u64 > total {
+            let rest = (total - in_use + 1) as usize;
+            assert!(matches!(raw.alloc(rest), Err(Error::OutOfMemory { .. })), "{in_use} + {rest} B > {total} B");
+        }
+        for p in live {
+            // SAFETY: allocated above with `max` bytes, not used afterwards.
+            unsafe { raw.free(p, max) };
+        }
+        assert_eq!(raw.stats().in_use, 0);
     }
 
     #[test]
