@@ -111,12 +111,14 @@ impl Mismatches {
 pub const REQUIRE_ENV: &str = "KILN_REQUIRE";
 
 /// The backends this suite knows, by the lower-case name used in `KILN_REQUIRE`.
-pub const BACKENDS: &[&str] = &["cpu", "opencl"];
+/// `cpu-guarded` is the CPU device over [`kiln_cpu::GuardPageAllocator`]: every contract
+/// again, with buffers that fault at the first byte past their end.
+pub const BACKENDS: &[&str] = &["cpu", "cpu-guarded", "opencl"];
 
 /// The device a backend name stands for in this suite (its first device).
 pub fn spec_of(name: &str) -> Option<DeviceSpec> {
     match name {
-        "cpu" => Some(DeviceSpec::Cpu),
+        "cpu" | "cpu-guarded" => Some(DeviceSpec::Cpu),
         "opencl" => Some(DeviceSpec::OpenCl { ordinal: 0 }),
         _ => None,
     }
@@ -133,6 +135,10 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
         return r.clone();
     }
     let r = match spec_of(name) {
+        #[cfg(feature = "cpu")]
+        Some(DeviceSpec::Cpu) if name == "cpu-guarded" => {
+            kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a)))
+        }
         #[cfg(feature = "cpu")]
         Some(spec @ DeviceSpec::Cpu) => kiln_cpu::open(&spec),
         #[cfg(feature = "opencl")]

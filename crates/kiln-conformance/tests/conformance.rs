@@ -154,4 +154,5 @@ macro_rules! backend {
 }
 
 backend!(cpu, "cpu", peer = "opencl");
+backend!(cpu_guarded, "cpu-guarded", peer = "cpu");
 backend!(opencl, "opencl", peer = "cpu");

@@ -40,6 +40,43 @@ impl CpuAllocator {
     }
 }
 
+/// [`Allocator::copyin`] for host memory.
+///
+/// # Safety
+/// `dst` lies within a live allocation of a host allocator (`is_host`).
+pub(crate) unsafe fn host_copyin(dst: RawView, src: &[u8]) -> Result<()> {
+    check_len("copyin", src.len(), &dst)?;
+    // SAFETY: the caller guarantees `dst` lies in a live host allocation; `src` is a distinct
+    // Rust slice, so the ranges do not overlap; lengths are equal.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.host_ptr(), src.len()) };
+    Ok(())
+}
+
+/// [`Allocator::copyout`] for host memory.
+///
+/// # Safety
+/// As [`host_copyin`]; host allocators hand out zeroed memory, so every byte read is
+/// initialised.
+pub(crate) unsafe fn host_copyout(dst: &mut [u8], src: RawView) -> Result<()> {
+    check_len("copyout", dst.len(), &src)?;
+    // SAFETY: as in `host_copyin`, with the roles swapped.
+    unsafe { std::ptr::copy_nonoverlapping(src.host_ptr(), dst.as_mut_ptr(), dst.len()) };
+    Ok(())
+}
+
+/// [`Allocator::copy`] for host memory; the windows may overlap.
+///
+/// # Safety
+/// Both windows lie in live host allocations of a host allocator.
+pub(crate) unsafe fn host_copy(dst: RawView, src: RawView) -> Result<()> {
+    if dst.bytes != src.bytes {
+        return Err(Error::Buffer(format!("copy of {} bytes into a window of {} bytes", src.bytes, dst.bytes)));
+    }
+    // SAFETY: both windows lie in live allocations (caller contract); `copy` tolerates overlap.
+    unsafe { std::ptr::copy(src.host_ptr(), dst.host_ptr(), src.bytes) };
+    Ok(())
+}
+
 fn check_len(what: &str, host: usize, view: &RawView) -> Result<()> {
     if host != view.bytes {
         return Err(Error::Buffer(format!(
@@ -82,29 +119,18 @@ impl Allocator for CpuAllocator {
     }
 
     unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()> {
-        check_len("copyin", src.len(), &dst)?;
-        // SAFETY: the caller guarantees `dst` lies in a live allocation of this allocator;
-        // `src` is a distinct Rust slice, so the ranges do not overlap; lengths are equal.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.host_ptr(), src.len()) };
-        Ok(())
+        // SAFETY: forwarded from this function's contract.
+        unsafe { host_copyin(dst, src) }
     }
 
     unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()> {
-        check_len("copyout", dst.len(), &src)?;
-        // SAFETY: as in `copyin`, with the roles swapped; the memory was zero-initialised
-        // at allocation, so every byte read is initialised.
-        unsafe { std::ptr::copy_nonoverlapping(src.host_ptr(), dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+        // SAFETY: forwarded from this function's contract.
+        unsafe { host_copyout(dst, src) }
     }
 
     unsafe fn copy(&self, dst: RawView, src: RawView) -> Result<()> {
-        if dst.bytes != src.bytes {
-            return Err(Error::Buffer(format!("copy of {} bytes into a window of {} bytes", src.bytes, dst.bytes)));
-        }
-        // SAFETY: both windows lie in live allocations of this allocator (caller contract);
-        // `copy` tolerates overlap.
-        unsafe { std::ptr::copy(src.host_ptr(), dst.host_ptr(), src.bytes) };
-        Ok(())
+        // SAFETY: forwarded from this function's contract.
+        unsafe { host_copy(dst, src) }
     }
 
     fn is_host(&self) -> bool {

@@ -7,9 +7,11 @@
 //! - [`program`]: loading the bytes and running a launch over the core pool.
 //! - [`pool`]: the persistent thread pool that runs the chunks of one launch.
 //! - [`allocator`]: 64-byte aligned host memory.
+//! - [`guard`]: host memory whose buffers end at an inaccessible page, for tests and fuzzing.
 
 pub mod allocator;
 pub mod compiler;
+pub mod guard;
 pub mod pool;
 pub mod program;
 pub mod queue;
@@ -19,26 +21,42 @@ pub mod signal;
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend};
+use kiln_device::{Allocator, Device, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend};
 
 pub use allocator::CpuAllocator;
 pub use compiler::{CC_ENV, CCompiler, COMPILE_TIMEOUT_ENV, DEFAULT_COMPILE_TIMEOUT};
+pub use guard::GuardPageAllocator;
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer};
 
-/// Opens the CPU device (`CPU`; there is only one). Fails with
-/// [`Error::CompilerMissing`] when no C compiler is found. Starts no process: the description
-/// names the compiler by path (its version is [`CCompiler::version`], which runs it).
+/// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
+/// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
+/// C compiler is found. Starts no process: the description names the compiler by path (its
+/// version is [`CCompiler::version`], which runs it).
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
+    open_with_allocator(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
+}
+
+/// Opens the CPU device with buffers from `allocator`, which must be a host allocator
+/// ([`Allocator::is_host`]) of the `CPU` device: e.g. a [`GuardPageAllocator`] (used
+/// directly, without an `LruAllocator`) so that tests and fuzzers run kernels on buffers
+/// that fault at the first byte past their end.
+pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>> {
+    if *allocator.device() != DeviceSpec::Cpu || !allocator.is_host() {
+        return Err(Error::Invalid(format!(
+            "the CPU device needs a host allocator of CPU, not one of {} (host: {})",
+            allocator.device(),
+            allocator.is_host()
+        )));
+    }
     let compiler = CCompiler::detect()?;
     let description =
         format!("{} ({} threads), C compiler {}", cpu_model(), Pool::global().threads(), compiler.path().display());
-    let allocator = Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?);
     let runtime: RuntimeFactory = Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
     let device = Device::new(
         DeviceSpec::Cpu,

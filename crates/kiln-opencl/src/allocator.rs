@@ -16,7 +16,7 @@ use opencl3::error_codes::{
     CL_INVALID_BUFFER_SIZE, CL_MEM_OBJECT_ALLOCATION_FAILURE, CL_OUT_OF_HOST_MEMORY, CL_OUT_OF_RESOURCES,
 };
 use opencl3::event::Event;
-use opencl3::memory::{CL_MEM_READ_WRITE, create_buffer, release_mem_object};
+use opencl3::memory::{CL_MEM_ALLOC_HOST_PTR, CL_MEM_READ_WRITE, create_buffer, release_mem_object};
 use opencl3::types::{CL_BLOCKING, cl_mem};
 
 use crate::{ClDevice, driver};
@@ -65,17 +65,28 @@ impl Allocator for OpenClAllocator {
         &self.cl.spec
     }
 
-    /// Creates a read-write buffer. A request over `CL_DEVICE_MAX_MEM_ALLOC_SIZE` or one the
-    /// driver refuses for lack of memory is [`Error::OutOfMemory`].
+    /// Creates a read-write buffer. A request over `CL_DEVICE_MAX_MEM_ALLOC_SIZE`, one that
+    /// with the bytes in use would exceed `CL_DEVICE_GLOBAL_MEM_SIZE`, or one the driver
+    /// refuses for lack of memory is [`Error::OutOfMemory`], before any command touches it.
+    ///
+    /// Drivers may allocate a buffer's memory only when a command first uses it, and PoCL
+    /// then aborts the process when that allocation fails (e.g. under `ulimit -v`). On a
+    /// device whose memory is host memory the buffer is therefore created with
+    /// `CL_MEM_ALLOC_HOST_PTR`, which makes the driver allocate it here, where a failure is
+    /// an error code.
     fn alloc(&self, bytes: usize) -> Result<RawPtr> {
         if bytes == 0 {
             return Err(Error::Buffer("cannot allocate 0 bytes".into()));
         }
-        if bytes as u64 > self.cl.info.max_mem_alloc_size {
+        let info = &self.cl.info;
+        let in_use = self.in_use.load(Ordering::Relaxed) as u64;
+        if bytes as u64 > info.max_mem_alloc_size || in_use.saturating_add(bytes as u64) > info.global_mem_size {
             return Err(self.oom(bytes));
         }
+        let flags =
+            if info.host_unified_memory { CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR } else { CL_MEM_READ_WRITE };
         // SAFETY: no host pointer is passed, so the driver owns the memory; the context is live.
-        let m = unsafe { create_buffer(self.cl.context().get(), CL_MEM_READ_WRITE, bytes, std::ptr::null_mut()) };
+        let m = unsafe { create_buffer(self.cl.context().get(), flags, bytes, std::ptr::null_mut()) };
         match m {
             Ok(m) => {
                 let now = self.in_use.fetch_add(bytes, Ordering::Relaxed) + bytes;
@@ -178,7 +189,7 @@ impl Allocator for OpenClAllocator {
 
 #[cfg(test)]
 mod tests {
-    use kiln_device::{Buffer, Error};
+    use kiln_device::{Allocator, Buffer, Error};
 
     use crate::test_device;
 
@@ -211,6 +222,35 @@ mod tests {
         assert!(matches!(src.view(0, 4).unwrap().copy_from(&src.view(2, 4).unwrap()), Err(Error::Buffer(_))));
         // Size mismatches are caught.
         assert!(dst.copyin(&[0u8; 3]).is_err());
+    }
+
+    /// Buffers that together exceed `CL_DEVICE_GLOBAL_MEM_SIZE` are refused up front (the
+    /// driver would hand out more than the device has, or fail at first use).
+    #[test]
+    fn allocations_past_the_global_memory_size_are_out_of_memory() {
+        let Some(dev) = test_device() else { return };
+        let cl = crate::cl_device(&dev.spec).unwrap();
+        let raw = crate::OpenClAllocator::new(cl.clone());
+        let (total, max) = (cl.info.global_mem_size, cl.info.max_mem_alloc_size as usize);
+        // Untouched buffers: the driver maps them but writes no page.
+        let mut live = Vec::new();
+        while raw.stats().in_use as u64 + max as u64 <= total {
+            match raw.alloc(max) {
+                Ok(p) => live.push(p),
+                Err(Error::OutOfMemory { .. }) => break, // the host ran out first (strict overcommit)
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let in_use = raw.stats().in_use as u64;
+        if in_use + max as u64 > total {
+            let rest = (total - in_use + 1) as usize;
+            assert!(matches!(raw.alloc(rest), Err(Error::OutOfMemory { .. })), "{in_use} + {rest} B > {total} B");
+        }
+        for p in live {
+            // SAFETY: allocated above with `max` bytes, not used afterwards.
+            unsafe { raw.free(p, max) };
+        }
+        assert_eq!(raw.stats().in_use, 0);
     }
 
     #[test]

@@ -110,6 +110,11 @@ pub struct DeviceInfo {
     pub max_work_item_sizes: [usize; 3],
     pub max_mem_alloc_size: u64,
     pub global_mem_size: u64,
+    /// `CL_DEVICE_ADDRESS_BITS`: the width of the device's `size_t` (32 or 64).
+    pub address_bits: u32,
+    /// `CL_DEVICE_HOST_UNIFIED_MEMORY`: device memory is host memory (CPU drivers such as
+    /// PoCL, integrated GPUs).
+    pub host_unified_memory: bool,
 }
 
 impl DeviceInfo {
@@ -133,7 +138,16 @@ impl DeviceInfo {
             max_work_item_sizes,
             max_mem_alloc_size: d.max_mem_alloc_size().map_err(|e| driver("CL_DEVICE_MAX_MEM_ALLOC_SIZE", e))?,
             global_mem_size: d.global_mem_size().map_err(|e| driver("CL_DEVICE_GLOBAL_MEM_SIZE", e))?,
+            address_bits: d.address_bits().map_err(|e| driver("CL_DEVICE_ADDRESS_BITS", e))?,
+            // Deprecated in OpenCL 2.0 and absent on some drivers: unknown means "not unified".
+            host_unified_memory: d.host_unified_memory().unwrap_or(false),
         })
+    }
+
+    /// The largest value of the device's `size_t`: no launch size, work-item count or
+    /// buffer offset may exceed it.
+    pub fn max_size_t(&self) -> u64 {
+        u64::MAX >> 64u32.saturating_sub(self.address_bits).min(63)
     }
 
     /// One line for `kiln devices`: name, platform, device version and driver version.

@@ -13,7 +13,7 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use kiln_device::kiln_ir::{Arg, DType, variables};
+use kiln_device::kiln_ir::{Arg, DType, Scalar, variables};
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, RawView, Result};
 use opencl3::command_queue::enqueue_nd_range_kernel;
 use opencl3::kernel::Kernel;
@@ -33,8 +33,8 @@ pub struct OpenClProgram {
     /// Idle kernel objects; see the module docs.
     pool: Mutex<Vec<Kernel>>,
     params: usize,
-    /// Byte size and signedness of every variable argument, in `var_names` order.
-    vars: Vec<(usize, bool)>,
+    /// Name and integer dtype of every variable argument, in `var_names` order.
+    vars: Vec<(String, Scalar)>,
     /// The largest work-group this kernel can run with on this device.
     max_group: usize,
 }
@@ -76,8 +76,12 @@ impl OpenClProgram {
         let vars = variables(&spec.ast)
             .iter()
             .map(|v| match (v.arg(), v.dtype()) {
-                (Arg::Var { .. }, DType::Scalar(s)) if s.is_int() => Ok((s.size(), s.is_signed())),
-                (_, dt) => Err(Error::Load(format!("variable {:?} has non-integer dtype {dt}", v.arg_name()))),
+                (Arg::Var { name, .. }, DType::Scalar(s)) if s.is_int() => Ok((name.clone(), s)),
+                (_, dt) => Err(Error::Load(format!(
+                    "`{}`: variable `{}` has the non-integer dtype {dt}; variables must be integers",
+                    compiled.name,
+                    v.arg_name().unwrap_or("?")
+                ))),
             })
             .collect::<Result<Vec<_>>>()?;
         let kernel = Kernel::create(&program, &compiled.name)
@@ -101,36 +105,18 @@ impl OpenClProgram {
         &self.cl
     }
 
-    /// Global and local work sizes for `launch`: grouped launches run `groups × local` work
-    /// items in groups of `local`; direct launches run exactly `global` items and let the
-    /// driver pick the group size.
+    /// Global and local work sizes for `launch`, checked against this kernel's and device's
+    /// limits (see [`work_sizes`]).
     fn work_sizes(&self, launch: &LaunchDims) -> Result<([usize; 3], Option<[usize; 3]>)> {
-        let Some(local) = launch.local else { return Ok((launch.global, None)) };
-        let items: usize = local.iter().product();
-        if items > self.max_group {
-            return Err(Error::Launch(format!(
-                "`{}`: work-group of {local:?} = {items} items exceeds this kernel's limit of {} on {}",
-                self.name,
-                self.max_group,
-                self.cl.info.name.trim()
-            )));
-        }
-        if let Some(axis) = (0..3).find(|&a| local[a] > self.cl.info.max_work_item_sizes[a]) {
-            return Err(Error::Launch(format!(
-                "`{}`: local size {} on axis {axis} exceeds the device limit {}",
-                self.name, local[axis], self.cl.info.max_work_item_sizes[axis]
-            )));
-        }
-        let mut global = [1usize; 3];
-        for a in 0..3 {
-            global[a] = launch.global[a].checked_mul(local[a]).ok_or_else(|| {
-                Error::Launch(format!(
-                    "`{}`: {} groups × {} items on axis {a} overflows",
-                    self.name, launch.global[a], local[a]
-                ))
-            })?;
-        }
-        Ok((global, Some(local)))
+        let info = &self.cl.info;
+        let limits = Limits {
+            max_group: self.max_group,
+            max_item_sizes: info.max_work_item_sizes,
+            max_size_t: info.max_size_t(),
+            address_bits: info.address_bits,
+        };
+        work_sizes(launch, &limits)
+            .map_err(|e| Error::Launch(format!("`{}` on {} ({}): {e}", self.name, self.cl.spec, info.name.trim())))
     }
 
     /// Sets the arguments of `kernel` for one launch.
@@ -150,10 +136,15 @@ impl OpenClProgram {
             set(2 * slot, size_of::<cl_mem>(), &m as *const cl_mem as *const c_void)?;
             set(2 * slot + 1, size_of::<cl_ulong>(), &off as *const cl_ulong as *const c_void)?;
         }
-        for (k, (&(size, signed), &v)) in self.vars.iter().zip(vals).enumerate() {
-            let bytes = int_bytes(v, size, signed)
-                .ok_or_else(|| Error::Launch(format!("`{}`: value {v} does not fit variable {k}", self.name)))?;
-            set(2 * bufs.len() + k, size, bytes.as_ptr() as *const c_void)?;
+        for (k, ((name, dtype), &v)) in self.vars.iter().zip(vals).enumerate() {
+            let bytes = int_bytes(v, *dtype).ok_or_else(|| {
+                Error::Launch(format!(
+                    "`{}`: variable `{name}` is bound to {v}, which does not fit its dtype {dtype}; bind a value \
+                     in {dtype}'s range or declare `{name}` with a wider dtype",
+                    self.name
+                ))
+            })?;
+            set(2 * bufs.len() + k, dtype.size(), bytes.as_ptr() as *const c_void)?;
         }
         Ok(())
     }
@@ -210,9 +201,84 @@ impl OpenClProgram {
     }
 }
 
-/// `v` as a native-endian integer argument of `size` bytes, if it fits.
-fn int_bytes(v: i64, size: usize, signed: bool) -> Option<Vec<u8>> {
-    Some(match (size, signed) {
+/// The most work-groups one launch may have. OpenCL has no query for it, and drivers count
+/// groups in 32 bits: PoCL 3.1 aborts the process inside its scheduler past it, and GPU
+/// drivers cap the grid lower still. Larger work belongs in several launches.
+pub const MAX_WORK_GROUPS: u64 = u32::MAX as u64;
+
+/// The limits one launch is checked against: the kernel's work-group size, the device's
+/// per-axis work-item sizes and the range of its `size_t`.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_group: usize,
+    max_item_sizes: [usize; 3],
+    max_size_t: u64,
+    address_bits: u32,
+}
+
+/// The global and local work sizes `clEnqueueNDRangeKernel` gets for `launch`, or why the
+/// driver must not see it. Grouped launches run `global × local` work items in groups of
+/// `local`; direct launches (`local: None`) run exactly `global` items and let the driver
+/// pick the group size, possibly one item per group, so their item count is bounded by
+/// [`MAX_WORK_GROUPS`]. Every size and the total item count fit the device's `size_t`.
+fn work_sizes(launch: &LaunchDims, limits: &Limits) -> std::result::Result<([usize; 3], Option<[usize; 3]>), String> {
+    let split = "split the work over several launches";
+    if launch.global.contains(&0) || launch.local.is_some_and(|l| l.contains(&0)) {
+        return Err(format!("launch {launch:?} has an empty dimension; every size must be at least 1"));
+    }
+    let count = |sizes: &[usize; 3], what: &str| -> std::result::Result<u64, String> {
+        sizes.iter().try_fold(1u64, |n, &s| n.checked_mul(s as u64)).filter(|&n| n <= limits.max_size_t).ok_or_else(
+            || format!("{what} {sizes:?} overflow the device's {}-bit size_t; {split}", limits.address_bits),
+        )
+    };
+    let Some(local) = launch.local else {
+        let items = count(&launch.global, "the work items")?;
+        if items > MAX_WORK_GROUPS {
+            return Err(format!(
+                "{:?} = {items} work items with a driver-chosen work-group size may need as many work-groups, \
+                 more than the {MAX_WORK_GROUPS} one launch may have; use work-groups (gidx/lidx) or {split}",
+                launch.global
+            ));
+        }
+        return Ok((launch.global, None));
+    };
+    let items: usize = local.iter().product();
+    if items > limits.max_group {
+        return Err(format!(
+            "a work-group of {local:?} = {items} items exceeds this kernel's limit of {}; use smaller work-groups",
+            limits.max_group
+        ));
+    }
+    if let Some(axis) = (0..3).find(|&a| local[a] > limits.max_item_sizes[a]) {
+        return Err(format!(
+            "local size {} on axis {axis} exceeds the device limit {} (CL_DEVICE_MAX_WORK_ITEM_SIZES {:?})",
+            local[axis], limits.max_item_sizes[axis], limits.max_item_sizes
+        ));
+    }
+    let groups = count(&launch.global, "the work-groups")?;
+    if groups > MAX_WORK_GROUPS {
+        return Err(format!(
+            "{:?} = {groups} work-groups exceed the {MAX_WORK_GROUPS} one launch may have; use larger \
+             work-groups or {split}",
+            launch.global
+        ));
+    }
+    let mut global = [1usize; 3];
+    for a in 0..3 {
+        global[a] = launch.global[a]
+            .checked_mul(local[a])
+            .ok_or_else(|| format!("{} groups × {} items on axis {a} overflow; {split}", launch.global[a], local[a]))?;
+    }
+    count(&global, "the work items")?;
+    Ok((global, Some(local)))
+}
+
+/// `v` as a native-endian integer argument of dtype `dtype`, if it fits.
+fn int_bytes(v: i64, dtype: Scalar) -> Option<Vec<u8>> {
+    if !dtype.is_int() {
+        return None;
+    }
+    Some(match (dtype.size(), dtype.is_signed()) {
         (1, true) => i8::try_from(v).ok()?.to_ne_bytes().to_vec(),
         (1, false) => u8::try_from(v).ok()?.to_ne_bytes().to_vec(),
         (2, true) => i16::try_from(v).ok()?.to_ne_bytes().to_vec(),
@@ -321,12 +387,102 @@ mod tests {
         }
     }
 
+    /// `idx0 < n` (× `idx1 < m` for 2-D) work items storing 1.0 into the first 4 elements.
+    fn huge_launch_kernel(two_d: bool) -> String {
+        let var = |name: &str| format!("%{name} = DEFINE_VAR i64 \"{name}\" 1 4611686018427387904\n");
+        let mut k = var("n") + "%four = CONST i64 4\n%a = PARAM ptr<f32> 0 (%four)\n";
+        k += "%i = SPECIAL i64 \"idx0\" (%n)\n%ok = CMPLT bool (%i, %four)\n%p = INDEX ptr<f32> (%a, %i)\n";
+        if two_d {
+            k += &var("m");
+            k += "%j = SPECIAL i64 \"idx1\" (%m)\n%okj = CMPLT bool (%j, %four)\n%both = AND bool (%ok, %okj)\n";
+        }
+        let gate = if two_d { "%both" } else { "%ok" };
+        k + &format!("%one = CONST f32 1.0\n%st = STORE void (%p, %one, {gate})\nSINK void (%st)\n")
+    }
+
+    /// Launch sizes the driver cannot run are refused before it sees them: on PoCL 3.1 a
+    /// 2^48-item launch and a 2^32 × 2^32 launch aborted the process, and a 2^62 × 2^62
+    /// launch (2^124 items, 0 modulo 2^64) returned without running.
+    #[test]
+    fn launches_past_the_device_limits_are_typed_errors() {
+        let Some(dev) = test_device() else { return };
+        for (vals, want) in
+            [(vec![1i64 << 48], "work-groups"), (vec![1 << 32, 1 << 32], "size_t"), (vec![1 << 62, 1 << 62], "size_t")]
+        {
+            let two_d = vals.len() == 2;
+            let sink = kiln_device::kiln_ir::parse_kernel(&huge_launch_kernel(two_d)).unwrap();
+            let kernel = dev.compile(&sink, Some("huge")).unwrap();
+            let a = dev.buffer(Scalar::F32, 4).unwrap();
+            match kernel.launch(&[&a], &vals) {
+                Err(Error::Launch(m)) => assert!(m.contains(want) && m.contains("split"), "{vals:?}: {m}"),
+                other => panic!("{vals:?}: expected a launch error, got {other:?}"),
+            }
+            // The same kernel at a size the device can run still works.
+            kernel.launch(&[&a], &vals.iter().map(|_| 4).collect::<Vec<_>>()).unwrap();
+            assert_eq!(a.to_vec::<f32>().unwrap(), [1.0; 4]);
+        }
+    }
+
+    #[test]
+    fn work_sizes_respect_every_limit() {
+        let limits =
+            Limits { max_group: 256, max_item_sizes: [256, 256, 64], max_size_t: u32::MAX as u64, address_bits: 32 };
+        let direct = |g: [usize; 3]| work_sizes(&LaunchDims { global: g, local: None }, &limits);
+        let grouped = |g: [usize; 3], l: [usize; 3]| work_sizes(&LaunchDims { global: g, local: Some(l) }, &limits);
+        assert_eq!(direct([1000, 3, 1]), Ok(([1000, 3, 1], None)));
+        assert_eq!(grouped([10, 2, 1], [64, 2, 1]), Ok(([640, 4, 1], Some([64, 2, 1]))));
+        let refused = |r: std::result::Result<_, String>, want: &str| {
+            let m = r.unwrap_err();
+            assert!(m.contains(want), "{m}");
+        };
+        refused(direct([1 << 31, 2, 1]), "32-bit size_t");
+        refused(direct([usize::MAX, usize::MAX, 1]), "size_t");
+        refused(direct([0, 1, 1]), "empty");
+        refused(grouped([1, 1, 1], [0, 1, 1]), "empty");
+        refused(grouped([1, 1, 1], [256, 2, 1]), "kernel's limit of 256");
+        refused(grouped([1, 1, 1], [1, 1, 128]), "axis 2");
+        refused(grouped([1 << 16, 1 << 16, 1], [2, 1, 1]), "size_t");
+        refused(grouped([1 << 24, 1, 1], [1 << 8, 1, 1]), "size_t");
+        let wide = Limits { max_size_t: u64::MAX, address_bits: 64, ..limits };
+        let refused_wide = |l: LaunchDims, want: &str| {
+            let m = work_sizes(&l, &wide).unwrap_err();
+            assert!(m.contains(want), "{m}");
+        };
+        refused_wide(LaunchDims { global: [1 << 48, 1, 1], local: None }, "work-groups");
+        refused_wide(LaunchDims { global: [1 << 32, 1, 1], local: Some([1, 1, 1]) }, "work-groups");
+        refused_wide(LaunchDims { global: [1 << 62, 1 << 62, 1], local: None }, "64-bit size_t");
+        refused_wide(LaunchDims { global: [usize::MAX, 1, 1], local: Some([2, 1, 1]) }, "work-groups");
+        assert!(work_sizes(&LaunchDims { global: [u32::MAX as usize, 1, 1], local: Some([256, 1, 1]) }, &wide).is_ok());
+    }
+
+    /// A value out of its variable's dtype is refused with the variable's name, not its index.
+    #[test]
+    fn out_of_range_values_name_the_variable() {
+        let Some(dev) = test_device() else { return };
+        let mut k = KernelBuilder::new();
+        let n = k.var("count", 1, 4);
+        let a = k.param(0, Scalar::F32, 4);
+        let i = k.global(0, 4);
+        k.store_gated(&a.at(&i), &Val::f32(1.0), &i.lt(&n));
+        let kernel = dev.compile(&k.finish().unwrap(), Some("named")).unwrap();
+        let a = dev.buffer(Scalar::F32, 4).unwrap();
+        let launch = kernel.spec.launch_dims(&[4]).unwrap();
+        // SAFETY: `a` is a live buffer of this device with the kernel's 4 elements and
+        // `launch` is the kernel's own; the value outside i32 is refused before anything is
+        // enqueued (what this test checks), so no kernel runs with it.
+        let r = unsafe { kernel.program.execute(&[a.raw().unwrap()], &[3_000_000_000], &launch) };
+        match r {
+            Err(Error::Launch(m)) => assert!(m.contains("`count`") && m.contains("i32"), "{m}"),
+            other => panic!("expected a launch error, got {other:?}"),
+        }
+    }
+
     #[test]
     fn integer_arguments_are_range_checked() {
-        assert_eq!(int_bytes(5, 4, true), Some(5i32.to_ne_bytes().to_vec()));
-        assert_eq!(int_bytes(-1, 4, false), None);
-        assert_eq!(int_bytes(1 << 40, 4, true), None);
-        assert_eq!(int_bytes(1 << 40, 8, true), Some((1i64 << 40).to_ne_bytes().to_vec()));
-        assert_eq!(int_bytes(1, 3, true), None);
+        assert_eq!(int_bytes(5, Scalar::I32), Some(5i32.to_ne_bytes().to_vec()));
+        assert_eq!(int_bytes(-1, Scalar::U32), None);
+        assert_eq!(int_bytes(1 << 40, Scalar::I32), None);
+        assert_eq!(int_bytes(1 << 40, Scalar::I64), Some((1i64 << 40).to_ne_bytes().to_vec()));
+        assert_eq!(int_bytes(1, Scalar::F32), None);
     }
 }
