@@ -1,0 +1,780 @@
+//! Bounds proof: every LOAD and STORE of a kernel stays inside its buffer.
+//!
+//! An interval analysis (each integer node's `[min, max]`, like tinygrad's `vmin`/`vmax`)
+//! over the kernel graph, iterative over [`UOp::toposort`] so graph depth never matters.
+//! Its inputs are the variables' bounds, the launch sizes (SPECIAL), loop extents (RANGE),
+//! constants, and the gate of a gated LOAD or STORE: an access only touches memory when its
+//! gate holds, so the gate's conditions (`x < e`, `x <= e`, `x == e`, NOT of these, and
+//! conjunctions with AND) narrow the intervals of the nodes they compare, and the narrowing
+//! flows into every expression built from those nodes (gate `i < n`, index `i*4 + 2`).
+//!
+//! # What an access touches
+//! An access goes through a chain of INDEX (and AFTER) nodes ending at a PARAM. Renderers
+//! turn `INDEX(INDEX(p, a), b)` into `p + a + b` in *elements of the buffer's scalar*, and a
+//! `w`-wide access (`ptr<f32x8>`) touches `w` consecutive elements from there. So an access
+//! touches elements `[a + b, a + b + w - 1]`; it is in bounds when that lies in
+//! `[0, len)`, `len` being the slot's declared element count (the size every launch checks
+//! the buffer against).
+//!
+//! # Integer semantics assumed
+//! ADD/SUB/MUL/NEG/SHL wrap in the node's dtype; IDIV truncates toward zero and MOD takes the
+//! sign of the dividend, with `x / 0 == 0`, `x % 0 == x`, `MIN / -1 == MIN` and
+//! `MIN % -1 == 0`; SHL/SHR take the shift count modulo the bit width; CAST between integers
+//! wraps, float to integer saturates. Whenever an intermediate may leave its dtype's range
+//! its interval becomes the whole range (the analysis never relies on a wrapped value).
+//!
+//! Host-side sizes (launch sizes and buffer lengths) are evaluated by [`crate::eval_int`],
+//! in checked `i64` arithmetic with casts ignored; the analysis models that separately
+//! ("host mode"), and a launch index takes the larger of the kernel's and the host's view of
+//! its extent (the CPU loops to the kernel's, OpenCL launches the host's).
+//!
+//! # Two stages
+//! [`Bounds::prove`] runs once per kernel, with every variable over its declared bounds: an
+//! access proven there is never looked at again. The rest (typically `i < n` against a
+//! buffer of `n`, which intervals alone cannot relate) is kept with the part of the graph it
+//! needs, and [`Bounds::check`] decides it at launch from the bound values, where every
+//! variable and launch size is a single number.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::dtype::{DType, Scalar};
+use crate::symbolic::variables;
+use crate::uop::{Arg, Op, UOp};
+
+/// A closed integer interval `[lo, hi]`; empty when `lo > hi` (a value that never exists,
+/// such as the index of a loop that runs zero times).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interval {
+    pub lo: i128,
+    pub hi: i128,
+}
+
+impl Interval {
+    /// Nothing known (floats, pointers, overflow).
+    pub const ANY: Interval = Interval { lo: i128::MIN, hi: i128::MAX };
+    pub const EMPTY: Interval = Interval { lo: 1, hi: 0 };
+    const BOOL: Interval = Interval { lo: 0, hi: 1 };
+
+    pub const fn new(lo: i128, hi: i128) -> Interval {
+        Interval { lo, hi }
+    }
+
+    pub const fn point(v: i128) -> Interval {
+        Interval { lo: v, hi: v }
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.lo > self.hi
+    }
+
+    pub const fn contains(self, v: i128) -> bool {
+        self.lo <= v && v <= self.hi
+    }
+
+    fn within(self, outer: Interval) -> bool {
+        self.lo >= outer.lo && self.hi <= outer.hi
+    }
+
+    pub fn hull(self, o: Interval) -> Interval {
+        if self.is_empty() {
+            o
+        } else if o.is_empty() {
+            self
+        } else {
+            Interval::new(self.lo.min(o.lo), self.hi.max(o.hi))
+        }
+    }
+
+    pub fn intersect(self, o: Interval) -> Interval {
+        Interval::new(self.lo.max(o.lo), self.hi.min(o.hi))
+    }
+}
+
+/// An access that could not be proven in bounds, as [`Bounds::check`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfBounds {
+    /// The LOAD or STORE: its `%N` number in [`crate::print`] order (`root.toposort()`, the
+    /// numbering [`crate::validate`] uses). For a kernel printed by `print`, `%N` is on line
+    /// `N + 2` of the text (after the header line).
+    pub node: usize,
+    pub op: &'static str,
+    /// The buffer slot, or `None` when the address is not an INDEX chain over a PARAM.
+    pub slot: Option<usize>,
+    /// The elements the access may touch, `first..=last` (in the buffer's scalar elements).
+    pub first: i128,
+    pub last: i128,
+    /// The slot's element count for this launch.
+    pub len: i128,
+}
+
+impl fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(slot) = self.slot else {
+            return write!(
+                f,
+                "%{} {} accesses memory through a pointer that is not an INDEX of a buffer PARAM, which cannot be proven in bounds",
+                self.node, self.op
+            );
+        };
+        let span = |v: i128| if v.unsigned_abs() >= 1 << 62 { "unbounded".to_string() } else { v.to_string() };
+        write!(
+            f,
+            "%{} {} may access elements {}..={} of buffer {slot}, which holds {} element(s); \
+             bound the index (a gate such as `idx < len`, a smaller launch) or declare a larger buffer",
+            self.node,
+            self.op,
+            span(self.first),
+            span(self.last),
+            self.len
+        )
+    }
+}
+
+/// A launch index's source of values: `0..3` global axes, `3..6` local axes.
+pub const LAUNCH_SLOTS: usize = 6;
+
+/// The bounds proof of one kernel: what [`Bounds::prove`] could not settle, with the part of
+/// the graph needed to settle it at launch. `Default` is a kernel without memory accesses.
+#[derive(Clone, Debug, Default)]
+pub struct Bounds {
+    tape: Vec<Step>,
+    pending: Vec<Access>,
+}
+
+/// One node of the analysed graph, its operands as positions in the tape.
+#[derive(Clone, Debug)]
+struct Step {
+    node: Arc<UOp>,
+    src: Box<[u32]>,
+    leaf: Leaf,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Leaf {
+    None,
+    /// A DEFINE_VAR: its position in the sorted variables (the `vals` order).
+    Var(usize),
+    /// A SPECIAL: which launch size bounds it.
+    Launch(usize),
+}
+
+/// `a < b` or `a <= b` (tape positions), known to hold whenever a gate holds.
+#[derive(Clone, Copy, Debug)]
+enum Fact {
+    Lt(u32, u32),
+    Le(u32, u32),
+}
+
+#[derive(Clone, Debug)]
+struct Access {
+    node: usize,
+    op: &'static str,
+    slot: Option<usize>,
+    width: i128,
+    /// The INDEX operands along the address chain; the element offset is their sum.
+    offsets: Vec<u32>,
+    gate: Option<Gate>,
+}
+
+#[derive(Clone, Debug)]
+struct Gate {
+    node: u32,
+    /// A conjunct is the constant false: the access never happens.
+    never: bool,
+    facts: Vec<Fact>,
+    /// The nodes (in tape order) between the facts' nodes and the offsets, re-evaluated
+    /// with the narrowed intervals.
+    cone: Vec<u32>,
+}
+
+/// Variable values: intervals while proving, numbers at launch.
+#[derive(Clone, Copy)]
+enum Vars<'a> {
+    Boxes(&'a [Interval]),
+    Points(&'a [i64]),
+}
+
+struct Env<'a> {
+    vars: Vars<'a>,
+    launch: [Interval; LAUNCH_SLOTS],
+    /// Host mode: checked i64 arithmetic, casts ignored (what [`crate::eval_int`] computes).
+    host: bool,
+}
+
+impl Env<'_> {
+    fn var(&self, k: usize) -> Interval {
+        match self.vars {
+            Vars::Boxes(b) => b.get(k).copied().unwrap_or(Interval::ANY),
+            Vars::Points(p) => p.get(k).map_or(Interval::ANY, |&v| Interval::point(v as i128)),
+        }
+    }
+
+    fn ty(&self, dt: DType) -> Ty {
+        let s = dt.scalar().filter(|_| !dt.is_ptr());
+        match s {
+            None => Ty { lim: Interval::ANY, bits: 0, signed: false, is_bool: false, opaque: true },
+            Some(Scalar::Bool) => Ty { lim: Interval::BOOL, bits: 1, signed: false, is_bool: true, opaque: false },
+            Some(s) if s.is_float() => Ty { lim: Interval::ANY, bits: 0, signed: false, is_bool: false, opaque: true },
+            Some(_) if self.host => {
+                Ty { lim: scalar_range(Scalar::I64), bits: 64, signed: true, is_bool: false, opaque: false }
+            }
+            Some(s) => Ty {
+                lim: scalar_range(s),
+                bits: s.size() as u32 * 8,
+                signed: s.is_signed(),
+                is_bool: false,
+                opaque: false,
+            },
+        }
+    }
+}
+
+/// How values of a dtype behave: their range, width and signedness. `opaque` values
+/// (floats, pointers) carry no interval.
+#[derive(Clone, Copy)]
+struct Ty {
+    lim: Interval,
+    bits: u32,
+    signed: bool,
+    is_bool: bool,
+    opaque: bool,
+}
+
+impl Ty {
+    /// `v` if every value fits the type, else the whole range (the value may have wrapped).
+    fn fit(self, v: Option<Interval>) -> Interval {
+        match v {
+            Some(v) if v.is_empty() || v.within(self.lim) => v,
+            _ => self.lim,
+        }
+    }
+}
+
+fn scalar_range(s: Scalar) -> Interval {
+    match s {
+        Scalar::Bool => Interval::BOOL,
+        s if s.is_float() => Interval::ANY,
+        s if s.is_signed() => {
+            let bits = s.size() as u32 * 8;
+            Interval::new(-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+        }
+        s => Interval::new(0, (1i128 << (s.size() as u32 * 8)) - 1),
+    }
+}
+
+impl Bounds {
+    /// Proves what it can about every access of `sink` for all allowed variable values.
+    ///
+    /// `lens[slot]` is the element count each launch checks slot `slot`'s buffer against;
+    /// `launch` the launch sizes (global axes 0..3, then local axes; a constant 1 where
+    /// absent) and `launch_slot` which of them a SPECIAL's name reads. `sink` must have
+    /// passed [`crate::validate`].
+    pub fn prove(
+        sink: &Arc<UOp>,
+        lens: &[Arc<UOp>],
+        launch: &[Arc<UOp>; LAUNCH_SLOTS],
+        launch_slot: &dyn Fn(&str) -> Option<usize>,
+    ) -> Bounds {
+        let kernel_nodes = sink.toposort().len();
+        // One graph over the kernel and the host-side sizes it is checked against. The
+        // kernel's nodes come first in the same order, so tape positions below
+        // `kernel_nodes` are `print`'s `%N` numbers.
+        let mut all = vec![sink.clone()];
+        all.extend(lens.iter().cloned());
+        all.extend(launch.iter().cloned());
+        let root = UOp::new(Op::Sink, DType::Void, Arg::None, all);
+        let order = root.toposort();
+        let pos: HashMap<*const UOp, u32> = order.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i as u32)).collect();
+        let at = |n: &Arc<UOp>| pos.get(&Arc::as_ptr(n)).copied().unwrap_or(0);
+        let vars = variables(sink);
+        let var_pos = |name: &str| vars.iter().position(|v| v.arg_name() == Some(name));
+        let tape: Vec<Step> = order
+            .iter()
+            .map(|n| Step {
+                node: n.clone(),
+                src: n.src().iter().map(at).collect(),
+                leaf: match n.op() {
+                    Op::DefineVar => n.arg_name().and_then(var_pos).map_or(Leaf::None, Leaf::Var),
+                    Op::Special => n.arg_name().and_then(launch_slot).map_or(Leaf::None, Leaf::Launch),
+                    _ => Leaf::None,
+                },
+            })
+            .collect();
+
+        // Host view first: the sizes every launch checks.
+        let boxes: Vec<Interval> = vars
+            .iter()
+            .map(|v| match v.arg() {
+                Arg::Var { min, max, .. } => Interval::new(*min as i128, *max as i128),
+                _ => Interval::ANY,
+            })
+            .collect();
+        let host_env = Env { vars: Vars::Boxes(&boxes), launch: [Interval::ANY; LAUNCH_SLOTS], host: true };
+        let host = eval_tape(&tape, &host_env);
+        let launch_iv = std::array::from_fn(|k| host[at(&launch[k]) as usize]);
+        let len_iv: Vec<Interval> = lens.iter().map(|l| host[at(l) as usize]).collect();
+        let env = Env { vars: Vars::Boxes(&boxes), launch: launch_iv, host: false };
+        let mut cur = eval_tape(&tape, &env);
+
+        let mut pending = Vec::new();
+        for (i, node) in order.iter().enumerate().take(kernel_nodes) {
+            if !matches!(node.op(), Op::Load | Op::Store) {
+                continue;
+            }
+            let access = Access::new(i, node, &at, &tape);
+            let len = access.slot.and_then(|s| len_iv.get(s)).copied().unwrap_or(Interval::EMPTY);
+            if access.violation(&tape, &mut cur, &env, len).is_some() {
+                pending.push(access);
+            }
+        }
+        compact(tape, pending)
+    }
+
+    /// Accesses left for [`Bounds::check`]: 0 when the kernel was proven for every allowed
+    /// variable value.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Decides the accesses [`Bounds::prove`] left open, for one launch: `vals` the variable
+    /// values (positional, sorted by name, already checked against their bounds), `launch`
+    /// the launch sizes as in `prove` (1 where absent) and `lens[slot]` each slot's element
+    /// count for these values. The first access that may leave its buffer is the error.
+    pub fn check(&self, vals: &[i64], launch: &[i64; LAUNCH_SLOTS], lens: &[usize]) -> Result<(), OutOfBounds> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let env = Env { vars: Vars::Points(vals), launch: launch.map(|v| Interval::point(v as i128)), host: false };
+        let mut cur = eval_tape(&self.tape, &env);
+        for access in &self.pending {
+            let len = access.slot.and_then(|s| lens.get(s)).map_or(Interval::EMPTY, |&l| Interval::point(l as i128));
+            if let Some(e) = access.violation(&self.tape, &mut cur, &env, len) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Access {
+    fn new(i: usize, node: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, tape: &[Step]) -> Access {
+        let src = node.src();
+        let mut offsets = Vec::new();
+        let mut ptr = &src[0];
+        let slot = loop {
+            match ptr.op() {
+                Op::Index => {
+                    offsets.push(at(&ptr.src()[1]));
+                    ptr = &ptr.src()[0];
+                }
+                Op::After => ptr = &ptr.src()[0],
+                Op::Param => break ptr.arg_int().and_then(|s| usize::try_from(s).ok()),
+                _ => break None,
+            }
+        };
+        let gate_node = match node.op() {
+            Op::Load if src.len() == 3 => Some(&src[2]),
+            Op::Store if src.len() == 3 => Some(&src[2]),
+            _ => None,
+        };
+        let gate = gate_node.map(|g| Gate::new(g, at, &offsets, tape));
+        Access { node: i, op: node.op().name(), slot, width: src[0].dtype().width().max(1) as i128, offsets, gate }
+    }
+
+    /// `None` when the access provably stays in `[0, len)` (or never happens) for the
+    /// values in `cur`/`env`; else what it may touch. `cur` holds every node's interval and
+    /// is left as it was.
+    fn violation(&self, tape: &[Step], cur: &mut [Interval], env: &Env, len: Interval) -> Option<OutOfBounds> {
+        let error = |range: Interval| OutOfBounds {
+            node: self.node,
+            op: self.op,
+            slot: self.slot,
+            first: range.lo,
+            last: range.hi,
+            len: len.lo,
+        };
+        let Some(slot_len) = self.slot.map(|_| len) else {
+            return Some(error(Interval::ANY));
+        };
+        let mut saved: Vec<(u32, Interval)> = Vec::new();
+        let range = match &self.gate {
+            None => self.touched(cur),
+            Some(g) => g.narrow(tape, cur, env, &mut saved).and_then(|()| self.touched(cur)),
+        };
+        for (p, v) in saved.into_iter().rev() {
+            cur[p as usize] = v;
+        }
+        let range = range?;
+        let ok = range.lo >= 0 && range.hi < slot_len.lo && !slot_len.is_empty();
+        (!ok).then(|| error(range))
+    }
+
+    /// The elements the access touches, `None` if it never runs.
+    fn touched(&self, cur: &[Interval]) -> Option<Interval> {
+        let mut sum = Interval::point(0);
+        for &o in &self.offsets {
+            let v = cur[o as usize];
+            if v.is_empty() {
+                return None;
+            }
+            sum = match (sum.lo.checked_add(v.lo), sum.hi.checked_add(v.hi)) {
+                (Some(lo), Some(hi)) => Interval::new(lo, hi),
+                _ => Interval::ANY,
+            };
+        }
+        Some(Interval::new(sum.lo, sum.hi.saturating_add(self.width - 1)))
+    }
+}
+
+impl Gate {
+    fn new(gate: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, offsets: &[u32], tape: &[Step]) -> Gate {
+        let mut facts = Vec::new();
+        let mut never = false;
+        let int_like = |n: &Arc<UOp>| n.dtype().is_int() || n.dtype().is_bool();
+        let mut stack = vec![(gate.clone(), false)];
+        while let Some((n, negated)) = stack.pop() {
+            let s = n.src();
+            match (n.op(), negated) {
+                (Op::And, false) | (Op::Or, true) if n.dtype().is_bool() => {
+                    stack.extend(s.iter().map(|c| (c.clone(), negated)));
+                }
+                (Op::Not, _) if n.dtype().is_bool() => stack.push((s[0].clone(), !negated)),
+                (Op::Const, _) if *n.arg() == Arg::Bool(negated) => never = true,
+                (Op::Lt | Op::Le | Op::Eq | Op::Ne, _) if int_like(&s[0]) && int_like(&s[1]) => {
+                    let (a, b) = (at(&s[0]), at(&s[1]));
+                    match (n.op(), negated) {
+                        (Op::Lt, false) => facts.push(Fact::Lt(a, b)),
+                        (Op::Lt, true) => facts.push(Fact::Le(b, a)),
+                        (Op::Le, false) => facts.push(Fact::Le(a, b)),
+                        (Op::Le, true) => facts.push(Fact::Lt(b, a)),
+                        (Op::Eq, false) | (Op::Ne, true) => facts.extend([Fact::Le(a, b), Fact::Le(b, a)]),
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        // The offsets' operands, in tape order, that depend on a narrowed node.
+        let narrowed: HashSet<u32> = facts.iter().flat_map(|f| f.nodes()).collect();
+        let mut cone: HashSet<u32> = HashSet::new();
+        let mut stack: Vec<u32> = offsets.to_vec();
+        while let Some(p) = stack.pop() {
+            if cone.insert(p) {
+                stack.extend(tape[p as usize].src.iter().copied());
+            }
+        }
+        let mut cone: Vec<u32> = cone.into_iter().collect();
+        cone.sort_unstable();
+        let mut dirty: HashSet<u32> = HashSet::new();
+        cone.retain(|&p| {
+            let d = narrowed.contains(&p) || tape[p as usize].src.iter().any(|s| dirty.contains(s));
+            if d {
+                dirty.insert(p);
+            }
+            d
+        });
+        Gate { node: at(gate), never, facts, cone }
+    }
+
+    /// Narrows `cur` to the executions where the gate holds (old values pushed to `saved`);
+    /// `None` when it never holds.
+    fn narrow(&self, tape: &[Step], cur: &mut [Interval], env: &Env, saved: &mut Vec<(u32, Interval)>) -> Option<()> {
+        let g = cur[self.node as usize];
+        if self.never || g.is_empty() || g.hi < 1 {
+            return None;
+        }
+        let mut bound: Vec<(u32, Interval)> = Vec::with_capacity(2 * self.facts.len());
+        let get = |bound: &[(u32, Interval)], p: u32| {
+            bound.iter().filter(|(q, _)| *q == p).fold(cur[p as usize], |v, (_, b)| v.intersect(*b))
+        };
+        // Twice, so that chained facts (`i < j`, `j < n`) inform each other.
+        for _ in 0..2 {
+            for f in &self.facts {
+                let (a, b, strict) = match *f {
+                    Fact::Lt(a, b) => (a, b, 1),
+                    Fact::Le(a, b) => (a, b, 0),
+                };
+                let (va, vb) = (get(&bound, a), get(&bound, b));
+                bound.push((a, Interval::new(va.lo, vb.hi.saturating_sub(strict))));
+                bound.push((b, Interval::new(va.lo.saturating_add(strict), vb.hi)));
+            }
+        }
+        if bound.iter().any(|&(p, _)| get(&bound, p).is_empty()) {
+            return None;
+        }
+        for &p in &self.cone {
+            let v = bound
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .fold(eval_step(&tape[p as usize], cur, env), |v, (_, b)| v.intersect(*b));
+            saved.push((p, cur[p as usize]));
+            cur[p as usize] = v;
+        }
+        Some(())
+    }
+}
+
+impl Fact {
+    fn nodes(&self) -> [u32; 2] {
+        match *self {
+            Fact::Lt(a, b) | Fact::Le(a, b) => [a, b],
+        }
+    }
+}
+
+/// Keeps only the steps `pending` reads, renumbered.
+fn compact(tape: Vec<Step>, mut pending: Vec<Access>) -> Bounds {
+    if pending.is_empty() {
+        return Bounds::default();
+    }
+    let mut keep = vec![false; tape.len()];
+    let mut stack: Vec<u32> = Vec::new();
+    for a in &pending {
+        stack.extend(&a.offsets);
+        if let Some(g) = &a.gate {
+            stack.push(g.node);
+            stack.extend(g.facts.iter().flat_map(|f| f.nodes()));
+        }
+    }
+    while let Some(p) = stack.pop() {
+        if !std::mem::replace(&mut keep[p as usize], true) {
+            stack.extend(tape[p as usize].src.iter().copied());
+        }
+    }
+    let mut new_pos = vec![0u32; tape.len()];
+    let mut steps = Vec::new();
+    for (i, step) in tape.into_iter().enumerate() {
+        if keep[i] {
+            new_pos[i] = steps.len() as u32;
+            let src = step.src.iter().map(|&s| new_pos[s as usize]).collect();
+            steps.push(Step { src, ..step });
+        }
+    }
+    let remap = |v: &mut u32| *v = new_pos[*v as usize];
+    for a in &mut pending {
+        a.offsets.iter_mut().for_each(remap);
+        if let Some(g) = &mut a.gate {
+            remap(&mut g.node);
+            g.cone.iter_mut().for_each(remap);
+            for f in &mut g.facts {
+                let (Fact::Lt(x, y) | Fact::Le(x, y)) = f;
+                remap(x);
+                remap(y);
+            }
+        }
+    }
+    Bounds { tape: steps, pending }
+}
+
+fn eval_tape(tape: &[Step], env: &Env) -> Vec<Interval> {
+    let mut cur = Vec::with_capacity(tape.len());
+    for step in tape {
+        let v = eval_step(step, &cur, env);
+        cur.push(v);
+    }
+    cur
+}
+
+/// The interval of one node from its operands' intervals in `cur`.
+fn eval_step(step: &Step, cur: &[Interval], env: &Env) -> Interval {
+    let n = &step.node;
+    let ty = env.ty(n.dtype());
+    let arg = |k: usize| step.src.get(k).map_or(Interval::ANY, |&p| cur[p as usize]);
+    match n.op() {
+        Op::Const => match n.arg() {
+            Arg::Int(v) => ty.fit(Some(Interval::point(*v as i128))),
+            Arg::Bool(b) => Interval::point(*b as i128),
+            _ => ty.lim,
+        },
+        Op::DefineVar => match step.leaf {
+            Leaf::Var(k) => ty.fit(Some(env.var(k))),
+            _ => ty.lim,
+        },
+        Op::Special => {
+            let Leaf::Launch(slot) = step.leaf else { return ty.lim };
+            let extent = arg(0).hull(env.launch[slot]);
+            ty.fit(Some(Interval::new(0, extent.hi.saturating_sub(1))))
+        }
+        Op::Range => {
+            let extent = arg(0);
+            if extent.is_empty() { extent } else { ty.fit(Some(Interval::new(0, extent.hi.saturating_sub(1)))) }
+        }
+        Op::After | Op::Gep => arg(0),
+        Op::Bind => ty.fit(Some(arg(1))),
+        Op::Vectorize => (0..step.src.len()).map(arg).fold(Interval::EMPTY, Interval::hull),
+        Op::Cast => {
+            let a = arg(0);
+            if env.host || a.is_empty() {
+                a
+            } else if ty.is_bool {
+                if a == Interval::point(0) {
+                    a
+                } else if a.contains(0) {
+                    Interval::BOOL
+                } else {
+                    Interval::point(1)
+                }
+            } else {
+                // Float sources saturate: their ANY becomes the whole range.
+                ty.fit(Some(a))
+            }
+        }
+        op if op.is_alu() => {
+            let args: [Interval; 3] = [arg(0), arg(1), arg(2)];
+            let args = &args[..step.src.len().min(3)];
+            if args.iter().any(|a| a.is_empty()) {
+                return Interval::EMPTY;
+            }
+            alu(op, ty, args)
+        }
+        _ => ty.lim,
+    }
+}
+
+fn alu(op: Op, t: Ty, v: &[Interval]) -> Interval {
+    if op.is_comparison() {
+        return compare(op, v[0], v[1]);
+    }
+    if t.opaque {
+        return Interval::ANY;
+    }
+    let (a, b) = (v[0], v.get(1).copied().unwrap_or(Interval::ANY));
+    let r = match op {
+        Op::Add => add(a, b),
+        Op::Sub => b.lo.checked_neg().zip(b.hi.checked_neg()).and_then(|(l, h)| add(a, Interval::new(h, l))),
+        Op::Mul => mul(a, b),
+        Op::MulAcc => mul(a, b).and_then(|p| add(p, v[2])),
+        Op::Neg | Op::Not if t.is_bool => Some(Interval::new(1 - a.hi, 1 - a.lo)),
+        Op::Neg => Some(Interval::new(-a.hi, -a.lo)),
+        Op::Not if t.signed => Some(Interval::new(-a.hi - 1, -a.lo - 1)),
+        Op::Not => Some(Interval::new(t.lim.hi - a.hi, t.lim.hi - a.lo)),
+        Op::Abs if !t.signed || a.lo >= 0 => Some(a),
+        Op::Abs if a.hi <= 0 => Some(Interval::new(-a.hi, -a.lo)),
+        Op::Abs => Some(Interval::new(0, a.hi.max(-a.lo))),
+        Op::Idiv => idiv(a, b),
+        Op::Mod => Some(rem(a, b)),
+        Op::Max => Some(Interval::new(a.lo.max(b.lo), a.hi.max(b.hi))),
+        Op::Min => Some(Interval::new(a.lo.min(b.lo), a.hi.min(b.hi))),
+        Op::Shl => mul(a, shift_pow(shift_count(b, t.bits))),
+        Op::Shr => {
+            let s = shift_count(b, t.bits);
+            let (lo, hi) = (s.lo as u32, s.hi as u32);
+            Some(Interval::new((a.lo >> lo).min(a.lo >> hi), (a.hi >> lo).max(a.hi >> hi)))
+        }
+        Op::And | Op::Or | Op::Xor => bitwise(op, t, a, b),
+        Op::Where => Some(if v[0].lo >= 1 {
+            v[1]
+        } else if v[0].hi <= 0 {
+            v[2]
+        } else {
+            v[1].hull(v[2])
+        }),
+        _ => None,
+    };
+    t.fit(r)
+}
+
+fn add(a: Interval, b: Interval) -> Option<Interval> {
+    Some(Interval::new(a.lo.checked_add(b.lo)?, a.hi.checked_add(b.hi)?))
+}
+
+fn mul(a: Interval, b: Interval) -> Option<Interval> {
+    let c = [a.lo.checked_mul(b.lo)?, a.lo.checked_mul(b.hi)?, a.hi.checked_mul(b.lo)?, a.hi.checked_mul(b.hi)?];
+    Some(Interval::new(*c.iter().min()?, *c.iter().max()?))
+}
+
+/// Truncating division with `x / 0 == 0`. Over each sign of the divisor the quotient is
+/// monotone in both operands, so the corners bound it.
+fn idiv(a: Interval, b: Interval) -> Option<Interval> {
+    let mut out = if b.contains(0) { Interval::point(0) } else { Interval::EMPTY };
+    for part in [b.intersect(Interval::new(i128::MIN, -1)), b.intersect(Interval::new(1, i128::MAX))] {
+        if part.is_empty() {
+            continue;
+        }
+        let c = [
+            a.lo.checked_div(part.lo)?,
+            a.lo.checked_div(part.hi)?,
+            a.hi.checked_div(part.lo)?,
+            a.hi.checked_div(part.hi)?,
+        ];
+        out = out.hull(Interval::new(*c.iter().min()?, *c.iter().max()?));
+    }
+    Some(out)
+}
+
+/// Remainder with the dividend's sign and `x % 0 == x`: `|x % y| < |y|` and `|x % y| <= |x|`.
+fn rem(a: Interval, b: Interval) -> Interval {
+    let mut out = if b.contains(0) { a } else { Interval::EMPTY };
+    let nonzero = [b.intersect(Interval::new(i128::MIN, -1)), b.intersect(Interval::new(1, i128::MAX))];
+    let mags: Vec<(i128, i128)> = nonzero
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (x, y) = (p.lo.saturating_abs(), p.hi.saturating_abs());
+            (x.min(y), x.max(y))
+        })
+        .collect();
+    if let (Some(smallest), Some(largest)) = (mags.iter().map(|m| m.0).min(), mags.iter().map(|m| m.1).max()) {
+        let r = if a.lo > -smallest && a.hi < smallest {
+            a // |x| < |y| for every pair: x % y == x
+        } else {
+            Interval::new(
+                if a.lo < 0 { a.lo.max(1 - largest) } else { 0 },
+                if a.hi > 0 { a.hi.min(largest - 1) } else { 0 },
+            )
+        };
+        out = out.hull(r);
+    }
+    out
+}
+
+/// The shift counts actually used: the count modulo the bit width.
+fn shift_count(b: Interval, bits: u32) -> Interval {
+    let all = Interval::new(0, bits.saturating_sub(1) as i128);
+    if b.within(all) { b } else { all }
+}
+
+fn shift_pow(s: Interval) -> Interval {
+    Interval::new(1i128 << s.lo.clamp(0, 126), 1i128 << s.hi.clamp(0, 126))
+}
+
+fn bitwise(op: Op, t: Ty, a: Interval, b: Interval) -> Option<Interval> {
+    if t.is_bool {
+        return Some(match op {
+            Op::And => Interval::new(a.lo & b.lo, a.hi & b.hi),
+            Op::Or => Interval::new(a.lo | b.lo, a.hi | b.hi),
+            _ if a.lo == a.hi && b.lo == b.hi => Interval::point(a.lo ^ b.lo),
+            _ => Interval::BOOL,
+        });
+    }
+    // Below the next power of two above both: the bits a result can have.
+    let ceiling = |hi: i128| if hi <= 0 { 0 } else { (1i128 << (128 - hi.leading_zeros()).min(126)) - 1 };
+    match (op, a.lo >= 0, b.lo >= 0) {
+        (Op::And, true, true) => Some(Interval::new(0, a.hi.min(b.hi))),
+        (Op::And, true, false) => Some(Interval::new(0, a.hi)),
+        (Op::And, false, true) => Some(Interval::new(0, b.hi)),
+        (Op::Or, true, true) => Some(Interval::new(a.lo.max(b.lo), ceiling(a.hi.max(b.hi)))),
+        (Op::Xor, true, true) => Some(Interval::new(0, ceiling(a.hi.max(b.hi)))),
+        _ => None,
+    }
+}
+
+fn compare(op: Op, a: Interval, b: Interval) -> Interval {
+    let point_eq = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+    let disjoint = a.hi < b.lo || b.hi < a.lo;
+    let (always, never) = match op {
+        Op::Lt => (a.hi < b.lo, a.lo >= b.hi),
+        Op::Le => (a.hi <= b.lo, a.lo > b.hi),
+        Op::Eq => (point_eq, disjoint),
+        _ => (disjoint, point_eq),
+    };
+    if always {
+        Interval::point(1)
+    } else if never {
+        Interval::point(0)
+    } else {
+        Interval::BOOL
+    }
+}
