@@ -778,3 +778,272 @@ fn compare(op: Op, a: Interval, b: Interval) -> Interval {
         Interval::BOOL
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{eval_int, parse_kernel};
+
+    /// A kernel with its proof, checked the way a launch checks it.
+    struct Case {
+        sink: Arc<UOp>,
+        lens: Vec<Arc<UOp>>,
+        launch: [Arc<UOp>; LAUNCH_SLOTS],
+        bounds: Bounds,
+    }
+
+    fn launch_slot(name: &str) -> Option<usize> {
+        let axis: usize = name.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().ok()?;
+        Some(if name.starts_with("lidx") { 3 + axis } else { axis })
+    }
+
+    fn case(body: &str) -> Case {
+        let sink = parse_kernel(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+        let mut lens: Vec<Arc<UOp>> = Vec::new();
+        let mut launch: [Arc<UOp>; LAUNCH_SLOTS] = std::array::from_fn(|_| UOp::index_const(1));
+        for n in sink.toposort() {
+            match n.op() {
+                Op::Param => {
+                    let slot = n.arg_int().unwrap() as usize;
+                    if lens.len() <= slot {
+                        lens.resize(slot + 1, UOp::index_const(0));
+                    }
+                    lens[slot] = n.src()[0].clone();
+                }
+                Op::Special => launch[launch_slot(n.arg_name().unwrap()).unwrap()] = n.src()[0].clone(),
+                _ => {}
+            }
+        }
+        let bounds = Bounds::prove(&sink, &lens, &launch, &launch_slot);
+        Case { sink, lens, launch, bounds }
+    }
+
+    impl Case {
+        /// Checks one launch with `vals` (sorted by variable name), sizes evaluated on the host.
+        fn at(&self, vals: &[i64]) -> Result<(), OutOfBounds> {
+            let names: Vec<String> = variables(&self.sink).iter().map(|v| v.arg_name().unwrap().to_string()).collect();
+            let lookup = |name: &str| names.iter().position(|n| n == name).map(|i| vals[i]);
+            let launch = std::array::from_fn(|k| eval_int(&self.launch[k], &lookup).unwrap());
+            let lens: Vec<usize> = self.lens.iter().map(|l| eval_int(l, &lookup).unwrap() as usize).collect();
+            self.bounds.check(vals, &launch, &lens)
+        }
+
+        /// The `%N` number of the only node with `op`.
+        fn node(&self, op: Op) -> usize {
+            let order = self.sink.toposort();
+            let mut found = order.iter().enumerate().filter(|(_, n)| n.op() == op).map(|(i, _)| i);
+            let i = found.next().unwrap();
+            assert!(found.next().is_none(), "several {op}");
+            i
+        }
+    }
+
+    const STORE_ONE: &str = "%one = CONST f32 1.0\n%st = STORE void (%p, %one)\nSINK void (%st)\n";
+
+    /// Issue 9: a PARAM of 4 elements stored at `idx0 < n`.
+    #[test]
+    fn a_store_past_a_four_element_param_is_refused_when_n_exceeds_4() {
+        let c = case(&format!(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n%four = CONST i32 4\n%a = PARAM ptr<f32> 0 (%four)\n\
+             %i = SPECIAL i32 \"idx0\" (%n)\n%p = INDEX ptr<f32> (%a, %i)\n{STORE_ONE}"
+        ));
+        assert_eq!(c.bounds.pending(), 1);
+        for n in 1..=4 {
+            c.at(&[n]).unwrap();
+        }
+        let e = c.at(&[5]).unwrap_err();
+        let store = c.node(Op::Store);
+        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), first: 0, last: 4, len: 4 });
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("%{store} STORE")) && msg.contains("0..=4 of buffer 0") && msg.contains("holds 4")
+        );
+    }
+
+    /// Issue 9: an 8-wide copy over `idx0 < n` of n-element buffers reads 7 elements past
+    /// the end; stepping by 8 over n / 8 items is fine.
+    #[test]
+    fn vector_accesses_count_their_width() {
+        // `items` work items, each copying 8 elements from `at` on, gated by `at < n`.
+        let copy = |items: &str, at: &str| {
+            let (grouped, step) = if at == "%i8" {
+                ("%eight = CONST i32 8\n%n8 = IDIV i32 (%n, %eight)\n", "%i8 = MUL i32 (%i, %eight)\n")
+            } else {
+                ("", "")
+            };
+            case(&format!(
+                "%n = DEFINE_VAR i32 \"n\" 8 1024\n{grouped}\
+                 %a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n\
+                 %i = SPECIAL i32 \"idx0\" ({items})\n{step}%ok = CMPLT bool ({at}, %n)\n\
+                 %pa = INDEX ptr<f32x8> (%a, {at})\n%pb = INDEX ptr<f32x8> (%b, {at})\n\
+                 %z = CONST f32 0.0\n%zv = VECTORIZE f32x8 (%z)\n%x = LOAD f32x8 (%pa, %zv, %ok)\n\
+                 %st = STORE void (%pb, %x, %ok)\nSINK void (%st)\n"
+            ))
+        };
+        let bad = copy("%n", "%i");
+        let e = bad.at(&[8]).unwrap_err();
+        assert_eq!((e.op, e.slot, e.first, e.last, e.len), ("LOAD", Some(0), 0, 14, 8));
+        let good = copy("%n8", "%i8");
+        for n in [8, 15, 16, 17, 1000, 1024] {
+            good.at(&[n]).unwrap_or_else(|e| panic!("n = {n}: {e}"));
+        }
+    }
+
+    /// `%n` in [1, 1024], the lines of `pre`, `%i` = idx0 over `extent`, the lines of `body`
+    /// (which define `%at` and may define `%gate`), and a store of 1.0 at `%at` of a buffer
+    /// of `len` elements.
+    fn store_case(pre: &str, extent: &str, body: &str, len: &str) -> Case {
+        let gated = body.contains("%gate =");
+        let store = if gated { "STORE void (%p, %one, %gate)" } else { "STORE void (%p, %one)" };
+        case(&format!(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n{pre}%i = SPECIAL i32 \"idx0\" ({extent})\n{body}\n\
+             %a = PARAM ptr<f32> 0 ({len})\n%p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n\
+             %st = {store}\nSINK void (%st)\n"
+        ))
+    }
+
+    #[test]
+    fn a_gate_narrows_every_expression_built_from_the_gated_node() {
+        let pre = "%c4 = CONST i32 4\n%n4 = MUL i32 (%n, %c4)\n%ext = ADD i32 (%n, %c4)\n";
+        let lines = |plus: i64| {
+            format!(
+                "%k = CONST i32 {plus}\n%m = MUL i32 (%i, %c4)\n%at = ADD i32 (%m, %k)\n%gate = CMPLT bool (%i, %n)"
+            )
+        };
+        // Four items past n, masked by the gate: i*4 + 3 < 4n.
+        let ok = store_case(pre, "%ext", &lines(3), "%n4");
+        for n in [1, 2, 1000, 1024] {
+            ok.at(&[n]).unwrap_or_else(|e| panic!("n = {n}: {e}"));
+        }
+        let e = store_case(pre, "%ext", &lines(4), "%n4").at(&[10]).unwrap_err();
+        assert_eq!((e.first, e.last, e.len), (4, 40, 40));
+    }
+
+    #[test]
+    fn conjunctions_and_negations_of_comparisons_narrow_both_sides() {
+        // j = i - 1 runs from -1; each gate excludes j = -1 and j >= n in its own way.
+        let pre = "%c1 = CONST i32 1\n%c0 = CONST i32 0\n%ext = ADD i32 (%n, %c1)\n";
+        let at = "%at = SUB i32 (%i, %c1)\n%hi = CMPLT bool (%at, %n)\n";
+        for gate in [
+            "%lo = CMPLE bool (%c0, %at)\n%gate = AND bool (%lo, %hi)",
+            "%neg = CMPLT bool (%at, %c0)\n%lo = NOT bool (%neg)\n%gate = AND bool (%hi, %lo)",
+            "%neg = CMPLT bool (%at, %c0)\n%out = NOT bool (%hi)\n%any = OR bool (%neg, %out)\n%gate = NOT bool (%any)",
+        ] {
+            let c = store_case(pre, "%ext", &format!("{at}{gate}"), "%n");
+            for n in [1, 7, 1024] {
+                c.at(&[n]).unwrap_or_else(|e| panic!("{gate}: n = {n}: {e}"));
+            }
+        }
+        // Without the lower bound, j = -1 is a store before the buffer.
+        let e = store_case(pre, "%ext", &format!("{at}%lo = CMPLE bool (%c0, %c1)\n%gate = AND bool (%lo, %hi)"), "%n")
+            .at(&[5])
+            .unwrap_err();
+        assert_eq!((e.first, e.last), (-1, 4));
+    }
+
+    #[test]
+    fn an_index_that_may_overflow_its_dtype_is_unbounded() {
+        // i * 1e6 wraps in i32 for i >= 2148 (n >= 716): refused however large the buffer.
+        let pre = "%c3 = CONST i32 3\n%ext = MUL i32 (%n, %c3)\n%len = CONST i64 4000000000\n";
+        let body =
+            |ty: &str| format!("%big = CONST {ty} 1000000\n%wide = CAST {ty} (%i)\n%at = MUL {ty} (%wide, %big)");
+        let e = store_case(pre, "%ext", &body("i32"), "%len").at(&[1000]).unwrap_err();
+        assert_eq!((e.first, e.last), (i32::MIN as i128, i32::MAX as i128));
+        assert!(e.to_string().contains("elements -2147483648..=2147483647"), "{e}");
+        // The same product in i64 is exact, and proven for every n when the kernel is built.
+        assert_eq!(store_case(pre, "%ext", &body("i64"), "%len").bounds.pending(), 0);
+    }
+
+    #[test]
+    fn division_and_remainder_follow_the_defined_semantics() {
+        let iv = Interval::new;
+        assert_eq!(idiv(iv(0, 15), iv(0, 4)), Some(iv(0, 15))); // x / 0 == 0, x / 1 == x
+        assert_eq!(idiv(iv(-8, 7), iv(-2, 2)), Some(iv(-8, 8)));
+        assert_eq!(idiv(iv(10, 20), iv(3, 5)), Some(iv(2, 6)));
+        assert_eq!(rem(iv(0, 15), iv(0, 4)), iv(0, 15)); // x % 0 == x
+        assert_eq!(rem(iv(0, 15), iv(1, 4)), iv(0, 3));
+        assert_eq!(rem(iv(-9, 9), iv(3, 3)), iv(-2, 2));
+        assert_eq!(rem(iv(2, 5), iv(-8, -8)), iv(2, 5));
+        // MIN / -1 wraps to MIN in i32: the quotient 2^31 leaves the range, so all of i32.
+        let env = Env { vars: Vars::Points(&[]), launch: [Interval::ANY; LAUNCH_SLOTS], host: false };
+        let t = env.ty(DType::I32);
+        let min = Interval::point(i32::MIN as i128);
+        assert_eq!(alu(Op::Idiv, t, &[min, Interval::point(-1)]), t.lim);
+        assert_eq!(alu(Op::Mod, t, &[min, Interval::point(-1)]), Interval::point(0));
+
+        // In a kernel: a % d with d possibly 0 is a itself.
+        let c = case(
+            "%d = DEFINE_VAR i32 \"d\" 0 8\n%c16 = CONST i32 16\n\
+             %i = SPECIAL i32 \"idx0\" (%c16)\n%at = MOD i32 (%i, %d)\n%c8 = CONST i32 8\n\
+             %a = PARAM ptr<f32> 0 (%c8)\n%p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n\
+             %st = STORE void (%p, %one)\nSINK void (%st)\n",
+        );
+        c.at(&[8]).unwrap();
+        c.at(&[3]).unwrap();
+        assert_eq!(c.at(&[0]).unwrap_err().last, 15);
+    }
+
+    #[test]
+    fn accesses_that_never_run_need_no_bound() {
+        // A loop of n - 1 iterations writing r + 1 < n; for n = 1 it runs zero times.
+        let c = case(&format!(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n%c1 = CONST i32 1\n%m = SUB i32 (%n, %c1)\n\
+             %r = RANGE i32 0 (%m)\n%at = ADD i32 (%r, %c1)\n%a = PARAM ptr<f32> 0 (%n)\n\
+             %p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n%s = STORE void (%p, %one)\n\
+             %st = END void (%r, %s)\nSINK void (%st)\n"
+        ));
+        for n in [1, 2, 1024] {
+            c.at(&[n]).unwrap();
+        }
+        // Gates that never hold: a false constant, and i < 0 for a launch index.
+        for gate in ["%gate = CONST bool false", "%c0 = CONST i32 0\n%gate = CMPLT bool (%i, %c0)"] {
+            let c = store_case("", "%n", &format!("%c9 = CONST i32 9\n%at = ADD i32 (%i, %c9)\n{gate}"), "%n");
+            assert_eq!(c.bounds.pending(), 0, "{gate}");
+        }
+    }
+
+    #[test]
+    fn a_pointer_that_is_not_an_index_chain_is_refused() {
+        let c = case(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n%a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n\
+             %i = SPECIAL i32 \"idx0\" (%n)\n%c0 = CONST i32 0\n%odd = CMPLT bool (%c0, %i)\n\
+             %ptr = WHERE ptr<f32> (%odd, %a, %b)\n%x = LOAD f32 (%ptr)\n%pb = INDEX ptr<f32> (%b, %i)\n\
+             %st = STORE void (%pb, %x)\nSINK void (%st)\n",
+        );
+        let e = c.at(&[4]).unwrap_err();
+        assert_eq!((e.op, e.slot), ("LOAD", None));
+        assert!(e.to_string().contains("not an INDEX of a buffer PARAM"), "{e}");
+    }
+
+    #[test]
+    fn a_launch_size_that_overflows_its_index_dtype_is_refused() {
+        // The host launches 300 items; an i8 index wraps to negative values after 127.
+        let c = case(
+            "%k = CONST i32 300\n%e = CAST i8 (%k)\n%i = SPECIAL i8 \"idx0\" (%e)\n%len = CONST i32 1000\n\
+             %a = PARAM ptr<f32> 0 (%len)\n%p = INDEX ptr<f32> (%a, %i)\n%one = CONST f32 1.0\n\
+             %st = STORE void (%p, %one)\nSINK void (%st)\n",
+        );
+        assert_eq!(c.at(&[]).unwrap_err().first, -128);
+    }
+
+    #[test]
+    fn a_deep_index_expression_is_proven_without_recursion() {
+        let n = UOp::new(Op::DefineVar, DType::I32, Arg::Var { name: "n".into(), min: 1, max: 64 }, vec![]);
+        let i = UOp::new(Op::Special, DType::I32, Arg::Str("idx0".into()), vec![n.clone()]);
+        let zero = UOp::const_int(DType::I32, 0);
+        let mut at = i;
+        for _ in 0..100_000 {
+            at = UOp::new(Op::Add, DType::I32, Arg::None, vec![at, zero.clone()]);
+        }
+        let a = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Int(0), vec![n.clone()]);
+        let p = UOp::new(Op::Index, DType::ptr(Scalar::F32), Arg::None, vec![a, at]);
+        let st = UOp::new(Op::Store, DType::Void, Arg::None, vec![p, UOp::const_float(DType::F32, 1.0)]);
+        let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![st]);
+        let launch: [Arc<UOp>; LAUNCH_SLOTS] =
+            std::array::from_fn(|k| if k == 0 { n.clone() } else { UOp::index_const(1) });
+        let bounds = Bounds::prove(&sink, std::slice::from_ref(&n), &launch, &launch_slot);
+        assert_eq!(bounds.pending(), 1); // i < n is a relation: decided at launch
+        bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[64]).unwrap();
+        assert!(bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[63]).is_err());
+    }
+}
