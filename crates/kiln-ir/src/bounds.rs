@@ -35,6 +35,7 @@
 //! needs, and [`Bounds::check`] decides it at launch from the bound values, where every
 //! variable and launch size is a single number.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
@@ -140,13 +141,20 @@ pub const LAUNCH_SLOTS: usize = 6;
 #[derive(Clone, Debug, Default)]
 pub struct Bounds {
     tape: Vec<Step>,
+    /// The distinct (address, gate) pairs of the pending accesses: the accesses of an
+    /// elementwise kernel all share one, which a launch then evaluates once.
+    offsets: Vec<Offset>,
+    /// Sorted by `offset`.
     pending: Vec<Access>,
 }
 
 /// One node of the analysed graph, its operands as positions in the tape.
 #[derive(Clone, Debug)]
 struct Step {
-    node: Arc<UOp>,
+    op: Op,
+    dtype: DType,
+    /// The kernel's view of `dtype` (host mode derives its own).
+    ty: Ty,
     src: Box<[u32]>,
     leaf: Leaf,
 }
@@ -158,6 +166,8 @@ enum Leaf {
     Var(usize),
     /// A SPECIAL: which launch size bounds it.
     Launch(usize),
+    /// An integer or bool CONST.
+    Const(i128),
 }
 
 /// `a < b` or `a <= b` (tape positions), known to hold whenever a gate holds.
@@ -167,14 +177,22 @@ enum Fact {
     Le(u32, u32),
 }
 
+/// A LOAD or STORE.
 #[derive(Clone, Debug)]
 struct Access {
     node: usize,
     op: &'static str,
     slot: Option<usize>,
     width: i128,
-    /// The INDEX operands along the address chain; the element offset is their sum.
-    offsets: Vec<u32>,
+    /// Its element offset, in [`Bounds::offsets`].
+    offset: usize,
+}
+
+/// Where an access starts: the sum of the INDEX operands along its address chain, where
+/// its gate holds.
+#[derive(Clone, Debug)]
+struct Offset {
+    terms: Vec<u32>,
     gate: Option<Gate>,
 }
 
@@ -210,14 +228,29 @@ impl Env<'_> {
             Vars::Points(p) => p.get(k).map_or(Interval::ANY, |&v| Interval::point(v as i128)),
         }
     }
+}
 
-    fn ty(&self, dt: DType) -> Ty {
+/// How values of a dtype behave: their range, width and signedness. `opaque` values
+/// (floats, pointers) carry no interval.
+#[derive(Clone, Copy, Debug)]
+struct Ty {
+    lim: Interval,
+    bits: u32,
+    signed: bool,
+    is_bool: bool,
+    opaque: bool,
+}
+
+impl Ty {
+    /// How values of `dt` behave in the kernel, or on the host (`host`: every integer is an
+    /// i64, as [`crate::eval_int`] computes).
+    fn of(dt: DType, host: bool) -> Ty {
         let s = dt.scalar().filter(|_| !dt.is_ptr());
         match s {
             None => Ty { lim: Interval::ANY, bits: 0, signed: false, is_bool: false, opaque: true },
             Some(Scalar::Bool) => Ty { lim: Interval::BOOL, bits: 1, signed: false, is_bool: true, opaque: false },
             Some(s) if s.is_float() => Ty { lim: Interval::ANY, bits: 0, signed: false, is_bool: false, opaque: true },
-            Some(_) if self.host => {
+            Some(_) if host => {
                 Ty { lim: scalar_range(Scalar::I64), bits: 64, signed: true, is_bool: false, opaque: false }
             }
             Some(s) => Ty {
@@ -229,20 +262,7 @@ impl Env<'_> {
             },
         }
     }
-}
 
-/// How values of a dtype behave: their range, width and signedness. `opaque` values
-/// (floats, pointers) carry no interval.
-#[derive(Clone, Copy)]
-struct Ty {
-    lim: Interval,
-    bits: u32,
-    signed: bool,
-    is_bool: bool,
-    opaque: bool,
-}
-
-impl Ty {
     /// `v` if every value fits the type, else the whole range (the value may have wrapped).
     fn fit(self, v: Option<Interval>) -> Interval {
         match v {
@@ -293,11 +313,15 @@ impl Bounds {
         let tape: Vec<Step> = order
             .iter()
             .map(|n| Step {
-                node: n.clone(),
+                op: n.op(),
+                dtype: n.dtype(),
+                ty: Ty::of(n.dtype(), false),
                 src: n.src().iter().map(at).collect(),
-                leaf: match n.op() {
-                    Op::DefineVar => n.arg_name().and_then(var_pos).map_or(Leaf::None, Leaf::Var),
-                    Op::Special => n.arg_name().and_then(launch_slot).map_or(Leaf::None, Leaf::Launch),
+                leaf: match (n.op(), n.arg()) {
+                    (Op::DefineVar, _) => n.arg_name().and_then(var_pos).map_or(Leaf::None, Leaf::Var),
+                    (Op::Special, _) => n.arg_name().and_then(launch_slot).map_or(Leaf::None, Leaf::Launch),
+                    (Op::Const, Arg::Int(v)) => Leaf::Const(*v as i128),
+                    (Op::Const, Arg::Bool(b)) => Leaf::Const(*b as i128),
                     _ => Leaf::None,
                 },
             })
@@ -312,24 +336,37 @@ impl Bounds {
             })
             .collect();
         let host_env = Env { vars: Vars::Boxes(&boxes), launch: [Interval::ANY; LAUNCH_SLOTS], host: true };
-        let host = eval_tape(&tape, &host_env);
+        let mut host = Vec::new();
+        eval_tape(&tape, &host_env, &mut host);
         let launch_iv = std::array::from_fn(|k| host[at(&launch[k]) as usize]);
         let len_iv: Vec<Interval> = lens.iter().map(|l| host[at(l) as usize]).collect();
         let env = Env { vars: Vars::Boxes(&boxes), launch: launch_iv, host: false };
-        let mut cur = eval_tape(&tape, &env);
+        let mut cur = Vec::new();
+        eval_tape(&tape, &env, &mut cur);
 
+        let mut saved = Vec::new();
+        let mut offsets: Vec<Offset> = Vec::new();
+        let mut known: HashMap<(Vec<u32>, Option<u32>), usize> = HashMap::new();
+        let mut ranges: Vec<Option<Interval>> = Vec::new();
         let mut pending = Vec::new();
         for (i, node) in order.iter().enumerate().take(kernel_nodes) {
             if !matches!(node.op(), Op::Load | Op::Store) {
                 continue;
             }
-            let access = Access::new(i, node, &at, &tape);
+            let (access, terms, gate) = Access::new(i, node, &at);
+            let offset = *known.entry((terms.clone(), gate.as_ref().map(at))).or_insert_with(|| {
+                let o = Offset { gate: gate.map(|g| Gate::new(&g, &at, &terms, &tape)), terms };
+                ranges.push(o.eval(&tape, &mut cur, &env, &mut saved));
+                offsets.push(o);
+                offsets.len() - 1
+            });
+            let access = Access { offset, ..access };
             let len = access.slot.and_then(|s| len_iv.get(s)).copied().unwrap_or(Interval::EMPTY);
-            if access.violation(&tape, &mut cur, &env, len).is_some() {
+            if access.judge(ranges[offset], len).is_some() {
                 pending.push(access);
             }
         }
-        compact(tape, pending)
+        compact(tape, offsets, pending)
     }
 
     /// Accesses left for [`Bounds::check`]: 0 when the kernel was proven for every allowed
@@ -347,10 +384,22 @@ impl Bounds {
             return Ok(());
         }
         let env = Env { vars: Vars::Points(vals), launch: launch.map(|v| Interval::point(v as i128)), host: false };
-        let mut cur = eval_tape(&self.tape, &env);
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.check_with(&env, lens, &mut scratch),
+            Err(_) => self.check_with(&env, lens, &mut Scratch::default()),
+        })
+    }
+
+    fn check_with(&self, env: &Env, lens: &[usize], scratch: &mut Scratch) -> Result<(), OutOfBounds> {
+        let Scratch { cur, saved } = scratch;
+        eval_tape(&self.tape, env, cur);
+        let mut range = (usize::MAX, None);
         for access in &self.pending {
+            if range.0 != access.offset {
+                range = (access.offset, self.offsets[access.offset].eval(&self.tape, cur, env, saved));
+            }
             let len = access.slot.and_then(|s| lens.get(s)).map_or(Interval::EMPTY, |&l| Interval::point(l as i128));
-            if let Some(e) = access.violation(&self.tape, &mut cur, &env, len) {
+            if let Some(e) = access.judge(range.1, len) {
                 return Err(e);
             }
         }
@@ -359,14 +408,15 @@ impl Bounds {
 }
 
 impl Access {
-    fn new(i: usize, node: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, tape: &[Step]) -> Access {
+    /// The access `node` (`%i`), its offset terms and its gate.
+    fn new(i: usize, node: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32) -> (Access, Vec<u32>, Option<Arc<UOp>>) {
         let src = node.src();
-        let mut offsets = Vec::new();
+        let mut terms = Vec::new();
         let mut ptr = &src[0];
         let slot = loop {
             match ptr.op() {
                 Op::Index => {
-                    offsets.push(at(&ptr.src()[1]));
+                    terms.push(at(&ptr.src()[1]));
                     ptr = &ptr.src()[0];
                 }
                 Op::After => ptr = &ptr.src()[0],
@@ -374,62 +424,71 @@ impl Access {
                 _ => break None,
             }
         };
-        let gate_node = match node.op() {
-            Op::Load if src.len() == 3 => Some(&src[2]),
-            Op::Store if src.len() == 3 => Some(&src[2]),
+        let gate = match node.op() {
+            Op::Load | Op::Store if src.len() == 3 => Some(src[2].clone()),
             _ => None,
         };
-        let gate = gate_node.map(|g| Gate::new(g, at, &offsets, tape));
-        Access { node: i, op: node.op().name(), slot, width: src[0].dtype().width().max(1) as i128, offsets, gate }
+        let width = src[0].dtype().width().max(1) as i128;
+        (Access { node: i, op: node.op().name(), slot, width, offset: 0 }, terms, gate)
     }
 
-    /// `None` when the access provably stays in `[0, len)` (or never happens) for the
-    /// values in `cur`/`env`; else what it may touch. `cur` holds every node's interval and
-    /// is left as it was.
-    fn violation(&self, tape: &[Step], cur: &mut [Interval], env: &Env, len: Interval) -> Option<OutOfBounds> {
-        let error = |range: Interval| OutOfBounds {
+    /// `None` when an access starting in `range` (`None`: it never runs) stays in
+    /// `[0, len)`; else what it may touch.
+    fn judge(&self, range: Option<Interval>, len: Interval) -> Option<OutOfBounds> {
+        let error = |touched: Interval| OutOfBounds {
             node: self.node,
             op: self.op,
             slot: self.slot,
-            first: range.lo,
-            last: range.hi,
+            first: touched.lo,
+            last: touched.hi,
             len: len.lo,
         };
-        let Some(slot_len) = self.slot.map(|_| len) else {
+        if self.slot.is_none() {
             return Some(error(Interval::ANY));
-        };
-        let mut saved: Vec<(u32, Interval)> = Vec::new();
-        let range = match &self.gate {
-            None => self.touched(cur),
-            Some(g) => g.narrow(tape, cur, env, &mut saved).and_then(|()| self.touched(cur)),
-        };
-        for (p, v) in saved.into_iter().rev() {
-            cur[p as usize] = v;
         }
         let range = range?;
-        let ok = range.lo >= 0 && range.hi < slot_len.lo && !slot_len.is_empty();
-        (!ok).then(|| error(range))
+        let touched = Interval::new(range.lo, range.hi.saturating_add(self.width - 1));
+        let ok = !len.is_empty() && touched.lo >= 0 && touched.hi < len.lo;
+        (!ok).then(|| error(touched))
+    }
+}
+
+impl Offset {
+    /// The offsets the access starts at where its gate holds, `None` if it never runs.
+    /// `cur` holds every node's interval and is left as it was.
+    fn eval(
+        &self,
+        tape: &[Step],
+        cur: &mut [Interval],
+        env: &Env,
+        saved: &mut Vec<(u32, Interval)>,
+    ) -> Option<Interval> {
+        saved.clear();
+        let range = match &self.gate {
+            None => self.sum(cur),
+            Some(g) => g.narrow(tape, cur, env, saved).and_then(|()| self.sum(cur)),
+        };
+        for &(p, v) in saved.iter().rev() {
+            cur[p as usize] = v;
+        }
+        range
     }
 
-    /// The elements the access touches, `None` if it never runs.
-    fn touched(&self, cur: &[Interval]) -> Option<Interval> {
+    fn sum(&self, cur: &[Interval]) -> Option<Interval> {
         let mut sum = Interval::point(0);
-        for &o in &self.offsets {
-            let v = cur[o as usize];
+        for &t in &self.terms {
+            let v = cur[t as usize];
             if v.is_empty() {
                 return None;
             }
-            sum = match (sum.lo.checked_add(v.lo), sum.hi.checked_add(v.hi)) {
-                (Some(lo), Some(hi)) => Interval::new(lo, hi),
-                _ => Interval::ANY,
-            };
+            sum = add(sum, v).unwrap_or(Interval::ANY);
         }
-        Some(Interval::new(sum.lo, sum.hi.saturating_add(self.width - 1)))
+        Some(sum)
     }
 }
 
 impl Gate {
-    fn new(gate: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, offsets: &[u32], tape: &[Step]) -> Gate {
+    fn new(gate: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, terms: &[u32], tape: &[Step]) -> Gate {
         let mut facts = Vec::new();
         let mut never = false;
         let int_like = |n: &Arc<UOp>| n.dtype().is_int() || n.dtype().is_bool();
@@ -459,7 +518,7 @@ impl Gate {
         // The offsets' operands, in tape order, that depend on a narrowed node.
         let narrowed: HashSet<u32> = facts.iter().flat_map(|f| f.nodes()).collect();
         let mut cone: HashSet<u32> = HashSet::new();
-        let mut stack: Vec<u32> = offsets.to_vec();
+        let mut stack: Vec<u32> = terms.to_vec();
         while let Some(p) = stack.pop() {
             if cone.insert(p) {
                 stack.extend(tape[p as usize].src.iter().copied());
@@ -478,16 +537,18 @@ impl Gate {
         Gate { node: at(gate), never, facts, cone }
     }
 
-    /// Narrows `cur` to the executions where the gate holds (old values pushed to `saved`);
-    /// `None` when it never holds.
+    /// Narrows `cur` in place to the executions where the gate holds, pushing the old
+    /// values to `saved`; `None` when it never holds.
     fn narrow(&self, tape: &[Step], cur: &mut [Interval], env: &Env, saved: &mut Vec<(u32, Interval)>) -> Option<()> {
         let g = cur[self.node as usize];
         if self.never || g.is_empty() || g.hi < 1 {
             return None;
         }
-        let mut bound: Vec<(u32, Interval)> = Vec::with_capacity(2 * self.facts.len());
-        let get = |bound: &[(u32, Interval)], p: u32| {
-            bound.iter().filter(|(q, _)| *q == p).fold(cur[p as usize], |v, (_, b)| v.intersect(*b))
+        let set = |cur: &mut [Interval], saved: &mut Vec<(u32, Interval)>, p: u32, v: Interval| {
+            if v != cur[p as usize] {
+                saved.push((p, cur[p as usize]));
+                cur[p as usize] = v;
+            }
         };
         // Twice, so that chained facts (`i < j`, `j < n`) inform each other.
         for _ in 0..2 {
@@ -496,24 +557,38 @@ impl Gate {
                     Fact::Lt(a, b) => (a, b, 1),
                     Fact::Le(a, b) => (a, b, 0),
                 };
-                let (va, vb) = (get(&bound, a), get(&bound, b));
-                bound.push((a, Interval::new(va.lo, vb.hi.saturating_sub(strict))));
-                bound.push((b, Interval::new(va.lo.saturating_add(strict), vb.hi)));
+                let (va, vb) = (cur[a as usize], cur[b as usize]);
+                set(cur, saved, a, va.intersect(Interval::new(i128::MIN, vb.hi.saturating_sub(strict))));
+                set(cur, saved, b, vb.intersect(Interval::new(va.lo.saturating_add(strict), i128::MAX)));
             }
         }
-        if bound.iter().any(|&(p, _)| get(&bound, p).is_empty()) {
+        if self.facts.iter().flat_map(|f| f.nodes()).any(|p| cur[p as usize].is_empty()) {
             return None;
         }
+        // Carry the narrowing into what is built from the narrowed nodes. Both the old and
+        // the recomputed interval hold wherever the gate does, so their intersection does.
         for &p in &self.cone {
-            let v = bound
-                .iter()
-                .filter(|(q, _)| *q == p)
-                .fold(eval_step(&tape[p as usize], cur, env), |v, (_, b)| v.intersect(*b));
-            saved.push((p, cur[p as usize]));
-            cur[p as usize] = v;
+            let step = &tape[p as usize];
+            if step.src.iter().any(|s| saved.iter().any(|(q, _)| q == s)) {
+                let v = eval_step(step, cur, env).intersect(cur[p as usize]);
+                set(cur, saved, p, v);
+            }
         }
         Some(())
     }
+}
+
+/// Buffers of one check, reused between launches on a thread.
+#[derive(Default)]
+struct Scratch {
+    /// Every tape node's interval.
+    cur: Vec<Interval>,
+    /// Intervals overwritten while narrowing, to restore afterwards.
+    saved: Vec<(u32, Interval)>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
 }
 
 impl Fact {
@@ -524,16 +599,25 @@ impl Fact {
     }
 }
 
-/// Keeps only the steps `pending` reads, renumbered.
-fn compact(tape: Vec<Step>, mut pending: Vec<Access>) -> Bounds {
+/// Keeps only the steps and offsets `pending` reads, renumbered.
+fn compact(tape: Vec<Step>, offsets: Vec<Offset>, mut pending: Vec<Access>) -> Bounds {
     if pending.is_empty() {
         return Bounds::default();
     }
+    let mut used = vec![None; offsets.len()];
+    let mut kept: Vec<Offset> = Vec::new();
+    pending.sort_by_key(|a| a.offset);
+    for a in &mut pending {
+        a.offset = *used[a.offset].get_or_insert_with(|| {
+            kept.push(offsets[a.offset].clone());
+            kept.len() - 1
+        });
+    }
     let mut keep = vec![false; tape.len()];
     let mut stack: Vec<u32> = Vec::new();
-    for a in &pending {
-        stack.extend(&a.offsets);
-        if let Some(g) = &a.gate {
+    for o in &kept {
+        stack.extend(&o.terms);
+        if let Some(g) = &o.gate {
             stack.push(g.node);
             stack.extend(g.facts.iter().flat_map(|f| f.nodes()));
         }
@@ -553,9 +637,9 @@ fn compact(tape: Vec<Step>, mut pending: Vec<Access>) -> Bounds {
         }
     }
     let remap = |v: &mut u32| *v = new_pos[*v as usize];
-    for a in &mut pending {
-        a.offsets.iter_mut().for_each(remap);
-        if let Some(g) = &mut a.gate {
+    for o in &mut kept {
+        o.terms.iter_mut().for_each(remap);
+        if let Some(g) = &mut o.gate {
             remap(&mut g.node);
             g.cone.iter_mut().for_each(remap);
             for f in &mut g.facts {
@@ -565,27 +649,25 @@ fn compact(tape: Vec<Step>, mut pending: Vec<Access>) -> Bounds {
             }
         }
     }
-    Bounds { tape: steps, pending }
+    Bounds { tape: steps, offsets: kept, pending }
 }
 
-fn eval_tape(tape: &[Step], env: &Env) -> Vec<Interval> {
-    let mut cur = Vec::with_capacity(tape.len());
+/// Every node's interval, into `cur`.
+fn eval_tape(tape: &[Step], env: &Env, cur: &mut Vec<Interval>) {
+    cur.clear();
     for step in tape {
-        let v = eval_step(step, &cur, env);
+        let v = eval_step(step, cur, env);
         cur.push(v);
     }
-    cur
 }
 
 /// The interval of one node from its operands' intervals in `cur`.
 fn eval_step(step: &Step, cur: &[Interval], env: &Env) -> Interval {
-    let n = &step.node;
-    let ty = env.ty(n.dtype());
+    let ty = if env.host { Ty::of(step.dtype, true) } else { step.ty };
     let arg = |k: usize| step.src.get(k).map_or(Interval::ANY, |&p| cur[p as usize]);
-    match n.op() {
-        Op::Const => match n.arg() {
-            Arg::Int(v) => ty.fit(Some(Interval::point(*v as i128))),
-            Arg::Bool(b) => Interval::point(*b as i128),
+    match step.op {
+        Op::Const => match step.leaf {
+            Leaf::Const(v) => ty.fit(Some(Interval::point(v))),
             _ => ty.lim,
         },
         Op::DefineVar => match step.leaf {
@@ -681,7 +763,12 @@ fn add(a: Interval, b: Interval) -> Option<Interval> {
 }
 
 fn mul(a: Interval, b: Interval) -> Option<Interval> {
-    let c = [a.lo.checked_mul(b.lo)?, a.lo.checked_mul(b.hi)?, a.hi.checked_mul(b.lo)?, a.hi.checked_mul(b.hi)?];
+    // Values of up to 64 bits multiply in one widening instruction; i128 is the fallback.
+    let m = |x: i128, y: i128| match (i64::try_from(x), i64::try_from(y)) {
+        (Ok(x), Ok(y)) => Some(x as i128 * y as i128),
+        _ => x.checked_mul(y),
+    };
+    let c = [m(a.lo, b.lo)?, m(a.lo, b.hi)?, m(a.hi, b.lo)?, m(a.hi, b.hi)?];
     Some(Interval::new(*c.iter().min()?, *c.iter().max()?))
 }
 
@@ -693,12 +780,12 @@ fn idiv(a: Interval, b: Interval) -> Option<Interval> {
         if part.is_empty() {
             continue;
         }
-        let c = [
-            a.lo.checked_div(part.lo)?,
-            a.lo.checked_div(part.hi)?,
-            a.hi.checked_div(part.lo)?,
-            a.hi.checked_div(part.hi)?,
-        ];
+        // 64-bit division where it cannot overflow (i128 division is a slow library call).
+        let d = |x: i128, y: i128| match (i64::try_from(x), i64::try_from(y)) {
+            (Ok(x), Ok(y)) if y != -1 => Some((x / y) as i128),
+            _ => x.checked_div(y),
+        };
+        let c = [d(a.lo, part.lo)?, d(a.lo, part.hi)?, d(a.hi, part.lo)?, d(a.hi, part.hi)?];
         out = out.hull(Interval::new(*c.iter().min()?, *c.iter().max()?));
     }
     Some(out)
@@ -965,8 +1052,7 @@ mod tests {
         assert_eq!(rem(iv(-9, 9), iv(3, 3)), iv(-2, 2));
         assert_eq!(rem(iv(2, 5), iv(-8, -8)), iv(2, 5));
         // MIN / -1 wraps to MIN in i32: the quotient 2^31 leaves the range, so all of i32.
-        let env = Env { vars: Vars::Points(&[]), launch: [Interval::ANY; LAUNCH_SLOTS], host: false };
-        let t = env.ty(DType::I32);
+        let t = Ty::of(DType::I32, false);
         let min = Interval::point(i32::MIN as i128);
         assert_eq!(alu(Op::Idiv, t, &[min, Interval::point(-1)]), t.lim);
         assert_eq!(alu(Op::Mod, t, &[min, Interval::point(-1)]), Interval::point(0));
