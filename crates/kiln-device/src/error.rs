@@ -30,7 +30,7 @@ pub enum Error {
     /// buffer for these variable values (see `kiln_ir::bounds`). `access` names the node
     /// (`%N` in `kiln_ir::print` order), the elements it may touch and the buffer's size.
     #[error("launch of kernel `{kernel}` refused: {access}")]
-    OutOfBounds { kernel: String, access: kiln_ir::bounds::OutOfBounds },
+    OutOfBounds { kernel: String, access: Box<kiln_ir::bounds::OutOfBounds> },
     /// Buffer misuse: out-of-bounds view, size or dtype mismatch on copy or host access.
     #[error("buffer: {0}")]
     Buffer(String),

@@ -224,7 +224,7 @@ impl ProgramSpec {
         });
         self.bounds
             .check(vals, &launch, lens)
-            .map_err(|access| Error::OutOfBounds { kernel: self.name.clone(), access })
+            .map_err(|access| Error::OutOfBounds { kernel: self.name.clone(), access: Box::new(access) })
     }
 
     /// The linearized kernel (what renderers walk).

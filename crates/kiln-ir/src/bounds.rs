@@ -1072,12 +1072,12 @@ mod tests {
     #[test]
     fn accesses_that_never_run_need_no_bound() {
         // A loop of n - 1 iterations writing r + 1 < n; for n = 1 it runs zero times.
-        let c = case(&format!(
+        let c = case(
             "%n = DEFINE_VAR i32 \"n\" 1 1024\n%c1 = CONST i32 1\n%m = SUB i32 (%n, %c1)\n\
              %r = RANGE i32 0 (%m)\n%at = ADD i32 (%r, %c1)\n%a = PARAM ptr<f32> 0 (%n)\n\
              %p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n%s = STORE void (%p, %one)\n\
-             %st = END void (%r, %s)\nSINK void (%st)\n"
-        ));
+             %st = END void (%r, %s)\nSINK void (%st)\n",
+        );
         for n in [1, 2, 1024] {
             c.at(&[n]).unwrap();
         }
