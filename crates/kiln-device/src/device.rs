@@ -31,7 +31,13 @@ impl std::fmt::Debug for Kernel {
 impl Kernel {
     /// Checks `bufs` and `vals` against the kernel and returns what `Program::execute` needs:
     /// one buffer per slot, each on this kernel's device, of the parameter's dtype and at
-    /// least the parameter's declared size; variables within bounds; launch sizes ≥ 1.
+    /// least the parameter's declared size; variables within bounds; launch sizes ≥ 1; and
+    /// every LOAD and STORE proven to stay inside its buffer's declared size for these
+    /// values ([`ProgramSpec::check_bounds`]), else [`Error::OutOfBounds`] naming the access.
+    ///
+    /// Together these are the safe path's guarantee: a kernel that passes cannot read or
+    /// write memory outside the buffers it is given. Queues and execution plans launch
+    /// through this check (plans again whenever a run binds new variable values).
     pub fn check(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<(Vec<RawView>, LaunchDims)> {
         let spec = &self.spec;
         let dims = spec.launch_dims(vals)?;
@@ -44,6 +50,7 @@ impl Kernel {
             )));
         }
         let lens = spec.param_lens(vals)?;
+        spec.check_bounds(vals, &dims, &lens)?;
         let mut views = Vec::with_capacity(bufs.len());
         for ((p, &want), b) in spec.params.iter().zip(&lens).zip(bufs) {
             if b.device().base_type() != spec.device.base_type() {
@@ -74,12 +81,13 @@ impl Kernel {
         Ok((views, dims))
     }
 
-    /// Runs the kernel to completion on the calling thread (after [`Kernel::check`]).
+    /// Runs the kernel to completion on the calling thread, after [`Kernel::check`]: a
+    /// launch that could touch memory outside its buffers is refused, never run.
     pub fn launch(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<()> {
         let (views, dims) = self.check(bufs, vals)?;
         // SAFETY: `check` verified count, device, dtype and size of every buffer, the
-        // variables' bounds and the launch sizes; the borrowed `bufs` keep the memory alive
-        // for the duration of this synchronous call.
+        // variables' bounds, the launch sizes and that every access stays in bounds; the
+        // borrowed `bufs` keep the memory alive for the duration of this synchronous call.
         unsafe { self.program.execute(&views, vals, &dims) }
     }
 }

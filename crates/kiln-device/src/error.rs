@@ -26,6 +26,11 @@ pub enum Error {
     /// A launch was refused before running: wrong buffer count/size/dtype, bad dims.
     #[error("launch: {0}")]
     Launch(String),
+    /// A launch refused because a LOAD or STORE could not be proven to stay inside its
+    /// buffer for these variable values (see `kiln_ir::bounds`). `access` names the node
+    /// (`%N` in `kiln_ir::print` order), the elements it may touch and the buffer's size.
+    #[error("launch of kernel `{kernel}` refused: {access}")]
+    OutOfBounds { kernel: String, access: Box<kiln_ir::bounds::OutOfBounds> },
     /// Buffer misuse: out-of-bounds view, size or dtype mismatch on copy or host access.
     #[error("buffer: {0}")]
     Buffer(String),

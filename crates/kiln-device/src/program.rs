@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use kiln_ir::bounds::{Bounds, LAUNCH_SLOTS};
 use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, validate, variables};
 
 use crate::buffer::RawView;
@@ -56,6 +57,10 @@ pub struct ProgramSpec {
     pub ins: Vec<usize>,
     /// One entry per slot in `globals`, same order.
     pub params: Vec<ParamInfo>,
+    /// What is left of the proof that every LOAD and STORE stays inside its buffer after
+    /// proving it for all allowed variable values; [`ProgramSpec::check_bounds`] settles the
+    /// rest at each launch.
+    pub bounds: Arc<Bounds>,
 }
 
 impl ProgramSpec {
@@ -123,6 +128,11 @@ impl ProgramSpec {
             })
             .collect();
         let var_names = vars.iter().map(|v| v.name.clone()).collect();
+        let lens: Vec<Arc<UOp>> = params.iter().map(|p| p.len.clone()).collect();
+        let [g0, g1, g2] = global.clone();
+        let [l0, l1, l2] = local.clone().unwrap_or_else(|| [one(), one(), one()]);
+        let launch_slot = |name: &str| special_axis(name).map(|(kind, axis)| if kind == 'l' { 3 + axis } else { axis });
+        let bounds = Arc::new(Bounds::prove(sink, &lens, &[g0, g1, g2, l0, l1, l2], &launch_slot));
         Ok(ProgramSpec {
             name: name.to_string(),
             src,
@@ -136,6 +146,7 @@ impl ProgramSpec {
             outs,
             ins,
             params,
+            bounds,
         })
     }
 
@@ -196,6 +207,24 @@ impl ProgramSpec {
                 usize::try_from(n).map_err(|_| Error::Launch(format!("buffer {} has negative size {n}", p.slot)))
             })
             .collect()
+    }
+
+    /// Refuses a launch that could touch memory outside a buffer: the accesses not proven
+    /// for every allowed variable value are decided for these `vals`, the launch sizes
+    /// `dims` ([`ProgramSpec::launch_dims`]) and element counts `lens`
+    /// ([`ProgramSpec::param_lens`]). Costs nothing for a kernel proven when it was built.
+    pub fn check_bounds(&self, vals: &[i64], dims: &LaunchDims, lens: &[usize]) -> Result<()> {
+        if self.bounds.pending() == 0 {
+            return Ok(());
+        }
+        let local = dims.local.unwrap_or([1; 3]);
+        let launch: [i64; LAUNCH_SLOTS] = std::array::from_fn(|k| {
+            let v = if k < 3 { dims.global[k] } else { local[k - 3] };
+            i64::try_from(v).unwrap_or(i64::MAX)
+        });
+        self.bounds
+            .check(vals, &launch, lens)
+            .map_err(|access| Error::OutOfBounds { kernel: self.name.clone(), access: Box::new(access) })
     }
 
     /// The linearized kernel (what renderers walk).
@@ -307,8 +336,11 @@ pub trait Program: Send + Sync {
     /// `bufs` must be live device memory of this program's device, one per parameter slot,
     /// each at least as large as the parameter's declared size for `vals`; `vals` must be
     /// within the variables' bounds and `launch` must come from [`ProgramSpec::launch_dims`].
-    /// No other thread may write memory this launch reads or writes while it runs.
-    /// [`crate::Kernel::launch`] checks all of this; call that instead.
+    /// Every LOAD and STORE the kernel executes with these values must stay inside its
+    /// buffer's declared size: the caller proves it ([`ProgramSpec::check_bounds`] is one
+    /// proof; a compiler that proves bounds itself may skip it). No other thread may write
+    /// memory this launch reads or writes while it runs. [`crate::Kernel::launch`] checks
+    /// all of this; call that instead.
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()>;
 
     fn name(&self) -> &str;
@@ -371,5 +403,45 @@ mod tests {
         assert_eq!(back.outs, spec.outs);
         assert!(Arc::ptr_eq(&back.ast, &spec.ast));
         assert!(special_axis("gidx3").is_none() && special_axis("foo0").is_none());
+    }
+}
+
+#[cfg(test)]
+mod bounds_tests {
+    use super::*;
+
+    /// Every shipped example and benchmark kernel is accepted for small, middling and
+    /// mixed variable values. (Not at the upper corner of every one: `softmax.kiln` allows
+    /// rows = cols = 65536, where its i32 index `row * cols` overflows, and is refused there.)
+    #[test]
+    fn shipped_kernels_are_proven_in_bounds() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
+        let mut files: Vec<_> = ["", "bench"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().map(|e| e.unwrap().path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "kiln"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 11, "{files:?}");
+        for file in files {
+            let sink = kiln_ir::parse_kernel(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+            for pick in 0..4 {
+                let vals: Vec<i64> = spec
+                    .vars
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match (pick, i % 2) {
+                        (0, _) => v.min,
+                        (1, _) => v.min + (v.max - v.min) / 3,
+                        (2, 0) | (3, 1) => (v.min + 7).min(v.max),
+                        _ => v.min + (v.max - v.min) / 1000,
+                    })
+                    .collect();
+                let dims = spec.launch_dims(&vals).unwrap();
+                let lens = spec.param_lens(&vals).unwrap();
+                spec.check_bounds(&vals, &dims, &lens).unwrap_or_else(|e| panic!("{}: {vals:?}: {e}", file.display()));
+            }
+        }
     }
 }

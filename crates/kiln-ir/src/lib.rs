@@ -4,6 +4,7 @@
 //! parse it from text ([`parse()`]); [`validate`] checks it, [`linearize`] orders it for a
 //! renderer, [`print()`] writes it back out (the round trip is exact).
 
+pub mod bounds;
 mod builder;
 mod dtype;
 mod linearize;

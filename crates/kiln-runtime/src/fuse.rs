@@ -116,6 +116,7 @@ pub(crate) fn bare_spec(name: &str, device: &DeviceSpec) -> ProgramSpec {
         outs: vec![],
         ins: vec![],
         params: vec![],
+        bounds: Default::default(),
     }
 }
 

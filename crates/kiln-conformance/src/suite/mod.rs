@@ -1,6 +1,7 @@
 //! The test bodies, one module per contract. Each `pub fn` takes the device under test (and,
 //! for cross-device checks, a peer device) and returns an [`crate::Outcome`].
 
+pub mod bounds;
 pub mod buffers;
 pub mod errors;
 pub mod plans;

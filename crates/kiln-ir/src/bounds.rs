@@ -1,0 +1,1135 @@
+//! Bounds proof: every LOAD and STORE of a kernel stays inside its buffer.
+//!
+//! An interval analysis (each integer node's `[min, max]`, like tinygrad's `vmin`/`vmax`)
+//! over the kernel graph, iterative over [`UOp::toposort`] so graph depth never matters.
+//! Its inputs are the variables' bounds, the launch sizes (SPECIAL), loop extents (RANGE),
+//! constants, and the gate of a gated LOAD or STORE: an access only touches memory when its
+//! gate holds, so the gate's conditions (`x < e`, `x <= e`, `x == e`, NOT of these, and
+//! conjunctions with AND) narrow the intervals of the nodes they compare, and the narrowing
+//! flows into every expression built from those nodes (gate `i < n`, index `i*4 + 2`).
+//!
+//! # What an access touches
+//! An access goes through a chain of INDEX (and AFTER) nodes ending at a PARAM. Renderers
+//! turn `INDEX(INDEX(p, a), b)` into `p + a + b` in *elements of the buffer's scalar*, and a
+//! `w`-wide access (`ptr<f32x8>`) touches `w` consecutive elements from there. So an access
+//! touches elements `[a + b, a + b + w - 1]`; it is in bounds when that lies in
+//! `[0, len)`, `len` being the slot's declared element count (the size every launch checks
+//! the buffer against).
+//!
+//! # Integer semantics assumed
+//! ADD/SUB/MUL/NEG/SHL wrap in the node's dtype; IDIV truncates toward zero and MOD takes the
+//! sign of the dividend, with `x / 0 == 0`, `x % 0 == x`, `MIN / -1 == MIN` and
+//! `MIN % -1 == 0`; SHL/SHR take the shift count modulo the bit width; CAST between integers
+//! wraps, float to integer saturates. Whenever an intermediate may leave its dtype's range
+//! its interval becomes the whole range (the analysis never relies on a wrapped value).
+//!
+//! Host-side sizes (launch sizes and buffer lengths) are evaluated by [`crate::eval_int`],
+//! in checked `i64` arithmetic with casts ignored; the analysis models that separately
+//! ("host mode"), and a launch index takes the larger of the kernel's and the host's view of
+//! its extent (the CPU loops to the kernel's, OpenCL launches the host's).
+//!
+//! # Two stages
+//! [`Bounds::prove`] runs once per kernel, with every variable over its declared bounds: an
+//! access proven there is never looked at again. The rest (typically `i < n` against a
+//! buffer of `n`, which intervals alone cannot relate) is kept with the part of the graph it
+//! needs, and [`Bounds::check`] decides it at launch from the bound values, where every
+//! variable and launch size is a single number.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use crate::dtype::{DType, Scalar};
+use crate::symbolic::variables;
+use crate::uop::{Arg, Op, UOp};
+
+/// A closed integer interval `[lo, hi]`; empty when `lo > hi` (a value that never exists,
+/// such as the index of a loop that runs zero times).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interval {
+    pub lo: i128,
+    pub hi: i128,
+}
+
+impl Interval {
+    /// Nothing known (floats, pointers, overflow).
+    pub const ANY: Interval = Interval { lo: i128::MIN, hi: i128::MAX };
+    pub const EMPTY: Interval = Interval { lo: 1, hi: 0 };
+    const BOOL: Interval = Interval { lo: 0, hi: 1 };
+
+    pub const fn new(lo: i128, hi: i128) -> Interval {
+        Interval { lo, hi }
+    }
+
+    pub const fn point(v: i128) -> Interval {
+        Interval { lo: v, hi: v }
+    }
+
+    pub const fn is_empty(self) -> bool {
+        self.lo > self.hi
+    }
+
+    pub const fn contains(self, v: i128) -> bool {
+        self.lo <= v && v <= self.hi
+    }
+
+    fn within(self, outer: Interval) -> bool {
+        self.lo >= outer.lo && self.hi <= outer.hi
+    }
+
+    pub fn hull(self, o: Interval) -> Interval {
+        if self.is_empty() {
+            o
+        } else if o.is_empty() {
+            self
+        } else {
+            Interval::new(self.lo.min(o.lo), self.hi.max(o.hi))
+        }
+    }
+
+    pub fn intersect(self, o: Interval) -> Interval {
+        Interval::new(self.lo.max(o.lo), self.hi.min(o.hi))
+    }
+}
+
+/// An access that could not be proven in bounds, as [`Bounds::check`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfBounds {
+    /// The LOAD or STORE: its `%N` number in [`crate::print`] order (`root.toposort()`, the
+    /// numbering [`crate::validate`] uses). For a kernel printed by `print`, `%N` is on line
+    /// `N + 2` of the text (after the header line).
+    pub node: usize,
+    pub op: &'static str,
+    /// The buffer slot, or `None` when the address is not an INDEX chain over a PARAM.
+    pub slot: Option<usize>,
+    /// The elements the access may touch, `first..=last` (in the buffer's scalar elements).
+    pub first: i128,
+    pub last: i128,
+    /// The slot's element count for this launch.
+    pub len: i128,
+}
+
+impl fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(slot) = self.slot else {
+            return write!(
+                f,
+                "%{} {} accesses memory through a pointer that is not an INDEX of a buffer PARAM, which cannot be proven in bounds",
+                self.node, self.op
+            );
+        };
+        let span = |v: i128| if v.unsigned_abs() >= 1 << 62 { "unbounded".to_string() } else { v.to_string() };
+        write!(
+            f,
+            "%{} {} may access elements {}..={} of buffer {slot}, which holds {} element(s); \
+             bound the index (a gate such as `idx < len`, a smaller launch) or declare a larger buffer",
+            self.node,
+            self.op,
+            span(self.first),
+            span(self.last),
+            self.len
+        )
+    }
+}
+
+/// A launch index's source of values: `0..3` global axes, `3..6` local axes.
+pub const LAUNCH_SLOTS: usize = 6;
+
+/// The bounds proof of one kernel: what [`Bounds::prove`] could not settle, with the part of
+/// the graph needed to settle it at launch. `Default` is a kernel without memory accesses.
+#[derive(Clone, Debug, Default)]
+pub struct Bounds {
+    tape: Vec<Step>,
+    /// The distinct (address, gate) pairs of the pending accesses: the accesses of an
+    /// elementwise kernel all share one, which a launch then evaluates once.
+    offsets: Vec<Offset>,
+    /// Sorted by `offset`.
+    pending: Vec<Access>,
+}
+
+/// One node of the analysed graph, its operands as positions in the tape.
+#[derive(Clone, Debug)]
+struct Step {
+    op: Op,
+    dtype: DType,
+    /// The kernel's view of `dtype` (host mode derives its own).
+    ty: Ty,
+    src: Box<[u32]>,
+    leaf: Leaf,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Leaf {
+    None,
+    /// A DEFINE_VAR: its position in the sorted variables (the `vals` order).
+    Var(usize),
+    /// A SPECIAL: which launch size bounds it.
+    Launch(usize),
+    /// An integer or bool CONST.
+    Const(i128),
+}
+
+/// `a < b` or `a <= b` (tape positions), known to hold whenever a gate holds.
+#[derive(Clone, Copy, Debug)]
+enum Fact {
+    Lt(u32, u32),
+    Le(u32, u32),
+}
+
+/// A LOAD or STORE.
+#[derive(Clone, Debug)]
+struct Access {
+    node: usize,
+    op: &'static str,
+    slot: Option<usize>,
+    width: i128,
+    /// Its element offset, in [`Bounds::offsets`].
+    offset: usize,
+}
+
+/// Where an access starts: the sum of the INDEX operands along its address chain, where
+/// its gate holds.
+#[derive(Clone, Debug)]
+struct Offset {
+    terms: Vec<u32>,
+    gate: Option<Gate>,
+}
+
+#[derive(Clone, Debug)]
+struct Gate {
+    node: u32,
+    /// A conjunct is the constant false: the access never happens.
+    never: bool,
+    facts: Vec<Fact>,
+    /// The nodes (in tape order) between the facts' nodes and the offsets, re-evaluated
+    /// with the narrowed intervals.
+    cone: Vec<u32>,
+}
+
+/// Variable values: intervals while proving, numbers at launch.
+#[derive(Clone, Copy)]
+enum Vars<'a> {
+    Boxes(&'a [Interval]),
+    Points(&'a [i64]),
+}
+
+struct Env<'a> {
+    vars: Vars<'a>,
+    launch: [Interval; LAUNCH_SLOTS],
+    /// Host mode: checked i64 arithmetic, casts ignored (what [`crate::eval_int`] computes).
+    host: bool,
+}
+
+impl Env<'_> {
+    fn var(&self, k: usize) -> Interval {
+        match self.vars {
+            Vars::Boxes(b) => b.get(k).copied().unwrap_or(Interval::ANY),
+            Vars::Points(p) => p.get(k).map_or(Interval::ANY, |&v| Interval::point(v as i128)),
+        }
+    }
+}
+
+/// How values of a dtype behave: their range, width and signedness. `opaque` values
+/// (floats, pointers) carry no interval.
+#[derive(Clone, Copy, Debug)]
+struct Ty {
+    lim: Interval,
+    bits: u32,
+    signed: bool,
+    is_bool: bool,
+    opaque: bool,
+}
+
+impl Ty {
+    /// How values of `dt` behave in the kernel, or on the host (`host`: every integer is an
+    /// i64, as [`crate::eval_int`] computes).
+    fn of(dt: DType, host: bool) -> Ty {
+        let s = dt.scalar().filter(|_| !dt.is_ptr());
+        match s {
+            None => Ty { lim: Interval::ANY, bits: 0, signed: false, is_bool: false, opaque: true },
+            Some(Scalar::Bool) => Ty { lim: Interval::BOOL, bits: 1, signed: false, is_bool: true, opaque: false },
+            Some(s) if s.is_float() => Ty { lim: Interval::ANY, bits: 0, signed: false, is_bool: false, opaque: true },
+            Some(_) if host => {
+                Ty { lim: scalar_range(Scalar::I64), bits: 64, signed: true, is_bool: false, opaque: false }
+            }
+            Some(s) => Ty {
+                lim: scalar_range(s),
+                bits: s.size() as u32 * 8,
+                signed: s.is_signed(),
+                is_bool: false,
+                opaque: false,
+            },
+        }
+    }
+
+    /// `v` if every value fits the type, else the whole range (the value may have wrapped).
+    fn fit(self, v: Option<Interval>) -> Interval {
+        match v {
+            Some(v) if v.is_empty() || v.within(self.lim) => v,
+            _ => self.lim,
+        }
+    }
+}
+
+fn scalar_range(s: Scalar) -> Interval {
+    match s {
+        Scalar::Bool => Interval::BOOL,
+        s if s.is_float() => Interval::ANY,
+        s if s.is_signed() => {
+            let bits = s.size() as u32 * 8;
+            Interval::new(-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+        }
+        s => Interval::new(0, (1i128 << (s.size() as u32 * 8)) - 1),
+    }
+}
+
+impl Bounds {
+    /// Proves what it can about every access of `sink` for all allowed variable values.
+    ///
+    /// `lens[slot]` is the element count each launch checks slot `slot`'s buffer against;
+    /// `launch` the launch sizes (global axes 0..3, then local axes; a constant 1 where
+    /// absent) and `launch_slot` which of them a SPECIAL's name reads. `sink` must have
+    /// passed [`crate::validate`].
+    pub fn prove(
+        sink: &Arc<UOp>,
+        lens: &[Arc<UOp>],
+        launch: &[Arc<UOp>; LAUNCH_SLOTS],
+        launch_slot: &dyn Fn(&str) -> Option<usize>,
+    ) -> Bounds {
+        let kernel_nodes = sink.toposort().len();
+        // One graph over the kernel and the host-side sizes it is checked against. The
+        // kernel's nodes come first in the same order, so tape positions below
+        // `kernel_nodes` are `print`'s `%N` numbers.
+        let mut all = vec![sink.clone()];
+        all.extend(lens.iter().cloned());
+        all.extend(launch.iter().cloned());
+        let root = UOp::new(Op::Sink, DType::Void, Arg::None, all);
+        let order = root.toposort();
+        let pos: HashMap<*const UOp, u32> = order.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i as u32)).collect();
+        let at = |n: &Arc<UOp>| pos.get(&Arc::as_ptr(n)).copied().unwrap_or(0);
+        let vars = variables(sink);
+        let var_pos = |name: &str| vars.iter().position(|v| v.arg_name() == Some(name));
+        let tape: Vec<Step> = order
+            .iter()
+            .map(|n| Step {
+                op: n.op(),
+                dtype: n.dtype(),
+                ty: Ty::of(n.dtype(), false),
+                src: n.src().iter().map(at).collect(),
+                leaf: match (n.op(), n.arg()) {
+                    (Op::DefineVar, _) => n.arg_name().and_then(var_pos).map_or(Leaf::None, Leaf::Var),
+                    (Op::Special, _) => n.arg_name().and_then(launch_slot).map_or(Leaf::None, Leaf::Launch),
+                    (Op::Const, Arg::Int(v)) => Leaf::Const(*v as i128),
+                    (Op::Const, Arg::Bool(b)) => Leaf::Const(*b as i128),
+                    _ => Leaf::None,
+                },
+            })
+            .collect();
+
+        // Host view first: the sizes every launch checks.
+        let boxes: Vec<Interval> = vars
+            .iter()
+            .map(|v| match v.arg() {
+                Arg::Var { min, max, .. } => Interval::new(*min as i128, *max as i128),
+                _ => Interval::ANY,
+            })
+            .collect();
+        let host_env = Env { vars: Vars::Boxes(&boxes), launch: [Interval::ANY; LAUNCH_SLOTS], host: true };
+        let mut host = Vec::new();
+        eval_tape(&tape, &host_env, &mut host);
+        let launch_iv = std::array::from_fn(|k| host[at(&launch[k]) as usize]);
+        let len_iv: Vec<Interval> = lens.iter().map(|l| host[at(l) as usize]).collect();
+        let env = Env { vars: Vars::Boxes(&boxes), launch: launch_iv, host: false };
+        let mut cur = Vec::new();
+        eval_tape(&tape, &env, &mut cur);
+
+        let mut saved = Vec::new();
+        let mut offsets: Vec<Offset> = Vec::new();
+        let mut known: HashMap<(Vec<u32>, Option<u32>), usize> = HashMap::new();
+        let mut ranges: Vec<Option<Interval>> = Vec::new();
+        let mut pending = Vec::new();
+        for (i, node) in order.iter().enumerate().take(kernel_nodes) {
+            if !matches!(node.op(), Op::Load | Op::Store) {
+                continue;
+            }
+            let (access, terms, gate) = Access::new(i, node, &at);
+            let offset = *known.entry((terms.clone(), gate.as_ref().map(at))).or_insert_with(|| {
+                let o = Offset { gate: gate.map(|g| Gate::new(&g, &at, &terms, &tape)), terms };
+                ranges.push(o.eval(&tape, &mut cur, &env, &mut saved));
+                offsets.push(o);
+                offsets.len() - 1
+            });
+            let access = Access { offset, ..access };
+            let len = access.slot.and_then(|s| len_iv.get(s)).copied().unwrap_or(Interval::EMPTY);
+            if access.judge(ranges[offset], len).is_some() {
+                pending.push(access);
+            }
+        }
+        compact(tape, offsets, pending)
+    }
+
+    /// Accesses left for [`Bounds::check`]: 0 when the kernel was proven for every allowed
+    /// variable value.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Decides the accesses [`Bounds::prove`] left open, for one launch: `vals` the variable
+    /// values (positional, sorted by name, already checked against their bounds), `launch`
+    /// the launch sizes as in `prove` (1 where absent) and `lens[slot]` each slot's element
+    /// count for these values. The first access that may leave its buffer is the error.
+    pub fn check(&self, vals: &[i64], launch: &[i64; LAUNCH_SLOTS], lens: &[usize]) -> Result<(), OutOfBounds> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let env = Env { vars: Vars::Points(vals), launch: launch.map(|v| Interval::point(v as i128)), host: false };
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.check_with(&env, lens, &mut scratch),
+            Err(_) => self.check_with(&env, lens, &mut Scratch::default()),
+        })
+    }
+
+    fn check_with(&self, env: &Env, lens: &[usize], scratch: &mut Scratch) -> Result<(), OutOfBounds> {
+        let Scratch { cur, saved } = scratch;
+        eval_tape(&self.tape, env, cur);
+        let mut range = (usize::MAX, None);
+        for access in &self.pending {
+            if range.0 != access.offset {
+                range = (access.offset, self.offsets[access.offset].eval(&self.tape, cur, env, saved));
+            }
+            let len = access.slot.and_then(|s| lens.get(s)).map_or(Interval::EMPTY, |&l| Interval::point(l as i128));
+            if let Some(e) = access.judge(range.1, len) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Access {
+    /// The access `node` (`%i`), its offset terms and its gate.
+    fn new(i: usize, node: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32) -> (Access, Vec<u32>, Option<Arc<UOp>>) {
+        let src = node.src();
+        let mut terms = Vec::new();
+        let mut ptr = &src[0];
+        let slot = loop {
+            match ptr.op() {
+                Op::Index => {
+                    terms.push(at(&ptr.src()[1]));
+                    ptr = &ptr.src()[0];
+                }
+                Op::After => ptr = &ptr.src()[0],
+                Op::Param => break ptr.arg_int().and_then(|s| usize::try_from(s).ok()),
+                _ => break None,
+            }
+        };
+        let gate = match node.op() {
+            Op::Load | Op::Store if src.len() == 3 => Some(src[2].clone()),
+            _ => None,
+        };
+        let width = src[0].dtype().width().max(1) as i128;
+        (Access { node: i, op: node.op().name(), slot, width, offset: 0 }, terms, gate)
+    }
+
+    /// `None` when an access starting in `range` (`None`: it never runs) stays in
+    /// `[0, len)`; else what it may touch.
+    fn judge(&self, range: Option<Interval>, len: Interval) -> Option<OutOfBounds> {
+        let error = |touched: Interval| OutOfBounds {
+            node: self.node,
+            op: self.op,
+            slot: self.slot,
+            first: touched.lo,
+            last: touched.hi,
+            len: len.lo,
+        };
+        if self.slot.is_none() {
+            return Some(error(Interval::ANY));
+        }
+        let range = range?;
+        let touched = Interval::new(range.lo, range.hi.saturating_add(self.width - 1));
+        let ok = !len.is_empty() && touched.lo >= 0 && touched.hi < len.lo;
+        (!ok).then(|| error(touched))
+    }
+}
+
+impl Offset {
+    /// The offsets the access starts at where its gate holds, `None` if it never runs.
+    /// `cur` holds every node's interval and is left as it was.
+    fn eval(
+        &self,
+        tape: &[Step],
+        cur: &mut [Interval],
+        env: &Env,
+        saved: &mut Vec<(u32, Interval)>,
+    ) -> Option<Interval> {
+        saved.clear();
+        let range = match &self.gate {
+            None => self.sum(cur),
+            Some(g) => g.narrow(tape, cur, env, saved).and_then(|()| self.sum(cur)),
+        };
+        for &(p, v) in saved.iter().rev() {
+            cur[p as usize] = v;
+        }
+        range
+    }
+
+    fn sum(&self, cur: &[Interval]) -> Option<Interval> {
+        let mut sum = Interval::point(0);
+        for &t in &self.terms {
+            let v = cur[t as usize];
+            if v.is_empty() {
+                return None;
+            }
+            sum = add(sum, v).unwrap_or(Interval::ANY);
+        }
+        Some(sum)
+    }
+}
+
+impl Gate {
+    fn new(gate: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, terms: &[u32], tape: &[Step]) -> Gate {
+        let mut facts = Vec::new();
+        let mut never = false;
+        let int_like = |n: &Arc<UOp>| n.dtype().is_int() || n.dtype().is_bool();
+        let mut stack = vec![(gate.clone(), false)];
+        while let Some((n, negated)) = stack.pop() {
+            let s = n.src();
+            match (n.op(), negated) {
+                (Op::And, false) | (Op::Or, true) if n.dtype().is_bool() => {
+                    stack.extend(s.iter().map(|c| (c.clone(), negated)));
+                }
+                (Op::Not, _) if n.dtype().is_bool() => stack.push((s[0].clone(), !negated)),
+                (Op::Const, _) if *n.arg() == Arg::Bool(negated) => never = true,
+                (Op::Lt | Op::Le | Op::Eq | Op::Ne, _) if int_like(&s[0]) && int_like(&s[1]) => {
+                    let (a, b) = (at(&s[0]), at(&s[1]));
+                    match (n.op(), negated) {
+                        (Op::Lt, false) => facts.push(Fact::Lt(a, b)),
+                        (Op::Lt, true) => facts.push(Fact::Le(b, a)),
+                        (Op::Le, false) => facts.push(Fact::Le(a, b)),
+                        (Op::Le, true) => facts.push(Fact::Lt(b, a)),
+                        (Op::Eq, false) | (Op::Ne, true) => facts.extend([Fact::Le(a, b), Fact::Le(b, a)]),
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        // The offsets' operands, in tape order, that depend on a narrowed node.
+        let narrowed: HashSet<u32> = facts.iter().flat_map(|f| f.nodes()).collect();
+        let mut cone: HashSet<u32> = HashSet::new();
+        let mut stack: Vec<u32> = terms.to_vec();
+        while let Some(p) = stack.pop() {
+            if cone.insert(p) {
+                stack.extend(tape[p as usize].src.iter().copied());
+            }
+        }
+        let mut cone: Vec<u32> = cone.into_iter().collect();
+        cone.sort_unstable();
+        let mut dirty: HashSet<u32> = HashSet::new();
+        cone.retain(|&p| {
+            let d = narrowed.contains(&p) || tape[p as usize].src.iter().any(|s| dirty.contains(s));
+            if d {
+                dirty.insert(p);
+            }
+            d
+        });
+        Gate { node: at(gate), never, facts, cone }
+    }
+
+    /// Narrows `cur` in place to the executions where the gate holds, pushing the old
+    /// values to `saved`; `None` when it never holds.
+    fn narrow(&self, tape: &[Step], cur: &mut [Interval], env: &Env, saved: &mut Vec<(u32, Interval)>) -> Option<()> {
+        let g = cur[self.node as usize];
+        if self.never || g.is_empty() || g.hi < 1 {
+            return None;
+        }
+        let set = |cur: &mut [Interval], saved: &mut Vec<(u32, Interval)>, p: u32, v: Interval| {
+            if v != cur[p as usize] {
+                saved.push((p, cur[p as usize]));
+                cur[p as usize] = v;
+            }
+        };
+        // Twice, so that chained facts (`i < j`, `j < n`) inform each other.
+        for _ in 0..2 {
+            for f in &self.facts {
+                let (a, b, strict) = match *f {
+                    Fact::Lt(a, b) => (a, b, 1),
+                    Fact::Le(a, b) => (a, b, 0),
+                };
+                let (va, vb) = (cur[a as usize], cur[b as usize]);
+                set(cur, saved, a, va.intersect(Interval::new(i128::MIN, vb.hi.saturating_sub(strict))));
+                set(cur, saved, b, vb.intersect(Interval::new(va.lo.saturating_add(strict), i128::MAX)));
+            }
+        }
+        if self.facts.iter().flat_map(|f| f.nodes()).any(|p| cur[p as usize].is_empty()) {
+            return None;
+        }
+        // Carry the narrowing into what is built from the narrowed nodes. Both the old and
+        // the recomputed interval hold wherever the gate does, so their intersection does.
+        for &p in &self.cone {
+            let step = &tape[p as usize];
+            if step.src.iter().any(|s| saved.iter().any(|(q, _)| q == s)) {
+                let v = eval_step(step, cur, env).intersect(cur[p as usize]);
+                set(cur, saved, p, v);
+            }
+        }
+        Some(())
+    }
+}
+
+/// Buffers of one check, reused between launches on a thread.
+#[derive(Default)]
+struct Scratch {
+    /// Every tape node's interval.
+    cur: Vec<Interval>,
+    /// Intervals overwritten while narrowing, to restore afterwards.
+    saved: Vec<(u32, Interval)>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+impl Fact {
+    fn nodes(&self) -> [u32; 2] {
+        match *self {
+            Fact::Lt(a, b) | Fact::Le(a, b) => [a, b],
+        }
+    }
+}
+
+/// Keeps only the steps and offsets `pending` reads, renumbered.
+fn compact(tape: Vec<Step>, offsets: Vec<Offset>, mut pending: Vec<Access>) -> Bounds {
+    if pending.is_empty() {
+        return Bounds::default();
+    }
+    let mut used = vec![None; offsets.len()];
+    let mut kept: Vec<Offset> = Vec::new();
+    pending.sort_by_key(|a| a.offset);
+    for a in &mut pending {
+        a.offset = *used[a.offset].get_or_insert_with(|| {
+            kept.push(offsets[a.offset].clone());
+            kept.len() - 1
+        });
+    }
+    let mut keep = vec![false; tape.len()];
+    let mut stack: Vec<u32> = Vec::new();
+    for o in &kept {
+        stack.extend(&o.terms);
+        if let Some(g) = &o.gate {
+            stack.push(g.node);
+            stack.extend(g.facts.iter().flat_map(|f| f.nodes()));
+        }
+    }
+    while let Some(p) = stack.pop() {
+        if !std::mem::replace(&mut keep[p as usize], true) {
+            stack.extend(tape[p as usize].src.iter().copied());
+        }
+    }
+    let mut new_pos = vec![0u32; tape.len()];
+    let mut steps = Vec::new();
+    for (i, step) in tape.into_iter().enumerate() {
+        if keep[i] {
+            new_pos[i] = steps.len() as u32;
+            let src = step.src.iter().map(|&s| new_pos[s as usize]).collect();
+            steps.push(Step { src, ..step });
+        }
+    }
+    let remap = |v: &mut u32| *v = new_pos[*v as usize];
+    for o in &mut kept {
+        o.terms.iter_mut().for_each(remap);
+        if let Some(g) = &mut o.gate {
+            remap(&mut g.node);
+            g.cone.iter_mut().for_each(remap);
+            for f in &mut g.facts {
+                let (Fact::Lt(x, y) | Fact::Le(x, y)) = f;
+                remap(x);
+                remap(y);
+            }
+        }
+    }
+    Bounds { tape: steps, offsets: kept, pending }
+}
+
+/// Every node's interval, into `cur`.
+fn eval_tape(tape: &[Step], env: &Env, cur: &mut Vec<Interval>) {
+    cur.clear();
+    for step in tape {
+        let v = eval_step(step, cur, env);
+        cur.push(v);
+    }
+}
+
+/// The interval of one node from its operands' intervals in `cur`.
+fn eval_step(step: &Step, cur: &[Interval], env: &Env) -> Interval {
+    let ty = if env.host { Ty::of(step.dtype, true) } else { step.ty };
+    let arg = |k: usize| step.src.get(k).map_or(Interval::ANY, |&p| cur[p as usize]);
+    match step.op {
+        Op::Const => match step.leaf {
+            Leaf::Const(v) => ty.fit(Some(Interval::point(v))),
+            _ => ty.lim,
+        },
+        Op::DefineVar => match step.leaf {
+            Leaf::Var(k) => ty.fit(Some(env.var(k))),
+            _ => ty.lim,
+        },
+        Op::Special => {
+            let Leaf::Launch(slot) = step.leaf else { return ty.lim };
+            let extent = arg(0).hull(env.launch[slot]);
+            ty.fit(Some(Interval::new(0, extent.hi.saturating_sub(1))))
+        }
+        Op::Range => {
+            let extent = arg(0);
+            if extent.is_empty() { extent } else { ty.fit(Some(Interval::new(0, extent.hi.saturating_sub(1)))) }
+        }
+        Op::After | Op::Gep => arg(0),
+        Op::Bind => ty.fit(Some(arg(1))),
+        Op::Vectorize => (0..step.src.len()).map(arg).fold(Interval::EMPTY, Interval::hull),
+        Op::Cast => {
+            let a = arg(0);
+            if env.host || a.is_empty() {
+                a
+            } else if ty.is_bool {
+                if a == Interval::point(0) {
+                    a
+                } else if a.contains(0) {
+                    Interval::BOOL
+                } else {
+                    Interval::point(1)
+                }
+            } else {
+                // Float sources saturate: their ANY becomes the whole range.
+                ty.fit(Some(a))
+            }
+        }
+        op if op.is_alu() => {
+            let args: [Interval; 3] = [arg(0), arg(1), arg(2)];
+            let args = &args[..step.src.len().min(3)];
+            if args.iter().any(|a| a.is_empty()) {
+                return Interval::EMPTY;
+            }
+            alu(op, ty, args)
+        }
+        _ => ty.lim,
+    }
+}
+
+fn alu(op: Op, t: Ty, v: &[Interval]) -> Interval {
+    if op.is_comparison() {
+        return compare(op, v[0], v[1]);
+    }
+    if t.opaque {
+        return Interval::ANY;
+    }
+    let (a, b) = (v[0], v.get(1).copied().unwrap_or(Interval::ANY));
+    let r = match op {
+        Op::Add => add(a, b),
+        Op::Sub => b.lo.checked_neg().zip(b.hi.checked_neg()).and_then(|(l, h)| add(a, Interval::new(h, l))),
+        Op::Mul => mul(a, b),
+        Op::MulAcc => mul(a, b).and_then(|p| add(p, v[2])),
+        Op::Neg | Op::Not if t.is_bool => Some(Interval::new(1 - a.hi, 1 - a.lo)),
+        Op::Neg => Some(Interval::new(-a.hi, -a.lo)),
+        Op::Not if t.signed => Some(Interval::new(-a.hi - 1, -a.lo - 1)),
+        Op::Not => Some(Interval::new(t.lim.hi - a.hi, t.lim.hi - a.lo)),
+        Op::Abs if !t.signed || a.lo >= 0 => Some(a),
+        Op::Abs if a.hi <= 0 => Some(Interval::new(-a.hi, -a.lo)),
+        Op::Abs => Some(Interval::new(0, a.hi.max(-a.lo))),
+        Op::Idiv => idiv(a, b),
+        Op::Mod => Some(rem(a, b)),
+        Op::Max => Some(Interval::new(a.lo.max(b.lo), a.hi.max(b.hi))),
+        Op::Min => Some(Interval::new(a.lo.min(b.lo), a.hi.min(b.hi))),
+        Op::Shl => mul(a, shift_pow(shift_count(b, t.bits))),
+        Op::Shr => {
+            let s = shift_count(b, t.bits);
+            let (lo, hi) = (s.lo as u32, s.hi as u32);
+            Some(Interval::new((a.lo >> lo).min(a.lo >> hi), (a.hi >> lo).max(a.hi >> hi)))
+        }
+        Op::And | Op::Or | Op::Xor => bitwise(op, t, a, b),
+        Op::Where => Some(if v[0].lo >= 1 {
+            v[1]
+        } else if v[0].hi <= 0 {
+            v[2]
+        } else {
+            v[1].hull(v[2])
+        }),
+        _ => None,
+    };
+    t.fit(r)
+}
+
+fn add(a: Interval, b: Interval) -> Option<Interval> {
+    Some(Interval::new(a.lo.checked_add(b.lo)?, a.hi.checked_add(b.hi)?))
+}
+
+fn mul(a: Interval, b: Interval) -> Option<Interval> {
+    // Values of up to 64 bits multiply in one widening instruction; i128 is the fallback.
+    let m = |x: i128, y: i128| match (i64::try_from(x), i64::try_from(y)) {
+        (Ok(x), Ok(y)) => Some(x as i128 * y as i128),
+        _ => x.checked_mul(y),
+    };
+    let c = [m(a.lo, b.lo)?, m(a.lo, b.hi)?, m(a.hi, b.lo)?, m(a.hi, b.hi)?];
+    Some(Interval::new(*c.iter().min()?, *c.iter().max()?))
+}
+
+/// Truncating division with `x / 0 == 0`. Over each sign of the divisor the quotient is
+/// monotone in both operands, so the corners bound it.
+fn idiv(a: Interval, b: Interval) -> Option<Interval> {
+    let mut out = if b.contains(0) { Interval::point(0) } else { Interval::EMPTY };
+    for part in [b.intersect(Interval::new(i128::MIN, -1)), b.intersect(Interval::new(1, i128::MAX))] {
+        if part.is_empty() {
+            continue;
+        }
+        // 64-bit division where it cannot overflow (i128 division is a slow library call).
+        let d = |x: i128, y: i128| match (i64::try_from(x), i64::try_from(y)) {
+            (Ok(x), Ok(y)) if y != -1 => Some((x / y) as i128),
+            _ => x.checked_div(y),
+        };
+        let c = [d(a.lo, part.lo)?, d(a.lo, part.hi)?, d(a.hi, part.lo)?, d(a.hi, part.hi)?];
+        out = out.hull(Interval::new(*c.iter().min()?, *c.iter().max()?));
+    }
+    Some(out)
+}
+
+/// Remainder with the dividend's sign and `x % 0 == x`: `|x % y| < |y|` and `|x % y| <= |x|`.
+fn rem(a: Interval, b: Interval) -> Interval {
+    let mut out = if b.contains(0) { a } else { Interval::EMPTY };
+    let nonzero = [b.intersect(Interval::new(i128::MIN, -1)), b.intersect(Interval::new(1, i128::MAX))];
+    let mags: Vec<(i128, i128)> = nonzero
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (x, y) = (p.lo.saturating_abs(), p.hi.saturating_abs());
+            (x.min(y), x.max(y))
+        })
+        .collect();
+    if let (Some(smallest), Some(largest)) = (mags.iter().map(|m| m.0).min(), mags.iter().map(|m| m.1).max()) {
+        let r = if a.lo > -smallest && a.hi < smallest {
+            a // |x| < |y| for every pair: x % y == x
+        } else {
+            Interval::new(
+                if a.lo < 0 { a.lo.max(1 - largest) } else { 0 },
+                if a.hi > 0 { a.hi.min(largest - 1) } else { 0 },
+            )
+        };
+        out = out.hull(r);
+    }
+    out
+}
+
+/// The shift counts actually used: the count modulo the bit width.
+fn shift_count(b: Interval, bits: u32) -> Interval {
+    let all = Interval::new(0, bits.saturating_sub(1) as i128);
+    if b.within(all) { b } else { all }
+}
+
+fn shift_pow(s: Interval) -> Interval {
+    Interval::new(1i128 << s.lo.clamp(0, 126), 1i128 << s.hi.clamp(0, 126))
+}
+
+fn bitwise(op: Op, t: Ty, a: Interval, b: Interval) -> Option<Interval> {
+    if t.is_bool {
+        return Some(match op {
+            Op::And => Interval::new(a.lo & b.lo, a.hi & b.hi),
+            Op::Or => Interval::new(a.lo | b.lo, a.hi | b.hi),
+            _ if a.lo == a.hi && b.lo == b.hi => Interval::point(a.lo ^ b.lo),
+            _ => Interval::BOOL,
+        });
+    }
+    // Below the next power of two above both: the bits a result can have.
+    let ceiling = |hi: i128| if hi <= 0 { 0 } else { (1i128 << (128 - hi.leading_zeros()).min(126)) - 1 };
+    match (op, a.lo >= 0, b.lo >= 0) {
+        (Op::And, true, true) => Some(Interval::new(0, a.hi.min(b.hi))),
+        (Op::And, true, false) => Some(Interval::new(0, a.hi)),
+        (Op::And, false, true) => Some(Interval::new(0, b.hi)),
+        (Op::Or, true, true) => Some(Interval::new(a.lo.max(b.lo), ceiling(a.hi.max(b.hi)))),
+        (Op::Xor, true, true) => Some(Interval::new(0, ceiling(a.hi.max(b.hi)))),
+        _ => None,
+    }
+}
+
+fn compare(op: Op, a: Interval, b: Interval) -> Interval {
+    let point_eq = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+    let disjoint = a.hi < b.lo || b.hi < a.lo;
+    let (always, never) = match op {
+        Op::Lt => (a.hi < b.lo, a.lo >= b.hi),
+        Op::Le => (a.hi <= b.lo, a.lo > b.hi),
+        Op::Eq => (point_eq, disjoint),
+        _ => (disjoint, point_eq),
+    };
+    if always {
+        Interval::point(1)
+    } else if never {
+        Interval::point(0)
+    } else {
+        Interval::BOOL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{eval_int, parse_kernel};
+
+    /// A kernel with its proof, checked the way a launch checks it.
+    struct Case {
+        sink: Arc<UOp>,
+        lens: Vec<Arc<UOp>>,
+        launch: [Arc<UOp>; LAUNCH_SLOTS],
+        bounds: Bounds,
+    }
+
+    fn launch_slot(name: &str) -> Option<usize> {
+        let axis: usize = name.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().ok()?;
+        Some(if name.starts_with("lidx") { 3 + axis } else { axis })
+    }
+
+    fn case(body: &str) -> Case {
+        let sink = parse_kernel(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+        let mut lens: Vec<Arc<UOp>> = Vec::new();
+        let mut launch: [Arc<UOp>; LAUNCH_SLOTS] = std::array::from_fn(|_| UOp::index_const(1));
+        for n in sink.toposort() {
+            match n.op() {
+                Op::Param => {
+                    let slot = n.arg_int().unwrap() as usize;
+                    if lens.len() <= slot {
+                        lens.resize(slot + 1, UOp::index_const(0));
+                    }
+                    lens[slot] = n.src()[0].clone();
+                }
+                Op::Special => launch[launch_slot(n.arg_name().unwrap()).unwrap()] = n.src()[0].clone(),
+                _ => {}
+            }
+        }
+        let bounds = Bounds::prove(&sink, &lens, &launch, &launch_slot);
+        Case { sink, lens, launch, bounds }
+    }
+
+    impl Case {
+        /// Checks one launch with `vals` (sorted by variable name), sizes evaluated on the host.
+        fn at(&self, vals: &[i64]) -> Result<(), OutOfBounds> {
+            let names: Vec<String> = variables(&self.sink).iter().map(|v| v.arg_name().unwrap().to_string()).collect();
+            let lookup = |name: &str| names.iter().position(|n| n == name).map(|i| vals[i]);
+            let launch = std::array::from_fn(|k| eval_int(&self.launch[k], &lookup).unwrap());
+            let lens: Vec<usize> = self.lens.iter().map(|l| eval_int(l, &lookup).unwrap() as usize).collect();
+            self.bounds.check(vals, &launch, &lens)
+        }
+
+        /// The `%N` number of the only node with `op`.
+        fn node(&self, op: Op) -> usize {
+            let order = self.sink.toposort();
+            let mut found = order.iter().enumerate().filter(|(_, n)| n.op() == op).map(|(i, _)| i);
+            let i = found.next().unwrap();
+            assert!(found.next().is_none(), "several {op}");
+            i
+        }
+    }
+
+    const STORE_ONE: &str = "%one = CONST f32 1.0\n%st = STORE void (%p, %one)\nSINK void (%st)\n";
+
+    /// Issue 9: a PARAM of 4 elements stored at `idx0 < n`.
+    #[test]
+    fn a_store_past_a_four_element_param_is_refused_when_n_exceeds_4() {
+        let c = case(&format!(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n%four = CONST i32 4\n%a = PARAM ptr<f32> 0 (%four)\n\
+             %i = SPECIAL i32 \"idx0\" (%n)\n%p = INDEX ptr<f32> (%a, %i)\n{STORE_ONE}"
+        ));
+        assert_eq!(c.bounds.pending(), 1);
+        for n in 1..=4 {
+            c.at(&[n]).unwrap();
+        }
+        let e = c.at(&[5]).unwrap_err();
+        let store = c.node(Op::Store);
+        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), first: 0, last: 4, len: 4 });
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("%{store} STORE")) && msg.contains("0..=4 of buffer 0") && msg.contains("holds 4")
+        );
+    }
+
+    /// Issue 9: an 8-wide copy over `idx0 < n` of n-element buffers reads 7 elements past
+    /// the end; stepping by 8 over n / 8 items is fine.
+    #[test]
+    fn vector_accesses_count_their_width() {
+        // `items` work items, each copying 8 elements from `at` on, gated by `at < n`.
+        let copy = |items: &str, at: &str| {
+            let (grouped, step) = if at == "%i8" {
+                ("%eight = CONST i32 8\n%n8 = IDIV i32 (%n, %eight)\n", "%i8 = MUL i32 (%i, %eight)\n")
+            } else {
+                ("", "")
+            };
+            case(&format!(
+                "%n = DEFINE_VAR i32 \"n\" 8 1024\n{grouped}\
+                 %a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n\
+                 %i = SPECIAL i32 \"idx0\" ({items})\n{step}%ok = CMPLT bool ({at}, %n)\n\
+                 %pa = INDEX ptr<f32x8> (%a, {at})\n%pb = INDEX ptr<f32x8> (%b, {at})\n\
+                 %z = CONST f32 0.0\n%zv = VECTORIZE f32x8 (%z)\n%x = LOAD f32x8 (%pa, %zv, %ok)\n\
+                 %st = STORE void (%pb, %x, %ok)\nSINK void (%st)\n"
+            ))
+        };
+        let bad = copy("%n", "%i");
+        let e = bad.at(&[8]).unwrap_err();
+        assert_eq!((e.op, e.slot, e.first, e.last, e.len), ("LOAD", Some(0), 0, 14, 8));
+        let good = copy("%n8", "%i8");
+        for n in [8, 15, 16, 17, 1000, 1024] {
+            good.at(&[n]).unwrap_or_else(|e| panic!("n = {n}: {e}"));
+        }
+    }
+
+    /// `%n` in [1, 1024], the lines of `pre`, `%i` = idx0 over `extent`, the lines of `body`
+    /// (which define `%at` and may define `%gate`), and a store of 1.0 at `%at` of a buffer
+    /// of `len` elements.
+    fn store_case(pre: &str, extent: &str, body: &str, len: &str) -> Case {
+        let gated = body.contains("%gate =");
+        let store = if gated { "STORE void (%p, %one, %gate)" } else { "STORE void (%p, %one)" };
+        case(&format!(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n{pre}%i = SPECIAL i32 \"idx0\" ({extent})\n{body}\n\
+             %a = PARAM ptr<f32> 0 ({len})\n%p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n\
+             %st = {store}\nSINK void (%st)\n"
+        ))
+    }
+
+    #[test]
+    fn a_gate_narrows_every_expression_built_from_the_gated_node() {
+        let pre = "%c4 = CONST i32 4\n%n4 = MUL i32 (%n, %c4)\n%ext = ADD i32 (%n, %c4)\n";
+        let lines = |plus: i64| {
+            format!(
+                "%k = CONST i32 {plus}\n%m = MUL i32 (%i, %c4)\n%at = ADD i32 (%m, %k)\n%gate = CMPLT bool (%i, %n)"
+            )
+        };
+        // Four items past n, masked by the gate: i*4 + 3 < 4n.
+        let ok = store_case(pre, "%ext", &lines(3), "%n4");
+        for n in [1, 2, 1000, 1024] {
+            ok.at(&[n]).unwrap_or_else(|e| panic!("n = {n}: {e}"));
+        }
+        let e = store_case(pre, "%ext", &lines(4), "%n4").at(&[10]).unwrap_err();
+        assert_eq!((e.first, e.last, e.len), (4, 40, 40));
+    }
+
+    #[test]
+    fn conjunctions_and_negations_of_comparisons_narrow_both_sides() {
+        // j = i - 1 runs from -1; each gate excludes j = -1 and j >= n in its own way.
+        let pre = "%c1 = CONST i32 1\n%c0 = CONST i32 0\n%ext = ADD i32 (%n, %c1)\n";
+        let at = "%at = SUB i32 (%i, %c1)\n%hi = CMPLT bool (%at, %n)\n";
+        for gate in [
+            "%lo = CMPLE bool (%c0, %at)\n%gate = AND bool (%lo, %hi)",
+            "%neg = CMPLT bool (%at, %c0)\n%lo = NOT bool (%neg)\n%gate = AND bool (%hi, %lo)",
+            "%neg = CMPLT bool (%at, %c0)\n%out = NOT bool (%hi)\n%any = OR bool (%neg, %out)\n%gate = NOT bool (%any)",
+        ] {
+            let c = store_case(pre, "%ext", &format!("{at}{gate}"), "%n");
+            for n in [1, 7, 1024] {
+                c.at(&[n]).unwrap_or_else(|e| panic!("{gate}: n = {n}: {e}"));
+            }
+        }
+        // Without the lower bound, j = -1 is a store before the buffer.
+        let e = store_case(pre, "%ext", &format!("{at}%lo = CMPLE bool (%c0, %c1)\n%gate = AND bool (%lo, %hi)"), "%n")
+            .at(&[5])
+            .unwrap_err();
+        assert_eq!((e.first, e.last), (-1, 4));
+    }
+
+    #[test]
+    fn an_index_that_may_overflow_its_dtype_is_unbounded() {
+        // i * 1e6 wraps in i32 for i >= 2148 (n >= 716): refused however large the buffer.
+        let pre = "%c3 = CONST i32 3\n%ext = MUL i32 (%n, %c3)\n%len = CONST i64 4000000000\n";
+        let body =
+            |ty: &str| format!("%big = CONST {ty} 1000000\n%wide = CAST {ty} (%i)\n%at = MUL {ty} (%wide, %big)");
+        let e = store_case(pre, "%ext", &body("i32"), "%len").at(&[1000]).unwrap_err();
+        assert_eq!((e.first, e.last), (i32::MIN as i128, i32::MAX as i128));
+        assert!(e.to_string().contains("elements -2147483648..=2147483647"), "{e}");
+        // The same product in i64 is exact, and proven for every n when the kernel is built.
+        assert_eq!(store_case(pre, "%ext", &body("i64"), "%len").bounds.pending(), 0);
+    }
+
+    #[test]
+    fn division_and_remainder_follow_the_defined_semantics() {
+        let iv = Interval::new;
+        assert_eq!(idiv(iv(0, 15), iv(0, 4)), Some(iv(0, 15))); // x / 0 == 0, x / 1 == x
+        assert_eq!(idiv(iv(-8, 7), iv(-2, 2)), Some(iv(-8, 8)));
+        assert_eq!(idiv(iv(10, 20), iv(3, 5)), Some(iv(2, 6)));
+        assert_eq!(rem(iv(0, 15), iv(0, 4)), iv(0, 15)); // x % 0 == x
+        assert_eq!(rem(iv(0, 15), iv(1, 4)), iv(0, 3));
+        assert_eq!(rem(iv(-9, 9), iv(3, 3)), iv(-2, 2));
+        assert_eq!(rem(iv(2, 5), iv(-8, -8)), iv(2, 5));
+        // MIN / -1 wraps to MIN in i32: the quotient 2^31 leaves the range, so all of i32.
+        let t = Ty::of(DType::I32, false);
+        let min = Interval::point(i32::MIN as i128);
+        assert_eq!(alu(Op::Idiv, t, &[min, Interval::point(-1)]), t.lim);
+        assert_eq!(alu(Op::Mod, t, &[min, Interval::point(-1)]), Interval::point(0));
+
+        // In a kernel: a % d with d possibly 0 is a itself.
+        let c = case(
+            "%d = DEFINE_VAR i32 \"d\" 0 8\n%c16 = CONST i32 16\n\
+             %i = SPECIAL i32 \"idx0\" (%c16)\n%at = MOD i32 (%i, %d)\n%c8 = CONST i32 8\n\
+             %a = PARAM ptr<f32> 0 (%c8)\n%p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n\
+             %st = STORE void (%p, %one)\nSINK void (%st)\n",
+        );
+        c.at(&[8]).unwrap();
+        c.at(&[3]).unwrap();
+        assert_eq!(c.at(&[0]).unwrap_err().last, 15);
+    }
+
+    #[test]
+    fn accesses_that_never_run_need_no_bound() {
+        // A loop of n - 1 iterations writing r + 1 < n; for n = 1 it runs zero times.
+        let c = case(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n%c1 = CONST i32 1\n%m = SUB i32 (%n, %c1)\n\
+             %r = RANGE i32 0 (%m)\n%at = ADD i32 (%r, %c1)\n%a = PARAM ptr<f32> 0 (%n)\n\
+             %p = INDEX ptr<f32> (%a, %at)\n%one = CONST f32 1.0\n%s = STORE void (%p, %one)\n\
+             %st = END void (%r, %s)\nSINK void (%st)\n",
+        );
+        for n in [1, 2, 1024] {
+            c.at(&[n]).unwrap();
+        }
+        // Gates that never hold: a false constant, and i < 0 for a launch index.
+        for gate in ["%gate = CONST bool false", "%c0 = CONST i32 0\n%gate = CMPLT bool (%i, %c0)"] {
+            let c = store_case("", "%n", &format!("%c9 = CONST i32 9\n%at = ADD i32 (%i, %c9)\n{gate}"), "%n");
+            assert_eq!(c.bounds.pending(), 0, "{gate}");
+        }
+    }
+
+    #[test]
+    fn a_pointer_that_is_not_an_index_chain_is_refused() {
+        let c = case(
+            "%n = DEFINE_VAR i32 \"n\" 1 1024\n%a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n\
+             %i = SPECIAL i32 \"idx0\" (%n)\n%c0 = CONST i32 0\n%odd = CMPLT bool (%c0, %i)\n\
+             %ptr = WHERE ptr<f32> (%odd, %a, %b)\n%x = LOAD f32 (%ptr)\n%pb = INDEX ptr<f32> (%b, %i)\n\
+             %st = STORE void (%pb, %x)\nSINK void (%st)\n",
+        );
+        let e = c.at(&[4]).unwrap_err();
+        assert_eq!((e.op, e.slot), ("LOAD", None));
+        assert!(e.to_string().contains("not an INDEX of a buffer PARAM"), "{e}");
+    }
+
+    #[test]
+    fn a_launch_size_that_overflows_its_index_dtype_is_refused() {
+        // The host launches 300 items; an i8 index wraps to negative values after 127.
+        let c = case(
+            "%k = CONST i32 300\n%e = CAST i8 (%k)\n%i = SPECIAL i8 \"idx0\" (%e)\n%len = CONST i32 1000\n\
+             %a = PARAM ptr<f32> 0 (%len)\n%p = INDEX ptr<f32> (%a, %i)\n%one = CONST f32 1.0\n\
+             %st = STORE void (%p, %one)\nSINK void (%st)\n",
+        );
+        assert_eq!(c.at(&[]).unwrap_err().first, -128);
+    }
+
+    #[test]
+    fn a_deep_index_expression_is_proven_without_recursion() {
+        let n = UOp::new(Op::DefineVar, DType::I32, Arg::Var { name: "n".into(), min: 1, max: 64 }, vec![]);
+        let i = UOp::new(Op::Special, DType::I32, Arg::Str("idx0".into()), vec![n.clone()]);
+        let zero = UOp::const_int(DType::I32, 0);
+        let mut at = i;
+        for _ in 0..100_000 {
+            at = UOp::new(Op::Add, DType::I32, Arg::None, vec![at, zero.clone()]);
+        }
+        let a = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Int(0), vec![n.clone()]);
+        let p = UOp::new(Op::Index, DType::ptr(Scalar::F32), Arg::None, vec![a, at]);
+        let st = UOp::new(Op::Store, DType::Void, Arg::None, vec![p, UOp::const_float(DType::F32, 1.0)]);
+        let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![st]);
+        let launch: [Arc<UOp>; LAUNCH_SLOTS] =
+            std::array::from_fn(|k| if k == 0 { n.clone() } else { UOp::index_const(1) });
+        let bounds = Bounds::prove(&sink, std::slice::from_ref(&n), &launch, &launch_slot);
+        assert_eq!(bounds.pending(), 1); // i < n is a relation: decided at launch
+        bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[64]).unwrap();
+        assert!(bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[63]).is_err());
+    }
+}
