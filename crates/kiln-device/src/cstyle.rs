@@ -816,7 +816,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             Arg::Bool(b) => self.d.int_const(*b as i64, s),
             Arg::Int(v) => self.d.int_const(wrap_int(*v, s), s),
             Arg::Float(v) => self.d.float_const(*v, s, &mut self.p),
-            other => return Err(render_err(n, format!("unsupported constant {other:?}"))),
+            other => return Err(render_err(n, format!("unsupported constant {other}"))),
         })
     }
 

@@ -16,7 +16,7 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
             Arg::Int(v) => *v,
             Arg::Bool(b) => *b as i64,
             other => {
-                return Err(IrError::Eval(format!("non-integer constant {other:?} in a size expression")));
+                return Err(IrError::Eval(format!("non-integer constant {other} in a size expression")));
             }
         },
         Op::DefineVar => {

@@ -431,7 +431,7 @@ impl fmt::Debug for UOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.op, self.dtype)?;
         if self.arg != Arg::None {
-            write!(f, " {:?}", self.arg)?;
+            write!(f, " {}", self.arg)?;
         }
         if !self.src.is_empty() {
             write!(f, " ({} srcs)", self.src.len())?;
