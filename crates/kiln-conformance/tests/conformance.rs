@@ -123,6 +123,7 @@ macro_rules! suite {
             error_kernel_text => errors::kernel_text,
             error_malformed_graphs => errors::malformed_graphs,
             error_launch_checks => errors::launch_checks,
+            error_values_fit_their_dtypes => errors::values_fit_their_dtypes,
             error_oversized_work_group => errors::oversized_work_group,
         );
 
