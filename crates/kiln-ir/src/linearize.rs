@@ -17,6 +17,12 @@ use crate::uop::{Op, UOp};
 
 type Chain = Vec<usize>; // range indices, outermost first
 
+/// The most loops (RANGEs) a kernel may have. Laying out loops costs time that grows with
+/// the cube of their number when they nest, and C compilers refuse deeper nesting than this
+/// (clang's default bracket depth is 256): more loops are a typed error up front, never a
+/// stall or a compiler error.
+pub const MAX_LOOPS: usize = 256;
+
 /// Linearizes the kernel rooted at `sink`.
 pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let topo = sink.toposort();
@@ -25,6 +31,12 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
 
     // Ranges ordered by (axis, topo position): that order is the nesting order.
     let mut ranges: Vec<usize> = (0..topo.len()).filter(|&i| topo[i].op() == Op::Range).collect();
+    if ranges.len() > MAX_LOOPS {
+        return Err(IrError::Structure(format!(
+            "the kernel has {} loops (RANGEs); at most {MAX_LOOPS} are supported: fuse or unroll loops",
+            ranges.len()
+        )));
+    }
     ranges.sort_by_key(|&i| (topo[i].arg_int().unwrap_or(0), i));
     let rank: HashMap<usize, usize> = ranges.iter().enumerate().map(|(r, &i)| (i, r)).collect();
     let structural = |msg: String| IrError::Structure(msg);
