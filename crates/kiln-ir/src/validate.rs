@@ -482,12 +482,17 @@ mod tests {
         assert!(matches!(validate(&add), Err(IrError::Type { message, .. }) if message == "takes no argument, got 7"));
         let m = verdict("%c = CONST bool 1").unwrap_or_default();
         assert!(!m.contains("Int("), "{m}");
-        let gep = UOp::new(Op::Gep, DType::F32, Arg::Int(9), vec![UOp::new(
-            Op::Vectorize,
-            DType::Vector(Scalar::F32, 4),
-            Arg::None,
-            vec![UOp::const_float(DType::F32, 1.0)],
-        )]);
+        let gep = UOp::new(
+            Op::Gep,
+            DType::F32,
+            Arg::Int(9),
+            vec![UOp::new(
+                Op::Vectorize,
+                DType::Vector(Scalar::F32, 4),
+                Arg::None,
+                vec![UOp::const_float(DType::F32, 1.0)],
+            )],
+        );
         let Err(IrError::Type { message, .. }) = validate(&gep) else { panic!("lane 9 of 4 accepted") };
         assert!(message.starts_with("lane 9 out of range"), "{message}");
         let slot = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Str("x".into()), vec![UOp::index_const(1)]);

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use kiln_ir::{
-    Arg, DType, IrError, KernelBuilder, MAX_LOOPS, Op, Scalar, UOp, Val, eval_int, linearize, parse, parse_kernel, print,
-    validate,
+    Arg, DType, IrError, KernelBuilder, MAX_LOOPS, Op, Scalar, UOp, Val, eval_int, linearize, parse, parse_kernel,
+    print, validate,
 };
 
 /// Runs `f` on a thread with the 8 MiB stack of an ordinary main thread.

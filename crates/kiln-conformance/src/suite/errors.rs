@@ -79,9 +79,11 @@ pub fn values_fit_their_dtypes(dev: &Arc<Device>) -> Outcome {
     let widest = ADD_TEXT.replace("DEFINE_VAR i32 \"n\" 1 64", "DEFINE_VAR i32 \"n\" 1 2147483647");
     let kernel = compile(dev, &parse_kernel(&widest)?, "conf_widest_var")?;
     let buf = Buffer::from_slice(dev.allocator.clone(), &[0f32; 4])?;
-    let err = expect_err("binding the i32 `n` to 3000000000", kernel.launch(&[&buf, &buf, &buf], &[3_000_000_000]), |e| {
-        matches!(e, Error::Ir(IrError::VarOutOfRange { name, value: 3_000_000_000, .. }) if name == "n")
-    })?;
+    let err = expect_err(
+        "binding the i32 `n` to 3000000000",
+        kernel.launch(&[&buf, &buf, &buf], &[3_000_000_000]),
+        |e| matches!(e, Error::Ir(IrError::VarOutOfRange { name, value: 3_000_000_000, .. }) if name == "n"),
+    )?;
     ensure!(err.to_string().contains("`n`"), "the message does not name the variable: {err}");
 
     for bad in ["3.5e38", "-1e39"] {
