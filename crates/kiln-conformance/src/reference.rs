@@ -3,7 +3,8 @@
 //! These are the rules of `kiln_device::cstyle` (the "Semantics" section), stated once more
 //! independently of any renderer:
 //! - integer ADD/SUB/MUL/NEG/ABS/MULACC wrap (two's complement); IDIV truncates toward zero
-//!   and MOD takes the sign of the dividend (Rust's `/` and `%`);
+//!   and MOD takes the sign of the dividend (Rust's `/` and `%`), with `x / 0 == 0`,
+//!   `x % 0 == x`, `MIN / -1 == MIN` (wrapping) and `MIN % -1 == 0`;
 //! - SHL/SHR take the shift count modulo the bit width; SHR is arithmetic on signed and
 //!   logical on unsigned types;
 //! - float MAX/MIN are IEEE `fmax`/`fmin` (a NaN operand yields the other operand); MULACC
@@ -128,8 +129,11 @@ fn int_op(op: Op, s: Scalar, a: &[i128]) -> Option<i128> {
         (Op::Add, [x, y]) => x.wrapping_add(*y),
         (Op::Sub, [x, y]) => x.wrapping_sub(*y),
         (Op::Mul, [x, y]) => x.wrapping_mul(*y),
-        (Op::Idiv, [x, y]) => x.checked_div(*y)?,
-        (Op::Mod, [x, y]) => x.checked_rem(*y)?,
+        // MIN / -1 is exact in 128 bits; wrapping it to the dtype gives MIN.
+        (Op::Idiv, [_, 0]) => 0,
+        (Op::Mod, [x, 0]) => *x,
+        (Op::Idiv, [x, y]) => x / y,
+        (Op::Mod, [x, y]) => x % y,
         (Op::Max, [x, y]) => *x.max(y),
         (Op::Min, [x, y]) => *x.min(y),
         (Op::And, [x, y]) => x & y,
@@ -282,7 +286,13 @@ mod tests {
         assert_eq!(r(Op::Not, Scalar::U16, &[0]), 0xffff);
         assert_eq!(r(Op::Mul, Scalar::U64, &[u64::MAX as i128, u64::MAX as i128]), 1);
         assert_eq!(r(Op::Shl, Scalar::U64, &[u64::MAX as i128, 63]), 1 << 63);
-        assert!(alu(Op::Idiv, Scalar::I32, &[i(1), i(0)]).is_none());
+        assert_eq!(r(Op::Idiv, Scalar::I32, &[7, 0]), 0);
+        assert_eq!(r(Op::Mod, Scalar::I32, &[-7, 0]), -7);
+        assert_eq!(r(Op::Idiv, Scalar::I32, &[i32::MIN as i128, -1]), i32::MIN as i128);
+        assert_eq!(r(Op::Mod, Scalar::I32, &[i32::MIN as i128, -1]), 0);
+        assert_eq!(r(Op::Idiv, Scalar::I8, &[-128, -1]), -128);
+        assert_eq!(r(Op::Idiv, Scalar::U64, &[u64::MAX as i128, 0]), 0);
+        assert_eq!(r(Op::Mod, Scalar::U64, &[u64::MAX as i128, 0]), u64::MAX as i128);
     }
 
     #[test]

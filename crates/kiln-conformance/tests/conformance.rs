@@ -93,6 +93,14 @@ macro_rules! suite {
             alu_bf16 => |d| programs::alu(d, Scalar::BF16),
             alu_f32 => |d| programs::alu(d, Scalar::F32),
             alu_f64 => |d| programs::alu(d, Scalar::F64),
+            integer_division_i8 => |d| programs::integer_division(d, Scalar::I8),
+            integer_division_i16 => |d| programs::integer_division(d, Scalar::I16),
+            integer_division_i32 => |d| programs::integer_division(d, Scalar::I32),
+            integer_division_i64 => |d| programs::integer_division(d, Scalar::I64),
+            integer_division_u8 => |d| programs::integer_division(d, Scalar::U8),
+            integer_division_u16 => |d| programs::integer_division(d, Scalar::U16),
+            integer_division_u32 => |d| programs::integer_division(d, Scalar::U32),
+            integer_division_u64 => |d| programs::integer_division(d, Scalar::U64),
             casts => programs::casts,
             casts_f64 => |d| programs::casts_with(d, Scalar::F64),
             casts_f16 => |d| programs::casts_with(d, Scalar::F16),
@@ -119,6 +127,7 @@ macro_rules! suite {
             error_kernel_text => errors::kernel_text,
             error_malformed_graphs => errors::malformed_graphs,
             error_launch_checks => errors::launch_checks,
+            error_values_fit_their_dtypes => errors::values_fit_their_dtypes,
             error_oversized_work_group => errors::oversized_work_group,
         );
 

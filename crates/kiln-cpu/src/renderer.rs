@@ -36,7 +36,7 @@ use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{ProgramSpec, Renderer, Result};
 
 /// Bumped whenever the generated C changes: it is part of every cache key.
-const RENDERER_VERSION: u32 = 2;
+const RENDERER_VERSION: u32 = 3;
 
 /// Renders kernels to C for [`crate::CCompiler`].
 #[derive(Debug, Clone)]

@@ -406,7 +406,10 @@ fn nested_reduce_over_two_ranges_and_awkward_variable_names() {
 fn constants_of_every_dtype_are_exact() {
     let f32s_in = [0.1f64, -0.0, 1e-45, 3.4028234663852886e38, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 16777217.0];
     let f64s_in = [0.1f64, -0.0, 5e-324, f64::MAX, f64::INFINITY, f64::NEG_INFINITY, -f64::NAN, 1.0 / 3.0];
-    let f16s_in = [1.0f64, 65504.0, 65520.0, 1e-8, 6e-8, -0.0, f64::NAN, 0.1];
+    // Constants must fit their dtype (65520 overflows f16, f32::MAX overflows bf16): the
+    // largest finite values and the infinities instead.
+    let f16s_in = [1.0f64, 65504.0, f64::INFINITY, 1e-8, 6e-8, -0.0, f64::NAN, 65519.0];
+    let bf16s_in = [0.1f64, -0.0, 1e-45, 3.3895313892515355e38, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 16777217.0];
     let ints: [(Scalar, i64); 8] = [
         (Scalar::I64, i64::MIN),
         (Scalar::I64, i64::MAX),
@@ -414,7 +417,7 @@ fn constants_of_every_dtype_are_exact() {
         (Scalar::I32, i32::MIN as i64),
         (Scalar::U32, u32::MAX as i64),
         (Scalar::I8, -128),
-        (Scalar::U8, 300), // wraps to 44
+        (Scalar::U8, 255),
         (Scalar::I16, -5),
     ];
     let mut k = KernelBuilder::new();
@@ -432,7 +435,7 @@ fn constants_of_every_dtype_are_exact() {
     put(&mut k, Scalar::F32, f32s_in.iter().map(|v| UOp::const_float(DType::F32, *v)).collect());
     put(&mut k, Scalar::F64, f64s_in.iter().map(|v| UOp::const_float(DType::F64, *v)).collect());
     put(&mut k, Scalar::F16, f16s_in.iter().map(|v| UOp::const_float(DType::F16, *v)).collect());
-    put(&mut k, Scalar::BF16, f32s_in.iter().map(|v| UOp::const_float(DType::Scalar(Scalar::BF16), *v)).collect());
+    put(&mut k, Scalar::BF16, bf16s_in.iter().map(|v| UOp::const_float(DType::Scalar(Scalar::BF16), *v)).collect());
     for (s, v) in ints {
         put(&mut k, s, vec![UOp::const_int(DType::Scalar(s), v)]);
     }
@@ -464,7 +467,8 @@ fn constants_of_every_dtype_are_exact() {
     assert_eq!(got16[..3], [0x3c00, 0x7bff, 0x7c00]);
     let b = bytes_of(&bufs[3]);
     let gotb: Vec<u16> = b.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-    assert_eq!(gotb, f32s_in.iter().map(|v| bf16_bits(*v)).collect::<Vec<_>>());
+    assert_eq!(gotb, bf16s_in.iter().map(|v| bf16_bits(*v)).collect::<Vec<_>>());
+    assert_eq!(gotb[3], 0x7f7f, "the largest finite bf16");
     let int_bytes: Vec<Vec<u8>> = bufs[4..12].iter().map(bytes_of).collect();
     assert_eq!(int_bytes[0], i64::MIN.to_le_bytes());
     assert_eq!(int_bytes[1], i64::MAX.to_le_bytes());
@@ -472,7 +476,7 @@ fn constants_of_every_dtype_are_exact() {
     assert_eq!(int_bytes[3], i32::MIN.to_le_bytes());
     assert_eq!(int_bytes[4], u32::MAX.to_le_bytes());
     assert_eq!(int_bytes[5], [0x80]);
-    assert_eq!(int_bytes[6], [44]);
+    assert_eq!(int_bytes[6], [255]);
     assert_eq!(int_bytes[7], (-5i16).to_le_bytes());
     assert_eq!(bytes_of(&bufs[12]), [1, 0]);
 }

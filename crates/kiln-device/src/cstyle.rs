@@ -25,8 +25,10 @@
 //!
 //! # Semantics (identical in every dialect)
 //! - Integer ADD/SUB/MUL/NEG wrap (two's complement); IDIV truncates toward zero, MOD takes the
-//!   sign of the dividend. Division or remainder by zero and `MIN / -1` are undefined in the IR:
-//!   a kernel must not do them (the C backends do not guard them).
+//!   sign of the dividend, and both are defined for every operand: `x / 0 == 0`, `x % 0 == x`,
+//!   `MIN / -1 == MIN` (it wraps) and `MIN % -1 == 0`, on every integer type, scalar and
+//!   vector. C traps on those, so the divisor is replaced by 1 there (a select, no branch);
+//!   a constant divisor that cannot trap stays a plain `/` or `%`.
 //! - SHL/SHR use the shift count modulo the bit width (like Rust's `wrapping_shl`); SHR is
 //!   arithmetic for signed and logical for unsigned types; SHL of signed values shifts the
 //!   unsigned bit pattern, so it never overflows.
@@ -816,7 +818,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             Arg::Bool(b) => self.d.int_const(*b as i64, s),
             Arg::Int(v) => self.d.int_const(wrap_int(*v, s), s),
             Arg::Float(v) => self.d.float_const(*v, s, &mut self.p),
-            other => return Err(render_err(n, format!("unsupported constant {other:?}"))),
+            other => return Err(render_err(n, format!("unsupported constant {other}"))),
         })
     }
 
@@ -1106,6 +1108,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             }
             Op::Shl => format!("({} << ({} & {}))", a[0], a[1], bits - 1),
             Op::Shr => format!("({} >> ({} & {}))", a[0], a[1], bits - 1),
+            Op::Idiv | Op::Mod if s.is_int() => self.int_division(n, op, s, &a[0], &a[1]),
             op if op.is_binary() => format!("({} {} {})", a[0], infix_symbol(op), a[1]),
             op => return Err(render_err(n, format!("{op} is not an ALU op on {s}"))),
         };
@@ -1122,6 +1125,41 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
         }
         Ok(r)
     }
+
+    /// IDIV or MOD of `x` by `d` (scalar `s`, an integer type) with the defined results of
+    /// the module docs: `x / 0 == 0`, `x % 0 == x`, `MIN / -1 == MIN`, `MIN % -1 == 0`. The
+    /// divisor is replaced by 1 where C would trap (a select, no branch), and the result by
+    /// the defined value where the divisor is 0. A constant divisor other than 0 (and -1 for
+    /// signed types) cannot trap: it stays a plain `/` or `%`, which compilers strength-reduce.
+    fn int_division(&mut self, n: &UOp, op: Op, s: Scalar, x: &str, d: &str) -> String {
+        let symbol = infix_symbol(op);
+        let divisor = n.src().get(1).and_then(|d| const_int_operand(d));
+        if divisor.is_some_and(|c| c != 0 && !(s.is_signed() && c == -1)) {
+            return format!("({x} {symbol} {d})");
+        }
+        let (zero, one) = (self.d.int_const(0, s), self.d.int_const(1, s));
+        let is_zero = format!("({d} == {zero})");
+        let traps = match s.int_range() {
+            Some((min, _)) if s.is_signed() => {
+                let (min, minus_one) = (self.d.int_const(min as i64, s), self.d.int_const(-1, s));
+                format!("({is_zero} | (({x} == {min}) & ({d} == {minus_one})))")
+            }
+            _ => is_zero.clone(),
+        };
+        let safe = format!("({x} {symbol} ({traps} ? {one} : {d}))");
+        let by_zero = if op == Op::Idiv { zero } else { x.to_string() };
+        format!("({is_zero} ? {by_zero} : {safe})")
+    }
+}
+
+/// The integer value of an operand known when rendering: a CONST, or a VECTORIZE that
+/// broadcasts one CONST.
+fn const_int_operand(n: &UOp) -> Option<i64> {
+    let c = match n.op() {
+        Op::Vectorize if n.src().iter().all(|l| l.content_hash() == n.src()[0].content_hash()) => &n.src()[0],
+        _ => n,
+    };
+    if c.op() == Op::Const { c.arg_int() } else { None }
 }
 
 fn infix_symbol(op: Op) -> &'static str {

@@ -66,6 +66,34 @@ impl Scalar {
         matches!(self, Scalar::I8 | Scalar::I16 | Scalar::I32 | Scalar::I64)
     }
 
+    /// The smallest and largest value of an integer type (`None` for bool and floats).
+    pub const fn int_range(self) -> Option<(i128, i128)> {
+        let bits = (self.size() * 8) as u32;
+        if !self.is_int() {
+            None
+        } else if self.is_signed() {
+            Some((-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1))
+        } else {
+            Some((0, (1i128 << bits) - 1))
+        }
+    }
+
+    /// The largest finite value of a float type, and the magnitude from which a finite value
+    /// rounds to infinity in it (round to nearest, ties to even: the largest finite value
+    /// plus half an ulp). `None` for integers, bool and f64 (every finite f64 fits).
+    pub fn float_limits(self) -> Option<(f64, f64)> {
+        // (stored mantissa bits, largest exponent)
+        let (man, emax) = match self {
+            Scalar::F16 => (10, 15),
+            Scalar::BF16 => (7, 127),
+            Scalar::F32 => (23, 127),
+            _ => return None,
+        };
+        let max = (2.0 - 2f64.powi(-man)) * 2f64.powi(emax);
+        let overflow = (2.0 - 2f64.powi(-man - 1)) * 2f64.powi(emax);
+        Some((max, overflow))
+    }
+
     /// The short name used in text and in NumPy-like contexts (`f32`, `u8`, ...).
     pub const fn name(self) -> &'static str {
         match self {

@@ -17,6 +17,12 @@ use crate::uop::{Op, UOp};
 
 type Chain = Vec<usize>; // range indices, outermost first
 
+/// The most loops (RANGEs) a kernel may have. Laying out loops costs time that grows with
+/// the cube of their number when they nest, and C compilers refuse deeper nesting than this
+/// (clang's default bracket depth is 256): more loops are a typed error up front, never a
+/// stall or a compiler error.
+pub const MAX_LOOPS: usize = 256;
+
 /// Linearizes the kernel rooted at `sink`.
 pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let topo = sink.toposort();
@@ -25,13 +31,25 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
 
     // Ranges ordered by (axis, topo position): that order is the nesting order.
     let mut ranges: Vec<usize> = (0..topo.len()).filter(|&i| topo[i].op() == Op::Range).collect();
+    if ranges.len() > MAX_LOOPS {
+        return Err(IrError::Structure(format!(
+            "the kernel has {} loops (RANGEs); at most {MAX_LOOPS} are supported: fuse or unroll loops",
+            ranges.len()
+        )));
+    }
     ranges.sort_by_key(|&i| (topo[i].arg_int().unwrap_or(0), i));
     let rank: HashMap<usize, usize> = ranges.iter().enumerate().map(|(r, &i)| (i, r)).collect();
     let structural = |msg: String| IrError::Structure(msg);
 
-    // Pass 1: the set of ranges each node uses (by rank).
+    // Pass 1: the set of ranges each node uses (by rank), and the set of ranges whose END it
+    // comes after.
     let mut raw: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); topo.len()];
+    let mut closed: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); topo.len()];
     for (i, node) in topo.iter().enumerate() {
+        let mut after: BTreeSet<usize> = node.src().iter().flat_map(|src| closed[at(src)].iter().copied()).collect();
+        if node.op() == Op::End {
+            after.insert(rank[&at(&node.src()[0])]);
+        }
         let mut s = BTreeSet::new();
         match node.op() {
             // Readers of an accumulator run inside its reduce loops, so it carries them;
@@ -62,7 +80,18 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
                 }
             }
         }
+        // Equal nodes are one node: two loops written with the same RANGE (axis and extent)
+        // are one loop, so a second "loop" that reads what the first one's END finished
+        // would run inside the first.
+        if let Some(&r) = s.intersection(&after).next() {
+            return Err(structural(format!(
+                "%{i} uses the index of range %{} after that loop's END: two loops written with the same \
+                 axis and extent are the same RANGE node; give each loop its own axis",
+                ranges[r]
+            )));
+        }
         raw[i] = s;
+        closed[i] = after;
     }
 
     // Nesting: ranges used together are nested, the smaller rank outside.
@@ -316,6 +345,31 @@ mod tests {
         let pos = |op: Op| order.iter().position(|n| n.op() == op).unwrap();
         assert!(pos(Op::DefineAcc) < pos(Op::Range));
         assert!(pos(Op::Range) < pos(Op::Mul) && pos(Op::Mul) < pos(Op::Assign) && pos(Op::Assign) < pos(Op::End));
+    }
+
+    /// `a[r] = 1` in one loop, then `b[r] = a[r]` in a second loop after it, both written
+    /// with axis 0 and the same extent: hash-consing makes them one RANGE.
+    #[test]
+    fn two_loops_with_the_same_axis_are_a_structure_error_at_their_lines() {
+        let text = "%n = CONST i32 4\n%a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n\
+                    %r = RANGE i32 0 (%n)\n%pa = INDEX ptr<f32> (%a, %r)\n%one = CONST f32 1.0\n\
+                    %st = STORE (%pa, %one)\n%e = END void (%r, %st)\n%a2 = AFTER ptr<f32> (%a, %e)\n\
+                    %r2 = RANGE i32 0 (%n)\n%pa2 = INDEX ptr<f32> (%a2, %r2)\n%x = LOAD f32 (%pa2)\n\
+                    %pb = INDEX ptr<f32> (%b, %r2)\n%st2 = STORE (%pb, %x)\n%e2 = END void (%r2, %st2)\nSINK (%e2)";
+        match crate::parse_kernel(text) {
+            Err(IrError::Structure(m)) => {
+                assert!(m.contains("%pa2 (line 11) uses the index of range %r (line 4)"), "{m}");
+                assert!(m.contains("give each loop its own axis"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // With distinct axes the two loops run one after the other.
+        let fixed = text.replace("%r2 = RANGE i32 0", "%r2 = RANGE i32 1");
+        let order = linearize(&crate::parse_kernel(&fixed).unwrap()).unwrap();
+        let ops = names(&order);
+        let (first_end, second_range) =
+            (ops.iter().position(|o| *o == "END").unwrap(), ops.iter().rposition(|o| *o == "RANGE").unwrap());
+        assert!(first_end < second_range, "{ops:?}");
     }
 
     #[test]

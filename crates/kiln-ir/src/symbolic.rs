@@ -3,20 +3,84 @@
 //! Every step is checked: a missing variable, a value outside its declared `[min, max]`,
 //! an overflow or a division by zero is an [`IrError`], never a panic or a wrapped value.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
 use crate::uop::{Arg, Op, UOp};
 
 /// Evaluates `expr`, looking variables up by name with `lookup`.
+///
+/// Never recurses deeper than a small fixed bound and visits each node once however deep
+/// or shared the expression is: a size expression built as a 100,000-deep chain, or as a DAG
+/// whose tree unfolding is exponential, is evaluated on an ordinary thread stack in time
+/// linear in its nodes.
 pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result<i64, IrError> {
+    let mut budget = SHALLOW_NODES;
+    match eval_shallow(expr, lookup, SHALLOW_DEPTH, &mut budget) {
+        Some(result) => result,
+        None => eval_deep(expr, lookup),
+    }
+}
+
+/// Size expressions are almost always a handful of nodes: those are evaluated depth-first
+/// without allocating; anything deeper or larger goes to [`eval_deep`].
+const SHALLOW_DEPTH: usize = 32;
+const SHALLOW_NODES: usize = 256;
+
+/// Depth-first evaluation within `depth` levels and `budget` node visits; `None` when the
+/// expression is larger than that.
+fn eval_shallow(
+    node: &Arc<UOp>,
+    lookup: &dyn Fn(&str) -> Option<i64>,
+    depth: usize,
+    budget: &mut usize,
+) -> Option<Result<i64, IrError>> {
+    if depth == 0 || *budget == 0 {
+        return None;
+    }
+    *budget -= 1;
+    let mut too_big = false;
+    let result = step(node, lookup, &mut |src| match eval_shallow(src, lookup, depth - 1, budget) {
+        Some(r) => r,
+        None => {
+            too_big = true;
+            Err(IrError::Eval(String::new()))
+        }
+    });
+    (!too_big).then_some(result)
+}
+
+/// Evaluates every node below `expr` once, children first, without recursion. A node's
+/// failure is kept as its value, so an error in a WHERE branch that is not taken is ignored,
+/// as in the depth-first evaluation.
+fn eval_deep(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result<i64, IrError> {
+    let mut values: HashMap<*const UOp, Result<i64, IrError>> = HashMap::new();
+    for node in expr.toposort() {
+        let missing = || Err(IrError::Eval("an operand was not evaluated".into()));
+        let v = step(&node, lookup, &mut |src| values.get(&Arc::as_ptr(src)).cloned().unwrap_or_else(missing));
+        values.insert(Arc::as_ptr(&node), v);
+    }
+    values.remove(&Arc::as_ptr(expr)).unwrap_or_else(|| Err(IrError::Eval("empty expression".into())))
+}
+
+/// The value of one node, given `value` for its operands (asked only for the ones it needs).
+fn step(
+    expr: &UOp,
+    lookup: &dyn Fn(&str) -> Option<i64>,
+    value: &mut dyn FnMut(&Arc<UOp>) -> Result<i64, IrError>,
+) -> Result<i64, IrError> {
     let overflow = |what: &str| IrError::Eval(format!("integer overflow evaluating {what}"));
+    let mut operand = |i: usize| match expr.src().get(i) {
+        Some(src) => value(src),
+        None => Err(IrError::Eval(format!("{} is missing operand {i}", expr.op()))),
+    };
     let v = match expr.op() {
         Op::Const => match expr.arg() {
             Arg::Int(v) => *v,
             Arg::Bool(b) => *b as i64,
             other => {
-                return Err(IrError::Eval(format!("non-integer constant {other:?} in a size expression")));
+                return Err(IrError::Eval(format!("non-integer constant {other} in a size expression")));
             }
         },
         Op::DefineVar => {
@@ -29,13 +93,13 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
             }
             v
         }
-        Op::Bind => eval_int(&expr.src()[1], lookup)?,
-        Op::Cast | Op::After => eval_int(&expr.src()[0], lookup)?,
-        Op::Neg => eval_int(&expr.src()[0], lookup)?.checked_neg().ok_or_else(|| overflow("NEG"))?,
-        Op::Abs => eval_int(&expr.src()[0], lookup)?.checked_abs().ok_or_else(|| overflow("ABS"))?,
+        Op::Bind => operand(1)?,
+        Op::Cast | Op::After => operand(0)?,
+        Op::Neg => operand(0)?.checked_neg().ok_or_else(|| overflow("NEG"))?,
+        Op::Abs => operand(0)?.checked_abs().ok_or_else(|| overflow("ABS"))?,
         op if op.is_binary() => {
-            let a = eval_int(&expr.src()[0], lookup)?;
-            let b = eval_int(&expr.src()[1], lookup)?;
+            let a = operand(0)?;
+            let b = operand(1)?;
             let r = match op {
                 Op::Add => a.checked_add(b),
                 Op::Sub => a.checked_sub(b),
@@ -63,10 +127,10 @@ pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result
             r.ok_or_else(|| overflow(&format!("{a} {op} {b}")))?
         }
         Op::Where => {
-            if eval_int(&expr.src()[0], lookup)? != 0 {
-                eval_int(&expr.src()[1], lookup)?
+            if operand(0)? != 0 {
+                operand(1)?
             } else {
-                eval_int(&expr.src()[2], lookup)?
+                operand(2)?
             }
         }
         op => {
@@ -109,5 +173,45 @@ mod tests {
         assert!(matches!(eval_int(&big, &|_| None), Err(IrError::Eval(_))));
         let div0 = UOp::new(Op::Idiv, DType::I32, Arg::None, vec![n, UOp::index_const(0)]);
         assert!(eval_int(&div0, &|_| Some(3)).is_err());
+        let malformed = UOp::new(Op::Bind, DType::I32, Arg::None, vec![]);
+        assert!(matches!(eval_int(&malformed, &|_| None), Err(IrError::Eval(m)) if m.contains("missing operand")));
+    }
+
+    /// A 100,000-deep chain `((n + 1) + 1) + ...` on a thread with an ordinary 8 MiB stack.
+    #[test]
+    fn a_deep_size_expression_evaluates_on_an_ordinary_stack() {
+        let deep = std::thread::Builder::new()
+            .stack_size(8 << 20)
+            .spawn(|| {
+                let mut e = var("n", 0, 10);
+                for _ in 0..100_000 {
+                    e = UOp::new(Op::Add, DType::I64, Arg::None, vec![e, UOp::const_int(DType::I64, 1)]);
+                }
+                let v = eval_int(&e, &|_| Some(7));
+                // A branch not taken may fail; the deep evaluation ignores it like the shallow one.
+                let zero = UOp::const_int(DType::I64, 0);
+                let bad = UOp::new(Op::Idiv, DType::I64, Arg::None, vec![e.clone(), zero.clone()]);
+                let pick = UOp::new(Op::Where, DType::I64, Arg::None, vec![UOp::const_bool(false), bad, e]);
+                (v, eval_int(&pick, &|_| Some(7)))
+            })
+            .unwrap();
+        let (v, picked) = deep.join().expect("evaluating a deep expression overflowed the stack");
+        assert_eq!(v.unwrap(), 100_007);
+        assert_eq!(picked.unwrap(), 100_007);
+    }
+
+    /// `x = x + x`, 200 times: 2^200 paths, 201 distinct nodes.
+    #[test]
+    fn a_shared_size_expression_is_evaluated_once_per_node() {
+        let mut e = var("n", 0, 10);
+        for _ in 0..200 {
+            e = UOp::new(Op::Add, DType::I64, Arg::None, vec![e.clone(), e]);
+        }
+        assert!(matches!(eval_int(&e, &|_| Some(1)), Err(IrError::Eval(m)) if m.contains("overflow")));
+        let mut small = var("n", 0, 10);
+        for _ in 0..20 {
+            small = UOp::new(Op::Add, DType::I64, Arg::None, vec![small.clone(), small]);
+        }
+        assert_eq!(eval_int(&small, &|_| Some(1)).unwrap(), 1 << 20);
     }
 }

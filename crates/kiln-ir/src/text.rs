@@ -69,14 +69,18 @@
 //! | every other op | none | `ADD f32 (%x, %y)` |
 //!
 //! Literals:
-//! - integer: decimal `i64`, e.g. `0`, `-9223372036854775808`;
+//! - integer: decimal, or hex `0x`, octal `0o` or binary `0b` digits, with an optional
+//!   sign, e.g. `0`, `-9223372036854775808`, `0x7fff`, `-0b101`. It must fit the dtype
+//!   ([`crate::validate`] rejects `CONST u8 300`); a `u64` constant may be up to
+//!   `18446744073709551615`. [`print`] writes decimal;
 //! - float: has a `.` or an exponent (`1.0`, `-0.0`, `2.5e-7`, `1e300`), or is `inf`,
 //!   `-inf`, `nan` (the quiet NaN `0x7ff8000000000000`) or `nan:0x` and 16 hex digits (any
 //!   other NaN, by its bits). [`print`] writes the shortest text that reads back to the
 //!   same bits, so constants survive exactly; `1` is an integer, `1.0` a float;
 //! - string: `"..."` on one line, with the escapes `\"` `\\` `\n` `\r` `\t` `\0` and
 //!   `\u{HEX}`;
-//! - bytes: `0x` then an even number of hex digits (`0x` alone is empty).
+//! - bytes (BINARY only; elsewhere `0x` starts a hex integer): `0x` then an even number of
+//!   hex digits (`0x` alone is empty).
 //!
 //! # Grammar
 //!
@@ -103,10 +107,10 @@
 //! kernel is [`parse_kernel`]'s (or the caller's [`crate::validate`]) job.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
-use crate::dtype::{DType, DeviceSpec};
+use crate::dtype::{DType, DeviceSpec, Scalar};
 use crate::uop::{Arg, Op, UOp};
 use crate::{IrError, linearize, validate};
 
@@ -125,7 +129,11 @@ pub fn print(root: &Arc<UOp>) -> String {
     for (i, node) in order.iter().enumerate() {
         let name = format!("%{i}");
         let _ = write!(out, "{name:<width$} = {} {}", node.op().name(), node.dtype());
-        let arg = arg_text(node.arg());
+        let arg = match (node.op(), node.dtype(), node.arg()) {
+            // A u64 constant holds its value's bits: write the value.
+            (Op::Const, DType::Scalar(Scalar::U64), Arg::Int(v)) => (*v as u64).to_string(),
+            (_, _, arg) => arg_text(arg),
+        };
         if !arg.is_empty() {
             out.push(' ');
             out.push_str(&arg);
@@ -218,6 +226,18 @@ fn rename_nodes(message: &str, name: impl Fn(usize) -> Option<String>) -> String
 }
 
 // ---------------------------------------------------------------- printing helpers
+
+/// An argument as the text format writes it (`7`, `1.5`, `"gidx0"`, `"n" 1 16`,
+/// `device CPU`, `0x7f45`), or `no argument`: messages show arguments this way, never as
+/// Rust debug output.
+impl fmt::Display for Arg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arg::None => f.write_str("no argument"),
+            arg => f.write_str(&arg_text(arg)),
+        }
+    }
+}
 
 fn arg_text(arg: &Arg) -> String {
     match arg {
@@ -575,7 +595,7 @@ fn parse_line(
     while matches!(toks.get(pos), Some(Token { tok: Tok::Word(_) | Tok::Str(_), .. })) {
         pos += 1;
     }
-    let arg = parse_arg(line, op, &toks[arg_start..pos], toks.get(pos).map_or(end, |t| t.at), op_at)?;
+    let arg = parse_arg(line, op, dtype, &toks[arg_start..pos], toks.get(pos).map_or(end, |t| t.at), op_at)?;
 
     // The operands.
     let mut src = Vec::new();
@@ -775,7 +795,14 @@ fn accepted(op: Op) -> (&'static [Kind], &'static str) {
 
 /// Reads the argument tokens of one line and checks the kind against the op.
 /// `after` is where the argument would be when missing; `op_at` is the op's position.
-fn parse_arg(line: Line<'_>, op: Op, toks: &[Token<'_>], after: usize, op_at: usize) -> Result<Arg, IrError> {
+fn parse_arg(
+    line: Line<'_>,
+    op: Op,
+    dtype: DType,
+    toks: &[Token<'_>],
+    after: usize,
+    op_at: usize,
+) -> Result<Arg, IrError> {
     let int = |t: &Token<'_>| -> Result<i64, IrError> {
         match &t.tok {
             Tok::Word(w) => parse_int(w).map_err(|m| line.err(t.at, m)),
@@ -802,7 +829,7 @@ fn parse_arg(line: Line<'_>, op: Op, toks: &[Token<'_>], after: usize, op_at: us
         [Token { tok: Tok::Str(_), .. }, t] | [Token { tok: Tok::Str(_), .. }, _, _, t, ..] => {
             return Err(line.err(t.at, "a string argument stands alone, or is a variable `\"name\" min max`"));
         }
-        [Token { tok: Tok::Word(w), at }] => literal(w).map_err(|m| line.err(*at, m))?,
+        [Token { tok: Tok::Word(w), at }] => literal(w, op, dtype).map_err(|m| line.err(*at, m))?,
         [_, t, ..] => return Err(line.err(t.at, "too many arguments: a node has at most one")),
         [t] => return Err(line.err(t.at, "expected an argument (a number, string, bytes or `device NAME`)")),
     };
@@ -815,16 +842,42 @@ fn parse_arg(line: Line<'_>, op: Op, toks: &[Token<'_>], after: usize, op_at: us
 }
 
 fn parse_int(w: &str) -> Result<i64, String> {
-    w.parse::<i64>().map_err(|e| match e.kind() {
-        std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => {
-            format!("integer `{w}` does not fit in 64 bits")
-        }
-        _ => format!("`{w}` is not an integer"),
-    })
+    i64::try_from(parse_integer(w)?).map_err(|_| format!("integer `{w}` does not fit in 64 bits"))
 }
 
-/// A single-word argument: bool, bytes, float or integer.
-fn literal(w: &str) -> Result<Arg, String> {
+/// An integer literal: decimal, or `0x` hex, `0o` octal, `0b` binary digits, with an optional
+/// sign. Anything from `i64::MIN` to `u64::MAX` (a u64 constant's largest value) is read;
+/// the caller decides what fits.
+fn parse_integer(w: &str) -> Result<i128, String> {
+    let (negative, body) = match w.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, w.strip_prefix('+').unwrap_or(w)),
+    };
+    let lower = body.to_ascii_lowercase();
+    let (radix, digits) = match lower.get(..2) {
+        Some("0x") => (16, &lower[2..]),
+        Some("0o") => (8, &lower[2..]),
+        Some("0b") => (2, &lower[2..]),
+        _ => (10, lower.as_str()),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(format!("`{w}` is not an integer (write 42, -7, 0x2a, 0o52 or 0b101010)"));
+    }
+    let too_big = || format!("integer `{w}` does not fit in 64 bits");
+    let magnitude = u64::from_str_radix(digits, radix).map_err(|_| too_big())? as i128;
+    let v = if negative { -magnitude } else { magnitude };
+    if v < i64::MIN as i128 { Err(too_big()) } else { Ok(v) }
+}
+
+/// Whether `lower` (lower case) is written as an integer with a radix prefix (`0x1f`, `-0b1`).
+fn has_radix_prefix(lower: &str) -> bool {
+    let body = lower.strip_prefix(['-', '+']).unwrap_or(lower);
+    ["0x", "0o", "0b"].iter().any(|p| body.starts_with(p))
+}
+
+/// A single-word argument of `op` (whose dtype is `dtype`): bool, bytes, float or integer.
+/// `0x...` is bytes for ops that take bytes (BINARY) and a hex integer for the others.
+fn literal(w: &str, op: Op, dtype: DType) -> Result<Arg, String> {
     let lower = w.to_ascii_lowercase();
     match lower.as_str() {
         "true" => return Ok(Arg::Bool(true)),
@@ -846,10 +899,12 @@ fn literal(w: &str) -> Result<Arg, String> {
             Err(format!("`{w}` is not a NaN bit pattern; write the number itself (e.g. 1.5)"))
         };
     }
-    if let Some(hex) = lower.strip_prefix("0x") {
+    if let Some(hex) = lower.strip_prefix("0x")
+        && accepted(op).0.contains(&Kind::Bytes)
+    {
         return parse_hex(hex).map(Arg::Bytes).map_err(|m| format!("`{w}`: {m}"));
     }
-    if lower.contains(['.', 'e']) {
+    if !has_radix_prefix(&lower) && lower.contains(['.', 'e']) {
         return lower
             .parse::<f64>()
             .ok()
@@ -857,7 +912,14 @@ fn literal(w: &str) -> Result<Arg, String> {
             .map(Arg::Float)
             .ok_or_else(|| format!("`{w}` is not a number (floats look like 1.0, -0.5, 2e-7, inf or nan)"));
     }
-    parse_int(w).map(Arg::Int)
+    let v = parse_integer(w)?;
+    if op == Op::Const && dtype == DType::Scalar(Scalar::U64) {
+        // u64 constants hold their value's bits (see `print`).
+        return u64::try_from(v)
+            .map(|u| Arg::Int(u as i64))
+            .map_err(|_| format!("`{w}` does not fit u64 (range 0..={})", u64::MAX));
+    }
+    i64::try_from(v).map(Arg::Int).map_err(|_| format!("integer `{w}` does not fit in 64 bits"))
 }
 
 fn parse_hex(hex: &str) -> Result<Vec<u8>, String> {

@@ -79,9 +79,11 @@ pub enum Op {
     Mul,
     /// Float division.
     Div,
-    /// Integer division truncating toward zero.
+    /// Integer division truncating toward zero. Defined for every operand: `x / 0 == 0`, and
+    /// `MIN / -1 == MIN` (it wraps), on every backend.
     Idiv,
-    /// Integer remainder (sign of the dividend).
+    /// Integer remainder, with the sign of the dividend (`x == x / d * d + x % d`). Defined
+    /// for every operand: `x % 0 == x` and `MIN % -1 == 0`, on every backend.
     Mod,
     Max,
     Min,
@@ -431,7 +433,7 @@ impl fmt::Debug for UOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.op, self.dtype)?;
         if self.arg != Arg::None {
-            write!(f, " {:?}", self.arg)?;
+            write!(f, " {}", self.arg)?;
         }
         if !self.src.is_empty() {
             write!(f, " ({} srcs)", self.src.len())?;

@@ -61,7 +61,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             | Op::Binary
     );
     if !takes_arg && *n.arg() != Arg::None {
-        return Err(format!("takes no argument, got {:?}", n.arg()));
+        return Err(format!("takes no argument, got {}", n.arg()));
     }
     let src = n.src();
     let dt = n.dtype();
@@ -92,28 +92,42 @@ fn check_node(n: &UOp) -> Result<(), String> {
             }
             match n.arg() {
                 Arg::Int(slot) if *slot >= 0 => {}
-                other => return Err(format!("needs a slot number >= 0, got {other:?}")),
+                other => return Err(format!("needs a slot number >= 0, got {other}")),
             }
             int_scalar(&src[0], "the element count")
         }
         Op::DefineVar => {
             count(&[0])?;
-            match n.arg() {
-                Arg::Var { min, max, .. } if min <= max => {}
-                Arg::Var { name, min, max } => {
-                    return Err(format!("`{name}` has min {min} > max {max}"));
-                }
-                other => return Err(format!("needs a name and bounds, got {other:?}")),
+            int_scalar(n, "a variable")?;
+            let Arg::Var { name, min, max } = n.arg() else {
+                return Err(format!("needs a name and bounds, got {}", n.arg()));
+            };
+            if min > max {
+                return Err(format!("`{name}` has min {min} > max {max}"));
             }
-            int_scalar(n, "a variable")
+            for (what, v) in [("min", min), ("max", max)] {
+                fits_int(*v as i128, dt).map_err(|range| format!("`{name}` has {what} {v}, outside {dt} {range}"))?;
+            }
+            Ok(())
         }
         Op::Const => {
             count(&[0])?;
             match (n.arg(), dt) {
-                (Arg::Int(_), DType::Scalar(s)) if s.is_int() => Ok(()),
-                (Arg::Float(_), DType::Scalar(s)) if s.is_float() => Ok(()),
+                // A u64 constant holds the value's bits (`v as u64`): every i64 is one.
+                (Arg::Int(_), DType::Scalar(Scalar::U64)) => Ok(()),
+                (Arg::Int(v), DType::Scalar(s)) if s.is_int() => {
+                    fits_int(*v as i128, dt).map_err(|range| format!("value {v} does not fit {dt} {range}"))
+                }
+                (Arg::Float(v), DType::Scalar(s)) if s.is_float() => match s.float_limits() {
+                    Some((max, overflow)) if v.is_finite() && v.abs() >= overflow => Err(format!(
+                        "value {v:e} is beyond the {dt} range (largest finite value {max:e}); \
+                         write inf or -inf for an infinity"
+                    )),
+                    _ => Ok(()),
+                },
                 (Arg::Bool(_), DType::Scalar(Scalar::Bool)) => Ok(()),
-                (arg, _) => Err(format!("value {arg:?} does not fit dtype {dt}")),
+                (arg, DType::Scalar(Scalar::Bool)) => Err(format!("a bool constant is true or false, got {arg}")),
+                (arg, _) => Err(format!("value {arg} does not fit dtype {dt}")),
             }
         }
         Op::Special | Op::Range => {
@@ -125,8 +139,8 @@ fn check_node(n: &UOp) -> Result<(), String> {
             }
             match (n.op(), n.arg()) {
                 (Op::Special, Arg::Str(_)) | (Op::Range, Arg::Int(_)) => Ok(()),
-                (Op::Special, a) => Err(format!("needs a name such as \"gidx0\", got {a:?}")),
-                (_, a) => Err(format!("needs an axis number, got {a:?}")),
+                (Op::Special, a) => Err(format!("needs a name such as \"gidx0\", got {a}")),
+                (_, a) => Err(format!("needs an axis number, got {a}")),
             }
         }
         Op::End => {
@@ -194,7 +208,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
                 return Err("needs an initial value".into());
             }
             if !matches!(n.arg(), Arg::Int(_)) {
-                return Err(format!("needs an accumulator id, got {:?}", n.arg()));
+                return Err(format!("needs an accumulator id, got {}", n.arg()));
             }
             same(dt, src[0].dtype(), "the initial value")?;
             if src[1..].iter().any(|r| r.op() != Op::Range) {
@@ -234,7 +248,12 @@ fn check_node(n: &UOp) -> Result<(), String> {
             }
             value_type(a)?;
             if op.is_comparison() {
-                return same(dt, DType::vec(Scalar::Bool, a.width()), "a comparison result");
+                let want = DType::vec(Scalar::Bool, a.width());
+                return if dt == want {
+                    Ok(())
+                } else {
+                    Err(format!("a comparison yields {want}, not {dt}: write {} {want} (...)", op.name()))
+                };
             }
             same(dt, a, "the operands")?;
             match op {
@@ -299,11 +318,20 @@ fn check_node(n: &UOp) -> Result<(), String> {
             };
             match n.arg() {
                 Arg::Int(l) if (0..w as i64).contains(l) => same(dt, src[0].dtype().lane(), "the lane"),
-                a => Err(format!("lane {a:?} out of range for {}", src[0].dtype())),
+                a => Err(format!("lane {a} out of range for {}", src[0].dtype())),
             }
         }
         Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary => Ok(()),
         op => Err(format!("{op} is not allowed here")),
+    }
+}
+
+/// Whether `v` lies in the range of the integer dtype `dt`; the error is the range as text.
+fn fits_int(v: i128, dt: DType) -> Result<(), String> {
+    match dt.scalar().and_then(Scalar::int_range) {
+        Some((lo, hi)) if (lo..=hi).contains(&v) => Ok(()),
+        Some((lo, hi)) => Err(format!("(range {lo}..={hi})")),
+        None => Ok(()),
     }
 }
 
@@ -324,4 +352,151 @@ fn same(want: DType, got: DType, what: &str) -> Result<(), String> {
 
 fn join(v: &[usize]) -> String {
     v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{parse, parse_kernel};
+
+    /// The message `validate` gives for the one-line graph `line`, or `None` when it accepts it.
+    fn verdict(line: &str) -> Option<String> {
+        let root = parse(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        match validate(&root) {
+            Ok(()) => None,
+            Err(IrError::Type { message, .. }) => Some(message),
+            Err(other) => panic!("{line}: not a Type error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn integer_values_must_fit_their_dtype() {
+        for (line, needle) in [
+            ("%c = CONST i16 40000", "value 40000 does not fit i16 (range -32768..=32767)"),
+            ("%c = CONST i32 4294967295", "value 4294967295 does not fit i32 (range -2147483648..=2147483647)"),
+            ("%c = CONST u8 300", "value 300 does not fit u8 (range 0..=255)"),
+            ("%c = CONST u32 -1", "value -1 does not fit u32"),
+            ("%c = CONST i8 -129", "does not fit i8"),
+            ("%v = DEFINE_VAR i16 \"n\" 1 100000", "`n` has max 100000, outside i16 (range -32768..=32767)"),
+            ("%v = DEFINE_VAR u32 \"n\" -1 10", "`n` has min -1, outside u32"),
+            ("%v = DEFINE_VAR i32 \"n\" 1 4294967295", "`n` has max 4294967295, outside i32"),
+            ("%v = DEFINE_VAR i32 \"n\" 5 1", "`n` has min 5 > max 1"),
+            ("%c = CONST bool 1", "a bool constant is true or false, got 1"),
+            ("%c = CONST bool 1.5", "a bool constant is true or false, got 1.5"),
+        ] {
+            let m = verdict(line).unwrap_or_else(|| panic!("{line} was accepted"));
+            assert!(m.contains(needle), "{line}: `{m}` lacks `{needle}`");
+        }
+        for line in [
+            "%c = CONST i16 -32768",
+            "%c = CONST i16 32767",
+            "%c = CONST u8 255",
+            "%c = CONST i64 -9223372036854775808",
+            "%c = CONST u64 18446744073709551615",
+            "%c = CONST u32 4294967295",
+            "%c = CONST bool true",
+            "%v = DEFINE_VAR i32 \"n\" -2147483648 2147483647",
+            "%v = DEFINE_VAR u8 \"n\" 0 255",
+        ] {
+            assert_eq!(verdict(line), None, "{line}");
+        }
+        // The text form of a u64 constant is its value; its argument holds the bits.
+        let max = parse("%c = CONST u64 18446744073709551615").unwrap();
+        assert_eq!(max.arg(), &Arg::Int(-1));
+        assert!(crate::print(&max).contains("CONST u64 18446744073709551615\n"));
+        assert!(parse("%c = CONST u64 -1").is_err(), "a negative u64 constant has no meaning");
+    }
+
+    #[test]
+    fn finite_floats_beyond_their_dtype_are_rejected() {
+        for line in [
+            "%c = CONST f32 3.5e38",
+            "%c = CONST f32 -1e39",
+            "%c = CONST f32 3.4028235677973366e38", // half an ulp above f32::MAX: rounds to inf
+            "%c = CONST f16 65520.0",
+            "%c = CONST f16 -1e5",
+            "%c = CONST bf16 3.4e38",
+        ] {
+            let m = verdict(line).unwrap_or_else(|| panic!("{line} was accepted"));
+            assert!(m.contains("beyond the") && m.contains("largest finite value") && m.contains("inf"), "{m}");
+        }
+        for line in [
+            "%c = CONST f32 3.4028234663852886e38",
+            "%c = CONST f32 -3.4028235e38",
+            "%c = CONST f32 1e-50", // underflow rounds to zero: fine
+            "%c = CONST f16 65504.0",
+            "%c = CONST f16 65519.0",
+            "%c = CONST f32 inf",
+            "%c = CONST f32 -inf",
+            "%c = CONST f32 nan",
+            "%c = CONST f64 1.7976931348623157e308",
+        ] {
+            assert_eq!(verdict(line), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn integer_literals_in_hex_octal_and_binary() {
+        for (text, want) in [
+            ("0x10", 16),
+            ("-0x10", -16),
+            ("0X1F", 31),
+            ("0b101", 5),
+            ("0o17", 15),
+            ("+7", 7),
+            ("0x7fffffff", i32::MAX as i64),
+        ] {
+            let c = parse(&format!("%c = CONST i32 {text}")).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(c.arg(), &Arg::Int(want), "{text}");
+        }
+        let u = parse("%c = CONST u64 0xffffffffffffffff").unwrap();
+        assert_eq!(u.arg(), &Arg::Int(-1));
+        let v = parse("%v = DEFINE_VAR i32 \"n\" 0x1 0x100").unwrap();
+        assert_eq!(v.arg(), &Arg::Var { name: "n".into(), min: 1, max: 256 });
+        for bad in ["0x", "0xg", "0b2", "0x1.5"] {
+            let Err(IrError::Parse { message, .. }) = parse(&format!("%c = CONST i32 {bad}")) else {
+                panic!("{bad} parsed")
+            };
+            assert!(message.contains("is not") && !message.contains("bytes"), "{bad}: {message}");
+        }
+        // BINARY keeps reading 0x as bytes.
+        assert_eq!(parse("%b = BINARY void 0x0102").unwrap().arg(), &Arg::Bytes(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_comparison_with_a_value_dtype_says_it_yields_bool() {
+        let text = "%a = CONST f32 1.0\n%b = CONST f32 2.0\n%lt = CMPLT f32 (%a, %b)\n%n = CONST i32 1\n\
+                    %p = PARAM ptr<f32> 0 (%n)\n%i = CONST i32 0\n%x = INDEX ptr<f32> (%p, %i)\n\
+                    %v = WHERE f32 (%lt, %a, %b)\n%st = STORE (%x, %v)\nSINK (%st)";
+        match parse_kernel(text) {
+            Err(IrError::Parse { line: 3, message, .. }) => {
+                assert!(message.contains("a comparison yields bool, not f32: write CMPLT bool"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn messages_show_arguments_in_the_text_format() {
+        let add = UOp::new(Op::Add, DType::I32, Arg::Int(7), vec![]);
+        assert!(matches!(validate(&add), Err(IrError::Type { message, .. }) if message == "takes no argument, got 7"));
+        let m = verdict("%c = CONST bool 1").unwrap_or_default();
+        assert!(!m.contains("Int("), "{m}");
+        let gep = UOp::new(
+            Op::Gep,
+            DType::F32,
+            Arg::Int(9),
+            vec![UOp::new(
+                Op::Vectorize,
+                DType::Vector(Scalar::F32, 4),
+                Arg::None,
+                vec![UOp::const_float(DType::F32, 1.0)],
+            )],
+        );
+        let Err(IrError::Type { message, .. }) = validate(&gep) else { panic!("lane 9 of 4 accepted") };
+        assert!(message.starts_with("lane 9 out of range"), "{message}");
+        let slot = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Str("x".into()), vec![UOp::index_const(1)]);
+        let Err(IrError::Type { message, .. }) = validate(&slot) else { panic!("a named slot accepted") };
+        assert!(message.ends_with("got \"x\""), "{message}");
+    }
 }

@@ -419,7 +419,7 @@ impl Renderer for OpenClRenderer {
     }
 
     fn cache_key(&self) -> String {
-        format!("opencl-c v1 fp64={}", self.fp64)
+        format!("opencl-c v2 fp64={}", self.fp64)
     }
 }
 

@@ -385,12 +385,12 @@ fn bad_launch_dimensions_are_refused() {
     let s = Scratch::new("launch");
     // Global size n - 10: zero or negative for n ≤ 10.
     let text = "\
-%n   = DEFINE_VAR i32 \"n\" 1 4611686018427387904
-%ten = CONST i32 10
-%ext = SUB i32 (%n, %ten)
+%n   = DEFINE_VAR i64 \"n\" 1 4611686018427387904
+%ten = CONST i64 10
+%ext = SUB i64 (%n, %ten)
 %one = CONST i32 1
 %a   = PARAM ptr<f32> 0 (%one)
-%i   = SPECIAL i32 \"idx0\" (%ext)
+%i   = SPECIAL i64 \"idx0\" (%ext)
 %z   = CONST i32 0
 %p   = INDEX ptr<f32> (%a, %z)
 %v   = CAST f32 (%i)
@@ -401,7 +401,7 @@ SINK void (%st)
     fails(s.kiln(&["run", &k, "--var", "n=4"], &[]), 1, &["global size on axis 0 evaluated to -6"]);
     fails(s.kiln(&["run", &k, "--var", "n=10"], &[]), 1, &["evaluated to 0"]);
     // Global size n * n: overflows 64 bits for large n.
-    let k2 = kernel_with(&s, "overflow.kiln", &text.replace("SUB i32 (%n, %ten)", "MUL i32 (%n, %n)"));
+    let k2 = kernel_with(&s, "overflow.kiln", &text.replace("SUB i64 (%n, %ten)", "MUL i64 (%n, %n)"));
     fails(s.kiln(&["run", &k2, "--var", "n=4611686018427387904"], &[]), 1, &["overflow"]);
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kiln_device::kiln_ir::{Arg, DType, IrError, KernelBuilder, Op, Scalar, UOp, parse_kernel};
+use kiln_device::kiln_ir::{Arg, DType, IrError, KernelBuilder, Op, Scalar, UOp, Val, parse, parse_kernel};
 use kiln_device::{Buffer, Device, Error, Kernel};
 
 use crate::kernels::compile;
@@ -65,6 +65,49 @@ pub fn kernel_text(dev: &Arc<Device>) -> Outcome {
     let bad_dtype = ADD_TEXT.replace("%x   = LOAD f32", "%x   = LOAD f33");
     parse_error_at("an unknown dtype", &bad_dtype, 10, None)?;
     parse_error_at("empty text", "", 1, None)?;
+    Ok(())
+}
+
+/// Values must fit their dtype: a variable whose bounds do not fit it, or a constant that
+/// does not (an integer out of range, a finite float beyond f32), is the validator's error,
+/// never a wrapped value or a compiler error; so an i32 variable can never be bound to a
+/// value beyond i32, and such a launch is refused naming the variable. Infinite and NaN
+/// constants are values and render on every backend.
+pub fn values_fit_their_dtypes(dev: &Arc<Device>) -> Outcome {
+    let wide = ADD_TEXT.replace("DEFINE_VAR i32 \"n\" 1 64", "DEFINE_VAR i32 \"n\" 1 4294967295");
+    parse_error_at("an i32 variable with max 4294967295", &wide, 2, Some(8))?;
+    let widest = ADD_TEXT.replace("DEFINE_VAR i32 \"n\" 1 64", "DEFINE_VAR i32 \"n\" 1 2147483647");
+    let kernel = compile(dev, &parse_kernel(&widest)?, "conf_widest_var")?;
+    let buf = Buffer::from_slice(dev.allocator.clone(), &[0f32; 4])?;
+    let err = expect_err(
+        "binding the i32 `n` to 3000000000",
+        kernel.launch(&[&buf, &buf, &buf], &[3_000_000_000]),
+        |e| matches!(e, Error::Ir(IrError::VarOutOfRange { name, value: 3_000_000_000, .. }) if name == "n"),
+    )?;
+    ensure!(err.to_string().contains("`n`"), "the message does not name the variable: {err}");
+
+    for bad in ["3.5e38", "-1e39"] {
+        // parse, not parse_kernel: the device must validate what it is given.
+        let text = format!(
+            "%n = CONST i32 1\n%c = PARAM ptr<f32> 0 (%n)\n%i = CONST i32 0\n%pc = INDEX ptr<f32> (%c, %i)\n\
+             %v = CONST f32 {bad}\n%st = STORE (%pc, %v)\nSINK (%st)"
+        );
+        let compiled = dev.compile(&parse(&text)?, Some("conf_f32_overflow"));
+        expect_err(&format!("a CONST f32 {bad}"), compiled, is_type_error("CONST"))?;
+    }
+
+    let mut k = KernelBuilder::new();
+    let out = k.param(0, Scalar::F32, 4);
+    let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX];
+    for (j, v) in specials.iter().enumerate() {
+        k.store(&out.at(&Val::int(j as i64)), &Val::f32(*v));
+    }
+    let kernel = compile(dev, &k.finish()?, "conf_special_floats")?;
+    let buf = Buffer::from_slice(dev.allocator.clone(), &[0f32; 4])?;
+    kernel.launch(&[&buf], &[])?;
+    let got = buf.to_vec::<f32>()?;
+    let same = got.iter().zip(&specials).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
+    ensure!(same, "inf, -inf, nan and f32::MAX constants came back as {got:?}");
     Ok(())
 }
 

@@ -40,8 +40,8 @@ fn int_bounds(s: Scalar) -> (i128, i128) {
     if s.is_signed() { (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1) } else { (0, (1i128 << bits) - 1) }
 }
 
-/// Three operand columns for dtype `s`, normalized to it. Divisors are never zero and
-/// never `-1` against `MIN` (both undefined in the IR).
+/// Three operand columns for dtype `s`, normalized to it. They include a zero divisor and
+/// `MIN / -1`, whose results the IR defines.
 fn samples(s: Scalar) -> [Vec<Value>; 3] {
     let norm = |v: Vec<Value>| v.into_iter().map(|v| normalize(v, s)).collect::<Vec<_>>();
     if s == Scalar::Bool {
@@ -60,19 +60,10 @@ fn samples(s: Scalar) -> [Vec<Value>; 3] {
     }
     let (min, max) = int_bounds(s);
     let a = [0, 1, -1, 2, -2, 7, -7, 100, -100, 12345, -12345, max, min, max - 1, min + 1, 42];
-    let b = [3, -3, 2, 7, -7, 5, 5, 1, -1, 13, 300, 2, 3, -1, -2, 31];
+    let b = [3, -3, 0, 7, -7, 5, 5, 1, -1, 13, 300, 2, -1, -1, -2, 31];
     let c = [5, -5, 0, 1, max, min, 3, -3, 77, -77, 1000, 0, 9, -9, 2, 100];
     let col = |v: [i128; N]| norm(v.iter().map(|x| Value::I(*x)).collect());
-    let (a, mut b, c) = (col(a), col(b), col(c));
-    for (x, y) in a.iter().zip(b.iter_mut()) {
-        if y.as_i128() == 0 {
-            *y = Value::I(1);
-        }
-        if s.is_signed() && x.as_i128() == min && y.as_i128() == -1 {
-            *y = Value::I(2);
-        }
-    }
-    [a, b, c]
+    [col(a), col(b), col(c)]
 }
 
 fn conditions() -> Vec<Value> {
@@ -140,6 +131,88 @@ pub fn alu(dev: &Arc<Device>, s: Scalar) -> Outcome {
         }
     }
     bad.finish(&format!("{} ALU ops on {s}", dev.spec))
+}
+
+/// IDIV and MOD on integer dtype `s` over a table of edge cases (zero divisors, `MIN / -1`,
+/// the extremes, both signs), scalar and 4-lane vector, with a divisor from memory and with
+/// constant divisors (0, -1, 16, 3; broadcast for vectors), against the reference: every
+/// backend gives the results the IR defines, and none traps.
+pub fn integer_division(dev: &Arc<Device>, s: Scalar) -> Outcome {
+    let (min, max) = int_bounds(s);
+    let xs = [0, 1, -1, 7, -7, min, max, min + 1];
+    let ys = [0, 1, -1, 2, -2, 3, min, max];
+    let pairs: Vec<(Value, Value)> = xs
+        .iter()
+        .flat_map(|x| ys.iter().map(move |y| (normalize(Value::I(*x), s), normalize(Value::I(*y), s))))
+        .collect();
+    let n = pairs.len(); // a multiple of 4
+    let constants: Vec<Value> = [0, -1, 16, 3].iter().map(|c| normalize(Value::I(*c), s)).collect();
+    let (dt, vt) = (DType::Scalar(s), DType::vec(s, 4));
+    let mut k = KernelBuilder::new();
+    let (px, py) = (k.param(0, s, n), k.param(1, s, n));
+    let blocks = 4 + 4 * constants.len();
+    let out = k.param(2, s, n * blocks);
+    let i = k.global(0, n / 4);
+    let base = &i * 4;
+    let (xv, yv) = (px.at_vec(&base, 4).load(), py.at_vec(&base, 4).load());
+    let mut block = 0;
+    let store_vec = |k: &mut KernelBuilder, v: &Val, block: &mut usize| {
+        k.store(&out.at_vec(&(&base + (*block * n) as i64), 4), v);
+        *block += 1;
+    };
+    let scalar_lanes = |x: &dyn Fn(usize) -> Val, op: Op, y: &dyn Fn(usize) -> Val| -> Val {
+        Val::vectorize(&(0..4).map(|l| node(op, dt, &[&x(l), &y(l)])).collect::<Vec<_>>())
+    };
+    let x_at = |l: usize| px.at(&(&base + l as i64)).load();
+    let y_at = |l: usize| py.at(&(&base + l as i64)).load();
+    for op in [Op::Idiv, Op::Mod] {
+        let v = scalar_lanes(&x_at, op, &y_at);
+        store_vec(&mut k, &v, &mut block);
+    }
+    for op in [Op::Idiv, Op::Mod] {
+        store_vec(&mut k, &node(op, vt, &[&xv, &yv]), &mut block);
+    }
+    for c in &constants {
+        let scalar_c = Val(UOp::const_int(dt, c.as_i128() as i64));
+        let vector_c = scalar_c.broadcast(4);
+        for op in [Op::Idiv, Op::Mod] {
+            let v = scalar_lanes(&x_at, op, &|_| scalar_c.clone());
+            store_vec(&mut k, &v, &mut block);
+            store_vec(&mut k, &node(op, vt, &[&xv, &vector_c]), &mut block);
+        }
+    }
+    let sink = k.finish()?;
+    let kernel = compile(dev, &sink, &format!("conf_idiv_{s}"))?;
+
+    let (x, y): (Vec<Value>, Vec<Value>) = pairs.iter().copied().unzip();
+    let out_buf = dev.buffer(s, n * blocks)?;
+    out_buf.copyin(&vec![0; out_buf.nbytes()])?;
+    kernel.launch(&[&upload(dev, s, &x)?, &upload(dev, s, &y)?, &out_buf], &[])?;
+    let got = download(&out_buf)?;
+
+    let mut bad = Mismatches::new();
+    let mut check = |block: usize, op: Op, what: &str, divisor: &dyn Fn(usize) -> Value| {
+        for e in 0..n {
+            let (g, d) = (got[block * n + e], divisor(e));
+            match reference::alu(op, s, &[x[e], d]) {
+                Some(want) if g.same(want) => {}
+                Some(want) => bad.push(format!("{s} {what} {op}({}, {d}) = {g}, want {want}", x[e])),
+                None => bad.push(format!("suite bug: no reference for {op} on {s}")),
+            }
+        }
+    };
+    check(0, Op::Idiv, "scalar", &|e| y[e]);
+    check(1, Op::Mod, "scalar", &|e| y[e]);
+    check(2, Op::Idiv, "vector", &|e| y[e]);
+    check(3, Op::Mod, "vector", &|e| y[e]);
+    for (j, c) in constants.iter().enumerate() {
+        let b = 4 + 4 * j;
+        check(b, Op::Idiv, "scalar by constant", &|_| *c);
+        check(b + 1, Op::Idiv, "vector by constant", &|_| *c);
+        check(b + 2, Op::Mod, "scalar by constant", &|_| *c);
+        check(b + 3, Op::Mod, "vector by constant", &|_| *c);
+    }
+    bad.finish(&format!("{} integer division edge cases on {s}", dev.spec))
 }
 
 /// Values worth casting from dtype `s`: zero, signs, fractions, the type's extremes and
@@ -744,14 +817,13 @@ mod tests {
     use crate::host::encode_all;
 
     #[test]
-    fn samples_avoid_undefined_integer_division() {
+    fn samples_include_the_division_edge_cases() {
         for s in Scalar::ALL.into_iter().filter(|s| s.is_int()) {
             let [a, b, _] = samples(s);
-            for (x, y) in a.iter().zip(&b) {
-                assert!(reference::alu(Op::Idiv, s, &[*x, *y]).is_some(), "{s}: {x} / {y}");
-                let (min, _) = int_bounds(s);
-                assert!(!(s.is_signed() && x.as_i128() == min && y.as_i128() == -1), "{s}: MIN / -1");
-            }
+            let (min, _) = int_bounds(s);
+            assert!(b.iter().any(|y| y.as_i128() == 0), "{s}: no zero divisor");
+            let min_by_minus_one = a.iter().zip(&b).any(|(x, y)| x.as_i128() == min && y.as_i128() == -1);
+            assert!(!s.is_signed() || min_by_minus_one, "{s}: no MIN / -1");
             assert_eq!(encode_all(&a, s).len(), N * s.size());
         }
     }
