@@ -99,10 +99,7 @@ impl CpuQueue {
         std::thread::Builder::new()
             .name(format!("kiln-cpu-{role}-{}", NEXT.fetch_add(1, Ordering::Relaxed)))
             .spawn(move || worker.run())
-            .map_err(|e| Error::Driver {
-                backend: "CPU",
-                message: format!("cannot start a queue worker thread: {e}"),
-            })?;
+            .map_err(|e| Error::driver("CPU", format!("cannot start a queue worker thread: {e}")))?;
         Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device: DeviceSpec::Cpu })
     }
 
@@ -186,14 +183,15 @@ impl HardwareQueue for CpuQueue {
         if batch.is_empty() {
             return Ok(());
         }
-        if let Some(e) = self.failure() {
+        if let Some(cause) = self.failure() {
+            let e = Error::QueueFailed { device: self.device.to_string(), cause: Arc::new(cause) };
             fail_signals(&batch, &e);
             return Err(e);
         }
         self.to_worker.send(batch).map_err(|lost| {
             // The worker only exits once this sender is gone, so this is unreachable in
             // practice; still, fail the batch's signals rather than drop them silently.
-            let e = Error::Driver { backend: "CPU", message: "the queue's worker thread is gone".into() };
+            let e = Error::driver("CPU", "the queue's worker thread is gone");
             fail_signals(&lost.0, &e);
             e
         })
@@ -514,13 +512,15 @@ mod tests {
             .unwrap();
         before.wait(1, LONG).unwrap();
         match after.wait(1, LONG) {
-            Err(Error::SignalFailed(m)) => assert!(m.contains("injected kernel failure"), "{m}"),
+            Err(Error::SignalFailed(e)) => assert!(matches!(&*e, Error::Launch(m) if m == "injected kernel failure")),
             other => panic!("expected the kernel's failure, got {other:?}"),
         }
         assert!(log.lock().unwrap().is_empty(), "a command after the failure ran");
         // Later batches: their signals fail too, and submit reports the poison.
         match q.signal(&later, 1).submit() {
-            Err(Error::Launch(m)) => assert!(m.contains("injected")),
+            Err(e @ Error::QueueFailed { .. }) => {
+                assert!(matches!(e.root_cause(), Error::Launch(m) if m.contains("injected")))
+            }
             other => panic!("expected the poison error, got {other:?}"),
         }
         assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(_))));
@@ -534,7 +534,7 @@ mod tests {
         let s = f.create_signal().unwrap();
         let (a, b) = (buf(&[0.0]), buf(&[0.0]));
         q.exec(&kernel(Behaviour::Panic, &log()), &[&a, &b], &[1]).signal(&s, 1).submit().unwrap();
-        assert!(matches!(s.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("panicked")));
+        assert!(matches!(s.wait(1, LONG), Err(Error::SignalFailed(e)) if e.to_string().contains("panicked")));
     }
 
     /// A failed upstream signal and a wait timeout both propagate downstream.
@@ -550,9 +550,11 @@ mod tests {
         );
         q1.wait(&up, 1).signal(&down, 1).submit().unwrap();
         up.fail(Error::Invalid("producer died".into()));
-        assert!(matches!(down.wait(1, LONG), Err(Error::SignalFailed(m)) if m == "invalid argument: producer died"));
+        assert!(
+            matches!(down.wait(1, LONG), Err(Error::SignalFailed(e)) if matches!(&*e, Error::Invalid(m) if m == "producer died"))
+        );
         q2.wait(&never, 1).signal(&out, 1).submit().unwrap();
-        assert!(matches!(out.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("timeout")));
+        assert!(matches!(out.wait(1, LONG), Err(Error::SignalFailed(e)) if matches!(&*e, Error::Timeout { .. })));
     }
 
     #[test]

@@ -152,7 +152,7 @@ impl CacheConfig {
     }
 
     /// Reads `KILN_CACHE`, `KILN_CACHE_DIR`, `XDG_CACHE_HOME`, `HOME` and `KILN_CACHE_LIMIT`
-    /// (see the module docs). A malformed value is an `Error::Invalid` naming the variable.
+    /// (see the module docs). A malformed value is an `Error::Config` naming the variable.
     pub fn from_env() -> Result<CacheConfig> {
         CacheConfig::from_lookup(|k| std::env::var(k).ok())
     }
@@ -163,7 +163,7 @@ impl CacheConfig {
             None | Some("1" | "true" | "on" | "yes") => true,
             Some("0" | "false" | "off" | "no") => false,
             Some(other) => {
-                return Err(Error::Invalid(format!(
+                return Err(Error::Config(format!(
                     "{CACHE_ENV}=`{other}`: use 0 to turn the disk cache off, 1 for on"
                 )));
             }
@@ -172,7 +172,7 @@ impl CacheConfig {
             None => DEFAULT_DISK_LIMIT,
             Some(v) => match parse_byte_size(&v, CACHE_LIMIT_ENV)? {
                 0 => {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::Config(format!(
                         "{CACHE_LIMIT_ENV}=0 keeps nothing: use {CACHE_ENV}=0 to turn the disk cache off"
                     )));
                 }
@@ -1325,9 +1325,9 @@ mod tests {
         assert_eq!(env(&[("HOME", "/h"), ("KILN_CACHE", "0")]).unwrap().dir, None);
         assert_eq!(env(&[]).unwrap().dir, None);
         assert_eq!(env(&[("KILN_CACHE_LIMIT", "64M")]).unwrap().limit, 64 << 20);
-        assert!(matches!(env(&[("KILN_CACHE", "maybe")]), Err(Error::Invalid(m)) if m.contains("KILN_CACHE")));
-        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "lots")]), Err(Error::Invalid(m)) if m.contains("LIMIT")));
-        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "0")]), Err(Error::Invalid(_))));
+        assert!(matches!(env(&[("KILN_CACHE", "maybe")]), Err(Error::Config(m)) if m.contains("KILN_CACHE")));
+        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "lots")]), Err(Error::Config(m)) if m.contains("LIMIT")));
+        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "0")]), Err(Error::Config(_))));
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use device::{CompilerPair, Device, DeviceOpener, Kernel, open_device, register_backend};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorClass, Result};
 pub use kiln_ir;
 pub use program::{
     CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,

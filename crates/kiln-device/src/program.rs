@@ -218,7 +218,7 @@ impl ProgramSpec {
 
     /// Rebuilds the spec from a PROGRAM value; metadata is derived again from its SINK.
     pub fn from_uop(program: &Arc<UOp>) -> Result<ProgramSpec> {
-        let bad = |m: &str| Error::Invalid(format!("not a PROGRAM value: {m}"));
+        let bad = |m: &str| Error::Load(format!("not a PROGRAM value: {m}"));
         if program.op() != Op::Program {
             return Err(bad(&format!("got {}", program.op())));
         }

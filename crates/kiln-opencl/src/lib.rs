@@ -47,10 +47,23 @@ const PLATFORM_NOT_FOUND_KHR: i32 = -1001;
 /// opencl3's code for "libOpenCL could not be loaded".
 const RUNTIME_LOAD_FAILED: i32 = -2000;
 
-/// Turns an OpenCL status into a driver error naming the call that failed.
+/// Turns an OpenCL status into a driver error naming the call that failed, keeping the
+/// native code and whether it is fatal.
 pub(crate) fn driver(what: &str, e: impl Into<ClError>) -> Error {
     let e = e.into();
-    Error::Driver { backend: "OpenCL", message: format!("{what} failed: {e} ({})", e.0) }
+    Error::Driver {
+        backend: "OpenCL",
+        code: Some(e.0.into()),
+        fatal: is_fatal(e.0),
+        message: format!("{what} failed: {e} ({})", e.0),
+    }
+}
+
+/// OpenCL has no sticky-error model; these statuses mean the device or its context stopped
+/// working (`CL_DEVICE_NOT_AVAILABLE`; `CL_OUT_OF_RESOURCES`, which drivers report after a
+/// kernel fault corrupted the context), so the device is treated as lost.
+fn is_fatal(code: i32) -> bool {
+    matches!(code, opencl3::error_codes::CL_DEVICE_NOT_AVAILABLE | opencl3::error_codes::CL_OUT_OF_RESOURCES)
 }
 
 /// Where one OpenCL device sits in the ICD loader's enumeration.

@@ -234,6 +234,11 @@ impl Program for OpenClProgram {
         let event = ClEvent::from_raw(event, self.cl.context().get());
         event.wait().map_err(|e| Error::Driver {
             backend: "OpenCL",
+            code: match &e {
+                Error::Driver { code, .. } => *code,
+                _ => None,
+            },
+            fatal: e.is_fatal(),
             message: format!("kernel `{}` failed while running on {}: {e}", self.name, self.cl.info.name.trim()),
         })
     }

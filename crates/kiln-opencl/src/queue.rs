@@ -406,7 +406,7 @@ impl OpenClQueue {
     ) -> Result<Command> {
         let program = opencl_program(kernel)?;
         if !Arc::ptr_eq(program.device(), &self.cl) {
-            return Err(Error::Invalid(format!(
+            return Err(Error::Launch(format!(
                 "kernel `{}` was loaded for {}, this queue runs on {}",
                 kernel.spec.name,
                 program.device().spec,
@@ -433,7 +433,7 @@ impl OpenClQueue {
         } else if dst.overlaps(src) {
             Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
         } else if dst.device() != &self.cl.spec && src.device() != &self.cl.spec {
-            Err(Error::Invalid(format!("a queue on {} copies only to or from its device", self.cl.spec)))
+            Err(Error::Buffer(format!("a queue on {} copies only to or from its device", self.cl.spec)))
         } else {
             Ok(Command::Copy { dst: dst.clone(), src: src.clone(), timer })
         }
@@ -448,7 +448,7 @@ fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
 /// The OpenCL program behind `kernel`, or why it cannot run on an OpenCL queue.
 fn opencl_program(kernel: &Kernel) -> Result<&OpenClProgram> {
     kernel.program.as_any().and_then(|a| a.downcast_ref::<OpenClProgram>()).ok_or_else(|| {
-        Error::Invalid(format!(
+        Error::Launch(format!(
             "kernel `{}` was loaded for {}, not by the OpenCL backend: compile it with an OpenCL device",
             kernel.spec.name, kernel.spec.device
         ))
@@ -510,7 +510,7 @@ impl HardwareQueue for OpenClQueue {
         }
         let mut g = lock(&self.inner);
         if let Some(p) = g.poison.clone() {
-            let e = Error::SignalFailed(format!("the queue on {} is poisoned by a failed wait: {p}", self.cl.spec));
+            let e = Error::QueueFailed { device: self.cl.spec.to_string(), cause: Arc::new(p) };
             fail_signals(batch, &e);
             return Err(e);
         }
@@ -528,10 +528,7 @@ impl HardwareQueue for OpenClQueue {
                 let spawned =
                     std::thread::Builder::new().name("kiln-opencl-queue".into()).spawn(move || helper(inner, step));
                 if let Err(e) = spawned {
-                    let e = Error::Driver {
-                        backend: "OpenCL",
-                        message: format!("cannot start the queue's helper thread: {e}"),
-                    };
+                    let e = Error::driver("OpenCL", format!("cannot start the queue's helper thread: {e}"));
                     fail_signals(g.deferred.take().unwrap_or_default(), &e);
                     return Err(e);
                 }
@@ -685,12 +682,12 @@ mod tests {
         q.signal(&later, 1).submit().unwrap(); // queued behind the pending wait
         gate.fail(Error::Launch("producer broke".into()));
         let r = done.wait(1, LONG);
-        assert!(matches!(&r, Err(Error::SignalFailed(m)) if m.contains("producer broke")), "{r:?}");
-        assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("producer broke")));
+        assert!(matches!(&r, Err(Error::SignalFailed(e)) if e.to_string().contains("producer broke")), "{r:?}");
+        assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(e)) if e.to_string().contains("producer broke")));
         assert_eq!(fresh.to_vec::<f32>().unwrap(), vec![0.0; 4], "the kernel behind the failed wait ran");
         assert!(q.poisoned().is_some());
         let after = factory.create_signal().unwrap();
-        assert!(matches!(q.signal(&after, 1).submit(), Err(Error::SignalFailed(_))));
+        assert!(matches!(q.signal(&after, 1).submit(), Err(Error::QueueFailed { .. })));
         assert!(matches!(after.wait(1, LONG), Err(Error::SignalFailed(_))));
     }
 

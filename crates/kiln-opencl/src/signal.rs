@@ -87,6 +87,8 @@ impl ClEvent {
             CL_COMPLETE => Ok(true),
             s if s < 0 => Err(Error::Driver {
                 backend: "OpenCL",
+                code: Some(s.into()),
+                fatal: crate::is_fatal(s),
                 message: format!(
                     "a command before this event failed with status {s} ({})",
                     opencl3::error_codes::ClError(s)

@@ -95,7 +95,7 @@ struct FailingProgram;
 
 impl Program for FailingProgram {
     unsafe fn execute(&self, _: &[RawView], _: &[i64], _: &LaunchDims) -> Result<()> {
-        Err(Error::Driver { backend: "mock", message: "the kernel trapped".into() })
+        Err(Error::driver("mock", "the kernel trapped"))
     }
 
     fn name(&self) -> &str {
@@ -364,7 +364,7 @@ struct FlakyProgram {
 impl Program for FlakyProgram {
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
         if self.armed.load(Ordering::Acquire) {
-            return Err(Error::Driver { backend: "mock", message: "the kernel trapped".into() });
+            return Err(Error::driver("mock", "the kernel trapped"));
         }
         // SAFETY: forwarded from this function's contract.
         unsafe { AffineProgram { mul: 1.0, add: 1.0 }.execute(bufs, vals, launch) }
@@ -397,7 +397,10 @@ fn a_failing_node_fails_the_run_and_nothing_hangs() {
         let pairs = || p.timeline().iter().zip(&timeline);
         assert!(pairs().all(|(now, before)| now >= before) && pairs().any(|(now, before)| now > before));
         timeline = p.timeline().to_vec();
-        assert!(matches!(&err, Error::Driver { backend: "mock", message } if message == "the kernel trapped"), "{err}");
+        assert!(
+            matches!(&err, Error::Driver { backend: "mock", message, .. } if message == "the kernel trapped"),
+            "{err}"
+        );
     }
     // Disarmed, the same plan runs to completion on fresh signals.
     flaky.armed.store(false, Ordering::Release);
