@@ -19,7 +19,7 @@ pub mod signal;
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend};
+use kiln_device::{Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend};
 
 pub use allocator::CpuAllocator;
 pub use compiler::{CC_ENV, CCompiler};
@@ -34,18 +34,21 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
-    let compiler = CCompiler::detect()?;
+    let compiler = Arc::new(CCompiler::detect()?);
     let description = format!("{} ({} threads), {}", cpu_model(), Pool::global().threads(), compiler.version());
-    let allocator = Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?);
-    let runtime: RuntimeFactory = Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-    let device = Device::new(
-        DeviceSpec::Cpu,
-        description,
-        allocator,
-        vec![(Arc::new(CpuRenderer::new()), Arc::new(compiler))],
-        runtime,
-    )?
-    .with_queues(Arc::new(CpuQueueFactory::new()));
+    let renderer = Arc::new(CpuRenderer::new());
+    // The renderer and compiler hold no device state and survive a reset; memory, queues and
+    // loaded programs are built anew for every generation.
+    let device = Device::new(DeviceSpec::Cpu, description, move |_| {
+        let runtime: RuntimeFactory =
+            Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
+        Ok(DeviceParts {
+            allocator: Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?),
+            compilers: vec![(renderer.clone(), compiler.clone())],
+            runtime,
+            queues: Some(Arc::new(CpuQueueFactory::new())),
+        })
+    })?;
     Ok(Arc::new(device))
 }
 

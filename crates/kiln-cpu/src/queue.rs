@@ -602,9 +602,9 @@ mod tests {
             }
             other => other.unwrap(),
         };
-        let queues = device.queues.clone().expect("the CPU device has queues");
+        let queues = device.queues().expect("the CPU device has queues");
         let kernel = device.compile(&add_one_sink(), Some("add_one")).unwrap();
-        let a = Buffer::from_slice(device.allocator.clone(), &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let a = Buffer::from_slice(device.allocator(), &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
         let (b, c) = (device.buffer(Scalar::F32, 4).unwrap(), device.buffer(Scalar::F32, 4).unwrap());
         let (gate, mid, done) = (
             queues.create_dyn_signal().unwrap(),

@@ -360,9 +360,24 @@ impl KernelCache {
         let flight = {
             let mut memory = self.lock();
             match memory.get(&key) {
-                Some(Slot::Ready(k)) => {
+                Some(Slot::Ready(k)) if k.program.check_current().is_ok() => {
                     self.memory_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(k.clone());
+                }
+                // Loaded under an older device generation: reload it (below) from its
+                // compiled form, without compiling.
+                Some(Slot::Ready(k)) => {
+                    let stale = k.clone();
+                    let f = Arc::new(Flight::default());
+                    memory.insert(key.clone(), Slot::Pending(f.clone()));
+                    drop(memory);
+                    let leader = Leader { cache: self, key: Some(key), flight: f };
+                    let result = match stale.program.compiled() {
+                        Some(c) => (toolchain.runtime)(c).map(|program| Kernel { spec: stale.spec.clone(), program }),
+                        None => self.load_or_compile(sink, name, device, toolchain),
+                    };
+                    leader.finish(&result);
+                    return result;
                 }
                 Some(Slot::Pending(f)) => {
                     let f = f.clone();
@@ -1247,13 +1262,15 @@ mod tests {
         let r = rig(MockCompiler::new("fp"));
         let open = |cache: KernelCache| {
             let pair: crate::device::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
-            Device::new(
-                DeviceSpec::Cpu,
-                "mock".into(),
-                MockAllocator::new(1 << 20),
-                vec![pair],
-                runtime(r.loaded.clone()),
-            )
+            let loaded = r.loaded.clone();
+            Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
+                Ok(crate::device::DeviceParts {
+                    allocator: MockAllocator::new(1 << 20),
+                    compilers: vec![pair.clone()],
+                    runtime: runtime(loaded.clone()),
+                    queues: None,
+                })
+            })
             .unwrap()
             .with_cache(Arc::new(cache))
         };

@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod buffer;
 pub mod cache;
+pub mod context;
 pub mod cstyle;
 pub mod device;
 pub mod error;
@@ -15,7 +16,10 @@ pub mod signal;
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
-pub use device::{CompilerPair, Device, DeviceOpener, Kernel, open_device, register_backend};
+pub use context::{DeviceContext, Stamp};
+pub use device::{
+    CompilerPair, Device, DeviceOpener, DeviceParts, Kernel, PartsBuilder, open_device, register_backend,
+};
 pub use error::{Error, ErrorClass, Result};
 pub use kiln_ir;
 pub use program::{

@@ -318,6 +318,19 @@ pub trait Program: Send + Sync {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+
+    /// Whether the program may still run: [`Error::DeviceLost`] once its device was reset
+    /// (the program belongs to the old context), [`Error::DeviceFailed`] while the device is
+    /// lost. Programs not loaded through a [`crate::Device`] are always current.
+    fn check_current(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The compiled form the program was loaded from, when kept: a reset device reloads it
+    /// from this instead of compiling again.
+    fn compiled(&self) -> Option<&CompiledSpec> {
+        None
+    }
 }
 
 /// Loads a compiled kernel.

@@ -13,6 +13,7 @@ use std::time::Instant;
 use kiln_ir::DeviceSpec;
 
 use crate::buffer::Buffer;
+use crate::context::Stamp;
 use crate::device::Kernel;
 use crate::error::{Error, Result};
 use crate::signal::TimelineSignal;
@@ -104,6 +105,9 @@ pub trait QueueFactory: Send + Sync {
 /// empty and can record the next batch.
 pub struct DynQueue {
     inner: Box<dyn ErasedQueue>,
+    /// The device generation the queue was created under (queues from a
+    /// [`crate::Device`]'s factory): `submit` refuses a stale or lost one.
+    stamp: Option<Stamp>,
 }
 
 impl std::fmt::Debug for DynQueue {
@@ -114,7 +118,13 @@ impl std::fmt::Debug for DynQueue {
 
 impl DynQueue {
     pub fn new<Q: HardwareQueue + 'static>(queue: Q) -> DynQueue {
-        DynQueue { inner: Box::new(Erased { queue, batch: Vec::new(), error: None }) }
+        DynQueue { inner: Box::new(Erased { queue, batch: Vec::new(), error: None }), stamp: None }
+    }
+
+    /// This queue bound to a device generation (see [`crate::context`]).
+    pub(crate) fn with_stamp(mut self, stamp: Stamp) -> DynQueue {
+        self.stamp = Some(stamp);
+        self
     }
 
     /// Whether `signal` is of the type this queue can wait on and signal.
@@ -173,7 +183,12 @@ impl DynQueue {
     /// Forwards the batch to the concrete queue and submits it; returns the first recording
     /// error instead (and submits nothing) if there was one.
     pub fn submit(&mut self) -> Result<()> {
-        self.inner.submit()
+        let Some(stamp) = &self.stamp else { return self.inner.submit() };
+        if let Err(e) = stamp.check("a queue") {
+            self.inner.discard(&e);
+            return Err(e);
+        }
+        stamp.observe(self.inner.submit())
     }
 
     pub fn device(&self) -> &DeviceSpec {
@@ -194,6 +209,9 @@ trait ErasedQueue: Send {
     fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>);
     fn memory_barrier(&mut self);
     fn submit(&mut self) -> Result<()>;
+    /// Drops the recorded batch without submitting it, failing its signals with `error`
+    /// (nothing waits for a batch that will never run).
+    fn discard(&mut self, error: &Error);
     fn device(&self) -> &DeviceSpec;
     fn signal_type(&self) -> &'static str;
 }
@@ -295,6 +313,15 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
             };
         }
         self.queue.submit()
+    }
+
+    fn discard(&mut self, error: &Error) {
+        for command in self.batch.drain(..) {
+            if let Recorded::Signal(s, _) = command {
+                s.fail(error.clone());
+            }
+        }
+        self.error = None;
     }
 
     fn device(&self) -> &DeviceSpec {

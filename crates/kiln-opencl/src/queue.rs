@@ -609,13 +609,13 @@ mod tests {
 
     fn setup() -> Option<(Arc<Device>, OpenClQueueFactory, Kernel)> {
         let dev = test_device()?;
-        let factory = OpenClQueueFactory::open(&dev.spec).unwrap();
+        let factory = OpenClQueueFactory::open(&dev.spec()).unwrap();
         let k = affine(&dev);
         Some((dev, factory, k))
     }
 
     fn f32s(dev: &Device, data: &[f32]) -> Buffer {
-        Buffer::from_slice(dev.allocator.clone(), data).unwrap()
+        Buffer::from_slice(dev.allocator(), data).unwrap()
     }
 
     #[test]
@@ -812,7 +812,7 @@ mod tests {
     #[test]
     fn the_type_erased_queue_forwards_wait_and_signal() {
         let Some((dev, _, k)) = setup() else { return };
-        let factory: Arc<dyn DynQueueFactory> = dev.queues.clone().unwrap();
+        let factory: Arc<dyn DynQueueFactory> = dev.queues().unwrap();
         let (mut q1, mut q2) =
             (factory.create_dyn_compute_queue().unwrap(), factory.create_dyn_compute_queue().unwrap());
         let (s1, s2) = (factory.create_dyn_signal().unwrap(), factory.create_dyn_signal().unwrap());
