@@ -4,7 +4,8 @@
 //! side batch; `exec` checks its arguments right away and keeps clones of the buffers, so
 //! the memory lives until the command ran. `submit` hands the batch to the worker over a
 //! channel and returns. The worker runs commands one after another; a `wait` blocks the
-//! worker (never the host) for at most the factory's wait timeout.
+//! worker (never the host) until the signal is reached or fails (the one timeout policy of
+//! [`kiln_device::queue`]; [`CpuQueueFactory::with_wait_timeout`] adds an opt-in watchdog).
 //!
 //! Failure: a command that fails (a kernel error or panic, a failed copy, a `wait` whose
 //! signal failed or timed out) *poisons* the queue. Every later command of the queue — in
@@ -103,11 +104,6 @@ impl CpuQueue {
         Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device: DeviceSpec::Cpu })
     }
 
-    /// The error that poisoned this queue, once the worker has hit it.
-    pub fn failure(&self) -> Option<Error> {
-        self.shared.failure().clone()
-    }
-
     fn record(&mut self, command: impl FnOnce() -> Result<Command>) -> &mut Self {
         if self.error.is_none() {
             match command() {
@@ -195,6 +191,11 @@ impl HardwareQueue for CpuQueue {
             fail_signals(&lost.0, &e);
             e
         })
+    }
+
+    /// The error that failed this queue, once the worker has hit it.
+    fn failure(&self) -> Option<Error> {
+        self.shared.failure().clone()
     }
 
     fn device(&self) -> &DeviceSpec {
@@ -305,16 +306,15 @@ impl Default for CpuQueueFactory {
 }
 
 impl CpuQueueFactory {
-    /// How long a queue's `wait` command blocks its worker before it gives up and poisons
-    /// the queue: long enough for any real dependency, short enough that a lost producer
-    /// surfaces as an error instead of a hang.
-    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
-
+    /// Queue `wait` commands without a deadline (the policy of every backend, see
+    /// [`kiln_device::queue`]).
     pub fn new() -> Self {
-        CpuQueueFactory { wait_timeout: Self::DEFAULT_WAIT_TIMEOUT }
+        CpuQueueFactory { wait_timeout: Duration::MAX }
     }
 
-    /// Queues created from now on bound their `wait` commands by `timeout`.
+    /// Queues created from now on bound their `wait` commands by `timeout`: an opt-in
+    /// watchdog for debugging; when it fires the queue fails with [`Error::Timeout`] like any
+    /// failed wait.
     pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = timeout;
         self
@@ -525,6 +525,19 @@ mod tests {
         }
         assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(_))));
         assert!(q.failure().is_some());
+    }
+
+    /// The failure is reachable through the type-erased queue, under the trait's one name.
+    #[test]
+    fn the_type_erased_queue_reports_its_failure() {
+        let f: Arc<dyn kiln_device::DynQueueFactory> = Arc::new(factory());
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let s = f.create_dyn_signal().unwrap();
+        let (a, b) = (buf(&[0.0; 2]), buf(&[0.0; 2]));
+        assert!(q.failure().is_none());
+        q.exec(&kernel(Behaviour::Fail, &log()), &[&a, &b], &[2]).signal(&s, 1).submit().unwrap();
+        assert!(s.wait(1, LONG).is_err());
+        assert!(matches!(q.failure(), Some(Error::Launch(m)) if m.contains("injected")));
     }
 
     #[test]

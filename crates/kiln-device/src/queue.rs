@@ -1,10 +1,30 @@
 //! Hardware command queues.
 //!
-//! A queue is a builder: `wait`, `signal`, `exec`, `copy` and `memory_barrier` record
-//! commands; nothing runs before [`HardwareQueue::submit`], and `submit` never waits for
-//! the work. Commands of one queue run in order; commands of different queues are ordered
-//! only by timeline signals. A recording error (wrong arguments to `exec`, a foreign signal
-//! type) is kept and returned by `submit`, which then submits nothing.
+//! Contract (every backend, checked by kiln-conformance):
+//! - **Ordering.** A queue is a builder: `wait`, `signal`, `exec`, `copy` and
+//!   `memory_barrier` record commands; nothing runs before [`HardwareQueue::submit`], and
+//!   `submit` never waits for the work. Commands of one queue run in order; commands of
+//!   different queues are ordered only by timeline signals.
+//! - **Ownership.** Recorded and submitted commands own what they use (buffers, kernels,
+//!   signals) until they finished: the caller may drop its handles right after `submit`.
+//! - **Recording errors.** A wrong argument (to `exec`, `copy`, a foreign signal type) is
+//!   kept and returned by `submit`, which then submits nothing of that batch; the queue
+//!   stays usable.
+//! - **Timeout policy (one for all backends).** A queue's `wait` command has no deadline:
+//!   it ends when the signal reaches the value or fails. Nothing hangs on a failure: a failed
+//!   producer fails its signals, and a lost or reset device fails every signal of its
+//!   generation ([`crate::context`]). Deadlines belong to the host: [`TimelineSignal::wait`]
+//!   takes one.
+//! - **Failure.** A command that fails (a kernel fault, a failed copy, a `wait` on a failed
+//!   signal) fails the queue: nothing recorded behind it runs, every `signal` behind it fails
+//!   its signal with the error instead of setting it (so every waiter gets the root cause),
+//!   and every later `submit` fails its batch's signals and returns
+//!   [`Error::QueueFailed`] with the cause. The failure is sticky for the queue's life
+//!   (results behind it are unknown) and reported by [`HardwareQueue::failure`] (and
+//!   [`DynQueue::failure`]) once the host can see it. Create a new queue to continue; after
+//!   a fatal error, [`crate::Device::reset`] first.
+//! - **Submit errors.** A submit the driver refuses part-way returns the error and fails the
+//!   batch's signals that were not recorded, so no waiter hangs.
 
 use std::any::{Any, type_name};
 use std::sync::Arc;
@@ -75,6 +95,10 @@ pub trait HardwareQueue: Send {
 
     /// Hands the recorded batch to the device and returns without waiting.
     fn submit(&mut self) -> Result<()>;
+
+    /// The error that failed this queue (see the module docs), once the host can see it;
+    /// `None` while the queue is healthy.
+    fn failure(&self) -> Option<Error>;
 
     fn device(&self) -> &DeviceSpec;
 }
@@ -191,6 +215,11 @@ impl DynQueue {
         stamp.observe(self.inner.submit())
     }
 
+    /// See [`HardwareQueue::failure`].
+    pub fn failure(&self) -> Option<Error> {
+        self.inner.failure()
+    }
+
     pub fn device(&self) -> &DeviceSpec {
         self.inner.device()
     }
@@ -212,6 +241,7 @@ trait ErasedQueue: Send {
     /// Drops the recorded batch without submitting it, failing its signals with `error`
     /// (nothing waits for a batch that will never run).
     fn discard(&mut self, error: &Error);
+    fn failure(&self) -> Option<Error>;
     fn device(&self) -> &DeviceSpec;
     fn signal_type(&self) -> &'static str;
 }
@@ -324,6 +354,10 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
         self.error = None;
     }
 
+    fn failure(&self) -> Option<Error> {
+        self.queue.failure()
+    }
+
     fn device(&self) -> &DeviceSpec {
         self.queue.device()
     }
@@ -421,6 +455,9 @@ mod tests {
                 s.set(v);
             }
             Ok(())
+        }
+        fn failure(&self) -> Option<Error> {
+            None
         }
         fn device(&self) -> &DeviceSpec {
             &self.device

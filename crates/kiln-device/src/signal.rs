@@ -6,6 +6,13 @@
 //! - `wait(v, timeout)` returns `Ok` once `value() >= v`, a [`Error::Timeout`] when the
 //!   timeout passes first, or the failure error if the signal was failed. No wake-up is lost:
 //!   a `set` that happens-before or races with `wait` is always observed.
+//! - A wait that is never reached: with a finite timeout, [`Error::Timeout`] (the signal is
+//!   *not* failed: the work may still complete, and a later wait may succeed); with
+//!   `Duration::MAX`, it blocks until the value is reached or the signal fails. Nothing that
+//!   fails leaves such a waiter hanging: a failed command fails its queue's later signals,
+//!   a lost or reset device fails every signal of its generation ([`crate::context`]).
+//! - A failed wait returns [`Error::SignalFailed`] sharing the original error
+//!   ([`Error::root_cause`], [`Error::class`] see through it).
 //! - `fail(e)`: every current and later waiter of a value not yet reached gets `e` (as
 //!   [`Error::SignalFailed`]), so a failed producer never leaves a consumer hanging. The
 //!   first failure wins; the value is frozen at the moment of failure (a later `set` is

@@ -389,11 +389,6 @@ impl OpenClQueue {
     pub fn wait_foreign(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
         self.record(Ok(Command::Wait(signal.clone(), value)))
     }
-
-    /// The error that poisoned this queue, if a host step failed.
-    pub fn poisoned(&self) -> Option<Error> {
-        lock(&self.inner).poison.clone()
-    }
 }
 
 impl OpenClQueue {
@@ -541,6 +536,11 @@ impl HardwareQueue for OpenClQueue {
         }
     }
 
+    /// The error that failed this queue, if a host step failed.
+    fn failure(&self) -> Option<Error> {
+        lock(&self.inner).poison.clone()
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.cl.spec
     }
@@ -609,7 +609,7 @@ mod tests {
 
     fn setup() -> Option<(Arc<Device>, OpenClQueueFactory, Kernel)> {
         let dev = test_device()?;
-        let factory = OpenClQueueFactory::open(&dev.spec()).unwrap();
+        let factory = OpenClQueueFactory::open(dev.spec()).unwrap();
         let k = affine(&dev);
         Some((dev, factory, k))
     }
@@ -685,7 +685,7 @@ mod tests {
         assert!(matches!(&r, Err(Error::SignalFailed(e)) if e.to_string().contains("producer broke")), "{r:?}");
         assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(e)) if e.to_string().contains("producer broke")));
         assert_eq!(fresh.to_vec::<f32>().unwrap(), vec![0.0; 4], "the kernel behind the failed wait ran");
-        assert!(q.poisoned().is_some());
+        assert!(q.failure().is_some());
         let after = factory.create_signal().unwrap();
         assert!(matches!(q.signal(&after, 1).submit(), Err(Error::QueueFailed { .. })));
         assert!(matches!(after.wait(1, LONG), Err(Error::SignalFailed(_))));

@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn user_events_drive_the_timeline() {
         let Some(dev) = test_device() else { return };
-        let cl = crate::cl_device(&dev.spec()).unwrap();
+        let cl = crate::cl_device(dev.spec()).unwrap();
         let s = Arc::new(OpenClSignal::new());
         let user = || Arc::new(ClEvent::user(cl.context().get()).unwrap());
         let (a, b) = (user(), user());

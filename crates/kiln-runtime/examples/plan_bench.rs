@@ -1,11 +1,8 @@
 //! Plan replay measurements on the CPU backend (prints only):
 //! `cargo run --release -p kiln-runtime --example plan_bench [kernels] [iterations]`.
 
-use std::sync::Arc;
-
-use kiln_cpu::CpuQueueFactory;
+use kiln_device::Result;
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Result};
 use kiln_runtime::bench;
 
 fn main() -> Result<()> {
