@@ -12,6 +12,7 @@ pub mod program;
 pub mod queue;
 pub mod ring;
 pub mod signal;
+pub mod stream;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
@@ -29,3 +30,4 @@ pub use program::{
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
+pub use stream::{StreamOps, StreamQueue};

@@ -154,13 +154,25 @@ impl<E: BackendEvent> RingSignal<E> {
     /// below the last recorded one. An evicted slot whose event already completed still
     /// raises the value, so no completion is forgotten.
     pub fn record(&self, value: u64, event: E) -> Result<()> {
-        let evicted = self.ring().record(value, Arc::new(event))?;
+        self.record_shared(value, Arc::new(event))
+    }
+
+    /// [`RingSignal::record`] for an event that is already shared.
+    pub fn record_shared(&self, value: u64, event: Arc<E>) -> Result<()> {
+        let evicted = self.ring().record(value, event)?;
         if let Some((v, e)) = evicted {
             self.observe(v, &e);
         }
         self.recorded.fetch_max(value, Ordering::AcqRel);
         self.host.wake_parked();
         Ok(())
+    }
+
+    /// The earliest recorded event whose completion means the timeline reached `target`
+    /// (what a stream that waits for `target` on the device waits on); `None` when no
+    /// recorded event covers `target` yet.
+    pub fn event_for(&self, target: u64) -> Option<Arc<E>> {
+        self.ring().find(target).map(|(_, e)| e)
     }
 
     /// Folds the state of the event for `value` into the host value; `true` if completed.
