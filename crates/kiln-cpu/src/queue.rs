@@ -171,6 +171,10 @@ impl HardwareQueue for CpuQueue {
 
     /// Hands the batch to the worker. Returns the batch's recording error (nothing is
     /// submitted), or the queue's poison error (the batch's signals are failed with it).
+    fn reject(&mut self, error: Error) -> &mut Self {
+        self.record(|| Err(error))
+    }
+
     fn submit(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
         if let Some(e) = self.error.take() {
@@ -525,6 +529,27 @@ mod tests {
         }
         assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(_))));
         assert!(q.failure().is_some());
+    }
+
+    /// After a reset, a queue of the old generation refuses to submit, and nothing waits
+    /// forever: the old generation's signals, and the signals of a batch the stale queue
+    /// drops, fail with the typed device-lost error.
+    #[test]
+    fn a_queue_of_a_reset_device_refuses_work_and_fails_its_signals() {
+        let dev = crate::open(&DeviceSpec::Cpu).unwrap();
+        let f = dev.queues().unwrap();
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let old = f.create_dyn_signal().unwrap();
+        dev.reset().unwrap();
+        let lost = |r: Result<()>| matches!(r, Err(e) if matches!(e.root_cause(), Error::DeviceLost { minted: 0, current: 1, .. }));
+        assert!(lost(old.wait(1, Duration::MAX)), "the old generation's signal");
+        let fresh = dev.queues().unwrap().create_dyn_signal().unwrap();
+        assert!(lost(q.signal(&fresh, 1).submit()), "the stale queue's submit");
+        assert!(lost(fresh.wait(1, Duration::MAX)), "a signal of the dropped batch");
+        let mut q = dev.queues().unwrap().create_dyn_compute_queue().unwrap();
+        let s = dev.queues().unwrap().create_dyn_signal().unwrap();
+        q.signal(&s, 1).submit().unwrap();
+        s.wait(1, LONG).unwrap();
     }
 
     /// The failure is reachable through the type-erased queue, under the trait's one name.

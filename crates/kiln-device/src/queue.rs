@@ -96,6 +96,11 @@ pub trait HardwareQueue: Send {
     /// Hands the recorded batch to the device and returns without waiting.
     fn submit(&mut self) -> Result<()>;
 
+    /// Records a recording error from outside the queue (a foreign signal seen by
+    /// [`DynQueue`], a stale generation): the next `submit` returns the first recording error
+    /// of the batch and submits nothing of it.
+    fn reject(&mut self, error: Error) -> &mut Self;
+
     /// The error that failed this queue (see the module docs), once the host can see it;
     /// `None` while the queue is healthy.
     fn failure(&self) -> Option<Error>;
@@ -123,10 +128,10 @@ pub trait QueueFactory: Send + Sync {
 ///
 /// `wait` and `signal` take any `Arc<dyn TimelineSignal>` and downcast it to the concrete
 /// queue's signal type; a signal of another type is a recording error that `submit` returns
-/// ([`Error::Invalid`]), never a silently dropped dependency. Commands are kept until
-/// `submit` and then forwarded in order to the concrete queue and submitted, so a batch that
-/// holds a recording error submits nothing. After `submit` (either outcome) the queue is
-/// empty and can record the next batch.
+/// ([`Error::Invalid`], recorded with [`HardwareQueue::reject`]), never a silently dropped
+/// dependency. Every command goes straight to the concrete queue, which buffers the batch
+/// (one buffer, not two); a batch that holds a recording error submits nothing. After
+/// `submit` (either outcome) the queue is empty and can record the next batch.
 pub struct DynQueue {
     inner: Box<dyn ErasedQueue>,
     /// The device generation the queue was created under (queues from a
@@ -142,7 +147,7 @@ impl std::fmt::Debug for DynQueue {
 
 impl DynQueue {
     pub fn new<Q: HardwareQueue + 'static>(queue: Q) -> DynQueue {
-        DynQueue { inner: Box::new(Erased { queue, batch: Vec::new(), error: None }), stamp: None }
+        DynQueue { inner: Box::new(Erased { queue, signals: Vec::new() }), stamp: None }
     }
 
     /// This queue bound to a device generation (see [`crate::context`]).
@@ -246,31 +251,19 @@ trait ErasedQueue: Send {
     fn signal_type(&self) -> &'static str;
 }
 
-/// A command held until submit; buffers and signals are owned so they outlive the caller's.
-enum Recorded<S> {
-    Wait(Arc<S>, u64),
-    Signal(Arc<S>, u64),
-    Exec(Kernel, Vec<Buffer>, Vec<i64>, Option<Arc<dyn CommandTimer>>),
-    Copy(Buffer, Buffer, Option<Arc<dyn CommandTimer>>),
-    Barrier,
-}
-
 struct Erased<Q: HardwareQueue> {
     queue: Q,
-    batch: Vec<Recorded<Q::Signal>>,
-    /// The first recording error of the batch; later commands are not recorded.
-    error: Option<Error>,
+    /// The signals recorded into the current batch: failed if a stale queue drops it.
+    signals: Vec<Arc<Q::Signal>>,
 }
 
 impl<Q: HardwareQueue + 'static> Erased<Q> {
+    /// `signal` as this queue's signal type, or a recording error in the concrete queue.
     fn downcast(&mut self, signal: &Arc<dyn TimelineSignal>, what: &str) -> Option<Arc<Q::Signal>> {
-        if self.error.is_some() {
-            return None;
-        }
         match signal.clone().into_any().downcast::<Q::Signal>() {
             Ok(s) => Some(s),
             Err(_) => {
-                self.error = Some(Error::Invalid(format!(
+                self.queue.reject(Error::Invalid(format!(
                     "a queue on {} cannot {what} {signal:?}: it takes signals of type {}; create the signal \
                      with this device's queue factory",
                     self.queue.device(),
@@ -278,12 +271,6 @@ impl<Q: HardwareQueue + 'static> Erased<Q> {
                 )));
                 None
             }
-        }
-    }
-
-    fn push(&mut self, command: Recorded<Q::Signal>) {
-        if self.error.is_none() {
-            self.batch.push(command);
         }
     }
 }
@@ -295,63 +282,45 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
 
     fn wait(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) {
         if let Some(s) = self.downcast(signal, "wait on") {
-            self.push(Recorded::Wait(s, value));
+            self.queue.wait(&s, value);
         }
     }
 
     fn signal(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) {
         if let Some(s) = self.downcast(signal, "signal") {
-            self.push(Recorded::Signal(s, value));
+            self.queue.signal(&s, value);
+            self.signals.push(s);
         }
     }
 
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64], timer: Option<&Arc<dyn CommandTimer>>) {
-        let bufs = bufs.iter().map(|b| (*b).clone()).collect();
-        self.push(Recorded::Exec(kernel.clone(), bufs, vals.to_vec(), timer.cloned()));
+        match timer {
+            Some(t) => self.queue.exec_timed(kernel, bufs, vals, t),
+            None => self.queue.exec(kernel, bufs, vals),
+        };
     }
 
     fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>) {
-        self.push(Recorded::Copy(dst.clone(), src.clone(), timer.cloned()));
+        match timer {
+            Some(t) => self.queue.copy_timed(dst, src, t),
+            None => self.queue.copy(dst, src),
+        };
     }
 
     fn memory_barrier(&mut self) {
-        self.push(Recorded::Barrier);
+        self.queue.memory_barrier();
     }
 
     fn submit(&mut self) -> Result<()> {
-        if let Some(e) = self.error.take() {
-            self.batch.clear();
-            return Err(e);
-        }
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        for command in self.batch.drain(..) {
-            match command {
-                Recorded::Wait(s, v) => self.queue.wait(&s, v),
-                Recorded::Signal(s, v) => self.queue.signal(&s, v),
-                Recorded::Exec(kernel, bufs, vals, timer) => {
-                    let refs: Vec<&Buffer> = bufs.iter().collect();
-                    match &timer {
-                        Some(t) => self.queue.exec_timed(&kernel, &refs, &vals, t),
-                        None => self.queue.exec(&kernel, &refs, &vals),
-                    }
-                }
-                Recorded::Copy(dst, src, None) => self.queue.copy(&dst, &src),
-                Recorded::Copy(dst, src, Some(t)) => self.queue.copy_timed(&dst, &src, &t),
-                Recorded::Barrier => self.queue.memory_barrier(),
-            };
-        }
+        self.signals.clear();
         self.queue.submit()
     }
 
     fn discard(&mut self, error: &Error) {
-        for command in self.batch.drain(..) {
-            if let Recorded::Signal(s, _) = command {
-                s.fail(error.clone());
-            }
+        let _ = self.queue.reject(error.clone()).submit();
+        for s in self.signals.drain(..) {
+            s.fail(error.clone());
         }
-        self.error = None;
     }
 
     fn failure(&self) -> Option<Error> {
@@ -416,6 +385,9 @@ mod tests {
         log: Arc<Mutex<Vec<String>>>,
         pending: Vec<String>,
         signals: Vec<(Arc<CpuTimelineSignal>, u64)>,
+        /// Timed commands report when they are handed over, at submit.
+        timers: Vec<Arc<dyn CommandTimer>>,
+        error: Option<Error>,
         device: DeviceSpec,
     }
 
@@ -438,19 +410,32 @@ mod tests {
             self.pending.push(format!("copy {}", dst.len()));
             self
         }
-        /// Reports a fixed 1 ms span, as a queue that measures its copies would.
+        /// Reports a fixed 1 ms span at submit, as a queue that measures its copies would.
         fn copy_timed(&mut self, dst: &Buffer, _src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
             self.pending.push(format!("timed copy {}", dst.len()));
-            let t = Instant::now();
-            timer.measured(Box::new(move || Ok((t, t + Duration::from_millis(1)))));
+            self.timers.push(timer.clone());
             self
         }
         fn memory_barrier(&mut self) -> &mut Self {
             self.pending.push("barrier".into());
             self
         }
+        fn reject(&mut self, error: Error) -> &mut Self {
+            self.error.get_or_insert(error);
+            self
+        }
         fn submit(&mut self) -> Result<()> {
+            if let Some(e) = self.error.take() {
+                self.pending.clear();
+                self.signals.clear();
+                self.timers.clear();
+                return Err(e);
+            }
             self.log.lock().unwrap().append(&mut self.pending);
+            for timer in self.timers.drain(..) {
+                let t = Instant::now();
+                timer.measured(Box::new(move || Ok((t, t + Duration::from_millis(1)))));
+            }
             for (s, v) in self.signals.drain(..) {
                 s.set(v);
             }
@@ -472,7 +457,14 @@ mod tests {
         type Queue = LogQueue;
         type Signal = CpuTimelineSignal;
         fn create_compute_queue(&self) -> Result<LogQueue> {
-            Ok(LogQueue { log: self.log.clone(), pending: vec![], signals: vec![], device: DeviceSpec::Cpu })
+            Ok(LogQueue {
+                log: self.log.clone(),
+                pending: vec![],
+                signals: vec![],
+                timers: vec![],
+                error: None,
+                device: DeviceSpec::Cpu,
+            })
         }
         fn create_copy_queue(&self) -> Result<Option<LogQueue>> {
             Ok(None)

@@ -408,6 +408,10 @@ impl<B: StreamOps> HardwareQueue for StreamQueue<B> {
         self.record(Ok(Command::Barrier))
     }
 
+    fn reject(&mut self, error: Error) -> &mut Self {
+        self.record(Err(error))
+    }
+
     fn submit(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
         if let Some(e) = self.error.take() {
