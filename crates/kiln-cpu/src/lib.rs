@@ -25,7 +25,7 @@ pub use allocator::CpuAllocator;
 pub use compiler::{CC_ENV, CCompiler};
 pub use pool::Pool;
 pub use program::CpuProgram;
-pub use queue::{CpuQueue, CpuQueueFactory};
+pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer};
 
 /// Opens the CPU device (`CPU`; there is only one). Fails with

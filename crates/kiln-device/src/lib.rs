@@ -2,6 +2,7 @@
 //! that is backend-independent (launch checks, buffers, signals, queues, the kernel cache).
 
 pub mod allocator;
+pub mod backend;
 pub mod buffer;
 pub mod cache;
 pub mod context;
@@ -15,6 +16,7 @@ pub mod signal;
 pub mod stream;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
+pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};

@@ -38,7 +38,7 @@ use opencl3::types::{cl_command_queue_properties, cl_device_id, cl_platform_id};
 pub use allocator::OpenClAllocator;
 pub use compiler::OpenClCompiler;
 pub use program::OpenClProgram;
-pub use queue::{OpenClQueue, OpenClQueueFactory};
+pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
 pub use renderer::OpenClRenderer;
 pub use signal::{ClEvent, OpenClSignal};
 

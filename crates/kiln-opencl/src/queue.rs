@@ -29,7 +29,10 @@ use std::time::Instant;
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
-use kiln_device::{Buffer, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamOps, StreamQueue};
+use kiln_device::{
+    AccelBackend, AccelStream, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamOps,
+    StreamQueue,
+};
 use opencl3::command_queue::{
     CommandQueue, enqueue_barrier_with_wait_list, enqueue_copy_buffer, enqueue_marker_with_wait_list,
     enqueue_read_buffer, enqueue_write_buffer,
@@ -174,6 +177,34 @@ impl StreamOps for ClStream {
 
     fn synchronize(&mut self) -> Result<()> {
         self.queue.finish().map_err(|e| driver("clFinish", e))
+    }
+}
+
+/// The OpenCL backend's identity (see [`kiln_device::backend`]).
+pub struct OpenCl;
+
+impl AccelBackend for OpenCl {
+    const NAME: &'static str = "OPENCL";
+    type Device = DeviceOf<OpenCl>;
+    type Stream = ClStream;
+    type Event = ClEvent;
+    type Error = Error;
+}
+
+impl AccelStream for ClStream {
+    type Backend = OpenCl;
+
+    fn record_event(&mut self) -> Result<ClEvent> {
+        StreamOps::record_event(self)
+    }
+
+    /// A device-side wait for an event of this context; an event of another context is
+    /// waited for on the calling thread.
+    fn wait_event(&mut self, event: &ClEvent) -> Result<()> {
+        if !StreamOps::wait_event(self, event)? {
+            event.wait()?;
+        }
+        Ok(())
     }
 }
 
