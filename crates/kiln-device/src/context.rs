@@ -158,31 +158,43 @@ impl Stamp {
     /// Whether the object may be used: `Ok` for the current healthy generation,
     /// [`Error::DeviceLost`] for an older generation, [`Error::DeviceFailed`] while the
     /// current one is lost. `what` names the object in the message.
+    #[inline]
     pub fn check(&self, what: &str) -> Result<()> {
         let state = self.ctx.state.load(Ordering::Acquire);
-        if state == self.minted {
-            return Ok(());
-        }
+        if state == self.minted { Ok(()) } else { Err(self.refusal(state, what)) }
+    }
+
+    /// Why a stamp that is not current is refused (kept out of line: the common check is a
+    /// load and a compare on launch paths).
+    #[cold]
+    fn refusal(&self, state: u64, what: &str) -> Error {
         let current = state & !LOST;
         if current != self.minted {
-            return Err(Self::lost_error(&self.ctx.spec, what, self.minted, current));
+            return Self::lost_error(&self.ctx.spec, what, self.minted, current);
         }
         let cause = self.ctx.lost_cause().unwrap_or_else(|| Arc::new(Error::driver("kiln", "cause not recorded")));
-        Err(Error::DeviceFailed { device: self.ctx.spec.to_string(), cause })
+        Error::DeviceFailed { device: self.ctx.spec.to_string(), cause }
     }
 
     /// Marks the device lost if `result` is a fatal error seen by an object of the current
     /// generation (a stale object's failure says nothing about the new context); returns
     /// `result` unchanged.
+    #[inline]
     pub fn observe<T>(&self, result: Result<T>) -> Result<T> {
-        if let Err(e) = &result
-            && e.is_fatal()
+        if let Err(e) = &result {
+            self.observe_error(e);
+        }
+        result
+    }
+
+    #[cold]
+    fn observe_error(&self, e: &Error) {
+        if e.is_fatal()
             && !matches!(e.root_cause(), Error::DeviceLost { .. } | Error::DeviceFailed { .. })
             && self.is_current()
         {
             self.ctx.mark_lost(e.clone());
         }
-        result
     }
 
     /// Whether the generation is still the current one (lost or not).
