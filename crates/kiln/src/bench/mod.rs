@@ -86,6 +86,7 @@ pub const ENTRIES: &[&str] = &[
     "cache_mem_hit",
     "cache_disk_hit",
     "alloc_cached",
+    "device_reset",
 ];
 
 /// Median, min and max of one series, in the entry's unit.
@@ -230,6 +231,7 @@ impl Bench {
             "cache_mem_hit" => self.cache_mem_hit(),
             "cache_disk_hit" => self.cache_disk_hit(args),
             "alloc_cached" => self.alloc_cached(),
+            "device_reset" => self.device_reset(),
             other => Err(CliError::Usage(format!("unknown bench entry `{other}`"))),
         }
     }
@@ -603,6 +605,49 @@ impl Bench {
         Ok(BenchResult {
             name: "cache_mem_hit",
             unit: "µs",
+            higher_is_better: false,
+            verified: true,
+            kiln: Stats::of(samples)?,
+            baseline: None,
+            baseline_name: "",
+        })
+    }
+
+    /// `Device::reset` and 10 cached kernels running again (reloaded without compiling),
+    /// each verified; runs last, since it ends the generation of everything made before.
+    fn device_reset(&self) -> Result<BenchResult, CliError> {
+        let sinks = (1..=10)
+            .map(|c| add_const_kernel(c as f32))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| kiln_err("building the reset kernels", e.into()))?;
+        for s in &sinks {
+            self.device.compile(s, Some("reset_probe")).map_err(|e| kiln_err("compiling", e))?;
+        }
+        let before = self.device.cache().stats();
+        let mut samples = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            let t = Instant::now();
+            self.device.reset().map_err(|e| kiln_err("resetting the device", e))?;
+            let mut outs = Vec::with_capacity(sinks.len());
+            for s in &sinks {
+                let k = self.device.compile(s, Some("reset_probe")).map_err(|e| kiln_err("compiling", e))?;
+                let x = self.upload(&[1.0, 2.0])?;
+                self.launch(&k, &[&x])?;
+                outs.push(x);
+            }
+            samples.push(t.elapsed().as_secs_f64() * 1e3);
+            for (c, x) in (1..).zip(&outs) {
+                if self.read(x)? != [1.0 + c as f32, 2.0 + c as f32] {
+                    return Err(wrong("device_reset", format!("kernel {c} computed a wrong result after the reset")));
+                }
+            }
+        }
+        if self.device.cache().stats().misses != before.misses {
+            return Err(wrong("device_reset", "a kernel was compiled again after the reset".into()));
+        }
+        Ok(BenchResult {
+            name: "device_reset",
+            unit: "ms",
             higher_is_better: false,
             verified: true,
             kiln: Stats::of(samples)?,
