@@ -47,7 +47,7 @@ pub fn compile_optional(dev: &Device, sink: &Arc<UOp>, name: &str, dtype: Scalar
     match dev.compile(sink, Some(name)) {
         Ok(k) => Ok(Some(k)),
         Err(Error::Render(m)) => {
-            println!("note: {} does not support {dtype} kernels ({name}): {m}", dev.spec);
+            println!("note: {} does not support {dtype} kernels ({name}): {m}", dev.spec());
             Ok(None)
         }
         Err(e) => Err(e.into()),

@@ -175,11 +175,11 @@ pub fn backend(name: &str) -> Option<Arc<Device>> {
 /// The queue factory of `dev`; a device without one fails the queue, signal and plan
 /// contracts (every kiln backend has hardware queues).
 pub fn queues(dev: &Device) -> Result<Arc<dyn DynQueueFactory>, Failure> {
-    dev.queues.clone().ok_or_else(|| {
+    dev.queues().ok_or_else(|| {
         Failure::Violation(format!(
-            "device {} has no queue factory (Device::queues is None): the backend must attach one with \
-             Device::with_queues",
-            dev.spec
+            "device {} has no queue factory (Device::queues is None): the backend must build one in \
+             its DeviceParts",
+            dev.spec()
         ))
     })
 }

@@ -23,14 +23,14 @@ fn increment(dev: &kiln_device::Device) -> Kernel {
 fn dispatch(c: &mut Criterion) {
     let dev = kiln_cpu::open(&DeviceSpec::Cpu).expect("CPU device");
     let kernel = increment(&dev);
-    let x = Buffer::from_slice(dev.allocator.clone(), &[0.0f32; 16]).expect("buffer");
+    let x = Buffer::from_slice(dev.allocator(), &[0.0f32; 16]).expect("buffer");
     kernel.launch(&[&x], &[]).expect("launch");
     assert_eq!(x.to_vec::<f32>().expect("read"), [1.0; 16], "the kernel must compute x + 1");
 
     let mut g = c.benchmark_group("dispatch");
     g.bench_function("launch_tiny_kernel", |b| b.iter(|| kernel.launch(black_box(&[&x]), &[]).expect("launch")));
 
-    let queues = dev.queues.as_ref().expect("CPU queues");
+    let queues = dev.queues().expect("CPU queues");
     let mut q = queues.create_dyn_compute_queue().expect("queue");
     let s = queues.create_dyn_signal().expect("signal");
     let mut value = 0u64;

@@ -40,12 +40,12 @@ fn main() -> Result<(), kiln_device::Error> {
     println!("best render+compile+load: {:.1} ms", best * 1e3);
 
     let device = kiln_cpu::open(&DeviceSpec::Cpu)?;
-    println!("device: {} | pool threads: {}", device.description, Pool::global().threads());
+    println!("device: {} | pool threads: {}", device.description(), Pool::global().threads());
     let kernel: Kernel = device.compile(&sink, Some("add"))?;
     for len in [16usize, 1 << 20] {
         let data = vec![1.0f32; len];
-        let x = Buffer::from_slice(device.allocator.clone(), &data)?;
-        let y = Buffer::from_slice(device.allocator.clone(), &data)?;
+        let x = Buffer::from_slice(device.allocator(), &data)?;
+        let y = Buffer::from_slice(device.allocator(), &data)?;
         let z = device.buffer(Scalar::F32, len)?;
         let vals = [len as i64];
         let iters = if len < 1000 { 200_000 } else { 200 };

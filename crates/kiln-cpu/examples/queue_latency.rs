@@ -158,7 +158,7 @@ fn main() -> Result<()> {
     queue_round_trip("  same, after 200 µs idle (worker parked)", &noop, &[&a, &b], &[16], 2_000, IDLE)?;
     match kiln_cpu::open(&DeviceSpec::Cpu).and_then(|dev| {
         let kernel = dev.compile(&sink, Some("add_one"))?;
-        let (x, y) = (Buffer::from_slice(dev.allocator.clone(), &[1.0f32; 16])?, dev.buffer(Scalar::F32, 16)?);
+        let (x, y) = (Buffer::from_slice(dev.allocator(), &[1.0f32; 16])?, dev.buffer(Scalar::F32, 16)?);
         Ok((kernel, x, y))
     }) {
         Ok((kernel, x, y)) => {

@@ -237,7 +237,7 @@ mod tests {
         let kernel = add_one(&dev);
         for n in [1usize, 7, 1000, 4099] {
             let xs: Vec<f32> = (0..n).map(|x| x as f32).collect();
-            let a = Buffer::from_slice(dev.allocator.clone(), &xs).unwrap();
+            let a = Buffer::from_slice(dev.allocator().clone(), &xs).unwrap();
             let c = dev.buffer(Scalar::F32, n).unwrap();
             kernel.launch(&[&a, &c], &[n as i64]).unwrap();
             let want: Vec<f32> = xs.iter().map(|x| x + 1.0).collect();

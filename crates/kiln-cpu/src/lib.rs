@@ -21,14 +21,16 @@ pub mod signal;
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Allocator, Device, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend};
+use kiln_device::{
+    Allocator, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend,
+};
 
 pub use allocator::CpuAllocator;
 pub use compiler::{CC_ENV, CCompiler, COMPILE_TIMEOUT_ENV, DEFAULT_COMPILE_TIMEOUT};
 pub use guard::GuardPageAllocator;
 pub use pool::Pool;
 pub use program::CpuProgram;
-pub use queue::{CpuQueue, CpuQueueFactory};
+pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer};
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
@@ -39,13 +41,14 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
-    open_with_allocator(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
+    open_with(|| Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
 /// ([`Allocator::is_host`]) of the `CPU` device: e.g. a [`GuardPageAllocator`] (used
 /// directly, without an `LruAllocator`) so that tests and fuzzers run kernels on buffers
-/// that fault at the first byte past their end.
+/// that fault at the first byte past their end. The same allocator serves every device
+/// generation: host memory stays valid across [`Device::reset`].
 pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>> {
     if *allocator.device() != DeviceSpec::Cpu || !allocator.is_host() {
         return Err(Error::Invalid(format!(
@@ -54,18 +57,27 @@ pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>>
             allocator.is_host()
         )));
     }
-    let compiler = CCompiler::detect()?;
+    open_with(move || Ok(allocator.clone()))
+}
+
+/// The CPU device whose every generation allocates through `make_allocator()`.
+fn open_with(make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static) -> Result<Arc<Device>> {
+    let compiler = Arc::new(CCompiler::detect()?);
     let description =
         format!("{} ({} threads), C compiler {}", cpu_model(), Pool::global().threads(), compiler.path().display());
-    let runtime: RuntimeFactory = Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-    let device = Device::new(
-        DeviceSpec::Cpu,
-        description,
-        allocator,
-        vec![(Arc::new(CpuRenderer::new()), Arc::new(compiler))],
-        runtime,
-    )?
-    .with_queues(Arc::new(CpuQueueFactory::new()));
+    let renderer = Arc::new(CpuRenderer::new());
+    // The renderer and compiler hold no device state and survive a reset; memory, queues and
+    // loaded programs are built anew for every generation.
+    let device = Device::new(DeviceSpec::Cpu, description, move |_| {
+        let runtime: RuntimeFactory =
+            Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
+        Ok(DeviceParts {
+            allocator: make_allocator()?,
+            compilers: vec![(renderer.clone(), compiler.clone())],
+            runtime,
+            queues: Some(Arc::new(CpuQueueFactory::new())),
+        })
+    })?;
     Ok(Arc::new(device))
 }
 

@@ -4,7 +4,8 @@
 //! side batch; `exec` checks its arguments right away and keeps clones of the buffers, so
 //! the memory lives until the command ran. `submit` hands the batch to the worker over a
 //! channel and returns. The worker runs commands one after another; a `wait` blocks the
-//! worker (never the host) for at most the factory's wait timeout.
+//! worker (never the host) until the signal is reached or fails (the one timeout policy of
+//! [`kiln_device::queue`]; [`CpuQueueFactory::with_wait_timeout`] adds an opt-in watchdog).
 //!
 //! Failure: a command that fails (a kernel error or panic, a failed copy, a `wait` whose
 //! signal failed or timed out) *poisons* the queue. Every later command of the queue — in
@@ -28,7 +29,8 @@ use std::time::{Duration, Instant};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
-    Buffer, CpuTimelineSignal, Error, HardwareQueue, Kernel, LaunchDims, QueueFactory, RawView, Result, TimelineSignal,
+    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, HardwareQueue, Kernel, LaunchDims,
+    QueueFactory, RawView, Result, TimelineSignal,
 };
 
 /// How long an idle worker polls for the next batch before it parks on the channel.
@@ -99,16 +101,8 @@ impl CpuQueue {
         std::thread::Builder::new()
             .name(format!("kiln-cpu-{role}-{}", NEXT.fetch_add(1, Ordering::Relaxed)))
             .spawn(move || worker.run())
-            .map_err(|e| Error::Driver {
-                backend: "CPU",
-                message: format!("cannot start a queue worker thread: {e}"),
-            })?;
+            .map_err(|e| Error::driver("CPU", format!("cannot start a queue worker thread: {e}")))?;
         Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device: DeviceSpec::Cpu })
-    }
-
-    /// The error that poisoned this queue, once the worker has hit it.
-    pub fn failure(&self) -> Option<Error> {
-        self.shared.failure().clone()
     }
 
     fn record(&mut self, command: impl FnOnce() -> Result<Command>) -> &mut Self {
@@ -178,6 +172,10 @@ impl HardwareQueue for CpuQueue {
 
     /// Hands the batch to the worker. Returns the batch's recording error (nothing is
     /// submitted), or the queue's poison error (the batch's signals are failed with it).
+    fn reject(&mut self, error: Error) -> &mut Self {
+        self.record(|| Err(error))
+    }
+
     fn submit(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
         if let Some(e) = self.error.take() {
@@ -186,17 +184,23 @@ impl HardwareQueue for CpuQueue {
         if batch.is_empty() {
             return Ok(());
         }
-        if let Some(e) = self.failure() {
+        if let Some(cause) = self.failure() {
+            let e = Error::QueueFailed { device: self.device.to_string(), cause: Arc::new(cause) };
             fail_signals(&batch, &e);
             return Err(e);
         }
         self.to_worker.send(batch).map_err(|lost| {
             // The worker only exits once this sender is gone, so this is unreachable in
             // practice; still, fail the batch's signals rather than drop them silently.
-            let e = Error::Driver { backend: "CPU", message: "the queue's worker thread is gone".into() };
+            let e = Error::driver("CPU", "the queue's worker thread is gone");
             fail_signals(&lost.0, &e);
             e
         })
+    }
+
+    /// The error that failed this queue, once the worker has hit it.
+    fn failure(&self) -> Option<Error> {
+        self.shared.failure().clone()
     }
 
     fn device(&self) -> &DeviceSpec {
@@ -294,6 +298,41 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// The CPU backend's identity (see [`kiln_device::backend`]).
+pub struct Cpu;
+
+/// A CPU event: a host timeline signal reaching a value.
+#[derive(Clone, Debug)]
+pub struct CpuEvent {
+    pub signal: Arc<CpuTimelineSignal>,
+    pub value: u64,
+}
+
+impl AccelBackend for Cpu {
+    const NAME: &'static str = "CPU";
+    type Device = DeviceOf<Cpu>;
+    type Stream = CpuQueue;
+    type Event = CpuEvent;
+    type Error = Error;
+}
+
+/// Events are recorded like every command: they complete once the batch they were recorded
+/// in has been submitted and has run up to them.
+impl AccelStream for CpuQueue {
+    type Backend = Cpu;
+
+    fn record_event(&mut self) -> Result<CpuEvent> {
+        let event = CpuEvent { signal: Arc::new(CpuTimelineSignal::new()), value: 1 };
+        self.signal(&event.signal, event.value);
+        Ok(event)
+    }
+
+    fn wait_event(&mut self, event: &CpuEvent) -> Result<()> {
+        self.wait(&event.signal, event.value);
+        Ok(())
+    }
+}
+
 /// Creates CPU queues (each with its own worker thread) and CPU timeline signals.
 #[derive(Debug, Clone)]
 pub struct CpuQueueFactory {
@@ -307,16 +346,15 @@ impl Default for CpuQueueFactory {
 }
 
 impl CpuQueueFactory {
-    /// How long a queue's `wait` command blocks its worker before it gives up and poisons
-    /// the queue: long enough for any real dependency, short enough that a lost producer
-    /// surfaces as an error instead of a hang.
-    pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
-
+    /// Queue `wait` commands without a deadline (the policy of every backend, see
+    /// [`kiln_device::queue`]).
     pub fn new() -> Self {
-        CpuQueueFactory { wait_timeout: Self::DEFAULT_WAIT_TIMEOUT }
+        CpuQueueFactory { wait_timeout: Duration::MAX }
     }
 
-    /// Queues created from now on bound their `wait` commands by `timeout`.
+    /// Queues created from now on bound their `wait` commands by `timeout`: an opt-in
+    /// watchdog for debugging; when it fires the queue fails with [`Error::Timeout`] like any
+    /// failed wait.
     pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = timeout;
         self
@@ -514,17 +552,75 @@ mod tests {
             .unwrap();
         before.wait(1, LONG).unwrap();
         match after.wait(1, LONG) {
-            Err(Error::SignalFailed(m)) => assert!(m.contains("injected kernel failure"), "{m}"),
+            Err(Error::SignalFailed(e)) => assert!(matches!(&*e, Error::Launch(m) if m == "injected kernel failure")),
             other => panic!("expected the kernel's failure, got {other:?}"),
         }
         assert!(log.lock().unwrap().is_empty(), "a command after the failure ran");
         // Later batches: their signals fail too, and submit reports the poison.
         match q.signal(&later, 1).submit() {
-            Err(Error::Launch(m)) => assert!(m.contains("injected")),
+            Err(e @ Error::QueueFailed { .. }) => {
+                assert!(matches!(e.root_cause(), Error::Launch(m) if m.contains("injected")))
+            }
             other => panic!("expected the poison error, got {other:?}"),
         }
         assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(_))));
         assert!(q.failure().is_some());
+    }
+
+    /// After a reset, a queue of the old generation refuses to submit, and nothing waits
+    /// forever: the old generation's signals, and the signals of a batch the stale queue
+    /// drops, fail with the typed device-lost error.
+    #[test]
+    fn a_queue_of_a_reset_device_refuses_work_and_fails_its_signals() {
+        let dev = crate::open(&DeviceSpec::Cpu).unwrap();
+        let f = dev.queues().unwrap();
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let old = f.create_dyn_signal().unwrap();
+        dev.reset().unwrap();
+        let lost = |r: Result<()>| matches!(r, Err(e) if matches!(e.root_cause(), Error::DeviceLost { minted: 0, current: 1, .. }));
+        assert!(lost(old.wait(1, Duration::MAX)), "the old generation's signal");
+        let fresh = dev.queues().unwrap().create_dyn_signal().unwrap();
+        assert!(lost(q.signal(&fresh, 1).submit()), "the stale queue's submit");
+        assert!(lost(fresh.wait(1, Duration::MAX)), "a signal of the dropped batch");
+        let mut q = dev.queues().unwrap().create_dyn_compute_queue().unwrap();
+        let s = dev.queues().unwrap().create_dyn_signal().unwrap();
+        q.signal(&s, 1).submit().unwrap();
+        s.wait(1, LONG).unwrap();
+    }
+
+    /// Two queues ordered by a recorded event; the device handle follows resets.
+    #[test]
+    fn identity_traits_order_streams_and_report_generations() {
+        use kiln_device::AccelDevice;
+        let f = factory();
+        let (mut producer, mut consumer) = (f.create_compute_queue().unwrap(), f.create_compute_queue().unwrap());
+        let log = log();
+        let (a, b) = (buf(&[1.0; 2]), buf(&[0.0; 2]));
+        let done = f.create_signal().unwrap();
+        let e = producer.exec(&kernel(Behaviour::AddOne(1), &log), &[&a, &b], &[2]).record_event().unwrap();
+        consumer.wait_event(&e).unwrap();
+        consumer.signal(&done, 1).submit().unwrap();
+        producer.submit().unwrap();
+        done.wait(1, LONG).unwrap();
+        assert!(e.signal.is_reached(1) && log.lock().unwrap().len() == 1);
+
+        let dev = DeviceOf::<Cpu>::new(crate::open(&DeviceSpec::Cpu).unwrap()).unwrap();
+        assert_eq!((dev.device_id(), dev.generation(), Cpu::NAME), (0, 0, "CPU"));
+        dev.device().reset().unwrap();
+        assert_eq!(dev.generation(), 1);
+    }
+
+    /// The failure is reachable through the type-erased queue, under the trait's one name.
+    #[test]
+    fn the_type_erased_queue_reports_its_failure() {
+        let f: Arc<dyn kiln_device::DynQueueFactory> = Arc::new(factory());
+        let mut q = f.create_dyn_compute_queue().unwrap();
+        let s = f.create_dyn_signal().unwrap();
+        let (a, b) = (buf(&[0.0; 2]), buf(&[0.0; 2]));
+        assert!(q.failure().is_none());
+        q.exec(&kernel(Behaviour::Fail, &log()), &[&a, &b], &[2]).signal(&s, 1).submit().unwrap();
+        assert!(s.wait(1, LONG).is_err());
+        assert!(matches!(q.failure(), Some(Error::Launch(m)) if m.contains("injected")));
     }
 
     #[test]
@@ -534,7 +630,7 @@ mod tests {
         let s = f.create_signal().unwrap();
         let (a, b) = (buf(&[0.0]), buf(&[0.0]));
         q.exec(&kernel(Behaviour::Panic, &log()), &[&a, &b], &[1]).signal(&s, 1).submit().unwrap();
-        assert!(matches!(s.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("panicked")));
+        assert!(matches!(s.wait(1, LONG), Err(Error::SignalFailed(e)) if e.to_string().contains("panicked")));
     }
 
     /// A failed upstream signal and a wait timeout both propagate downstream.
@@ -550,9 +646,11 @@ mod tests {
         );
         q1.wait(&up, 1).signal(&down, 1).submit().unwrap();
         up.fail(Error::Invalid("producer died".into()));
-        assert!(matches!(down.wait(1, LONG), Err(Error::SignalFailed(m)) if m == "invalid argument: producer died"));
+        assert!(
+            matches!(down.wait(1, LONG), Err(Error::SignalFailed(e)) if matches!(&*e, Error::Invalid(m) if m == "producer died"))
+        );
         q2.wait(&never, 1).signal(&out, 1).submit().unwrap();
-        assert!(matches!(out.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("timeout")));
+        assert!(matches!(out.wait(1, LONG), Err(Error::SignalFailed(e)) if matches!(&*e, Error::Timeout { .. })));
     }
 
     #[test]
@@ -600,9 +698,9 @@ mod tests {
             }
             other => other.unwrap(),
         };
-        let queues = device.queues.clone().expect("the CPU device has queues");
+        let queues = device.queues().expect("the CPU device has queues");
         let kernel = device.compile(&add_one_sink(), Some("add_one")).unwrap();
-        let a = Buffer::from_slice(device.allocator.clone(), &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let a = Buffer::from_slice(device.allocator(), &[1.0f32, 2.0, 3.0, 4.0]).unwrap();
         let (b, c) = (device.buffer(Scalar::F32, 4).unwrap(), device.buffer(Scalar::F32, 4).unwrap());
         let (gate, mid, done) = (
             queues.create_dyn_signal().unwrap(),

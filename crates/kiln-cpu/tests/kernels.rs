@@ -37,7 +37,7 @@ fn f32s(b: &Buffer) -> Vec<f32> {
 }
 
 fn from_f32s(v: &[f32]) -> Buffer {
-    Buffer::from_slice(device().allocator.clone(), v).unwrap()
+    Buffer::from_slice(device().allocator(), v).unwrap()
 }
 
 fn node(op: Op, dt: DType, src: &[&Val]) -> Val {
@@ -191,8 +191,8 @@ fn gated_loads_and_stores_do_not_touch_memory_outside_the_gate() {
     let (n, m) = (21usize, 8usize);
     // x sits at the very end of its allocation's use: the kernel must not read past it.
     let xs: Vec<i32> = (0..m as i32).map(|v| v * 10).collect();
-    let bx = Buffer::from_slice(device().allocator.clone(), &xs).unwrap();
-    let bo = Buffer::from_slice(device().allocator.clone(), &vec![7i32; n]).unwrap();
+    let bx = Buffer::from_slice(device().allocator(), &xs).unwrap();
+    let bo = Buffer::from_slice(device().allocator(), &vec![7i32; n]).unwrap();
     kernel.launch(&[&bx, &bo], &[m as i64, n as i64]).unwrap();
     let want: Vec<i32> = (0..n)
         .map(|i| {
@@ -330,7 +330,7 @@ fn launches_from_many_threads_at_once() {
             std::thread::spawn(move || {
                 let n = 70_001 + t * 1000;
                 let xs: Vec<i32> = (0..n as i32).collect();
-                let bx = Buffer::from_slice(device().allocator.clone(), &xs).unwrap();
+                let bx = Buffer::from_slice(device().allocator(), &xs).unwrap();
                 let bo = device().buffer(Scalar::I32, n).unwrap();
                 for _ in 0..20 {
                     kernel.launch(&[&bx, &bo], &[n as i64]).unwrap();
@@ -356,7 +356,7 @@ fn core_id_loops_and_carried_end_values() {
     let kernel = compile(&k.finish().unwrap(), "carry");
     let xs: Vec<i64> = (0..10).map(|v| v * v).collect();
     let bo = device().buffer(Scalar::I64, 4).unwrap();
-    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bo], &[]).unwrap();
+    kernel.launch(&[&Buffer::from_slice(device().allocator(), &xs).unwrap(), &bo], &[]).unwrap();
     assert_eq!(bo.to_vec::<i64>().unwrap(), vec![81, 82, 83, 84]);
 }
 
@@ -375,7 +375,7 @@ fn accumulator_reads_see_the_value_from_the_start_of_the_iteration() {
     let kernel = compile(&k.finish().unwrap(), "scan");
     let xs: Vec<i32> = (1..=n as i32).collect();
     let (bo, bt) = (device().buffer(Scalar::I32, n as usize).unwrap(), device().buffer(Scalar::I32, 1).unwrap());
-    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bo, &bt], &[]).unwrap();
+    kernel.launch(&[&Buffer::from_slice(device().allocator(), &xs).unwrap(), &bo, &bt], &[]).unwrap();
     let want: Vec<i32> = (0..n as i32).map(|r| r * (r + 1) / 2).collect();
     assert_eq!(bo.to_vec::<i32>().unwrap(), want);
     assert_eq!(bt.to_vec::<i32>().unwrap(), vec![45]);
@@ -398,7 +398,7 @@ fn nested_reduce_over_two_ranges_and_awkward_variable_names() {
     let kernel = compile(&sink, "block-sum");
     let xs: Vec<f64> = (0..36).map(|v| v as f64 * 0.25).collect();
     let bo = device().buffer(Scalar::F64, 1).unwrap();
-    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bo], &[6]).unwrap();
+    kernel.launch(&[&Buffer::from_slice(device().allocator(), &xs).unwrap(), &bo], &[6]).unwrap();
     assert_eq!(bo.to_vec::<f64>().unwrap(), vec![0.5 + xs.iter().sum::<f64>()]);
 }
 
@@ -1391,7 +1391,7 @@ fn bind_after_and_a_two_phase_kernel() {
     let xs: Vec<i32> = (1..=n as i32).collect();
     let (bt, bo) =
         (device().buffer(Scalar::I32, n as usize).unwrap(), device().buffer(Scalar::I32, n as usize).unwrap());
-    kernel.launch(&[&Buffer::from_slice(device().allocator.clone(), &xs).unwrap(), &bt, &bo], &[7]).unwrap();
+    kernel.launch(&[&Buffer::from_slice(device().allocator(), &xs).unwrap(), &bt, &bo], &[7]).unwrap();
     let want: Vec<i32> = xs.iter().rev().map(|v| v * 2 + 7).collect();
     assert_eq!(bo.to_vec::<i32>().unwrap(), want);
 }

@@ -38,7 +38,7 @@ pub const MEMORY_BUDGET_ENV: &str = "KILN_MEMORY_BUDGET";
 /// `what` names the setting in the error message.
 pub fn parse_byte_size(text: &str, what: &str) -> Result<usize> {
     let bad = |why: &str| {
-        Error::Invalid(format!(
+        Error::Config(format!(
             "{what}=`{text}` is not a byte size ({why}): use plain bytes or an integer with a K/M/G/T suffix, e.g. 512M"
         ))
     };
@@ -202,7 +202,7 @@ impl LruAllocator {
     }
 
     /// Wraps `inner` with the budget from `KILN_MEMORY_BUDGET` (unset or empty: no budget).
-    /// An unparsable value is an `Error::Invalid` naming the variable.
+    /// An unparsable value is an `Error::Config` naming the variable.
     pub fn from_env(inner: Arc<dyn Allocator>) -> Result<LruAllocator> {
         let value = std::env::var(MEMORY_BUDGET_ENV).ok();
         Ok(LruAllocator::new(inner, budget_from(value.as_deref())?))
@@ -289,7 +289,7 @@ fn budget_from(value: Option<&str>) -> Result<Option<usize>> {
         Some(v) => {
             let b = parse_byte_size(v, MEMORY_BUDGET_ENV)?;
             if b == 0 {
-                return Err(Error::Invalid(format!(
+                return Err(Error::Config(format!(
                     "{MEMORY_BUDGET_ENV}=0 would forbid every allocation; unset it for no budget"
                 )));
             }
@@ -315,7 +315,7 @@ impl Allocator for LruAllocator {
     /// (see the module docs for the budget and the out-of-memory ladder).
     fn alloc(&self, bytes: usize) -> Result<RawPtr> {
         if bytes == 0 {
-            return Err(Error::Invalid("allocation of 0 bytes: allocate at least 1 byte".into()));
+            return Err(Error::Buffer("allocation of 0 bytes: allocate at least 1 byte".into()));
         }
         let class = size_class(bytes).ok_or_else(|| {
             let s = self.lock();
@@ -523,8 +523,8 @@ mod tests {
         assert_eq!(budget_from(None).unwrap(), None);
         assert_eq!(budget_from(Some("")).unwrap(), None);
         assert_eq!(budget_from(Some("1M")).unwrap(), Some(1 << 20));
-        assert!(matches!(budget_from(Some("0")), Err(Error::Invalid(_))));
-        assert!(matches!(budget_from(Some("lots")), Err(Error::Invalid(_))));
+        assert!(matches!(budget_from(Some("0")), Err(Error::Config(_))));
+        assert!(matches!(budget_from(Some("lots")), Err(Error::Config(_))));
     }
 
     #[test]
@@ -622,7 +622,7 @@ mod tests {
     #[test]
     fn zero_and_unrepresentable_sizes_are_typed_errors() {
         let a = LruAllocator::new(MockAllocator::new(usize::MAX), None);
-        assert!(matches!(a.alloc(0), Err(Error::Invalid(_))));
+        assert!(matches!(a.alloc(0), Err(Error::Buffer(_))));
         assert!(matches!(a.alloc(usize::MAX), Err(Error::OutOfMemory { .. })));
     }
 

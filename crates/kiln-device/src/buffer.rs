@@ -102,6 +102,13 @@ pub trait Allocator: Send + Sync {
     fn trim(&self) -> usize {
         0
     }
+
+    /// Whether memory of this allocator may still be used: an allocator of a device
+    /// generation that ended (a reset) or a lost device returns the typed error
+    /// ([`Error::DeviceLost`], [`Error::DeviceFailed`]). Checked by [`Buffer::raw`].
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Rust types that are plain element values of a [`Scalar`] (every bit pattern valid).
@@ -226,8 +233,10 @@ impl Buffer {
         Ok(Buffer { base: self.base.clone(), dtype, offset: self.offset, len: self.nbytes() / dtype.size() })
     }
 
-    /// The window as raw device memory, allocating on first use.
+    /// The window as raw device memory, allocating on first use. Fails with
+    /// [`Error::DeviceLost`] when the buffer belongs to an older generation of its device.
     pub fn raw(&self) -> Result<RawView> {
+        self.base.allocator.check()?;
         Ok(RawView { base: self.base.ptr()?, offset: self.offset, bytes: self.nbytes() })
     }
 

@@ -159,7 +159,7 @@ impl CacheConfig {
     }
 
     /// Reads `KILN_CACHE`, `KILN_CACHE_DIR`, `XDG_CACHE_HOME`, `HOME` and `KILN_CACHE_LIMIT`
-    /// (see the module docs). A malformed value is an `Error::Invalid` naming the variable.
+    /// (see the module docs). A malformed value is an `Error::Config` naming the variable.
     pub fn from_env() -> Result<CacheConfig> {
         CacheConfig::from_lookup(|k| std::env::var(k).ok())
     }
@@ -170,7 +170,7 @@ impl CacheConfig {
             None | Some("1" | "true" | "on" | "yes") => true,
             Some("0" | "false" | "off" | "no") => false,
             Some(other) => {
-                return Err(Error::Invalid(format!(
+                return Err(Error::Config(format!(
                     "{CACHE_ENV}=`{other}`: use 0 to turn the disk cache off, 1 for on"
                 )));
             }
@@ -179,7 +179,7 @@ impl CacheConfig {
             None => DEFAULT_DISK_LIMIT,
             Some(v) => match parse_byte_size(&v, CACHE_LIMIT_ENV)? {
                 0 => {
-                    return Err(Error::Invalid(format!(
+                    return Err(Error::Config(format!(
                         "{CACHE_LIMIT_ENV}=0 keeps nothing: use {CACHE_ENV}=0 to turn the disk cache off"
                     )));
                 }
@@ -367,9 +367,24 @@ impl KernelCache {
         let flight = {
             let mut memory = self.lock();
             match memory.get(&key) {
-                Some(Slot::Ready(k)) => {
+                Some(Slot::Ready(k)) if k.program.check_current().is_ok() => {
                     self.memory_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(k.clone());
+                }
+                // Loaded under an older device generation: reload it (below) from its
+                // compiled form, without compiling.
+                Some(Slot::Ready(k)) => {
+                    let stale = k.clone();
+                    let f = Arc::new(Flight::default());
+                    memory.insert(key.clone(), Slot::Pending(f.clone()));
+                    drop(memory);
+                    let leader = Leader { cache: self, key: Some(key), flight: f };
+                    let result = match stale.program.compiled() {
+                        Some(c) => (toolchain.runtime)(c).map(|program| Kernel { spec: stale.spec.clone(), program }),
+                        None => self.load_or_compile(sink, name, device, toolchain),
+                    };
+                    leader.finish(&result);
+                    return result;
                 }
                 Some(Slot::Pending(f)) => {
                     let f = f.clone();
@@ -1292,13 +1307,15 @@ mod tests {
         let r = rig(MockCompiler::new("fp"));
         let open = |cache: KernelCache| {
             let pair: crate::device::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
-            Device::new(
-                DeviceSpec::Cpu,
-                "mock".into(),
-                MockAllocator::new(1 << 20),
-                vec![pair],
-                runtime(r.loaded.clone()),
-            )
+            let loaded = r.loaded.clone();
+            Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
+                Ok(crate::device::DeviceParts {
+                    allocator: MockAllocator::new(1 << 20),
+                    compilers: vec![pair.clone()],
+                    runtime: runtime(loaded.clone()),
+                    queues: None,
+                })
+            })
             .unwrap()
             .with_cache(Arc::new(cache))
         };
@@ -1370,9 +1387,9 @@ mod tests {
         assert_eq!(env(&[("HOME", "/h"), ("KILN_CACHE", "0")]).unwrap().dir, None);
         assert_eq!(env(&[]).unwrap().dir, None);
         assert_eq!(env(&[("KILN_CACHE_LIMIT", "64M")]).unwrap().limit, 64 << 20);
-        assert!(matches!(env(&[("KILN_CACHE", "maybe")]), Err(Error::Invalid(m)) if m.contains("KILN_CACHE")));
-        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "lots")]), Err(Error::Invalid(m)) if m.contains("LIMIT")));
-        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "0")]), Err(Error::Invalid(_))));
+        assert!(matches!(env(&[("KILN_CACHE", "maybe")]), Err(Error::Config(m)) if m.contains("KILN_CACHE")));
+        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "lots")]), Err(Error::Config(m)) if m.contains("LIMIT")));
+        assert!(matches!(env(&[("KILN_CACHE_LIMIT", "0")]), Err(Error::Config(_))));
     }
 
     #[test]

@@ -2,12 +2,13 @@
 //! [`Kernel`] handle and the process-wide device registry.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use kiln_ir::{DeviceSpec, Scalar, UOp};
 
 use crate::buffer::{Allocator, Buffer, RawView};
 use crate::cache::{KernelCache, Toolchain};
+use crate::context::{ContextAllocator, ContextQueues, DeviceContext, Stamp, StampedProgram};
 use crate::error::{Error, Result};
 use crate::program::{Compiler, LaunchDims, Program, ProgramSpec, Renderer, RuntimeFactory};
 use crate::queue::DynQueueFactory;
@@ -39,6 +40,7 @@ impl Kernel {
     /// write memory outside the buffers it is given. Queues and execution plans launch
     /// through this check (plans again whenever a run binds new variable values).
     pub fn check(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<(Vec<RawView>, LaunchDims)> {
+        self.program.check_current()?;
         let spec = &self.spec;
         let dims = spec.launch_dims(vals)?;
         if bufs.len() != spec.params.len() {
@@ -92,38 +94,86 @@ impl Kernel {
     }
 }
 
-/// One compute device and everything needed to compile for it and run on it.
-pub struct Device {
-    pub spec: DeviceSpec,
-    /// A human-readable description (model, driver) for `kiln devices`.
-    pub description: String,
+/// What a backend builds for one device generation: memory, compilers, the program loader
+/// and (optionally) hardware queues.
+pub struct DeviceParts {
     pub allocator: Arc<dyn Allocator>,
     /// Available (renderer, compiler) pairs; the first is the default.
     pub compilers: Vec<CompilerPair>,
     pub runtime: RuntimeFactory,
-    /// The device's hardware queues and signals, if its backend offers them
-    /// (set with [`Device::with_queues`]).
+    /// The device's hardware queues and signals, if its backend offers them.
     pub queues: Option<Arc<dyn DynQueueFactory>>,
-    /// Loaded and compiled kernels; [`Device::compile`] goes through it.
-    cache: Arc<KernelCache>,
+}
+
+/// Builds the backend state of a device, once when it opens and again at every
+/// [`Device::reset`] (then `context.generation()` is already the new generation). Each call
+/// must return fresh state that shares no allocator, queue or loaded program with an earlier
+/// call: the previous generation's objects may still be alive (held by stale handles).
+pub type PartsBuilder = Arc<dyn Fn(&DeviceContext) -> Result<DeviceParts> + Send + Sync>;
+
+/// One generation of a device's parts, as callers see them (wrapped in its stamp).
+struct Generation {
+    allocator: Arc<dyn Allocator>,
+    compilers: Vec<CompilerPair>,
+    runtime: RuntimeFactory,
+    queues: Option<Arc<dyn DynQueueFactory>>,
     /// The default pair with its fingerprint, taken at the first compile.
     toolchain: OnceLock<Toolchain>,
 }
 
+impl Generation {
+    fn new(parts: DeviceParts, stamp: Stamp) -> Result<Generation> {
+        if parts.compilers.is_empty() {
+            return Err(Error::Invalid(format!(
+                "device {} needs at least one renderer/compiler pair",
+                stamp.context().spec()
+            )));
+        }
+        Ok(Generation {
+            allocator: Arc::new(ContextAllocator::new(parts.allocator, stamp.clone())),
+            compilers: parts.compilers,
+            runtime: StampedProgram::loader(parts.runtime, stamp.clone()),
+            queues: parts.queues.map(|q| Arc::new(ContextQueues::new(q, stamp)) as Arc<dyn DynQueueFactory>),
+            toolchain: OnceLock::new(),
+        })
+    }
+}
+
+/// One compute device and everything needed to compile for it and run on it.
+///
+/// The device owns its [`DeviceContext`]; its parts (allocator, compilers, program loader,
+/// queues) belong to the current generation and are replaced by [`Device::reset`], so they
+/// are reached through accessors, never held as fields.
+pub struct Device {
+    context: Arc<DeviceContext>,
+    /// A human-readable description (model, driver) for `kiln devices`.
+    description: String,
+    build: PartsBuilder,
+    current: RwLock<Arc<Generation>>,
+    /// Loaded and compiled kernels; [`Device::compile`] goes through it.
+    cache: Arc<KernelCache>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({:?})", self.context)
+    }
+}
+
 impl Device {
+    /// Opens a device: `build` makes its first generation now and every later one at
+    /// [`Device::reset`].
     pub fn new(
         spec: DeviceSpec,
         description: String,
-        allocator: Arc<dyn Allocator>,
-        compilers: Vec<CompilerPair>,
-        runtime: RuntimeFactory,
+        build: impl Fn(&DeviceContext) -> Result<DeviceParts> + Send + Sync + 'static,
     ) -> Result<Device> {
-        if compilers.is_empty() {
-            return Err(Error::Invalid(format!("device {spec} needs at least one renderer/compiler pair")));
-        }
+        let context = DeviceContext::new(spec);
+        let build: PartsBuilder = Arc::new(build);
+        let first = Generation::new(build(&context)?, context.stamp())?;
         // A malformed KILN_CACHE* variable is reported here rather than silently ignored.
         let cache = Arc::new(KernelCache::from_env()?);
-        Ok(Device { spec, description, allocator, compilers, runtime, queues: None, cache, toolchain: OnceLock::new() })
+        Ok(Device { context, description, build, current: RwLock::new(Arc::new(first)), cache })
     }
 
     /// This device with `cache` instead of the one configured from the environment (e.g. a
@@ -133,10 +183,52 @@ impl Device {
         self
     }
 
-    /// This device with `queues` as its queue factory.
-    pub fn with_queues(mut self, queues: Arc<dyn DynQueueFactory>) -> Device {
-        self.queues = Some(queues);
-        self
+    fn current(&self) -> Arc<Generation> {
+        // Nothing panics under this lock; a poisoned lock still holds a whole generation.
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn spec(&self) -> &DeviceSpec {
+        self.context.spec()
+    }
+
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The device's identity, generation and health.
+    pub fn context(&self) -> &Arc<DeviceContext> {
+        &self.context
+    }
+
+    /// The current generation (0 when opened, +1 per reset).
+    pub fn generation(&self) -> u64 {
+        self.context.generation()
+    }
+
+    /// Whether a fatal error lost the device (see [`Device::reset`]).
+    pub fn is_lost(&self) -> bool {
+        self.context.is_lost()
+    }
+
+    /// The current generation's allocator.
+    pub fn allocator(&self) -> Arc<dyn Allocator> {
+        self.current().allocator.clone()
+    }
+
+    /// The available (renderer, compiler) pairs; the first is the default.
+    pub fn compilers(&self) -> Vec<CompilerPair> {
+        self.current().compilers.clone()
+    }
+
+    /// The current generation's program loader.
+    pub fn runtime(&self) -> RuntimeFactory {
+        self.current().runtime.clone()
+    }
+
+    /// The current generation's queues and signals, if the backend offers them.
+    pub fn queues(&self) -> Option<Arc<dyn DynQueueFactory>> {
+        self.current().queues.clone()
     }
 
     /// The kernel cache [`Device::compile`] uses.
@@ -144,32 +236,60 @@ impl Device {
         &self.cache
     }
 
-    pub fn renderer(&self) -> &Arc<dyn Renderer> {
-        &self.compilers[0].0
+    pub fn renderer(&self) -> Arc<dyn Renderer> {
+        self.current().compilers[0].0.clone()
     }
 
-    pub fn compiler(&self) -> &Arc<dyn Compiler> {
-        &self.compilers[0].1
+    pub fn compiler(&self) -> Arc<dyn Compiler> {
+        self.current().compilers[0].1.clone()
     }
 
     /// The device family without ordinal: compiled kernels are shared across its members.
     pub fn base_device_key(&self) -> &'static str {
-        self.spec.base_type()
+        self.spec().base_type()
     }
 
     /// A lazily allocated buffer of `len` elements on this device.
     pub fn buffer(&self, dtype: Scalar, len: usize) -> Result<Buffer> {
-        Buffer::new(self.allocator.clone(), dtype, len)
+        Buffer::new(self.allocator(), dtype, len)
     }
 
     /// The loaded kernel for `sink` with the default pair: from the memory cache, else the
     /// disk cache, else rendered, compiled and loaded (and stored in both). Concurrent calls
-    /// for one kernel compile it once. A disk-cache failure never fails the compile.
+    /// for one kernel compile it once. A disk-cache failure never fails the compile. After a
+    /// [`Device::reset`] a kernel the cache holds is reloaded from its compiled form (the
+    /// compiler is not called).
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
-        let toolchain = self
-            .toolchain
-            .get_or_init(|| Toolchain::new(self.renderer().clone(), self.compiler().clone(), self.runtime.clone()));
-        self.cache.get_or_compile(sink, name, &self.spec, toolchain)
+        self.context.stamp().check("the device")?;
+        let current = self.current();
+        let (renderer, compiler) = current.compilers[0].clone();
+        let toolchain = current.toolchain.get_or_init(|| Toolchain::new(renderer, compiler, current.runtime.clone()));
+        self.cache.get_or_compile(sink, name, self.spec(), toolchain)
+    }
+
+    /// Tears down the backend state and builds a new generation: new allocator pools,
+    /// queues and program loader; the generation is bumped. Every object of the old
+    /// generation (buffers, kernels, queues, signals, plans bound to them) then fails with
+    /// [`Error::DeviceLost`] instead of touching the new state; the old generation's signals
+    /// are failed so no waiter hangs. Kernels are reloaded from the kernel cache on their
+    /// next [`Device::compile`], without compiling. Works on a lost device and on a healthy
+    /// one. When the backend cannot rebuild, the device stays lost with that error.
+    pub fn reset(&self) -> Result<()> {
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        self.context.advance();
+        let next = (self.build)(&self.context).and_then(|parts| Generation::new(parts, self.context.stamp()));
+        match next {
+            Ok(g) => {
+                // The old generation stays alive only through stale handles; drop its cache.
+                current.allocator.trim();
+                *current = Arc::new(g);
+                Ok(())
+            }
+            Err(e) => {
+                self.context.mark_lost(e.clone());
+                Err(e)
+            }
+        }
     }
 }
 
@@ -192,12 +312,18 @@ pub fn register_backend(base_type: &'static str, opener: DeviceOpener) {
 }
 
 /// Opens `name` (e.g. `"CPU"`, `"OPENCL:0"`) once per process and returns the shared device.
+/// A device that a fatal error lost is reset in place before it is handed out again.
 pub fn open_device(name: &str) -> Result<Arc<Device>> {
     let spec: DeviceSpec = name.parse()?;
     let opener = {
         let r = registry().lock().unwrap_or_else(|p| p.into_inner());
         if let Some(d) = r.open.get(&spec) {
-            return Ok(d.clone());
+            let d = d.clone();
+            drop(r);
+            if d.is_lost() {
+                d.reset()?;
+            }
+            return Ok(d);
         }
         *r.openers
             .get(spec.base_type())
@@ -207,4 +333,102 @@ pub fn open_device(name: &str) -> Result<Arc<Device>> {
     let device = opener(&spec)?;
     let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
     Ok(r.open.entry(spec).or_insert(device).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::allocator::mock::MockAllocator;
+    use crate::cache::CacheConfig;
+    use crate::cache::mock::{MockCompiler, MockRenderer, kernel, rig, runtime};
+
+    /// A mock device whose every generation gets a fresh allocator (kept in `allocators`).
+    fn mock_device(r: &crate::cache::mock::Rig, allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>) -> Device {
+        let pair: CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
+        let (loaded, allocators) = (r.loaded.clone(), allocators.clone());
+        Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
+            let a = MockAllocator::new(1 << 20);
+            allocators.lock().unwrap().push(a.clone());
+            Ok(DeviceParts {
+                allocator: a,
+                compilers: vec![pair.clone()],
+                runtime: runtime(loaded.clone()),
+                queues: None,
+            })
+        })
+        .unwrap()
+        .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())))
+    }
+
+    #[test]
+    fn reset_fails_stale_handles_and_reloads_kernels_without_compiling() {
+        let r = rig(MockCompiler::new("fp"));
+        let allocators = Arc::new(Mutex::new(Vec::new()));
+        let dev = mock_device(&r, &allocators);
+        let sink = kernel(3.0);
+        let k = dev.compile(&sink, Some("k")).unwrap();
+        let b = dev.buffer(Scalar::F32, 16).unwrap();
+        b.copy_from_slice(&[1.0f32; 16]).unwrap();
+        assert_eq!((r.compiles(), dev.generation()), (1, 0));
+
+        dev.reset().unwrap();
+        assert_eq!(dev.generation(), 1);
+        let lost = |e: Error| matches!(e, Error::DeviceLost { minted: 0, current: 1, .. });
+        assert!(lost(b.raw().unwrap_err()), "a stale buffer's view");
+        assert!(lost(b.to_vec::<f32>().unwrap_err()), "a stale buffer's host read");
+        assert!(lost(k.check(&[&b, &b], &[]).unwrap_err()), "a stale kernel");
+
+        // The kernel comes back from the cache: loaded again, not compiled again.
+        let k2 = dev.compile(&sink, Some("k")).unwrap();
+        assert_eq!(r.compiles(), 1, "the compiler was called after the reset");
+        assert_eq!(r.loaded.lock().unwrap().len(), 2);
+        k2.program.check_current().unwrap();
+        let fresh = dev.buffer(Scalar::F32, 16).unwrap();
+        fresh.raw().unwrap();
+
+        // A stale buffer's memory goes back to its own generation's allocator, never the new one.
+        drop(b);
+        let allocators = allocators.lock().unwrap();
+        assert_eq!(
+            (
+                allocators[0].frees.load(std::sync::atomic::Ordering::SeqCst),
+                allocators[0].live.load(std::sync::atomic::Ordering::SeqCst)
+            ),
+            (1, 0)
+        );
+        assert_eq!(allocators[1].frees.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_lost_device_refuses_work_until_reset() {
+        let r = rig(MockCompiler::new("fp"));
+        let dev = mock_device(&r, &Arc::new(Mutex::new(Vec::new())));
+        let b = dev.buffer(Scalar::F32, 16).unwrap();
+        dev.context().mark_lost(Error::Driver { backend: "mock", code: Some(-5), fatal: true, message: "gone".into() });
+        assert!(dev.is_lost());
+        let failed = |e: Error| matches!(&e, Error::DeviceFailed { cause, .. } if matches!(**cause, Error::Driver { code: Some(-5), .. }));
+        assert!(failed(b.raw().unwrap_err()));
+        assert!(failed(dev.compile(&kernel(1.0), None).unwrap_err()));
+        assert!(failed(dev.buffer(Scalar::F32, 4).unwrap().raw().unwrap_err()));
+        dev.reset().unwrap();
+        assert!(!dev.is_lost());
+        dev.compile(&kernel(1.0), None).unwrap();
+        dev.buffer(Scalar::F32, 4).unwrap().raw().unwrap();
+    }
+
+    #[test]
+    fn the_registry_resets_a_lost_device_in_place() {
+        fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
+            let r = rig(MockCompiler::new("fp"));
+            let d = mock_device(&r, &Arc::new(Mutex::new(Vec::new())));
+            assert_eq!(spec, d.spec());
+            Ok(Arc::new(d))
+        }
+        register_backend("CPU", open);
+        let d = open_device("CPU").unwrap();
+        d.context().mark_lost(Error::Driver { backend: "mock", code: None, fatal: true, message: "gone".into() });
+        let again = open_device("CPU").unwrap();
+        assert!(Arc::ptr_eq(&d, &again) && !again.is_lost());
+        assert_eq!(again.generation(), 1);
+    }
 }

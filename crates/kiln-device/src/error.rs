@@ -1,5 +1,12 @@
 //! The one error type of the device layer. Every failure a caller can cause is a variant
 //! here with a message that says what was wrong and what to do.
+//!
+//! Errors are values a recovery policy can inspect: [`Error::class`] sorts every variant into
+//! an [`ErrorClass`] (device lost, out of memory, invalid argument, timeout, ...), a failed
+//! signal or queue carries the original error (shared, [`Error::root_cause`] reaches it),
+//! and a driver error keeps the backend's native code and whether it is fatal.
+
+use std::sync::Arc;
 
 use kiln_ir::IrError;
 
@@ -23,7 +30,8 @@ pub enum Error {
     /// Loading a compiled program failed (missing symbol, bad binary).
     #[error("load failed: {0}")]
     Load(String),
-    /// A launch was refused before running: wrong buffer count/size/dtype, bad dims.
+    /// A launch was refused before running: wrong buffer count/size/dtype, bad dims, a kernel
+    /// of another device or backend.
     #[error("launch: {0}")]
     Launch(String),
     /// A launch refused because a LOAD or STORE could not be proven to stay inside its
@@ -45,20 +53,123 @@ pub enum Error {
     Timeout { target: u64, current: u64, waited_ms: u64 },
     /// A signal was failed by the work that should have set it; carries the original error.
     #[error("signal failed: {0}")]
-    SignalFailed(String),
-    /// An object from an older device generation was used after a device reset.
-    #[error("device lost: {what} belongs to generation {had} of {device}, the device is now at {now}; recreate it")]
-    DeviceLost { device: String, what: String, had: u64, now: u64 },
+    SignalFailed(Arc<Error>),
+    /// A queue hit an error earlier (a failed wait or command) and runs no more work; every
+    /// later submit fails its signals with this. Carries the error that failed the queue.
+    #[error("the queue on {device} failed earlier and runs no more work: {cause}; create a new queue")]
+    QueueFailed { device: String, cause: Arc<Error> },
+    /// An object minted under an older generation of a device was used after the device
+    /// was reset: its memory, program or events belong to a context that no longer exists.
+    #[error(
+        "device lost: {what} belongs to generation {minted} of {device}, the device is now at generation {current}; recreate it"
+    )]
+    DeviceLost { device: String, what: String, minted: u64, current: u64 },
+    /// The device hit a fatal (sticky) error: work in flight was failed with it and new work
+    /// is refused until [`crate::Device::reset`].
+    #[error("device {device} is lost after a fatal error: {cause}; call Device::reset() and recreate its objects")]
+    DeviceFailed { device: String, cause: Arc<Error> },
     /// A device or backend that is not present on this machine.
     #[error("device unavailable: {0}")]
     Unavailable(String),
     /// The kernel cache could not be read or written (never fatal for correctness).
     #[error("kernel cache: {0}")]
     Cache(String),
-    /// A backend driver call failed.
-    #[error("{backend} driver: {message}")]
-    Driver { backend: &'static str, message: String },
-    /// An argument that makes no sense (a foreign signal type, an unknown option).
+    /// A backend driver call failed. `code` is the backend's native status (an OpenCL
+    /// `cl_int`, a CUDA `CUresult`) when there is one; `fatal` says the error is sticky: the
+    /// device context is unusable and must be reset.
+    #[error("{backend} driver: {message}{}", if *fatal { " (fatal: the device context is lost; reset the device)" } else { "" })]
+    Driver { backend: &'static str, code: Option<i64>, fatal: bool, message: String },
+    /// A malformed setting (an environment variable, a configuration value).
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A host file could not be read or written (a trace, an output file).
+    #[error("i/o: {0}")]
+    Io(String),
+    /// An argument that makes no sense (a foreign signal type, a decreasing signal value,
+    /// a device name of another backend).
     #[error("invalid argument: {0}")]
     Invalid(String),
+}
+
+/// What kind of failure an [`Error`] is, so a caller can choose a recovery policy without
+/// matching every variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// The device context is gone (a fatal driver error, a stale handle after a reset):
+    /// reset the device and rebuild what ran on it.
+    DeviceLost,
+    /// Memory ran out: free buffers, trim caches or lower the batch size, then retry.
+    OutOfMemory,
+    /// The caller passed something wrong: retrying the same call cannot succeed.
+    InvalidArgument,
+    /// A wait ran out of time; the work may still complete.
+    Timeout,
+    /// Rendering, compiling or loading a kernel failed.
+    Compile,
+    /// A launch was refused before it ran.
+    Launch,
+    /// A device, backend or tool is not present.
+    Unavailable,
+    /// The disk cache or a host file failed (never a wrong result).
+    Io,
+    /// Any other driver failure (not fatal).
+    Driver,
+}
+
+impl Error {
+    /// A non-fatal driver error without a native code (a failed thread spawn, a lost worker).
+    pub fn driver(backend: &'static str, message: impl Into<String>) -> Error {
+        Error::Driver { backend, code: None, fatal: false, message: message.into() }
+    }
+
+    /// The error that started a chain of failures: the cause inside a failed signal or queue
+    /// (recursively), else `self`.
+    pub fn root_cause(&self) -> &Error {
+        match self {
+            Error::SignalFailed(cause) | Error::QueueFailed { cause, .. } => cause.root_cause(),
+            other => other,
+        }
+    }
+
+    /// The kind of failure; failed signals and queues report their root cause's class.
+    pub fn class(&self) -> ErrorClass {
+        match self.root_cause() {
+            Error::Ir(_) | Error::Buffer(_) | Error::Config(_) | Error::Invalid(_) => ErrorClass::InvalidArgument,
+            Error::Render(_) | Error::Compile { .. } | Error::Load(_) => ErrorClass::Compile,
+            Error::CompilerMissing(_) | Error::Unavailable(_) => ErrorClass::Unavailable,
+            Error::Launch(_) | Error::OutOfBounds { .. } => ErrorClass::Launch,
+            Error::OutOfMemory { .. } => ErrorClass::OutOfMemory,
+            Error::Timeout { .. } => ErrorClass::Timeout,
+            Error::DeviceLost { .. } | Error::DeviceFailed { .. } => ErrorClass::DeviceLost,
+            Error::Driver { fatal: true, .. } => ErrorClass::DeviceLost,
+            Error::Driver { .. } => ErrorClass::Driver,
+            Error::Cache(_) | Error::Io(_) => ErrorClass::Io,
+            // root_cause never returns these two.
+            Error::SignalFailed(_) | Error::QueueFailed { .. } => ErrorClass::Driver,
+        }
+    }
+
+    /// Whether the device context is unusable after this error (see [`ErrorClass::DeviceLost`]).
+    pub fn is_fatal(&self) -> bool {
+        self.class() == ErrorClass::DeviceLost
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_signals_and_queues_classify_by_their_root_cause() {
+        let oom = Error::OutOfMemory { device: "CPU".into(), requested: 8, in_use: 0, cached: 0, budget: Some(4) };
+        let chained = Error::QueueFailed { device: "CPU".into(), cause: Arc::new(Error::SignalFailed(Arc::new(oom))) };
+        assert_eq!(chained.class(), ErrorClass::OutOfMemory);
+        assert!(matches!(chained.root_cause(), Error::OutOfMemory { requested: 8, .. }));
+        assert!(chained.to_string().contains("requested 8 B"), "{chained}");
+        let fatal = Error::Driver { backend: "OpenCL", code: Some(-5), fatal: true, message: "boom".into() };
+        assert!(fatal.is_fatal() && fatal.to_string().contains("reset"));
+        assert!(!Error::driver("CPU", "no thread").is_fatal());
+        assert_eq!(Error::Timeout { target: 1, current: 0, waited_ms: 1 }.class(), ErrorClass::Timeout);
+        assert_eq!(Error::Config("x".into()).class(), ErrorClass::InvalidArgument);
+    }
 }

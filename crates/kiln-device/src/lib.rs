@@ -2,8 +2,10 @@
 //! that is backend-independent (launch checks, buffers, signals, queues, the kernel cache).
 
 pub mod allocator;
+pub mod backend;
 pub mod buffer;
 pub mod cache;
+pub mod context;
 pub mod cstyle;
 pub mod device;
 pub mod error;
@@ -11,12 +13,17 @@ pub mod program;
 pub mod queue;
 pub mod ring;
 pub mod signal;
+pub mod stream;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
+pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
-pub use device::{CompilerPair, Device, DeviceOpener, Kernel, open_device, register_backend};
-pub use error::{Error, Result};
+pub use context::{DeviceContext, Stamp};
+pub use device::{
+    CompilerPair, Device, DeviceOpener, DeviceParts, Kernel, PartsBuilder, open_device, register_backend,
+};
+pub use error::{Error, ErrorClass, Result};
 pub use kiln_ir;
 pub use program::{
     CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,
@@ -25,3 +32,4 @@ pub use program::{
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
+pub use stream::{StreamOps, StreamQueue};

@@ -247,7 +247,7 @@ impl ProgramSpec {
 
     /// Rebuilds the spec from a PROGRAM value; metadata is derived again from its SINK.
     pub fn from_uop(program: &Arc<UOp>) -> Result<ProgramSpec> {
-        let bad = |m: &str| Error::Invalid(format!("not a PROGRAM value: {m}"));
+        let bad = |m: &str| Error::Load(format!("not a PROGRAM value: {m}"));
         if program.op() != Op::Program {
             return Err(bad(&format!("got {}", program.op())));
         }
@@ -317,6 +317,12 @@ pub trait Renderer: Send + Sync {
 
 /// Turns source into something loadable.
 pub trait Compiler: Send + Sync {
+    /// Compiles `spec` to completion on the calling thread (it blocks: it may run an
+    /// external compiler or the driver's, for milliseconds to seconds) and may be called from
+    /// several threads at once. Errors: [`Error::Compile`] when the source is rejected (with
+    /// the compiler's log), [`Error::CompilerMissing`] when the compiler cannot be found or
+    /// started, [`Error::Driver`] when the driver fails otherwise (a fatal one loses the
+    /// device). It never loads the result: the [`RuntimeFactory`] does.
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec>;
 
     /// The backend name ("clang", "opencl", ...).
@@ -348,6 +354,19 @@ pub trait Program: Send + Sync {
     /// The concrete program, for a backend queue that enqueues its own programs natively
     /// (checked downcast). `None` (the default) when the program does not offer it.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
+    /// Whether the program may still run: [`Error::DeviceLost`] once its device was reset
+    /// (the program belongs to the old context), [`Error::DeviceFailed`] while the device is
+    /// lost. Programs not loaded through a [`crate::Device`] are always current.
+    fn check_current(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The compiled form the program was loaded from, when kept: a reset device reloads it
+    /// from this instead of compiling again.
+    fn compiled(&self) -> Option<&CompiledSpec> {
         None
     }
 }

@@ -1,10 +1,30 @@
 //! Hardware command queues.
 //!
-//! A queue is a builder: `wait`, `signal`, `exec`, `copy` and `memory_barrier` record
-//! commands; nothing runs before [`HardwareQueue::submit`], and `submit` never waits for
-//! the work. Commands of one queue run in order; commands of different queues are ordered
-//! only by timeline signals. A recording error (wrong arguments to `exec`, a foreign signal
-//! type) is kept and returned by `submit`, which then submits nothing.
+//! Contract (every backend, checked by kiln-conformance):
+//! - **Ordering.** A queue is a builder: `wait`, `signal`, `exec`, `copy` and
+//!   `memory_barrier` record commands; nothing runs before [`HardwareQueue::submit`], and
+//!   `submit` never waits for the work. Commands of one queue run in order; commands of
+//!   different queues are ordered only by timeline signals.
+//! - **Ownership.** Recorded and submitted commands own what they use (buffers, kernels,
+//!   signals) until they finished: the caller may drop its handles right after `submit`.
+//! - **Recording errors.** A wrong argument (to `exec`, `copy`, a foreign signal type) is
+//!   kept and returned by `submit`, which then submits nothing of that batch; the queue
+//!   stays usable.
+//! - **Timeout policy (one for all backends).** A queue's `wait` command has no deadline:
+//!   it ends when the signal reaches the value or fails. Nothing hangs on a failure: a failed
+//!   producer fails its signals, and a lost or reset device fails every signal of its
+//!   generation ([`crate::context`]). Deadlines belong to the host: [`TimelineSignal::wait`]
+//!   takes one.
+//! - **Failure.** A command that fails (a kernel fault, a failed copy, a `wait` on a failed
+//!   signal) fails the queue: nothing recorded behind it runs, every `signal` behind it fails
+//!   its signal with the error instead of setting it (so every waiter gets the root cause),
+//!   and every later `submit` fails its batch's signals and returns
+//!   [`Error::QueueFailed`] with the cause. The failure is sticky for the queue's life
+//!   (results behind it are unknown) and reported by [`HardwareQueue::failure`] (and
+//!   [`DynQueue::failure`]) once the host can see it. Create a new queue to continue; after
+//!   a fatal error, [`crate::Device::reset`] first.
+//! - **Submit errors.** A submit the driver refuses part-way returns the error and fails the
+//!   batch's signals that were not recorded, so no waiter hangs.
 
 use std::any::{Any, type_name};
 use std::sync::Arc;
@@ -13,6 +33,7 @@ use std::time::Instant;
 use kiln_ir::DeviceSpec;
 
 use crate::buffer::Buffer;
+use crate::context::Stamp;
 use crate::device::Kernel;
 use crate::error::{Error, Result};
 use crate::signal::TimelineSignal;
@@ -75,6 +96,15 @@ pub trait HardwareQueue: Send {
     /// Hands the recorded batch to the device and returns without waiting.
     fn submit(&mut self) -> Result<()>;
 
+    /// Records a recording error from outside the queue (a foreign signal seen by
+    /// [`DynQueue`], a stale generation): the next `submit` returns the first recording error
+    /// of the batch and submits nothing of it.
+    fn reject(&mut self, error: Error) -> &mut Self;
+
+    /// The error that failed this queue (see the module docs), once the host can see it;
+    /// `None` while the queue is healthy.
+    fn failure(&self) -> Option<Error>;
+
     fn device(&self) -> &DeviceSpec;
 }
 
@@ -98,12 +128,15 @@ pub trait QueueFactory: Send + Sync {
 ///
 /// `wait` and `signal` take any `Arc<dyn TimelineSignal>` and downcast it to the concrete
 /// queue's signal type; a signal of another type is a recording error that `submit` returns
-/// ([`Error::Invalid`]), never a silently dropped dependency. Commands are kept until
-/// `submit` and then forwarded in order to the concrete queue and submitted, so a batch that
-/// holds a recording error submits nothing. After `submit` (either outcome) the queue is
-/// empty and can record the next batch.
+/// ([`Error::Invalid`], recorded with [`HardwareQueue::reject`]), never a silently dropped
+/// dependency. Every command goes straight to the concrete queue, which buffers the batch
+/// (one buffer, not two); a batch that holds a recording error submits nothing. After
+/// `submit` (either outcome) the queue is empty and can record the next batch.
 pub struct DynQueue {
     inner: Box<dyn ErasedQueue>,
+    /// The device generation the queue was created under (queues from a
+    /// [`crate::Device`]'s factory): `submit` refuses a stale or lost one.
+    stamp: Option<Stamp>,
 }
 
 impl std::fmt::Debug for DynQueue {
@@ -114,7 +147,13 @@ impl std::fmt::Debug for DynQueue {
 
 impl DynQueue {
     pub fn new<Q: HardwareQueue + 'static>(queue: Q) -> DynQueue {
-        DynQueue { inner: Box::new(Erased { queue, batch: Vec::new(), error: None }) }
+        DynQueue { inner: Box::new(Erased { queue, signals: Vec::new() }), stamp: None }
+    }
+
+    /// This queue bound to a device generation (see [`crate::context`]).
+    pub(crate) fn with_stamp(mut self, stamp: Stamp) -> DynQueue {
+        self.stamp = Some(stamp);
+        self
     }
 
     /// Whether `signal` is of the type this queue can wait on and signal.
@@ -173,7 +212,17 @@ impl DynQueue {
     /// Forwards the batch to the concrete queue and submits it; returns the first recording
     /// error instead (and submits nothing) if there was one.
     pub fn submit(&mut self) -> Result<()> {
-        self.inner.submit()
+        let Some(stamp) = &self.stamp else { return self.inner.submit() };
+        if let Err(e) = stamp.check("a queue") {
+            self.inner.discard(&e);
+            return Err(e);
+        }
+        stamp.observe(self.inner.submit())
+    }
+
+    /// See [`HardwareQueue::failure`].
+    pub fn failure(&self) -> Option<Error> {
+        self.inner.failure()
     }
 
     pub fn device(&self) -> &DeviceSpec {
@@ -194,35 +243,27 @@ trait ErasedQueue: Send {
     fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>);
     fn memory_barrier(&mut self);
     fn submit(&mut self) -> Result<()>;
+    /// Drops the recorded batch without submitting it, failing its signals with `error`
+    /// (nothing waits for a batch that will never run).
+    fn discard(&mut self, error: &Error);
+    fn failure(&self) -> Option<Error>;
     fn device(&self) -> &DeviceSpec;
     fn signal_type(&self) -> &'static str;
 }
 
-/// A command held until submit; buffers and signals are owned so they outlive the caller's.
-enum Recorded<S> {
-    Wait(Arc<S>, u64),
-    Signal(Arc<S>, u64),
-    Exec(Kernel, Vec<Buffer>, Vec<i64>, Option<Arc<dyn CommandTimer>>),
-    Copy(Buffer, Buffer, Option<Arc<dyn CommandTimer>>),
-    Barrier,
-}
-
 struct Erased<Q: HardwareQueue> {
     queue: Q,
-    batch: Vec<Recorded<Q::Signal>>,
-    /// The first recording error of the batch; later commands are not recorded.
-    error: Option<Error>,
+    /// The signals recorded into the current batch: failed if a stale queue drops it.
+    signals: Vec<Arc<Q::Signal>>,
 }
 
 impl<Q: HardwareQueue + 'static> Erased<Q> {
+    /// `signal` as this queue's signal type, or a recording error in the concrete queue.
     fn downcast(&mut self, signal: &Arc<dyn TimelineSignal>, what: &str) -> Option<Arc<Q::Signal>> {
-        if self.error.is_some() {
-            return None;
-        }
         match signal.clone().into_any().downcast::<Q::Signal>() {
             Ok(s) => Some(s),
             Err(_) => {
-                self.error = Some(Error::Invalid(format!(
+                self.queue.reject(Error::Invalid(format!(
                     "a queue on {} cannot {what} {signal:?}: it takes signals of type {}; create the signal \
                      with this device's queue factory",
                     self.queue.device(),
@@ -230,12 +271,6 @@ impl<Q: HardwareQueue + 'static> Erased<Q> {
                 )));
                 None
             }
-        }
-    }
-
-    fn push(&mut self, command: Recorded<Q::Signal>) {
-        if self.error.is_none() {
-            self.batch.push(command);
         }
     }
 }
@@ -247,54 +282,49 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
 
     fn wait(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) {
         if let Some(s) = self.downcast(signal, "wait on") {
-            self.push(Recorded::Wait(s, value));
+            self.queue.wait(&s, value);
         }
     }
 
     fn signal(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) {
         if let Some(s) = self.downcast(signal, "signal") {
-            self.push(Recorded::Signal(s, value));
+            self.queue.signal(&s, value);
+            self.signals.push(s);
         }
     }
 
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64], timer: Option<&Arc<dyn CommandTimer>>) {
-        let bufs = bufs.iter().map(|b| (*b).clone()).collect();
-        self.push(Recorded::Exec(kernel.clone(), bufs, vals.to_vec(), timer.cloned()));
+        match timer {
+            Some(t) => self.queue.exec_timed(kernel, bufs, vals, t),
+            None => self.queue.exec(kernel, bufs, vals),
+        };
     }
 
     fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>) {
-        self.push(Recorded::Copy(dst.clone(), src.clone(), timer.cloned()));
+        match timer {
+            Some(t) => self.queue.copy_timed(dst, src, t),
+            None => self.queue.copy(dst, src),
+        };
     }
 
     fn memory_barrier(&mut self) {
-        self.push(Recorded::Barrier);
+        self.queue.memory_barrier();
     }
 
     fn submit(&mut self) -> Result<()> {
-        if let Some(e) = self.error.take() {
-            self.batch.clear();
-            return Err(e);
-        }
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        for command in self.batch.drain(..) {
-            match command {
-                Recorded::Wait(s, v) => self.queue.wait(&s, v),
-                Recorded::Signal(s, v) => self.queue.signal(&s, v),
-                Recorded::Exec(kernel, bufs, vals, timer) => {
-                    let refs: Vec<&Buffer> = bufs.iter().collect();
-                    match &timer {
-                        Some(t) => self.queue.exec_timed(&kernel, &refs, &vals, t),
-                        None => self.queue.exec(&kernel, &refs, &vals),
-                    }
-                }
-                Recorded::Copy(dst, src, None) => self.queue.copy(&dst, &src),
-                Recorded::Copy(dst, src, Some(t)) => self.queue.copy_timed(&dst, &src, &t),
-                Recorded::Barrier => self.queue.memory_barrier(),
-            };
-        }
+        self.signals.clear();
         self.queue.submit()
+    }
+
+    fn discard(&mut self, error: &Error) {
+        let _ = self.queue.reject(error.clone()).submit();
+        for s in self.signals.drain(..) {
+            s.fail(error.clone());
+        }
+    }
+
+    fn failure(&self) -> Option<Error> {
+        self.queue.failure()
     }
 
     fn device(&self) -> &DeviceSpec {
@@ -355,6 +385,9 @@ mod tests {
         log: Arc<Mutex<Vec<String>>>,
         pending: Vec<String>,
         signals: Vec<(Arc<CpuTimelineSignal>, u64)>,
+        /// Timed commands report when they are handed over, at submit.
+        timers: Vec<Arc<dyn CommandTimer>>,
+        error: Option<Error>,
         device: DeviceSpec,
     }
 
@@ -377,23 +410,39 @@ mod tests {
             self.pending.push(format!("copy {}", dst.len()));
             self
         }
-        /// Reports a fixed 1 ms span, as a queue that measures its copies would.
+        /// Reports a fixed 1 ms span at submit, as a queue that measures its copies would.
         fn copy_timed(&mut self, dst: &Buffer, _src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
             self.pending.push(format!("timed copy {}", dst.len()));
-            let t = Instant::now();
-            timer.measured(Box::new(move || Ok((t, t + Duration::from_millis(1)))));
+            self.timers.push(timer.clone());
             self
         }
         fn memory_barrier(&mut self) -> &mut Self {
             self.pending.push("barrier".into());
             self
         }
+        fn reject(&mut self, error: Error) -> &mut Self {
+            self.error.get_or_insert(error);
+            self
+        }
         fn submit(&mut self) -> Result<()> {
+            if let Some(e) = self.error.take() {
+                self.pending.clear();
+                self.signals.clear();
+                self.timers.clear();
+                return Err(e);
+            }
             self.log.lock().unwrap().append(&mut self.pending);
+            for timer in self.timers.drain(..) {
+                let t = Instant::now();
+                timer.measured(Box::new(move || Ok((t, t + Duration::from_millis(1)))));
+            }
             for (s, v) in self.signals.drain(..) {
                 s.set(v);
             }
             Ok(())
+        }
+        fn failure(&self) -> Option<Error> {
+            None
         }
         fn device(&self) -> &DeviceSpec {
             &self.device
@@ -408,7 +457,14 @@ mod tests {
         type Queue = LogQueue;
         type Signal = CpuTimelineSignal;
         fn create_compute_queue(&self) -> Result<LogQueue> {
-            Ok(LogQueue { log: self.log.clone(), pending: vec![], signals: vec![], device: DeviceSpec::Cpu })
+            Ok(LogQueue {
+                log: self.log.clone(),
+                pending: vec![],
+                signals: vec![],
+                timers: vec![],
+                error: None,
+                device: DeviceSpec::Cpu,
+            })
         }
         fn create_copy_queue(&self) -> Result<Option<LogQueue>> {
             Ok(None)

@@ -154,13 +154,25 @@ impl<E: BackendEvent> RingSignal<E> {
     /// below the last recorded one. An evicted slot whose event already completed still
     /// raises the value, so no completion is forgotten.
     pub fn record(&self, value: u64, event: E) -> Result<()> {
-        let evicted = self.ring().record(value, Arc::new(event))?;
+        self.record_shared(value, Arc::new(event))
+    }
+
+    /// [`RingSignal::record`] for an event that is already shared.
+    pub fn record_shared(&self, value: u64, event: Arc<E>) -> Result<()> {
+        let evicted = self.ring().record(value, event)?;
         if let Some((v, e)) = evicted {
             self.observe(v, &e);
         }
         self.recorded.fetch_max(value, Ordering::AcqRel);
         self.host.wake_parked();
         Ok(())
+    }
+
+    /// The earliest recorded event whose completion means the timeline reached `target`
+    /// (what a stream that waits for `target` on the device waits on); `None` when no
+    /// recorded event covers `target` yet.
+    pub fn event_for(&self, target: u64) -> Option<Arc<E>> {
+        self.ring().find(target).map(|(_, e)| e)
     }
 
     /// Folds the state of the event for `value` into the host value; `true` if completed.
@@ -188,13 +200,19 @@ impl<E: BackendEvent> RingSignal<E> {
         }
     }
 
+    /// Fails the signal with an event's error; returns what the waiter that saw it gets.
+    fn fail_with(&self, e: Error) -> Error {
+        let e = Arc::new(e);
+        self.host.fail_shared(e.clone());
+        // The first failure wins: report the one the signal kept.
+        signal_failed(&self.host.failure_shared().unwrap_or(e))
+    }
+
     /// Waits on the event that marks `value >= target`.
     fn wait_event(&self, target: u64, value: u64, event: &E, start: Instant, deadline: Option<Instant>) -> Result<()> {
         let Some(deadline) = deadline else {
             if let Err(e) = event.wait() {
-                let err = signal_failed(&e);
-                self.host.fail(e);
-                return Err(err);
+                return Err(self.fail_with(e));
             }
             self.host.set(value);
             return self.host.poll(target).unwrap_or_else(|| Err(self.host.timeout_error(target, start)));
@@ -211,11 +229,7 @@ impl<E: BackendEvent> RingSignal<E> {
                     continue; // the poll above answers: reached, or failed earlier
                 }
                 Ok(false) => {}
-                Err(e) => {
-                    let err = signal_failed(&e);
-                    self.host.fail(e);
-                    return Err(err);
-                }
+                Err(e) => return Err(self.fail_with(e)),
             }
             let now = Instant::now();
             if now >= deadline {
@@ -305,7 +319,7 @@ mod tests {
     impl BackendEvent for Arc<FakeEvent> {
         fn is_complete(&self) -> Result<bool> {
             if self.broken.load(Ordering::Acquire) {
-                return Err(Error::Driver { backend: "fake", message: "device fault".into() });
+                return Err(Error::driver("fake", "device fault"));
             }
             Ok(self.done.load(Ordering::Acquire))
         }
@@ -424,7 +438,7 @@ mod tests {
         let t = thread::spawn(move || s3.wait(9, LONG));
         thread::sleep(Duration::from_millis(5));
         s.fail(Error::Invalid("host gave up".into()));
-        assert!(matches!(t.join().unwrap(), Err(Error::SignalFailed(m)) if m.contains("host gave up")));
+        assert!(matches!(t.join().unwrap(), Err(Error::SignalFailed(e)) if e.to_string().contains("host gave up")));
         s.wait(5, Duration::ZERO).unwrap();
     }
 
@@ -445,7 +459,7 @@ mod tests {
         let t = thread::spawn(move || s2.wait(1, LONG));
         thread::sleep(Duration::from_millis(5));
         e.broken.store(true, Ordering::Release);
-        assert!(matches!(t.join().unwrap(), Err(Error::SignalFailed(m)) if m.contains("device fault")));
+        assert!(matches!(t.join().unwrap(), Err(Error::SignalFailed(e)) if e.to_string().contains("device fault")));
         assert!(matches!(s.failure(), Some(Error::Driver { .. })));
         assert!(matches!(s.wait(1, Duration::MAX), Err(Error::SignalFailed(_))));
     }

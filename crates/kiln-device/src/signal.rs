@@ -6,6 +6,13 @@
 //! - `wait(v, timeout)` returns `Ok` once `value() >= v`, a [`Error::Timeout`] when the
 //!   timeout passes first, or the failure error if the signal was failed. No wake-up is lost:
 //!   a `set` that happens-before or races with `wait` is always observed.
+//! - A wait that is never reached: with a finite timeout, [`Error::Timeout`] (the signal is
+//!   *not* failed: the work may still complete, and a later wait may succeed); with
+//!   `Duration::MAX`, it blocks until the value is reached or the signal fails. Nothing that
+//!   fails leaves such a waiter hanging: a failed command fails its queue's later signals,
+//!   a lost or reset device fails every signal of its generation ([`crate::context`]).
+//! - A failed wait returns [`Error::SignalFailed`] sharing the original error
+//!   ([`Error::root_cause`], [`Error::class`] see through it).
 //! - `fail(e)`: every current and later waiter of a value not yet reached gets `e` (as
 //!   [`Error::SignalFailed`]), so a failed producer never leaves a consumer hanging. The
 //!   first failure wins; the value is frozen at the moment of failure (a later `set` is
@@ -145,8 +152,9 @@ pub struct CpuTimelineSignal {
 struct Parked {
     /// Threads inside `Condvar::wait`: `set` skips the notify syscall when there are none.
     waiters: usize,
-    /// The first failure; written before the FAILED bit is published.
-    failure: Option<Error>,
+    /// The first failure; written before the FAILED bit is published. Shared: every waiter
+    /// gets the same original error, not a copy or a string.
+    failure: Option<Arc<Error>>,
 }
 
 impl Default for CpuTimelineSignal {
@@ -199,7 +207,7 @@ impl CpuTimelineSignal {
     fn failed_error(parked: &Parked) -> Error {
         match &parked.failure {
             Some(e) => signal_failed(e),
-            None => Error::SignalFailed("signal failed without a recorded cause".into()),
+            None => Error::SignalFailed(Arc::new(Error::Invalid("signal failed without a recorded cause".into()))),
         }
     }
 
@@ -302,11 +310,12 @@ impl CpuTimelineSignal {
     }
 }
 
-/// `e` as the error a waiter of a failed signal gets (not wrapped twice).
-pub fn signal_failed(e: &Error) -> Error {
-    match e {
-        Error::SignalFailed(m) => Error::SignalFailed(m.clone()),
-        other => Error::SignalFailed(other.to_string()),
+/// `e` as the error a waiter of a failed signal gets: [`Error::SignalFailed`] sharing the
+/// original error (a failure that is itself a failed signal is not wrapped twice).
+pub fn signal_failed(e: &Arc<Error>) -> Error {
+    match &**e {
+        Error::SignalFailed(cause) => Error::SignalFailed(cause.clone()),
+        _ => Error::SignalFailed(e.clone()),
     }
 }
 
@@ -339,6 +348,17 @@ impl TimelineSignal for CpuTimelineSignal {
     }
 
     fn fail(&self, error: Error) {
+        self.fail_shared(Arc::new(error));
+    }
+
+    fn failure(&self) -> Option<Error> {
+        self.failure_shared().map(|e| (*e).clone())
+    }
+}
+
+impl CpuTimelineSignal {
+    /// [`TimelineSignal::fail`] with an error that is already shared (no copy is made).
+    pub fn fail_shared(&self, error: Arc<Error>) {
         let mut parked = self.lock();
         if parked.failure.is_none() {
             parked.failure = Some(error);
@@ -349,7 +369,8 @@ impl TimelineSignal for CpuTimelineSignal {
         self.notify(waiters);
     }
 
-    fn failure(&self) -> Option<Error> {
+    /// The shared failure, if the signal was failed.
+    pub fn failure_shared(&self) -> Option<Arc<Error>> {
         if self.word.load(Ordering::Acquire) & FAILED == 0 {
             return None;
         }
@@ -442,7 +463,9 @@ mod tests {
         s.fail(Error::Launch("kernel exploded".into()));
         for w in waiters {
             match w.join().unwrap() {
-                Err(Error::SignalFailed(m)) => assert!(m.contains("kernel exploded"), "{m}"),
+                Err(Error::SignalFailed(e)) => {
+                    assert!(matches!(&*e, Error::Launch(m) if m == "kernel exploded"), "{e}")
+                }
                 other => panic!("expected the failure, got {other:?}"),
             }
         }
@@ -457,12 +480,27 @@ mod tests {
         assert!(matches!(s.failure(), Some(Error::Launch(m)) if m == "kernel exploded"));
     }
 
+    /// Every waiter gets the original error, typed and shared, not a message string.
+    #[test]
+    fn failure_keeps_the_typed_root_cause_shared() {
+        let s = CpuTimelineSignal::new();
+        s.fail(Error::OutOfMemory { device: "CPU".into(), requested: 64, in_use: 0, cached: 0, budget: Some(32) });
+        let (Err(Error::SignalFailed(a)), Err(Error::SignalFailed(b))) =
+            (s.wait(1, Duration::ZERO), s.wait(2, Duration::ZERO))
+        else {
+            panic!("expected two failed waits");
+        };
+        assert!(Arc::ptr_eq(&a, &b), "waiters share one error");
+        assert!(matches!(&*a, Error::OutOfMemory { requested: 64, .. }));
+        assert_eq!(Error::SignalFailed(a).class(), crate::ErrorClass::OutOfMemory);
+    }
+
     #[test]
     fn signal_failed_is_not_wrapped_twice() {
         let s = CpuTimelineSignal::new();
-        s.fail(Error::SignalFailed("upstream".into()));
+        s.fail(Error::SignalFailed(Arc::new(Error::Launch("upstream".into()))));
         match s.wait(1, Duration::ZERO) {
-            Err(Error::SignalFailed(m)) => assert_eq!(m, "upstream"),
+            Err(Error::SignalFailed(e)) => assert!(matches!(&*e, Error::Launch(m) if m == "upstream")),
             other => panic!("expected the failure, got {other:?}"),
         }
     }
@@ -594,7 +632,7 @@ mod loom_tests {
             let s2 = s.clone();
             let t = thread::spawn(move || s2.fail(Error::Invalid("boom".into())));
             match s.wait(1, LONG) {
-                Err(Error::SignalFailed(m)) => assert!(m.contains("boom")),
+                Err(Error::SignalFailed(e)) => assert!(e.to_string().contains("boom")),
                 other => panic!("expected the failure, got {other:?}"),
             }
             t.join().unwrap();

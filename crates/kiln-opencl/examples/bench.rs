@@ -54,11 +54,11 @@ fn sum_kernel(dev: &Device) -> Result<Kernel> {
 fn main() -> Result<()> {
     let spec: DeviceSpec = std::env::args().nth(1).unwrap_or_else(|| "OPENCL:0".into()).parse()?;
     let dev = kiln_opencl::open(&spec)?;
-    println!("{spec}: {}", dev.description);
+    println!("{spec}: {}", dev.description());
     let min = Duration::from_secs(2);
 
     let ones = vec![1.0f32; N];
-    let (a, b) = (Buffer::from_slice(dev.allocator.clone(), &ones)?, Buffer::from_slice(dev.allocator.clone(), &ones)?);
+    let (a, b) = (Buffer::from_slice(dev.allocator(), &ones)?, Buffer::from_slice(dev.allocator(), &ones)?);
     let c = dev.buffer(Scalar::F32, N)?;
     let add = add_kernel(&dev)?;
     let t = best(min, || add.launch(&[&a, &b, &c], &[N as i64]))?;

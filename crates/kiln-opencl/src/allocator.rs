@@ -197,7 +197,7 @@ mod tests {
     fn copyin_copyout_and_views_round_trip() {
         let Some(dev) = test_device() else { return };
         let data: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
-        let b = Buffer::from_slice(dev.allocator.clone(), &data).unwrap();
+        let b = Buffer::from_slice(dev.allocator(), &data).unwrap();
         assert_eq!(b.to_vec::<f32>().unwrap(), data);
         // A view at an odd element offset: no sub-buffer alignment applies.
         let v = b.view(3, 7).unwrap();
@@ -207,13 +207,13 @@ mod tests {
         assert_eq!(back[2], data[2]);
         assert_eq!(&back[3..10], &[9.0; 7]);
         assert_eq!(back[10], data[10]);
-        assert!(!dev.allocator.is_host());
+        assert!(!dev.allocator().is_host());
     }
 
     #[test]
     fn device_copies_and_cross_device_copies() {
         let Some(dev) = test_device() else { return };
-        let src = Buffer::from_slice(dev.allocator.clone(), &[1i32, 2, 3, 4, 5, 6]).unwrap();
+        let src = Buffer::from_slice(dev.allocator(), &[1i32, 2, 3, 4, 5, 6]).unwrap();
         let dst = dev.buffer(kiln_device::kiln_ir::Scalar::I32, 6).unwrap();
         dst.view(0, 3).unwrap().copy_from(&src.view(3, 3).unwrap()).unwrap();
         dst.view(3, 3).unwrap().copy_from(&src.view(0, 3).unwrap()).unwrap();
@@ -229,7 +229,7 @@ mod tests {
     #[test]
     fn allocations_past_the_global_memory_size_are_out_of_memory() {
         let Some(dev) = test_device() else { return };
-        let cl = crate::cl_device(&dev.spec).unwrap();
+        let cl = crate::cl_device(dev.spec()).unwrap();
         let raw = crate::OpenClAllocator::new(cl.clone());
         let (total, max) = (cl.info.global_mem_size, cl.info.max_mem_alloc_size as usize);
         // Untouched buffers: the driver maps them but writes no page.
@@ -256,11 +256,11 @@ mod tests {
     #[test]
     fn oversized_allocation_is_out_of_memory() {
         let Some(dev) = test_device() else { return };
-        let r = dev.allocator.alloc(usize::MAX / 2);
+        let r = dev.allocator().alloc(usize::MAX / 2);
         assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}");
-        let before = dev.allocator.stats().in_use;
-        let b = Buffer::from_slice(dev.allocator.clone(), &[0u8; 4096]).unwrap();
-        assert!(dev.allocator.stats().in_use >= before + 4096);
+        let before = dev.allocator().stats().in_use;
+        let b = Buffer::from_slice(dev.allocator(), &[0u8; 4096]).unwrap();
+        assert!(dev.allocator().stats().in_use >= before + 4096);
         drop(b);
     }
 }

@@ -38,7 +38,7 @@ use opencl3::types::{cl_command_queue_properties, cl_device_id, cl_platform_id};
 pub use allocator::OpenClAllocator;
 pub use compiler::OpenClCompiler;
 pub use program::OpenClProgram;
-pub use queue::{OpenClQueue, OpenClQueueFactory};
+pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
 pub use renderer::OpenClRenderer;
 pub use signal::{ClEvent, OpenClSignal};
 
@@ -47,10 +47,23 @@ const PLATFORM_NOT_FOUND_KHR: i32 = -1001;
 /// opencl3's code for "libOpenCL could not be loaded".
 const RUNTIME_LOAD_FAILED: i32 = -2000;
 
-/// Turns an OpenCL status into a driver error naming the call that failed.
+/// Turns an OpenCL status into a driver error naming the call that failed, keeping the
+/// native code and whether it is fatal.
 pub(crate) fn driver(what: &str, e: impl Into<ClError>) -> Error {
     let e = e.into();
-    Error::Driver { backend: "OpenCL", message: format!("{what} failed: {e} ({})", e.0) }
+    Error::Driver {
+        backend: "OpenCL",
+        code: Some(e.0.into()),
+        fatal: is_fatal(e.0),
+        message: format!("{what} failed: {e} ({})", e.0),
+    }
+}
+
+/// OpenCL has no sticky-error model; these statuses mean the device or its context stopped
+/// working (`CL_DEVICE_NOT_AVAILABLE`; `CL_OUT_OF_RESOURCES`, which drivers report after a
+/// kernel fault corrupted the context), so the device is treated as lost.
+fn is_fatal(code: i32) -> bool {
+    matches!(code, opencl3::error_codes::CL_DEVICE_NOT_AVAILABLE | opencl3::error_codes::CL_OUT_OF_RESOURCES)
 }
 
 /// Where one OpenCL device sits in the ICD loader's enumeration.
@@ -243,11 +256,17 @@ fn opened() -> &'static Mutex<HashMap<u32, Arc<ClDevice>>> {
 
 /// The shared [`ClDevice`] of `OPENCL:ordinal`, opened on first use.
 pub fn cl_device(spec: &DeviceSpec) -> Result<Arc<ClDevice>> {
+    open_cl_device(spec, false)
+}
+
+/// The [`ClDevice`] of `spec`: the shared one, or (`fresh`) a new context that replaces it
+/// (a device reset: the old context lives on only through the old generation's objects).
+fn open_cl_device(spec: &DeviceSpec, fresh: bool) -> Result<Arc<ClDevice>> {
     let DeviceSpec::OpenCl { ordinal } = *spec else {
         return Err(Error::Invalid(format!("{spec} is not an OpenCL device (expected OPENCL:n)")));
     };
     let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(d) = map.get(&ordinal) {
+    if let Some(d) = map.get(&ordinal).filter(|_| !fresh) {
         return Ok(d.clone());
     }
     let all = enumerate()?;
@@ -289,16 +308,21 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 }
 
 fn build_device(spec: &DeviceSpec) -> Result<Device> {
-    let cl = cl_device(spec)?;
-    let renderer = Arc::new(OpenClRenderer::new(&cl));
-    let compiler = Arc::new(OpenClCompiler::new(cl.clone()));
-    let loader = cl.clone();
-    let runtime: kiln_device::RuntimeFactory =
-        Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
-    let allocator = Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?);
-    let queues = Arc::new(OpenClQueueFactory::new(cl.clone()));
-    Ok(Device::new(spec.clone(), cl.info.description(), allocator, vec![(renderer, compiler)], runtime)?
-        .with_queues(queues))
+    let description = cl_device(spec)?.info.description();
+    // Every generation gets its own context (a reset opens a new one); the first uses the
+    // shared context of the device.
+    Device::new(spec.clone(), description, |ctx| {
+        let cl = open_cl_device(ctx.spec(), ctx.generation() > 0)?;
+        let loader = cl.clone();
+        let runtime: kiln_device::RuntimeFactory =
+            Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
+        Ok(kiln_device::DeviceParts {
+            allocator: Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?),
+            compilers: vec![(Arc::new(OpenClRenderer::new(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))],
+            runtime,
+            queues: Some(Arc::new(OpenClQueueFactory::new(cl))),
+        })
+    })
 }
 
 /// Registers the `OPENCL` backend with [`kiln_device::open_device`].
@@ -338,7 +362,7 @@ mod tests {
             assert_eq!(*spec, DeviceSpec::OpenCl { ordinal: i as u32 });
             assert!(desc.contains("driver"), "{desc}");
         }
-        assert_eq!(dev.description, list[0].1);
+        assert_eq!(dev.description(), list[0].1);
         let missing = DeviceSpec::OpenCl { ordinal: list.len() as u32 };
         assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
         assert!(matches!(open(&DeviceSpec::Cpu), Err(Error::Invalid(_))));
@@ -365,6 +389,6 @@ mod tests {
         }
         register();
         let d = kiln_device::open_device("OPENCL:0").unwrap();
-        assert_eq!(d.spec, DeviceSpec::OpenCl { ordinal: 0 });
+        assert_eq!(*d.spec(), DeviceSpec::OpenCl { ordinal: 0 });
     }
 }

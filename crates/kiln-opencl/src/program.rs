@@ -300,6 +300,11 @@ impl Program for OpenClProgram {
         let event = ClEvent::from_raw(event, self.cl.context().get());
         event.wait().map_err(|e| Error::Driver {
             backend: "OpenCL",
+            code: match &e {
+                Error::Driver { code, .. } => *code,
+                _ => None,
+            },
+            fatal: e.is_fatal(),
             message: format!("kernel `{}` failed while running on {}: {e}", self.name, self.cl.info.name.trim()),
         })
     }
@@ -340,14 +345,14 @@ mod tests {
         let i = k.global(0, &n);
         k.store(&c.at(&i), &(a.at(&i).load() + b.at(&i).load()));
         let sink = k.finish().unwrap();
-        let spec = ProgramSpec::from_sink("add", ADD.into(), dev.spec.clone(), &sink).unwrap();
+        let spec = ProgramSpec::from_sink("add", ADD.into(), dev.spec().clone(), &sink).unwrap();
         let compiled = dev.compiler().compile(&spec).unwrap();
         assert!(!compiled.bytes.is_empty());
-        let kernel = KilnKernel { spec: compiled.spec.clone(), program: (dev.runtime)(&compiled).unwrap() };
+        let kernel = KilnKernel { spec: compiled.spec.clone(), program: (dev.runtime())(&compiled).unwrap() };
         let xs: Vec<f32> = (0..103).map(|x| x as f32).collect();
-        let a = Buffer::from_slice(dev.allocator.clone(), &xs).unwrap();
-        let b = Buffer::from_slice(dev.allocator.clone(), &xs).unwrap();
-        let c = Buffer::from_slice(dev.allocator.clone(), &[0f32; 110]).unwrap();
+        let a = Buffer::from_slice(dev.allocator(), &xs).unwrap();
+        let b = Buffer::from_slice(dev.allocator(), &xs).unwrap();
+        let c = Buffer::from_slice(dev.allocator(), &[0f32; 110]).unwrap();
         // Views at element offsets 3, 1 and 5.
         let (av, bv, cv) = (a.view(3, 100).unwrap(), b.view(1, 100).unwrap(), c.view(5, 100).unwrap());
         kernel.launch(&[&av, &bv, &cv], &[100]).unwrap();
@@ -377,7 +382,7 @@ mod tests {
         k.store(&a.at(&i), &Val::f32(1.0));
         let sink = k.finish().unwrap();
         let bad = "__kernel void bad(__global float* b0, ulong o0) {\n  int x = undefined_thing;\n}\n";
-        let spec = ProgramSpec::from_sink("bad", bad.into(), dev.spec.clone(), &sink).unwrap();
+        let spec = ProgramSpec::from_sink("bad", bad.into(), dev.spec().clone(), &sink).unwrap();
         match dev.compiler().compile(&spec) {
             Err(Error::Compile { log, line, .. }) => {
                 assert!(log.contains("undefined_thing"), "{log}");

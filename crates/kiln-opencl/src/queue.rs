@@ -1,55 +1,38 @@
-//! In-order OpenCL command queues ordered by timeline signals.
+//! In-order OpenCL command queues: the native operations behind kiln-device's
+//! [`StreamQueue`] skeleton (recording, submit, host steps, retirement and failure live
+//! there; see [`kiln_device::stream`]).
 //!
-//! Recording checks arguments and keeps owned copies; [`OpenClQueue::submit`] enqueues the
-//! batch in order and flushes, without waiting. How each command is enqueued:
-//! - `exec`: the program's kernel (`clEnqueueNDRangeKernel`); the program must be an
-//!   [`OpenClProgram`] of this queue's device.
-//! - `copy`: `clEnqueueCopyBuffer` between two buffers of this device; a non-blocking
-//!   `clEnqueueWrite/ReadBuffer` when the other side is host memory; otherwise (another
-//!   device) a host step stages it through host memory once every earlier command finished.
-//! - `wait`: `clEnqueueBarrierWithWaitList` on the signal's marker event when that event is in
-//!   this context; otherwise (another context, a value no event covers yet, a host signal via
-//!   [`OpenClQueue::wait_foreign`]) a host step.
-//! - `signal`: `clEnqueueMarkerWithWaitList` over every command since the previous signal,
-//!   recorded into the signal: the timeline reaches the value when the marker completes.
-//! - `memory_barrier`: `clEnqueueBarrierWithWaitList` (OpenCL makes writes visible at command
+//! - `enqueue_kernel`: the program's kernel (`clEnqueueNDRangeKernel`); the program must be
+//!   an [`OpenClProgram`] of this queue's device.
+//! - `enqueue_copy`: `clEnqueueCopyBuffer` between two buffers of this device; a non-blocking
+//!   `clEnqueueWrite/ReadBuffer` when the other side is host memory; anything else (another
+//!   device) is staged through the host by the skeleton.
+//! - `record_event`: `clEnqueueMarkerWithWaitList` with an empty list (every earlier command
+//!   of the in-order queue).
+//! - `wait_event`: `clEnqueueBarrierWithWaitList` on the event when it is of this context.
+//!   (A user event in a barrier would let the device wait on a host signal too, but a failed
+//!   wait must keep the commands behind it from running, and PoCL 3.1 aborts the process when
+//!   a user event completes with an error status: host waits stay on the helper thread.)
+//! - `barrier`: `clEnqueueBarrierWithWaitList` (OpenCL makes writes visible at command
 //!   boundaries; the barrier keeps the ordering explicit).
 //!
 //! # Profiling
-//! Queues are created with `CL_QUEUE_PROFILING_ENABLE`. `exec_timed` and `copy_timed` hand
-//! their timer a probe over the command's event that reads `CL_PROFILING_COMMAND_START/END`
-//! once the command completed and places them on the host clock: the host instant taken right
+//! Queues are created with `CL_QUEUE_PROFILING_ENABLE`. Timed kernels and copies hand their
+//! timer a probe over the command's event that reads `CL_PROFILING_COMMAND_START/END` once
+//! the command completed and places them on the host clock: the host instant taken right
 //! before the enqueue call is the reference for the event's `CL_PROFILING_COMMAND_QUEUED`
 //! (see [`ClEvent::host_span`]). A staged copy (a host step) is timed on the host.
-//!
-//! # Host steps
-//! A host step (a host-side wait, a staged copy) hands the rest of the batch, and every batch
-//! submitted after it, to the queue's helper thread: it performs the step, then enqueues what
-//! follows, in order, until the next host step or until nothing is left. `submit` therefore
-//! never blocks. (A user event in a barrier would let the device wait instead, but a failed
-//! wait must keep the commands behind it from running, and PoCL 3.1 aborts the process when
-//! a user event completes with an error status.)
-//!
-//! # Failure
-//! A host step that fails (the awaited signal failed, the staged copy failed) poisons the
-//! queue: nothing behind it runs, every signal recorded behind it is failed with the error,
-//! and every later `submit` fails its signals and returns the error. Recreate the queue.
-//! A submit refused part-way by the driver returns the error and fails the batch's signals
-//! that were not recorded yet, so no waiter hangs; the queue stays usable.
-//!
-//! Buffers and kernels of submitted commands are held until the commands finish, so dropping
-//! the caller's handles (or an allocator reusing the block) cannot race the device. Dropping
-//! a queue waits for its enqueued work; a helper thread still waiting on a signal keeps the
-//! queue's resources alive until that signal is reached or failed.
 
-use std::collections::VecDeque;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
-use kiln_device::{Buffer, Error, HardwareQueue, Kernel, LaunchDims, QueueFactory, RawView, Result, TimelineSignal};
+use kiln_device::{
+    AccelBackend, AccelStream, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamOps,
+    StreamQueue,
+};
 use opencl3::command_queue::{
     CommandQueue, enqueue_barrier_with_wait_list, enqueue_copy_buffer, enqueue_marker_with_wait_list,
     enqueue_read_buffer, enqueue_write_buffer,
@@ -61,210 +44,65 @@ use crate::program::OpenClProgram;
 use crate::signal::{ClEvent, OpenClSignal};
 use crate::{ClDevice, cl_device, driver};
 
-/// A command held until it is enqueued.
-enum Command {
-    Wait(Arc<dyn TimelineSignal>, u64),
-    Signal(Arc<OpenClSignal>, u64),
-    Exec {
-        kernel: Kernel,
-        bufs: Vec<Buffer>,
-        views: Vec<RawView>,
-        vals: Vec<i64>,
-        dims: LaunchDims,
-        timer: Option<Arc<dyn CommandTimer>>,
-    },
-    Copy {
-        dst: Buffer,
-        src: Buffer,
-        timer: Option<Arc<dyn CommandTimer>>,
-    },
-    Barrier,
-}
+/// One in-order OpenCL command queue (compute or copy).
+pub type OpenClQueue = StreamQueue<ClStream>;
 
-/// Work the host does between two device commands.
-enum HostStep {
-    Wait(Arc<dyn TimelineSignal>, u64),
-    /// Once `after` (a marker of everything before) completes: `dst.copy_from(src)`.
-    Copy {
-        after: Arc<ClEvent>,
-        dst: Buffer,
-        src: Buffer,
-        timer: Option<Arc<dyn CommandTimer>>,
-    },
-}
-
-impl HostStep {
-    /// Performs the step, blocking the calling (helper) thread.
-    fn run(self) -> Result<()> {
-        match self {
-            HostStep::Wait(signal, value) => signal.wait(value, Duration::MAX),
-            HostStep::Copy { after, dst, src, timer } => {
-                after.wait()?;
-                let start = Instant::now();
-                dst.copy_from(&src)?;
-                if let Some(t) = timer {
-                    let end = Instant::now();
-                    t.measured(Box::new(move || Ok((start, end))));
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// What submitted commands still use, released when `until` completes.
-struct InFlight {
-    until: Arc<ClEvent>,
-    _buffers: Vec<Buffer>,
-    _kernels: Vec<Kernel>,
-}
-
-/// Fails the signals among `commands` (which will never run) with `error`.
-fn fail_signals(commands: impl IntoIterator<Item = Command>, error: &Error) {
-    for cmd in commands {
-        if let Command::Signal(s, _) = cmd {
-            s.fail(error.clone());
-        }
-    }
-}
-
-/// The device side of a queue, shared with its helper thread.
-struct Inner {
+/// An in-order `cl_command_queue` of a device's context.
+pub struct ClStream {
     cl: Arc<ClDevice>,
     queue: CommandQueue,
-    /// Events of commands enqueued since the last signal.
-    unsignaled: Vec<Arc<ClEvent>>,
-    in_flight: VecDeque<InFlight>,
-    /// `Some` while the helper thread runs: the commands it enqueues after its current step.
-    deferred: Option<VecDeque<Command>>,
-    /// Sticky: the error of a failed host step.
-    poison: Option<Error>,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // Held buffers must outlive the commands using them.
-        let _ = self.queue.finish();
-    }
-}
-
-impl Inner {
-    fn context(&self) -> opencl3::types::cl_context {
-        self.cl.context().get()
+impl ClStream {
+    fn new(cl: Arc<ClDevice>) -> Result<ClStream> {
+        Ok(ClStream { queue: cl.new_queue()?, cl })
     }
 
-    /// Wraps the event an enqueue returned; it joins the wait list of the next signal.
-    fn enqueued(&mut self, event: cl_event) -> Arc<ClEvent> {
-        let e = Arc::new(ClEvent::from_raw(event, self.context()));
-        self.unsignaled.push(e.clone());
-        e
+    fn event(&self, event: cl_event) -> ClEvent {
+        ClEvent::from_raw(event, self.cl.context().get())
     }
 
-    /// [`Inner::enqueued`], and `timer` (if any) gets a probe of the event's device times;
-    /// `reference` is the host instant taken right before the enqueue call.
-    fn enqueued_timed(&mut self, event: cl_event, reference: Instant, timer: Option<&Arc<dyn CommandTimer>>) {
-        let e = self.enqueued(event);
+    /// Wraps the event of a command enqueued at `reference`; `timer` (if any) gets a probe of
+    /// its device times.
+    fn enqueued(&self, event: cl_event, reference: Instant, timer: Option<&Arc<dyn CommandTimer>>) {
+        let e = self.event(event);
         if let Some(t) = timer {
             t.measured(Box::new(move || e.host_span(reference)));
         }
     }
 
-    /// A barrier holding this queue until `events` complete.
-    fn barrier(&mut self, events: &[cl_event]) -> Result<()> {
+    /// A barrier holding this queue until `events` complete (all earlier commands if empty).
+    fn barrier_on(&mut self, events: &[cl_event]) -> Result<()> {
         let (n, list) = wait_list(events);
         // SAFETY: the queue is live and the wait list holds `n` live events of this context.
         let e = unsafe { enqueue_barrier_with_wait_list(self.queue.get(), n, list) }
             .map_err(|e| driver("clEnqueueBarrierWithWaitList", e))?;
-        self.enqueued(e);
+        drop(self.event(e));
+        Ok(())
+    }
+}
+
+impl StreamOps for ClStream {
+    type Event = ClEvent;
+
+    fn device(&self) -> &DeviceSpec {
+        &self.cl.spec
+    }
+
+    fn check_kernel(&self, kernel: &Kernel) -> Result<()> {
+        let program = opencl_program(kernel)?;
+        if !Arc::ptr_eq(program.device(), &self.cl) {
+            return Err(Error::Launch(format!(
+                "kernel `{}` was loaded for {} (another context), this queue runs on {}",
+                kernel.spec.name,
+                program.device().spec,
+                self.cl.spec
+            )));
+        }
         Ok(())
     }
 
-    /// A marker of everything enqueued so far.
-    fn marker(&self, waits: &[cl_event]) -> Result<Arc<ClEvent>> {
-        let (n, list) = wait_list(waits);
-        // SAFETY: the queue is live; the wait list holds `n` events this queue retains (an
-        // empty one means "all previous commands").
-        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), n, list) }
-            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
-        Ok(Arc::new(ClEvent::from_raw(e, self.context())))
-    }
-
-    /// Drops what completed commands held.
-    fn retire(&mut self) {
-        while self.in_flight.front().is_some_and(|f| !matches!(f.until.status(), Ok(false))) {
-            self.in_flight.pop_front();
-        }
-    }
-
-    /// Enqueues `commands` in order until they run out (`Ok(None)`) or one needs the host
-    /// (`Ok(Some(step))`, the commands after it stay in `commands`). On an error the failing
-    /// command is consumed and the rest stay in `commands`.
-    fn run(&mut self, commands: &mut VecDeque<Command>) -> Result<Option<HostStep>> {
-        let mut buffers = Vec::new();
-        let mut kernels = Vec::new();
-        let mut outcome = Ok(None);
-        while let Some(cmd) = commands.pop_front() {
-            let step = match cmd {
-                Command::Wait(s, v) => self.wait(s, v),
-                Command::Signal(s, v) => self.signal(&s, v).map(|()| None),
-                Command::Exec { kernel, bufs, views, vals, dims, timer } => {
-                    let r = self.exec(&kernel, &views, &vals, &dims, timer.as_ref());
-                    kernels.push(kernel);
-                    buffers.extend(bufs);
-                    r.map(|()| None)
-                }
-                Command::Copy { dst, src, timer } => {
-                    let r = self.copy(&dst, &src, timer);
-                    buffers.extend([dst, src]);
-                    r
-                }
-                Command::Barrier => self.barrier(&[]).map(|()| None),
-            };
-            match step {
-                Ok(None) => {}
-                other => {
-                    outcome = other;
-                    break;
-                }
-            }
-        }
-        if !buffers.is_empty() || !kernels.is_empty() {
-            match self.marker(&[]) {
-                Ok(until) => self.in_flight.push_back(InFlight { until, _buffers: buffers, _kernels: kernels }),
-                Err(e) => {
-                    // Without a marker, hold the resources until the queue is idle.
-                    let _ = self.queue.finish();
-                    outcome = outcome.and(Err(e));
-                }
-            }
-        }
-        self.queue.flush().map_err(|e| driver("clFlush", e))?;
-        outcome
-    }
-
-    fn wait(&mut self, signal: Arc<dyn TimelineSignal>, value: u64) -> Result<Option<HostStep>> {
-        let device_event = signal
-            .as_any()
-            .downcast_ref::<OpenClSignal>()
-            .and_then(|s| s.event_for(value))
-            .filter(|e| e.context() == self.context());
-        if let Some(e) = device_event {
-            return self.barrier(&[e.raw()]).map(|()| None);
-        }
-        if signal.is_reached(value) {
-            return Ok(None);
-        }
-        Ok(Some(HostStep::Wait(signal, value)))
-    }
-
-    fn signal(&mut self, signal: &OpenClSignal, value: u64) -> Result<()> {
-        let waits: Vec<cl_event> = self.unsignaled.iter().map(|e| e.raw()).collect();
-        let marker = self.marker(&waits)?;
-        self.unsignaled.clear();
-        signal.record(value, marker)
-    }
-
-    fn exec(
+    fn enqueue_kernel(
         &mut self,
         kernel: &Kernel,
         views: &[RawView],
@@ -275,13 +113,13 @@ impl Inner {
         let program = opencl_program(kernel)?;
         let reference = Instant::now();
         // SAFETY: `views` are live cl_mem windows of this context (checked at record time and
-        // held in `in_flight` until the launch completes); the queue is of this context.
+        // held by the skeleton until the launch completes); the queue is of this context.
         let event = unsafe { program.enqueue_raw(self.queue.get(), views, vals, dims, &[]) }?;
-        self.enqueued_timed(event, reference, timer);
+        self.enqueued(event, reference, timer);
         Ok(())
     }
 
-    fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<Arc<dyn CommandTimer>>) -> Result<Option<HostStep>> {
+    fn enqueue_copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>) -> Result<bool> {
         let mine = |b: &Buffer| b.device() == &self.cl.spec;
         let (d, s) = (dst.raw()?, src.raw()?);
         let q = self.queue.get();
@@ -309,134 +147,64 @@ impl Inner {
             }
             .map_err(|e| driver("clEnqueueReadBuffer", e))?
         } else {
-            let after = self.marker(&[])?;
-            return Ok(Some(HostStep::Copy { after, dst: dst.clone(), src: src.clone(), timer }));
+            return Ok(false);
         };
-        self.enqueued_timed(event, reference, timer.as_ref());
-        Ok(None)
+        self.enqueued(event, reference, timer);
+        Ok(true)
     }
-}
 
-/// Locks the shared state; no code panics while holding it, so a poisoned lock is consistent.
-fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    inner.lock().unwrap_or_else(|p| p.into_inner())
-}
+    fn record_event(&mut self) -> Result<ClEvent> {
+        // SAFETY: the queue is live; an empty wait list means "all previous commands".
+        let e = unsafe { enqueue_marker_with_wait_list(self.queue.get(), 0, std::ptr::null()) }
+            .map_err(|e| driver("clEnqueueMarkerWithWaitList", e))?;
+        Ok(self.event(e))
+    }
 
-/// The helper thread: performs `step`, then enqueues the deferred commands up to the next
-/// host step, until none are left or a step fails (which poisons the queue).
-fn helper(inner: Arc<Mutex<Inner>>, mut step: HostStep) {
-    loop {
-        let result = step.run();
-        let mut g = lock(&inner);
-        let mut commands = g.deferred.take().unwrap_or_default();
-        let next = result.and_then(|()| g.run(&mut commands));
-        match next {
-            Ok(None) => return,
-            Ok(Some(s)) => {
-                g.deferred = Some(commands);
-                step = s;
-            }
-            Err(e) => {
-                fail_signals(commands, &e);
-                g.poison = Some(e);
-                return;
-            }
+    fn wait_event(&mut self, event: &ClEvent) -> Result<bool> {
+        if event.context() != self.cl.context().get() {
+            return Ok(false);
         }
+        self.barrier_on(&[event.raw()]).map(|()| true)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.barrier_on(&[])
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.queue.flush().map_err(|e| driver("clFlush", e))
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.queue.finish().map_err(|e| driver("clFinish", e))
     }
 }
 
-/// One in-order OpenCL command queue (compute or copy).
-pub struct OpenClQueue {
-    cl: Arc<ClDevice>,
-    inner: Arc<Mutex<Inner>>,
-    batch: Vec<Command>,
-    /// The first recording error of the batch; `submit` returns it and submits nothing.
-    error: Option<Error>,
+/// The OpenCL backend's identity (see [`kiln_device::backend`]).
+pub struct OpenCl;
+
+impl AccelBackend for OpenCl {
+    const NAME: &'static str = "OPENCL";
+    type Device = DeviceOf<OpenCl>;
+    type Stream = ClStream;
+    type Event = ClEvent;
+    type Error = Error;
 }
 
-impl std::fmt::Debug for OpenClQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OpenClQueue(on {}, {} recorded)", self.cl.spec, self.batch.len())
-    }
-}
+impl AccelStream for ClStream {
+    type Backend = OpenCl;
 
-impl OpenClQueue {
-    fn new(cl: Arc<ClDevice>) -> Result<OpenClQueue> {
-        let queue = cl.new_queue()?;
-        let inner = Inner {
-            cl: cl.clone(),
-            queue,
-            unsignaled: Vec::new(),
-            in_flight: VecDeque::new(),
-            deferred: None,
-            poison: None,
-        };
-        Ok(OpenClQueue { cl, inner: Arc::new(Mutex::new(inner)), batch: Vec::new(), error: None })
+    fn record_event(&mut self) -> Result<ClEvent> {
+        StreamOps::record_event(self)
     }
 
-    fn record(&mut self, command: Result<Command>) -> &mut Self {
-        if self.error.is_none() {
-            match command {
-                Ok(c) => self.batch.push(c),
-                Err(e) => self.error = Some(e),
-            }
+    /// A device-side wait for an event of this context; an event of another context is
+    /// waited for on the calling thread.
+    fn wait_event(&mut self, event: &ClEvent) -> Result<()> {
+        if !StreamOps::wait_event(self, event)? {
+            event.wait()?;
         }
-        self
-    }
-
-    /// Like [`HardwareQueue::wait`] for a signal of any type (a CPU signal, another
-    /// backend's): a host step (see the module docs).
-    pub fn wait_foreign(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
-        self.record(Ok(Command::Wait(signal.clone(), value)))
-    }
-
-    /// The error that poisoned this queue, if a host step failed.
-    pub fn poisoned(&self) -> Option<Error> {
-        lock(&self.inner).poison.clone()
-    }
-}
-
-impl OpenClQueue {
-    fn exec_command(
-        &self,
-        kernel: &Kernel,
-        bufs: &[&Buffer],
-        vals: &[i64],
-        timer: Option<Arc<dyn CommandTimer>>,
-    ) -> Result<Command> {
-        let program = opencl_program(kernel)?;
-        if !Arc::ptr_eq(program.device(), &self.cl) {
-            return Err(Error::Invalid(format!(
-                "kernel `{}` was loaded for {}, this queue runs on {}",
-                kernel.spec.name,
-                program.device().spec,
-                self.cl.spec
-            )));
-        }
-        if let Some(b) = bufs.iter().find(|b| b.device() != &self.cl.spec) {
-            return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.cl.spec)));
-        }
-        let (views, dims) = kernel.check(bufs, vals)?;
-        Ok(Command::Exec {
-            kernel: kernel.clone(),
-            bufs: bufs.iter().map(|b| (*b).clone()).collect(),
-            views,
-            vals: vals.to_vec(),
-            dims,
-            timer,
-        })
-    }
-
-    fn copy_command(&self, dst: &Buffer, src: &Buffer, timer: Option<Arc<dyn CommandTimer>>) -> Result<Command> {
-        if dst.nbytes() != src.nbytes() {
-            Err(Error::Buffer(format!("copy of {} bytes into a buffer of {} bytes", src.nbytes(), dst.nbytes())))
-        } else if dst.overlaps(src) {
-            Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
-        } else if dst.device() != &self.cl.spec && src.device() != &self.cl.spec {
-            Err(Error::Invalid(format!("a queue on {} copies only to or from its device", self.cl.spec)))
-        } else {
-            Ok(Command::Copy { dst: dst.clone(), src: src.clone(), timer })
-        }
+        Ok(())
     }
 }
 
@@ -448,105 +216,11 @@ fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
 /// The OpenCL program behind `kernel`, or why it cannot run on an OpenCL queue.
 fn opencl_program(kernel: &Kernel) -> Result<&OpenClProgram> {
     kernel.program.as_any().and_then(|a| a.downcast_ref::<OpenClProgram>()).ok_or_else(|| {
-        Error::Invalid(format!(
+        Error::Launch(format!(
             "kernel `{}` was loaded for {}, not by the OpenCL backend: compile it with an OpenCL device",
             kernel.spec.name, kernel.spec.device
         ))
     })
-}
-
-impl HardwareQueue for OpenClQueue {
-    type Signal = OpenClSignal;
-
-    fn wait(&mut self, signal: &Arc<OpenClSignal>, value: u64) -> &mut Self {
-        let s: Arc<dyn TimelineSignal> = signal.clone();
-        self.record(Ok(Command::Wait(s, value)))
-    }
-
-    fn signal(&mut self, signal: &Arc<OpenClSignal>, value: u64) -> &mut Self {
-        self.record(Ok(Command::Signal(signal.clone(), value)))
-    }
-
-    /// Checks the kernel (an OpenCL program of this device), the buffers (this device, dtype,
-    /// size) and `vals` now, allocating lazily allocated buffers.
-    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        let cmd = self.exec_command(kernel, bufs, vals, None);
-        self.record(cmd)
-    }
-
-    /// Reports the kernel's `CL_PROFILING_COMMAND_START/END` (see the module docs).
-    fn exec_timed(
-        &mut self,
-        kernel: &Kernel,
-        bufs: &[&Buffer],
-        vals: &[i64],
-        timer: &Arc<dyn CommandTimer>,
-    ) -> &mut Self {
-        let cmd = self.exec_command(kernel, bufs, vals, Some(timer.clone()));
-        self.record(cmd)
-    }
-
-    /// Either side may be on another device or the host; sizes must match and windows of
-    /// one buffer must not overlap.
-    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
-        let cmd = self.copy_command(dst, src, None);
-        self.record(cmd)
-    }
-
-    /// Reports the copy's device times, or its host times when it is staged through the host.
-    fn copy_timed(&mut self, dst: &Buffer, src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
-        let cmd = self.copy_command(dst, src, Some(timer.clone()));
-        self.record(cmd)
-    }
-
-    fn memory_barrier(&mut self) -> &mut Self {
-        self.record(Ok(Command::Barrier))
-    }
-
-    fn submit(&mut self) -> Result<()> {
-        let batch = std::mem::take(&mut self.batch);
-        if let Some(e) = self.error.take() {
-            return Err(e);
-        }
-        let mut g = lock(&self.inner);
-        if let Some(p) = g.poison.clone() {
-            let e = Error::SignalFailed(format!("the queue on {} is poisoned by a failed wait: {p}", self.cl.spec));
-            fail_signals(batch, &e);
-            return Err(e);
-        }
-        g.retire();
-        if let Some(deferred) = g.deferred.as_mut() {
-            deferred.extend(batch);
-            return Ok(());
-        }
-        let mut commands: VecDeque<Command> = batch.into();
-        match g.run(&mut commands) {
-            Ok(None) => Ok(()),
-            Ok(Some(step)) => {
-                g.deferred = Some(commands);
-                let inner = self.inner.clone();
-                let spawned =
-                    std::thread::Builder::new().name("kiln-opencl-queue".into()).spawn(move || helper(inner, step));
-                if let Err(e) = spawned {
-                    let e = Error::Driver {
-                        backend: "OpenCL",
-                        message: format!("cannot start the queue's helper thread: {e}"),
-                    };
-                    fail_signals(g.deferred.take().unwrap_or_default(), &e);
-                    return Err(e);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                fail_signals(commands, &e);
-                Err(e)
-            }
-        }
-    }
-
-    fn device(&self) -> &DeviceSpec {
-        &self.cl.spec
-    }
 }
 
 /// Creates the queues and signals of one OpenCL device. Queues are independent in-order
@@ -571,16 +245,16 @@ impl QueueFactory for OpenClQueueFactory {
     type Signal = OpenClSignal;
 
     fn create_compute_queue(&self) -> Result<OpenClQueue> {
-        OpenClQueue::new(self.cl.clone())
+        Ok(StreamQueue::new(ClStream::new(self.cl.clone())?))
     }
 
     /// OpenCL exposes no copy engine; a second in-order queue lets copies overlap kernels.
     fn create_copy_queue(&self) -> Result<Option<OpenClQueue>> {
-        OpenClQueue::new(self.cl.clone()).map(Some)
+        Ok(Some(StreamQueue::new(ClStream::new(self.cl.clone())?)))
     }
 
     fn create_signal(&self) -> Result<Arc<OpenClSignal>> {
-        Ok(Arc::new(OpenClSignal::new()))
+        Ok(Arc::new(OpenClSignal::default()))
     }
 
     fn device(&self) -> &DeviceSpec {
@@ -593,7 +267,8 @@ mod tests {
     use std::sync::Mutex;
 
     use kiln_device::kiln_ir::{KernelBuilder, Scalar};
-    use kiln_device::{Allocator, CpuTimelineSignal, Device, DynQueueFactory, RawPtr};
+    use kiln_device::{Allocator, CpuTimelineSignal, Device, DynQueueFactory, HardwareQueue, RawPtr, TimelineSignal};
+    use std::time::Duration;
 
     use super::*;
     use crate::test_device;
@@ -612,13 +287,13 @@ mod tests {
 
     fn setup() -> Option<(Arc<Device>, OpenClQueueFactory, Kernel)> {
         let dev = test_device()?;
-        let factory = OpenClQueueFactory::open(&dev.spec).unwrap();
+        let factory = OpenClQueueFactory::open(dev.spec()).unwrap();
         let k = affine(&dev);
         Some((dev, factory, k))
     }
 
     fn f32s(dev: &Device, data: &[f32]) -> Buffer {
-        Buffer::from_slice(dev.allocator.clone(), data).unwrap()
+        Buffer::from_slice(dev.allocator(), data).unwrap()
     }
 
     #[test]
@@ -685,12 +360,12 @@ mod tests {
         q.signal(&later, 1).submit().unwrap(); // queued behind the pending wait
         gate.fail(Error::Launch("producer broke".into()));
         let r = done.wait(1, LONG);
-        assert!(matches!(&r, Err(Error::SignalFailed(m)) if m.contains("producer broke")), "{r:?}");
-        assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(m)) if m.contains("producer broke")));
+        assert!(matches!(&r, Err(Error::SignalFailed(e)) if e.to_string().contains("producer broke")), "{r:?}");
+        assert!(matches!(later.wait(1, LONG), Err(Error::SignalFailed(e)) if e.to_string().contains("producer broke")));
         assert_eq!(fresh.to_vec::<f32>().unwrap(), vec![0.0; 4], "the kernel behind the failed wait ran");
-        assert!(q.poisoned().is_some());
+        assert!(q.failure().is_some());
         let after = factory.create_signal().unwrap();
-        assert!(matches!(q.signal(&after, 1).submit(), Err(Error::SignalFailed(_))));
+        assert!(matches!(q.signal(&after, 1).submit(), Err(Error::QueueFailed { .. })));
         assert!(matches!(after.wait(1, LONG), Err(Error::SignalFailed(_))));
     }
 
@@ -815,7 +490,7 @@ mod tests {
     #[test]
     fn the_type_erased_queue_forwards_wait_and_signal() {
         let Some((dev, _, k)) = setup() else { return };
-        let factory: Arc<dyn DynQueueFactory> = dev.queues.clone().unwrap();
+        let factory: Arc<dyn DynQueueFactory> = dev.queues().unwrap();
         let (mut q1, mut q2) =
             (factory.create_dyn_compute_queue().unwrap(), factory.create_dyn_compute_queue().unwrap());
         let (s1, s2) = (factory.create_dyn_signal().unwrap(), factory.create_dyn_signal().unwrap());

@@ -485,7 +485,7 @@ mod tests {
         use crate::test_device;
 
         fn buf<T: Element>(dev: &Device, data: &[T]) -> Buffer {
-            Buffer::from_slice(dev.allocator.clone(), data).unwrap()
+            Buffer::from_slice(dev.allocator(), data).unwrap()
         }
 
         fn close(got: &[f32], want: &[f32], tol: f32) {
@@ -768,7 +768,7 @@ mod tests {
                 let xs = [1.0f64, -2.5, 3.25, 0.125];
                 let bits = |v: f64| if s == Scalar::F16 { f16_bits(v) } else { bf16_bits(v) };
                 let input: Vec<u16> = xs.iter().map(|&v| bits(v)).collect();
-                let a = Buffer::from_slice(dev.allocator.clone(), &input).unwrap().reinterpret(s).unwrap();
+                let a = Buffer::from_slice(dev.allocator(), &input).unwrap().reinterpret(s).unwrap();
                 let c = dev.buffer(s, 4).unwrap();
                 kernel.launch(&[&a, &c], &[]).unwrap();
                 let mut out = vec![0u8; 8];

@@ -6,16 +6,13 @@
 //! never blocks); anything else (another context, a value no event covers yet, a host
 //! signal) is waited for on the host by the queue's helper thread (see [`crate::queue`]).
 //!
-//! [`RingSignal`] keeps its slots private, so [`OpenClSignal`] records every event twice:
-//! into the ring (which owns the timeline semantics) and into a mirror [`EventRing`] that
-//! queues read to find the event to wait on.
+//! A queue finds the event to wait on with [`RingSignal::event_for`]: each event is
+//! recorded once.
 
-use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kiln_device::{BackendEvent, Error, EventRing, Result, RingSignal, TimelineSignal};
+use kiln_device::{BackendEvent, Error, Result, RingSignal};
 use opencl3::event::{
     CL_COMPLETE, CL_EVENT_COMMAND_EXECUTION_STATUS, CL_PROFILING_COMMAND_END, CL_PROFILING_COMMAND_QUEUED,
     CL_PROFILING_COMMAND_START, get_event_info, get_event_profiling_info, release_event, wait_for_events,
@@ -87,6 +84,8 @@ impl ClEvent {
             CL_COMPLETE => Ok(true),
             s if s < 0 => Err(Error::Driver {
                 backend: "OpenCL",
+                code: Some(s.into()),
+                fatal: crate::is_fatal(s),
                 message: format!(
                     "a command before this event failed with status {s} ({})",
                     opencl3::error_codes::ClError(s)
@@ -129,110 +128,41 @@ impl ClEvent {
     }
 }
 
-/// The ring's view of a recorded marker (shared with the mirror ring).
-#[derive(Debug)]
-pub struct Marker(Arc<ClEvent>);
-
-impl BackendEvent for Marker {
+impl BackendEvent for ClEvent {
     fn is_complete(&self) -> Result<bool> {
-        self.0.status()
+        self.status()
     }
 
     fn wait(&self) -> Result<()> {
-        self.0.wait()
+        ClEvent::wait(self)
     }
 }
 
-/// A timeline signal whose values are reached by OpenCL markers (or host `set`s).
-pub struct OpenClSignal {
-    ring: RingSignal<Marker>,
-    /// The events of `ring`, readable by queues (see the module docs).
-    events: Mutex<EventRing<ClEvent>>,
-}
-
-impl fmt::Debug for OpenClSignal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OpenClSignal({:?})", self.ring)
-    }
-}
-
-impl Default for OpenClSignal {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl OpenClSignal {
-    pub fn new() -> OpenClSignal {
-        let capacity = EventRing::<ClEvent>::DEFAULT_CAPACITY;
-        OpenClSignal { ring: RingSignal::new(capacity), events: Mutex::new(EventRing::new(capacity)) }
-    }
-
-    /// The timeline reaches `value` when `event` completes. Values must not decrease.
-    pub(crate) fn record(&self, value: u64, event: Arc<ClEvent>) -> Result<()> {
-        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        // Both rings see the same records in the same order, under this lock.
-        self.ring.record(value, Marker(event.clone()))?;
-        events.record(value, event)?;
-        Ok(())
-    }
-
-    /// The earliest recorded event whose completion means the timeline reached `target`.
-    pub(crate) fn event_for(&self, target: u64) -> Option<Arc<ClEvent>> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).find(target).map(|(_, e)| e)
-    }
-}
-
-impl TimelineSignal for OpenClSignal {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
-    }
-
-    fn value(&self) -> u64 {
-        self.ring.value()
-    }
-
-    fn set(&self, value: u64) {
-        self.ring.set(value)
-    }
-
-    fn wait(&self, value: u64, timeout: Duration) -> Result<()> {
-        self.ring.wait(value, timeout)
-    }
-
-    fn fail(&self, error: Error) {
-        self.ring.fail(error)
-    }
-
-    fn failure(&self) -> Option<Error> {
-        self.ring.failure()
-    }
-}
+/// A timeline signal whose values are reached by OpenCL events (or host `set`s).
+pub type OpenClSignal = RingSignal<ClEvent>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_device;
+    use kiln_device::TimelineSignal;
+    use std::sync::Arc;
 
     #[test]
     fn user_events_drive_the_timeline() {
         let Some(dev) = test_device() else { return };
-        let cl = crate::cl_device(&dev.spec).unwrap();
-        let s = Arc::new(OpenClSignal::new());
+        let cl = crate::cl_device(dev.spec()).unwrap();
+        let s = Arc::new(OpenClSignal::default());
         let user = || Arc::new(ClEvent::user(cl.context().get()).unwrap());
         let (a, b) = (user(), user());
-        s.record(1, a.clone()).unwrap();
-        s.record(2, b.clone()).unwrap();
+        s.record_shared(1, a.clone()).unwrap();
+        s.record_shared(2, b.clone()).unwrap();
         assert_eq!(s.value(), 0);
         assert!(s.wait(1, Duration::from_millis(5)).is_err());
         a.complete(true).unwrap();
         s.wait(1, Duration::from_secs(10)).unwrap();
         assert_eq!(s.value(), 1);
-        assert!(matches!(s.record(0, a.clone()), Err(Error::Invalid(_))), "values never decrease");
+        assert!(matches!(s.record_shared(0, a.clone()), Err(Error::Invalid(_))), "values never decrease");
         let waiter = {
             let s = s.clone();
             std::thread::spawn(move || s.wait(2, Duration::MAX))

@@ -49,7 +49,7 @@ fn child() {
         Err(e) => return println!("skipped: {e}"),
     };
     // Warm up: the driver's threads and first buffer exist before the limit applies.
-    let warm = Buffer::from_slice(dev.allocator.clone(), &[1u8; 4096]).unwrap();
+    let warm = Buffer::from_slice(dev.allocator().clone(), &[1u8; 4096]).unwrap();
     assert_eq!(warm.to_vec::<u8>().unwrap(), [1u8; 4096]);
     let request = cl.info.max_mem_alloc_size.min(1 << 30);
     if request <= 2 * HEADROOM {
@@ -67,7 +67,7 @@ fn child() {
         other => panic!("expected out of memory for {request} B under a {limit} B limit, got {other:?}"),
     }
     // Smaller buffers still work under the limit.
-    let small = Buffer::from_slice(dev.allocator.clone(), &[3u32; 1024]).unwrap();
+    let small = Buffer::from_slice(dev.allocator().clone(), &[3u32; 1024]).unwrap();
     assert_eq!(small.to_vec::<u32>().unwrap(), [3u32; 1024]);
     println!("{PASSED}");
 }

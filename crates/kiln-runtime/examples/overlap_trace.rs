@@ -20,10 +20,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     k.store(&c.at(&i), &(a.at(&i).load() + b.at(&i).load()));
     let join = device.compile(&k.finish()?, Some("join"))?;
 
-    let (xa, xb) = (
-        Buffer::from_slice(device.allocator.clone(), &[0.5f32])?,
-        Buffer::from_slice(device.allocator.clone(), &[0.25f32])?,
-    );
+    let (xa, xb) =
+        (Buffer::from_slice(device.allocator(), &[0.5f32])?, Buffer::from_slice(device.allocator(), &[0.25f32])?);
     let (ya, yb, z) = (device.buffer(Scalar::F32, 1)?, device.buffer(Scalar::F32, 1)?, device.buffer(Scalar::F32, 1)?);
     let mut plan = ExecutionPlan::with_options(&device, PlanOptions { compute_queues: 2, ..PlanOptions::default() })?;
     let iters = [("iters", 20_000_000i64)];

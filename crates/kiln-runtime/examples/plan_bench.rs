@@ -1,11 +1,8 @@
 //! Plan replay measurements on the CPU backend (prints only):
 //! `cargo run --release -p kiln-runtime --example plan_bench [kernels] [iterations]`.
 
-use std::sync::Arc;
-
-use kiln_cpu::CpuQueueFactory;
+use kiln_device::Result;
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Result};
 use kiln_runtime::bench;
 
 fn main() -> Result<()> {
@@ -13,21 +10,8 @@ fn main() -> Result<()> {
     let kernels: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let iterations: i64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(200_000);
     let cpu = kiln_cpu::open(&DeviceSpec::Cpu)?;
-    // The plan needs the device's queues; add the CPU ones if the opener did not.
-    let device = match cpu.queues {
-        Some(_) => cpu,
-        None => Arc::new(
-            Device::new(
-                cpu.spec.clone(),
-                cpu.description.clone(),
-                cpu.allocator.clone(),
-                cpu.compilers.clone(),
-                cpu.runtime.clone(),
-            )?
-            .with_queues(Arc::new(CpuQueueFactory::new())),
-        ),
-    };
-    println!("{}", device.description);
+    let device = cpu;
+    println!("{}", device.description());
     println!("{}", bench::replay_overhead(&device, kernels, 30)?);
     println!("{}", bench::replay_overhead_unfused(&device, kernels, 30)?);
     println!("{}", bench::parallel_branches(&device, 1, iterations * 32, 5)?);

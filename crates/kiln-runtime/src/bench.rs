@@ -138,7 +138,7 @@ pub fn replay_overhead_unfused(device: &Device, kernels: usize, runs: usize) -> 
 
 fn replay_overhead_with(device: &Device, kernels: usize, runs: usize, options: PlanOptions) -> Result<ReplayReport> {
     let kernel: Kernel = device.compile(&increment_kernel()?, Some("increment"))?;
-    let x = Buffer::from_slice(device.allocator.clone(), &[0.0f32])?;
+    let x = Buffer::from_slice(device.allocator(), &[0.0f32])?;
     let mut plan = ExecutionPlan::with_options(device, options)?;
     for _ in 0..kernels {
         plan.exec(&kernel, &[&x], &[])?;
@@ -180,8 +180,8 @@ pub fn parallel_branches(device: &Device, elements: usize, iterations: i64, runs
     let n = elements.max(1);
     let kernel = device.compile(&spin_kernel(n)?, Some("spin"))?;
     let input: Vec<f32> = (0..n).map(|i| i as f32 * 1e-3).collect();
-    let xa = Buffer::from_slice(device.allocator.clone(), &input)?;
-    let xb = Buffer::from_slice(device.allocator.clone(), &input)?;
+    let xa = Buffer::from_slice(device.allocator(), &input)?;
+    let xb = Buffer::from_slice(device.allocator(), &input)?;
     let ya = device.buffer(Scalar::F32, n)?;
     let yb = device.buffer(Scalar::F32, n)?;
     let vars = [("iters", iterations)];

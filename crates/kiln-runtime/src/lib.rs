@@ -19,7 +19,7 @@
 //! let i = k.global(0, &n);
 //! k.store(&y.at(&i), &(x.at(&i).load() * 2.0));
 //! let double = device.compile(&k.finish()?, Some("double"))?;
-//! let a = Buffer::from_slice(device.allocator.clone(), &[1.0f32; 1024])?;
+//! let a = Buffer::from_slice(device.allocator(), &[1.0f32; 1024])?;
 //! let (b, c) = (device.buffer(Scalar::F32, 1024)?, device.buffer(Scalar::F32, 1024)?);
 //! let mut plan = ExecutionPlan::new(&device)?;
 //! plan.exec(&double, &[&a, &b], &[("n", 1024)])?; // b = 2a

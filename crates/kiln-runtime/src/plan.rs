@@ -140,8 +140,8 @@ impl ExecutionPlan {
     }
 
     pub fn with_options(device: &Device, options: PlanOptions) -> Result<ExecutionPlan> {
-        let factory = device.queues.clone().ok_or_else(|| {
-            Error::Unavailable(format!("device {} has no command queues; execution plans need them", device.spec))
+        let factory = device.queues().ok_or_else(|| {
+            Error::Unavailable(format!("device {} has no command queues; execution plans need them", device.spec()))
         })?;
         Ok(Self::on_queues(factory, options))
     }

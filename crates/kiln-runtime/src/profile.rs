@@ -198,7 +198,7 @@ impl Profile {
     pub fn write_chrome_trace(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         std::fs::write(path, self.to_chrome_trace())
-            .map_err(|e| Error::Invalid(format!("cannot write the trace to {}: {e}", path.display())))
+            .map_err(|e| Error::Io(format!("cannot write the trace to {}: {e}", path.display())))
     }
 }
 

@@ -39,7 +39,7 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         let opened = if open || described.is_none() { Some(kiln_device::open_device(&spec.to_string())) } else { None };
         let (status, stats, cache) = match (described, opened) {
             (_, Some(Err(e))) => (Err(e.to_string()), None, None),
-            (_, Some(Ok(d))) => (Ok(d.description.clone()), Some(d.allocator.stats()), Some(d.cache().stats())),
+            (_, Some(Ok(d))) => (Ok(d.description().to_string()), Some(d.allocator().stats()), Some(d.cache().stats())),
             (Some(desc), None) => (Ok(desc), None, None),
             (None, None) => (Err("not probed".into()), None, None),
         };

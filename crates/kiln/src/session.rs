@@ -37,12 +37,12 @@ impl KernelFile {
 
     /// Renders, compiles and loads the kernel on `device` (through the kernel cache).
     pub fn compile(&self, device: &Device) -> Result<Kernel, CliError> {
-        device.compile(&self.sink, Some(&self.name)).context(|| self.doing("compile", &device.spec))
+        device.compile(&self.sink, Some(&self.name)).context(|| self.doing("compile", device.spec()))
     }
 
     /// Renders the kernel for `device` without compiling it.
     pub fn render(&self, device: &Device) -> Result<ProgramSpec, CliError> {
-        device.renderer().render(&self.sink, Some(&self.name)).context(|| self.doing("render", &device.spec))
+        device.renderer().render(&self.sink, Some(&self.name)).context(|| self.doing("render", device.spec()))
     }
 
     fn doing(&self, verb: &str, device: &DeviceSpec) -> String {

@@ -34,7 +34,7 @@ pub fn run_traced(
     if profile.events.is_empty() {
         eprintln!(
             "note: the queues of {} reported no command times, so the trace in {} has its queues but no kernel slices",
-            device.spec,
+            device.spec(),
             path.display()
         );
     }

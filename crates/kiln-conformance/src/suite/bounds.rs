@@ -47,7 +47,7 @@ fn is_oob(slot: usize, last: i128, len: i128) -> impl Fn(&Error) -> bool {
 }
 
 fn buffers(dev: &Device, count: usize) -> Result<Vec<Buffer>, Failure> {
-    (0..count).map(|_| Ok(Buffer::from_slice(dev.allocator.clone(), &[0f32; CAP])?)).collect()
+    (0..count).map(|_| Ok(Buffer::from_slice(dev.allocator().clone(), &[0f32; CAP])?)).collect()
 }
 
 /// `Kernel::launch` refuses both kernels when n makes them overrun, and runs them otherwise.

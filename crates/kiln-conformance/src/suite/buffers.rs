@@ -19,7 +19,7 @@ fn iota(n: usize, start: i32) -> Vec<i32> {
 /// Views see and change the window of their base, nest relative to their own window, and
 /// refuse any window that does not fit.
 pub fn views(dev: &Arc<Device>) -> Outcome {
-    let base = Buffer::from_slice(dev.allocator.clone(), &iota(16, 0))?;
+    let base = Buffer::from_slice(dev.allocator(), &iota(16, 0))?;
     let v = base.view(4, 8)?;
     ensure!(v.len() == 8 && v.nbytes() == 32, "view(4, 8) has {} elements / {} bytes", v.len(), v.nbytes());
     ensure!(v.to_vec::<i32>()? == iota(8, 4), "view(4, 8) reads {:?}", v.to_vec::<i32>()?);
@@ -49,14 +49,14 @@ pub fn views(dev: &Arc<Device>) -> Outcome {
 
     // Views at odd byte offsets (no alignment beyond the element size).
     let bytes: Vec<u8> = (0..10).collect();
-    let b = Buffer::from_slice(dev.allocator.clone(), &bytes)?;
+    let b = Buffer::from_slice(dev.allocator(), &bytes)?;
     let odd = b.view(3, 5)?;
     ensure!(odd.to_vec::<u8>()? == [3, 4, 5, 6, 7], "u8 view(3, 5) reads {:?}", odd.to_vec::<u8>()?);
     odd.copyin(&[9; 5])?;
     ensure!(b.to_vec::<u8>()? == [0, 1, 2, 9, 9, 9, 9, 9, 8, 9], "u8 view write gave {:?}", b.to_vec::<u8>()?);
 
     // Reinterpretation shares bytes and checks divisibility.
-    let words = Buffer::from_slice(dev.allocator.clone(), &[0x0403_0201u32, 0x0807_0605])?;
+    let words = Buffer::from_slice(dev.allocator(), &[0x0403_0201u32, 0x0807_0605])?;
     let as_bytes = words.view(1, 1)?.reinterpret(Scalar::U8)?;
     ensure!(as_bytes.to_vec::<u8>()? == [5, 6, 7, 8], "reinterpret as u8 reads {:?}", as_bytes.to_vec::<u8>()?);
     expect_err("u8 view(1, 3) reinterpreted as u32", b.view(1, 4)?.reinterpret(Scalar::U32), is_buffer_error)?;
@@ -67,7 +67,7 @@ pub fn views(dev: &Arc<Device>) -> Outcome {
 /// buffer unchanged.
 pub fn exact_size_transfers(dev: &Arc<Device>) -> Outcome {
     let data: Vec<f32> = (0..8).map(|i| i as f32 * 0.5).collect();
-    let buf = Buffer::from_slice(dev.allocator.clone(), &data)?;
+    let buf = Buffer::from_slice(dev.allocator(), &data)?;
     for n in [0usize, 31, 33, 64] {
         expect_err(&format!("copyin of {n} bytes into 32"), buf.copyin(&vec![0xff; n]), is_buffer_error)?;
         expect_err(&format!("copyout of 32 bytes into {n}"), buf.copyout(&mut vec![0; n]), is_buffer_error)?;
@@ -88,19 +88,19 @@ pub fn exact_size_transfers(dev: &Arc<Device>) -> Outcome {
 
     // A larger transfer with a pattern that exposes swapped or shifted pages.
     let big: Vec<u32> = (0..1u32 << 16).map(|i| i.wrapping_mul(2_654_435_761)).collect();
-    let b = Buffer::from_slice(dev.allocator.clone(), &big)?;
+    let b = Buffer::from_slice(dev.allocator(), &big)?;
     ensure!(b.to_vec::<u32>()? == big, "a 256 KiB round trip changed the data");
     Ok(())
 }
 
 /// `copy_from` on one device: whole buffers, views, refused size mismatches and overlaps.
 pub fn copies(dev: &Arc<Device>) -> Outcome {
-    let a = Buffer::from_slice(dev.allocator.clone(), &iota(16, 0))?;
-    let b = Buffer::from_slice(dev.allocator.clone(), &[-1i32; 16])?;
+    let a = Buffer::from_slice(dev.allocator(), &iota(16, 0))?;
+    let b = Buffer::from_slice(dev.allocator(), &[-1i32; 16])?;
     b.copy_from(&a)?;
     ensure!(b.to_vec::<i32>()? == iota(16, 0), "copy_from of a whole buffer gave {:?}", b.to_vec::<i32>()?);
 
-    let c = Buffer::from_slice(dev.allocator.clone(), &[-1i32; 16])?;
+    let c = Buffer::from_slice(dev.allocator(), &[-1i32; 16])?;
     c.view(2, 4)?.copy_from(&a.view(12, 4)?)?;
     let mut want = vec![-1; 16];
     want[2..6].copy_from_slice(&[12, 13, 14, 15]);
@@ -119,16 +119,16 @@ pub fn copies(dev: &Arc<Device>) -> Outcome {
 /// with views on both sides.
 pub fn cross_device_copies(dev: &Arc<Device>, peer: &Arc<Device>) -> Outcome {
     let data: Vec<f32> = (0..64).map(|i| i as f32 - 20.25).collect();
-    let a = Buffer::from_slice(dev.allocator.clone(), &data)?;
+    let a = Buffer::from_slice(dev.allocator(), &data)?;
     let p = peer.buffer(Scalar::F32, 64)?;
     p.copy_from(&a)?;
-    ensure!(p.to_vec::<f32>()? == data, "{} -> {} copy gave wrong data", dev.spec, peer.spec);
+    ensure!(p.to_vec::<f32>()? == data, "{} -> {} copy gave wrong data", dev.spec(), peer.spec());
 
-    let back = Buffer::from_slice(dev.allocator.clone(), &[0f32; 64])?;
+    let back = Buffer::from_slice(dev.allocator(), &[0f32; 64])?;
     back.view(8, 16)?.copy_from(&p.view(40, 16)?)?;
     let mut want = vec![0f32; 64];
     want[8..24].copy_from_slice(&data[40..56]);
-    ensure!(back.to_vec::<f32>()? == want, "{} view -> {} view copy gave wrong data", peer.spec, dev.spec);
+    ensure!(back.to_vec::<f32>()? == want, "{} view -> {} view copy gave wrong data", peer.spec(), dev.spec());
     expect_err("cross-device copy of 64 elements into 63", p.view(0, 63)?.copy_from(&a), is_buffer_error)?;
     Ok(())
 }
@@ -140,7 +140,7 @@ pub fn oversized_allocation(dev: &Arc<Device>) -> Outcome {
     let huge = dev.buffer(Scalar::U8, 1 << 56)?;
     expect_err("allocating 64 PiB", huge.raw(), |e| matches!(e, Error::OutOfMemory { .. }))?;
     ensure!(!huge.is_allocated(), "a failed allocation left the buffer marked allocated");
-    let ok = Buffer::from_slice(dev.allocator.clone(), &[1u8, 2, 3])?;
+    let ok = Buffer::from_slice(dev.allocator(), &[1u8, 2, 3])?;
     ensure!(ok.to_vec::<u8>()? == [1, 2, 3], "after a failed allocation a small buffer reads wrong data");
     Ok(())
 }
@@ -148,7 +148,7 @@ pub fn oversized_allocation(dev: &Arc<Device>) -> Outcome {
 /// Typed host access checks the element type; the bytes themselves are reachable through
 /// `reinterpret` or the untyped transfers.
 pub fn dtype_checked_access(dev: &Arc<Device>) -> Outcome {
-    let buf = Buffer::from_slice(dev.allocator.clone(), &[1i32, -2, 3])?;
+    let buf = Buffer::from_slice(dev.allocator(), &[1i32, -2, 3])?;
     expect_err("to_vec::<f32> on an i32 buffer", buf.to_vec::<f32>(), is_buffer_error)?;
     expect_err("to_vec::<u32> on an i32 buffer", buf.to_vec::<u32>(), is_buffer_error)?;
     expect_err("to_vec::<i64> on an i32 buffer", buf.to_vec::<i64>(), is_buffer_error)?;

@@ -47,9 +47,9 @@ fn parse_error_at(what: &str, text: &str, line: usize, col: Option<usize>) -> Ou
 pub fn kernel_text(dev: &Arc<Device>) -> Outcome {
     let sink = parse_kernel(ADD_TEXT)?;
     let kernel = compile(dev, &sink, "conf_text_add")?;
-    let a = Buffer::from_slice(dev.allocator.clone(), &[1f32, 2.0, 3.0])?;
-    let b = Buffer::from_slice(dev.allocator.clone(), &[10f32, 20.0, 30.0])?;
-    let c = Buffer::from_slice(dev.allocator.clone(), &[0f32; 3])?;
+    let a = Buffer::from_slice(dev.allocator(), &[1f32, 2.0, 3.0])?;
+    let b = Buffer::from_slice(dev.allocator(), &[10f32, 20.0, 30.0])?;
+    let c = Buffer::from_slice(dev.allocator(), &[0f32; 3])?;
     kernel.launch(&[&a, &b, &c], &[3])?;
     ensure!(c.to_vec::<f32>()? == [11.0, 22.0, 33.0], "the text kernel computed {:?}", c.to_vec::<f32>()?);
 
@@ -78,7 +78,7 @@ pub fn values_fit_their_dtypes(dev: &Arc<Device>) -> Outcome {
     parse_error_at("an i32 variable with max 4294967295", &wide, 2, Some(8))?;
     let widest = ADD_TEXT.replace("DEFINE_VAR i32 \"n\" 1 64", "DEFINE_VAR i32 \"n\" 1 2147483647");
     let kernel = compile(dev, &parse_kernel(&widest)?, "conf_widest_var")?;
-    let buf = Buffer::from_slice(dev.allocator.clone(), &[0f32; 4])?;
+    let buf = Buffer::from_slice(dev.allocator().clone(), &[0f32; 4])?;
     let err = expect_err(
         "binding the i32 `n` to 3000000000",
         kernel.launch(&[&buf, &buf, &buf], &[3_000_000_000]),
@@ -103,7 +103,7 @@ pub fn values_fit_their_dtypes(dev: &Arc<Device>) -> Outcome {
         k.store(&out.at(&Val::int(j as i64)), &Val::f32(*v));
     }
     let kernel = compile(dev, &k.finish()?, "conf_special_floats")?;
-    let buf = Buffer::from_slice(dev.allocator.clone(), &[0f32; 4])?;
+    let buf = Buffer::from_slice(dev.allocator().clone(), &[0f32; 4])?;
     kernel.launch(&[&buf], &[])?;
     let got = buf.to_vec::<f32>()?;
     let same = got.iter().zip(&specials).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()));
@@ -197,8 +197,8 @@ fn checked_kernel(dev: &Device) -> Result<Kernel, Failure> {
 pub fn launch_checks(dev: &Arc<Device>) -> Outcome {
     let kernel = checked_kernel(dev)?;
     ensure!(kernel.spec.var_names == ["big", "n"], "var_names {:?}, want [big, n]", kernel.spec.var_names);
-    let a = Buffer::from_slice(dev.allocator.clone(), &(0..64).collect::<Vec<i32>>())?;
-    let out = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
+    let a = Buffer::from_slice(dev.allocator(), &(0..64).collect::<Vec<i32>>())?;
+    let out = Buffer::from_slice(dev.allocator(), &[-1f32; 64])?;
     let untouched = |what: &str| -> Outcome {
         ensure!(out.to_vec::<f32>()?.iter().all(|v| *v == -1.0), "{what}: a refused launch wrote the output");
         Ok(())
@@ -224,7 +224,7 @@ pub fn launch_checks(dev: &Arc<Device>) -> Outcome {
         untouched(what)?;
     }
 
-    let small = Buffer::from_slice(dev.allocator.clone(), &[0i32; 9])?;
+    let small = Buffer::from_slice(dev.allocator(), &[0i32; 9])?;
     let as_i32 = dev.buffer(Scalar::I32, 64)?;
     let as_f64 = dev.buffer(Scalar::F64, 64)?;
     let buffer_cases: [(&str, Vec<&Buffer>); 5] = [
@@ -257,7 +257,7 @@ pub fn oversized_work_group(dev: &Arc<Device>) -> Outcome {
     let flat = &g * local + &l;
     k.store(&out.at(&flat), &(&flat + 1));
     let kernel = compile(dev, &k.finish()?, "conf_big_group")?;
-    let buf = Buffer::from_slice(dev.allocator.clone(), &vec![0i32; 2 * local as usize])?;
+    let buf = Buffer::from_slice(dev.allocator(), &vec![0i32; 2 * local as usize])?;
     match kernel.launch(&[&buf], &[]) {
         Ok(()) => {
             let got = buf.to_vec::<i32>()?;
@@ -265,7 +265,7 @@ pub fn oversized_work_group(dev: &Arc<Device>) -> Outcome {
             ensure!(bad == 0, "a work group of {local} items ran but {bad} results are wrong");
         }
         Err(Error::Launch(m)) => {
-            println!("note: {} refuses work groups of {local}: {m}", dev.spec);
+            println!("note: {} refuses work groups of {local}: {m}", dev.spec());
             ensure!(buf.to_vec::<i32>()?.iter().all(|v| *v == 0), "a refused launch wrote the output");
         }
         Err(e) => return Err(Failure::Violation(format!("a work group of {local} items: wrong error {e:?}"))),
@@ -276,17 +276,17 @@ pub fn oversized_work_group(dev: &Arc<Device>) -> Outcome {
 /// A buffer of another device is refused at launch.
 pub fn foreign_buffer(dev: &Arc<Device>, peer: &Arc<Device>) -> Outcome {
     let kernel = checked_kernel(dev)?;
-    let a = Buffer::from_slice(peer.allocator.clone(), &[1i32; 64])?;
-    let out = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
-    if dev.spec.base_type() == peer.spec.base_type() {
+    let a = Buffer::from_slice(peer.allocator(), &[1i32; 64])?;
+    let out = Buffer::from_slice(dev.allocator(), &[-1f32; 64])?;
+    if dev.spec().base_type() == peer.spec().base_type() {
         return Ok(());
     }
     let e = expect_err(
-        &format!("a {} buffer passed to a {} kernel", peer.spec, dev.spec),
+        &format!("a {} buffer passed to a {} kernel", peer.spec(), dev.spec()),
         kernel.launch(&[&a, &out], &[1, 10]),
         |e| matches!(e, Error::Launch(_)),
     )?;
-    ensure!(e.to_string().contains(&peer.spec.to_string()), "the error does not name the buffer's device: {e}");
+    ensure!(e.to_string().contains(&peer.spec().to_string()), "the error does not name the buffer's device: {e}");
     ensure!(out.to_vec::<f32>()?.iter().all(|v| *v == -1.0), "a refused launch wrote the output");
     Ok(())
 }

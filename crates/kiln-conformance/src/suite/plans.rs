@@ -41,8 +41,7 @@ pub fn hazards(dev: &Arc<Device>) -> Outcome {
     let add1 = compile(dev, &affine(1.0, 1.0)?, "conf_add1")?;
     let mul2 = compile(dev, &affine(2.0, 0.0)?, "conf_mul2")?;
     let init: Vec<Vec<f32>> = (0..7).map(|b| (0..N).map(|i| (b * 100 + i) as f32 * 0.25).collect()).collect();
-    let bufs: Vec<Buffer> =
-        init.iter().map(|d| Buffer::from_slice(dev.allocator.clone(), d)).collect::<Result<_, _>>()?;
+    let bufs: Vec<Buffer> = init.iter().map(|d| Buffer::from_slice(dev.allocator(), d)).collect::<Result<_, _>>()?;
     let (a, b, c, d, e, f, g) = (0, 1, 2, 3, 4, 5, 6);
     let steps = [
         Step { src: a, dst: b, mul: 1.0, add: 1.0 }, // 0: b = a + 1
@@ -82,7 +81,7 @@ pub fn independent_nodes(dev: &Arc<Device>) -> Outcome {
     let pairs: Vec<(Buffer, Buffer)> = (0..6)
         .map(|p| {
             let x: Vec<f32> = (0..N).map(|i| (p * N + i) as f32).collect();
-            Ok((Buffer::from_slice(dev.allocator.clone(), &x)?, Buffer::from_slice(dev.allocator.clone(), &[0f32; N])?))
+            Ok((Buffer::from_slice(dev.allocator(), &x)?, Buffer::from_slice(dev.allocator(), &[0f32; N])?))
         })
         .collect::<Result<_, Failure>>()?;
     for (x, y) in &pairs {
@@ -127,12 +126,10 @@ pub fn independent_nodes(dev: &Arc<Device>) -> Outcome {
 pub fn cross_device_copies(dev: &Arc<Device>, peer: &Arc<Device>) -> Outcome {
     let mul2 = compile(dev, &affine(2.0, 0.0)?, "conf_mul2")?;
     let src: Vec<f32> = (0..N).map(|i| i as f32 - 3.0).collect();
-    let remote_in = Buffer::from_slice(peer.allocator.clone(), &src)?;
-    let remote_out = Buffer::from_slice(peer.allocator.clone(), &[0f32; N])?;
-    let (local_in, local_out) = (
-        Buffer::from_slice(dev.allocator.clone(), &[0f32; N])?,
-        Buffer::from_slice(dev.allocator.clone(), &[0f32; N])?,
-    );
+    let remote_in = Buffer::from_slice(peer.allocator(), &src)?;
+    let remote_out = Buffer::from_slice(peer.allocator(), &[0f32; N])?;
+    let (local_in, local_out) =
+        (Buffer::from_slice(dev.allocator(), &[0f32; N])?, Buffer::from_slice(dev.allocator(), &[0f32; N])?);
     let mut plan = plan_on(dev)?;
     plan.copy(&local_in, &remote_in)?;
     plan.exec(&mul2, &[&local_in, &local_out], &[("n", N as i64)])?;
@@ -144,7 +141,7 @@ pub fn cross_device_copies(dev: &Arc<Device>, peer: &Arc<Device>) -> Outcome {
         plan.run(&[])?;
         let want: Vec<f32> = input.iter().map(|v| v * 2.0).collect();
         let got = remote_out.to_vec::<f32>()?;
-        ensure!(got == want, "run {run}: {} -> {} -> {} gave {got:?}", peer.spec, dev.spec, peer.spec);
+        ensure!(got == want, "run {run}: {} -> {} -> {} gave {got:?}", peer.spec(), dev.spec(), peer.spec());
     }
     Ok(())
 }
@@ -155,9 +152,9 @@ pub fn replay_with_new_values(dev: &Arc<Device>) -> Outcome {
     let add1 = compile(dev, &affine(1.0, 1.0)?, "conf_add1")?;
     let inc = compile(dev, &affine_in_place(1.0, 1.0)?, "conf_inc")?;
     let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let xb = Buffer::from_slice(dev.allocator.clone(), &x)?;
-    let yb = Buffer::from_slice(dev.allocator.clone(), &[-1f32; N])?;
-    let counter = Buffer::from_slice(dev.allocator.clone(), &[0f32; N])?;
+    let xb = Buffer::from_slice(dev.allocator(), &x)?;
+    let yb = Buffer::from_slice(dev.allocator(), &[-1f32; N])?;
+    let counter = Buffer::from_slice(dev.allocator(), &[0f32; N])?;
     let mut plan = plan_on(dev)?;
     expect_err(
         "recording without binding `n`",

@@ -130,7 +130,7 @@ pub fn alu(dev: &Arc<Device>, s: Scalar) -> Outcome {
             }
         }
     }
-    bad.finish(&format!("{} ALU ops on {s}", dev.spec))
+    bad.finish(&format!("{} ALU ops on {s}", dev.spec()))
 }
 
 /// IDIV and MOD on integer dtype `s` over a table of edge cases (zero divisors, `MIN / -1`,
@@ -212,7 +212,7 @@ pub fn integer_division(dev: &Arc<Device>, s: Scalar) -> Outcome {
         check(b + 2, Op::Mod, "scalar by constant", &|_| *c);
         check(b + 3, Op::Mod, "vector by constant", &|_| *c);
     }
-    bad.finish(&format!("{} integer division edge cases on {s}", dev.spec))
+    bad.finish(&format!("{} integer division edge cases on {s}", dev.spec()))
 }
 
 /// Values worth casting from dtype `s`: zero, signs, fractions, the type's extremes and
@@ -310,7 +310,7 @@ fn cast_matrix(
             }
         }
     }
-    bad.finish(&format!("{} casts ({name})", dev.spec))
+    bad.finish(&format!("{} casts ({name})", dev.spec()))
 }
 
 /// Casts between every pair of core dtypes (Rust `as` semantics, bool as `!= 0`).
@@ -383,7 +383,7 @@ fn bitcast_group(dev: &Device, name: &str, pairs: &[(DType, DType)]) -> Outcome 
             }
         }
     }
-    bad.finish(&format!("{} bitcasts ({name})", dev.spec))
+    bad.finish(&format!("{} bitcasts ({name})", dev.spec()))
 }
 
 /// Bitcasts between same-size integer and f32 types, and between vectors and scalars.
@@ -478,7 +478,7 @@ pub fn vectors(dev: &Arc<Device>) -> Outcome {
     let i3: Vec<i32> = (0..3 * N as i32).map(|j| j * 7 - 40).collect();
     let u8s: Vec<u8> = (0..8 * N).map(|j| (j * 37 % 256) as u8).collect();
     let f5: Vec<f32> = (0..5 * N).map(|j| j as f32 * 1.25 - 9.0).collect();
-    let alloc = || dev.allocator.clone();
+    let alloc = || dev.allocator();
     let (ba, bb) = (Buffer::from_slice(alloc(), &a)?, Buffer::from_slice(alloc(), &b)?);
     let bouts: Vec<Buffer> =
         (0..6).map(|_| Buffer::from_slice(alloc(), &vec![0f32; 4 * N])).collect::<Result<_, _>>()?;
@@ -543,7 +543,7 @@ pub fn vectors(dev: &Arc<Device>) -> Outcome {
             bad.push(format!("f32x5 ADD element {j}: {g} want {}", f5[j] + f5[j]));
         }
     }
-    bad.finish(&format!("{} vector ops", dev.spec))
+    bad.finish(&format!("{} vector ops", dev.spec()))
 }
 
 /// Symbolic sizes: buffer lengths, launch extents and loop bounds that are expressions over
@@ -582,13 +582,13 @@ pub fn variables(dev: &Arc<Device>) -> Outcome {
     ensure!(names == &["m", "n", "z"], "var_names {names:?}, want [m, n, z] (sorted by name)");
 
     let data: Vec<f32> = (0..64).map(|v| v as f32 * 0.5 + 1.0).collect();
-    let xb = Buffer::from_slice(dev.allocator.clone(), &data)?;
+    let xb = Buffer::from_slice(dev.allocator(), &data)?;
     let mut bad = Mismatches::new();
     for (mv, nv, zv) in [(3i64, 5i64, 0i64), (2, 17, 3), (8, 64, 4), (1, 1, 0)] {
-        let ob = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
-        let gb = Buffer::from_slice(dev.allocator.clone(), &[-1i32; 512])?;
-        let sb = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
-        let zb = Buffer::from_slice(dev.allocator.clone(), &[-1f32; 64])?;
+        let ob = Buffer::from_slice(dev.allocator(), &[-1f32; 64])?;
+        let gb = Buffer::from_slice(dev.allocator(), &[-1i32; 512])?;
+        let sb = Buffer::from_slice(dev.allocator(), &[-1f32; 64])?;
+        let zb = Buffer::from_slice(dev.allocator(), &[-1f32; 64])?;
         kernel.launch(&[&xb, &ob, &gb, &sb, &zb], &[mv, nv, zv])?;
         let (o, g, s, zs) = (ob.to_vec::<f32>()?, gb.to_vec::<i32>()?, sb.to_vec::<f32>()?, zb.to_vec::<f32>()?);
         let (mu, nu, zu) = (mv as usize, nv as usize, zv as usize);
@@ -613,7 +613,7 @@ pub fn variables(dev: &Arc<Device>) -> Outcome {
             }
         }
     }
-    bad.finish(&format!("{} symbolic sizes", dev.spec))
+    bad.finish(&format!("{} symbolic sizes", dev.spec()))
 }
 
 /// Launch indices: grouped (`gidxN` × `lidxN`, with a symbolic group count) and direct
@@ -646,7 +646,7 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
         "grouped launch dims for groups=3: {dims:?}, want global [3, 2, 1], local [4, 2, 1]"
     );
     for groups in [3i64, 8] {
-        let buf = Buffer::from_slice(dev.allocator.clone(), &vec![-1i32; (8 * g1n * l0n * l1n) as usize])?;
+        let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; (8 * g1n * l0n * l1n) as usize])?;
         grouped.launch(&[&buf], &[groups])?;
         let got = buf.to_vec::<i32>()?;
         let mut want = vec![-1i32; got.len()];
@@ -661,7 +661,7 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
     }
     let ddims = direct.spec.launch_dims(&[])?;
     ensure!(ddims.global == [5, 3, 2] && ddims.local.is_none(), "direct launch dims {ddims:?}, want [5, 3, 2] / None");
-    let buf = Buffer::from_slice(dev.allocator.clone(), &vec![-1i32; (e0 * e1 * e2) as usize])?;
+    let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; (e0 * e1 * e2) as usize])?;
     direct.launch(&[&buf], &[])?;
     for (e, g) in buf.to_vec::<i32>()?.iter().enumerate() {
         let e = e as i64;
@@ -670,7 +670,7 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
             bad.push(format!("direct: out[{e}] = {g:#x}, want {want:#x}"));
         }
     }
-    bad.finish(&format!("{} launch dims", dev.spec))
+    bad.finish(&format!("{} launch dims", dev.spec()))
 }
 
 /// Kernels launched on views: only the window changes, scalar and vector accesses see the
@@ -688,11 +688,11 @@ pub fn launch_on_views(dev: &Arc<Device>) -> Outcome {
 
     let total = 4 * N + 16;
     let data: Vec<f32> = (0..total).map(|v| v as f32 * 0.5).collect();
-    let xb = Buffer::from_slice(dev.allocator.clone(), &data)?;
+    let xb = Buffer::from_slice(dev.allocator(), &data)?;
     let mut bad = Mismatches::new();
     for (name, kernel, len, vals) in [("scalar", &scalar, N, vec![N as i64]), ("f32x4", &vector, 4 * N, vec![])] {
         for (xo, yo) in [(0usize, 0usize), (1, 3), (5, 2), (7, 9)] {
-            let yb = Buffer::from_slice(dev.allocator.clone(), &vec![-1f32; total])?;
+            let yb = Buffer::from_slice(dev.allocator(), &vec![-1f32; total])?;
             kernel.launch(&[&xb.view(xo, len)?, &yb.view(yo, len)?], &vals)?;
             let got = yb.to_vec::<f32>()?;
             for (e, g) in got.iter().enumerate() {
@@ -703,7 +703,7 @@ pub fn launch_on_views(dev: &Arc<Device>) -> Outcome {
             }
         }
     }
-    bad.finish(&format!("{} launches on views", dev.spec))
+    bad.finish(&format!("{} launches on views", dev.spec()))
 }
 
 /// Launch sizes that do not divide evenly: a direct launch over a prime number of items and a
@@ -724,7 +724,7 @@ pub fn odd_launch_sizes(dev: &Arc<Device>) -> Outcome {
     k.store(&out2.at(&flat), &(&flat + 1000));
     let grouped = compile(dev, &k.finish()?, "conf_launch_odd_local")?;
 
-    let buf = Buffer::from_slice(dev.allocator.clone(), &vec![-1i32; ITEMS])?;
+    let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; ITEMS])?;
     direct.launch(&[&buf], &[])?;
     let mut bad = Mismatches::new();
     for (e, g) in buf.to_vec::<i32>()?.iter().enumerate() {
@@ -732,14 +732,14 @@ pub fn odd_launch_sizes(dev: &Arc<Device>) -> Outcome {
             bad.push(format!("{ITEMS} direct items: out[{e}] = {g}"));
         }
     }
-    let buf2 = Buffer::from_slice(dev.allocator.clone(), &vec![-1i32; (groups * local) as usize])?;
+    let buf2 = Buffer::from_slice(dev.allocator(), &vec![-1i32; (groups * local) as usize])?;
     grouped.launch(&[&buf2], &[])?;
     for (e, g) in buf2.to_vec::<i32>()?.iter().enumerate() {
         if *g != e as i32 + 1000 {
             bad.push(format!("{groups} groups of {local}: out[{e}] = {g}"));
         }
     }
-    bad.finish(&format!("{} odd launch sizes", dev.spec))
+    bad.finish(&format!("{} odd launch sizes", dev.spec()))
 }
 
 /// One program launched from several threads at once on disjoint buffers (programs are
@@ -753,8 +753,8 @@ pub fn concurrent_launches(dev: &Arc<Device>) -> Outcome {
                 for round in 0..8 {
                     let n = 64 + 32 * t + round;
                     let x: Vec<f32> = (0..n).map(|i| (i * (t + 1)) as f32).collect();
-                    let xb = Buffer::from_slice(dev.allocator.clone(), &x)?;
-                    let yb = Buffer::from_slice(dev.allocator.clone(), &vec![0f32; n])?;
+                    let xb = Buffer::from_slice(dev.allocator(), &x)?;
+                    let yb = Buffer::from_slice(dev.allocator(), &vec![0f32; n])?;
                     kernel.launch(&[&xb, &yb], &[n as i64])?;
                     let want: Vec<f32> = x.iter().map(|v| v * 3.0 + 0.5).collect();
                     ensure!(yb.to_vec::<f32>()? == want, "thread {t} round {round}: wrong result");
@@ -792,9 +792,9 @@ pub fn gated_access(dev: &Arc<Device>) -> Outcome {
     let kernel = compile(dev, &k.finish()?, "conf_gated")?;
 
     let data: Vec<f32> = (0..N).map(|v| v as f32 + 0.5).collect();
-    let xb = Buffer::from_slice(dev.allocator.clone(), &data)?;
-    let lb = Buffer::from_slice(dev.allocator.clone(), &[7f32; N])?;
-    let sb = Buffer::from_slice(dev.allocator.clone(), &[7f32; N])?;
+    let xb = Buffer::from_slice(dev.allocator(), &data)?;
+    let lb = Buffer::from_slice(dev.allocator(), &[7f32; N])?;
+    let sb = Buffer::from_slice(dev.allocator(), &[7f32; N])?;
     kernel.launch(&[&xb, &lb, &sb], &[])?;
     let (l, s) = (lb.to_vec::<f32>()?, sb.to_vec::<f32>()?);
     let mut bad = Mismatches::new();
@@ -808,7 +808,7 @@ pub fn gated_access(dev: &Arc<Device>) -> Outcome {
             bad.push(format!("gated store at {e} (gate {open}): {} want {ws}", s[e]));
         }
     }
-    bad.finish(&format!("{} gated access", dev.spec))
+    bad.finish(&format!("{} gated access", dev.spec()))
 }
 
 #[cfg(test)]

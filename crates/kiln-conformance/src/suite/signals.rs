@@ -101,7 +101,8 @@ pub fn failure_propagation(dev: &Arc<Device>) -> Outcome {
     s.set(2);
     let current = [waiter(&s, 3), waiter(&s, 5)];
     s.fail(Error::Invalid("producer broke".into()));
-    let is_failed = |e: &Error| matches!(e, Error::SignalFailed(m) if m.contains("producer broke"));
+    let is_failed =
+        |e: &Error| matches!(e, Error::SignalFailed(c) if matches!(&**c, Error::Invalid(m) if m == "producer broke"));
     for (h, t) in current.into_iter().zip([3, 5]) {
         let (r, _) = join(h, &format!("wait({t})"))?;
         expect_err(&format!("a wait({t}) pending when the signal failed"), r, is_failed)?;

@@ -95,7 +95,7 @@ struct FailingProgram;
 
 impl Program for FailingProgram {
     unsafe fn execute(&self, _: &[RawView], _: &[i64], _: &LaunchDims) -> Result<()> {
-        Err(Error::Driver { backend: "mock", message: "the kernel trapped".into() })
+        Err(Error::driver("mock", "the kernel trapped"))
     }
 
     fn name(&self) -> &str {
@@ -364,7 +364,7 @@ struct FlakyProgram {
 impl Program for FlakyProgram {
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
         if self.armed.load(Ordering::Acquire) {
-            return Err(Error::Driver { backend: "mock", message: "the kernel trapped".into() });
+            return Err(Error::driver("mock", "the kernel trapped"));
         }
         // SAFETY: forwarded from this function's contract.
         unsafe { AffineProgram { mul: 1.0, add: 1.0 }.execute(bufs, vals, launch) }
@@ -397,7 +397,10 @@ fn a_failing_node_fails_the_run_and_nothing_hangs() {
         let pairs = || p.timeline().iter().zip(&timeline);
         assert!(pairs().all(|(now, before)| now >= before) && pairs().any(|(now, before)| now > before));
         timeline = p.timeline().to_vec();
-        assert!(matches!(&err, Error::Driver { backend: "mock", message } if message == "the kernel trapped"), "{err}");
+        assert!(
+            matches!(&err, Error::Driver { backend: "mock", message, .. } if message == "the kernel trapped"),
+            "{err}"
+        );
     }
     // Disarmed, the same plan runs to completion on fresh signals.
     flaky.armed.store(false, Ordering::Release);
@@ -488,19 +491,8 @@ mod cpu_backend {
             }
             Err(e) => panic!("the CPU device does not open: {e}"),
         };
-        if d.queues.is_some() {
-            return Some(d);
-        }
-        let d = Device::new(
-            d.spec.clone(),
-            d.description.clone(),
-            d.allocator.clone(),
-            d.compilers.clone(),
-            d.runtime.clone(),
-        )
-        .expect("device")
-        .with_queues(queue_factory());
-        Some(Arc::new(d))
+        assert!(d.queues().is_some(), "the CPU device has queues");
+        Some(d)
     }
 
     /// `y[i] = x[i] * mul + add` for `i < n`.
@@ -535,7 +527,7 @@ mod cpu_backend {
         const N: usize = 256;
         let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
         let make = || -> Vec<Buffer> {
-            let mut v = vec![Buffer::from_slice(dev.allocator.clone(), &x).expect("buffer")];
+            let mut v = vec![Buffer::from_slice(dev.allocator(), &x).expect("buffer")];
             v.extend((0..5).map(|_| dev.buffer(Scalar::F32, N).expect("buffer")));
             v
         };
@@ -613,9 +605,8 @@ mod opencl_backend {
         let (double, inc) = (k(2.0, 0.0, "double"), k(1.0, 1.0, "inc"));
         const N: usize = 128;
         let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
-        let make = || -> Vec<Buffer> {
-            (0..4).map(|_| Buffer::from_slice(dev.allocator.clone(), &x).expect("buffer")).collect()
-        };
+        let make =
+            || -> Vec<Buffer> { (0..4).map(|_| Buffer::from_slice(dev.allocator(), &x).expect("buffer")).collect() };
         let (expected, actual) = (make(), make());
         let mut p = ExecutionPlan::with_options(&dev, PlanOptions { compute_queues: 2, ..PlanOptions::default() })
             .expect("plan");

@@ -233,7 +233,7 @@ mod tests {
                 }
                 Err(e) => panic!("{name}: {e}"),
             };
-            let buf = |v: &[f32]| Buffer::from_slice(dev.allocator.clone(), v).unwrap();
+            let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
             let (ba, bb, bp) = (buf(&a), buf(&b), buf(&vec![0f32; n * n]));
             dev.compile(&pack_b_f32(axis, n).unwrap(), Some("pack_b")).unwrap().launch(&[&bb, &bp], &[]).unwrap();
             for (shape, sink) in [("strip", matmul_f32(axis, n)), ("tile", matmul_tile_f32(n))] {

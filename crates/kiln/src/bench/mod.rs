@@ -64,6 +64,7 @@ pub const ENTRIES: &[&str] = &[
     "cache_mem_hit",
     "cache_disk_hit",
     "alloc_cached",
+    "device_reset",
 ];
 
 /// Median, min and max of one series, in the entry's unit.
@@ -184,7 +185,7 @@ struct Bench {
 
 impl Bench {
     fn axis(&self) -> kernels::Axis {
-        if self.device.spec == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
+        if *self.device.spec() == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
     }
 
     fn compile<E: Into<kiln_device::Error>>(&self, sink: Result<Arc<UOp>, E>, name: &str) -> Result<Kernel, CliError> {
@@ -193,7 +194,7 @@ impl Bench {
     }
 
     fn upload(&self, data: &[f32]) -> Result<Buffer, CliError> {
-        Buffer::from_slice(self.device.allocator.clone(), data).map_err(|e| kiln_err("uploading bench input", e))
+        Buffer::from_slice(self.device.allocator(), data).map_err(|e| kiln_err("uploading bench input", e))
     }
 
     fn zeros(&self, n: usize) -> Result<Buffer, CliError> {
@@ -224,6 +225,7 @@ impl Bench {
             "cache_mem_hit" => self.cache_mem_hit(),
             "cache_disk_hit" => self.cache_disk_hit(args),
             "alloc_cached" => self.alloc_cached(),
+            "device_reset" => self.device_reset(),
             other => Err(CliError::Usage(format!("unknown bench entry `{other}`"))),
         }
     }
@@ -305,7 +307,7 @@ impl Bench {
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
         let pack = self.compile(kernels::pack_b_f32(self.axis(), n), "pack_b_f32")?;
         // The CPU backend splits the 64 strips over its cores; elsewhere, one tile per item.
-        let sink = if self.device.spec == DeviceSpec::Cpu {
+        let sink = if *self.device.spec() == DeviceSpec::Cpu {
             kernels::matmul_f32(self.axis(), n)
         } else {
             kernels::matmul_tile_f32(n)
@@ -377,9 +379,12 @@ impl Bench {
         })
     }
 
-    fn queues(&self) -> Result<&Arc<dyn kiln_device::DynQueueFactory>, CliError> {
-        self.device.queues.as_ref().ok_or_else(|| {
-            kiln_err("queue benchmarks", kiln_device::Error::Unavailable(format!("{} has no queues", self.device.spec)))
+    fn queues(&self) -> Result<Arc<dyn kiln_device::DynQueueFactory>, CliError> {
+        self.device.queues().ok_or_else(|| {
+            kiln_err(
+                "queue benchmarks",
+                kiln_device::Error::Unavailable(format!("{} has no queues", self.device.spec())),
+            )
         })
     }
 
@@ -546,7 +551,7 @@ impl Bench {
             let spec =
                 self.device.renderer().render(&sink, Some("compile_cold")).map_err(|e| kiln_err("rendering", e))?;
             let compiled = self.device.compiler().compile(&spec).map_err(|e| kiln_err("compiling", e))?;
-            let program = (self.device.runtime)(&compiled).map_err(|e| kiln_err("loading", e))?;
+            let program = (self.device.runtime())(&compiled).map_err(|e| kiln_err("loading", e))?;
             samples.push(t.elapsed().as_secs_f64() * 1e3);
             let k = Kernel { spec: compiled.spec.clone(), program };
             let x = self.upload(&[1.0, 2.0])?;
@@ -594,6 +599,49 @@ impl Bench {
         Ok(BenchResult {
             name: "cache_mem_hit",
             unit: "µs",
+            higher_is_better: false,
+            verified: true,
+            kiln: Stats::of(samples)?,
+            baseline: None,
+            baseline_name: "",
+        })
+    }
+
+    /// `Device::reset` and 10 cached kernels running again (reloaded without compiling),
+    /// each verified; runs last, since it ends the generation of everything made before.
+    fn device_reset(&self) -> Result<BenchResult, CliError> {
+        let sinks = (1..=10)
+            .map(|c| add_const_kernel(c as f32))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| kiln_err("building the reset kernels", e.into()))?;
+        for s in &sinks {
+            self.device.compile(s, Some("reset_probe")).map_err(|e| kiln_err("compiling", e))?;
+        }
+        let before = self.device.cache().stats();
+        let mut samples = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            let t = Instant::now();
+            self.device.reset().map_err(|e| kiln_err("resetting the device", e))?;
+            let mut outs = Vec::with_capacity(sinks.len());
+            for s in &sinks {
+                let k = self.device.compile(s, Some("reset_probe")).map_err(|e| kiln_err("compiling", e))?;
+                let x = self.upload(&[1.0, 2.0])?;
+                self.launch(&k, &[&x])?;
+                outs.push(x);
+            }
+            samples.push(t.elapsed().as_secs_f64() * 1e3);
+            for (c, x) in (1..).zip(&outs) {
+                if self.read(x)? != [1.0 + c as f32, 2.0 + c as f32] {
+                    return Err(wrong("device_reset", format!("kernel {c} computed a wrong result after the reset")));
+                }
+            }
+        }
+        if self.device.cache().stats().misses != before.misses {
+            return Err(wrong("device_reset", "a kernel was compiled again after the reset".into()));
+        }
+        Ok(BenchResult {
+            name: "device_reset",
+            unit: "ms",
             higher_is_better: false,
             verified: true,
             kiln: Stats::of(samples)?,
@@ -652,7 +700,7 @@ impl Bench {
 
     /// A cached allocation and free of a 64 KiB block through the device's allocator.
     fn alloc_cached(&self) -> Result<BenchResult, CliError> {
-        let alloc = &self.device.allocator;
+        let alloc = &self.device.allocator();
         let bytes = 64 << 10;
         let warm = alloc.alloc(bytes).map_err(|e| kiln_err("allocating", e))?;
         // SAFETY: `warm` was just allocated with this size and is not used again.
@@ -710,7 +758,7 @@ fn disk_hit_child(device: &Device) -> Result<String, CliError> {
     let k = device.compile(&sink, Some("disk_probe")).map_err(|e| kiln_err("compiling", e))?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let stats = device.cache().stats();
-    let x = Buffer::from_slice(device.allocator.clone(), &[1.0f32, 2.0]).map_err(|e| kiln_err("uploading", e))?;
+    let x = Buffer::from_slice(device.allocator(), &[1.0f32, 2.0]).map_err(|e| kiln_err("uploading", e))?;
     k.launch(&[&x], &[]).map_err(|e| kiln_err("running", e))?;
     if x.to_vec::<f32>().map_err(|e| kiln_err("reading", e))? != [8.0, 9.0] {
         return Err(wrong("cache_disk_hit", "the kernel loaded from disk computed a wrong result".into()));
@@ -763,7 +811,7 @@ fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<String, CliEr
 }
 
 fn to_table(device: &Device, results: &[BenchResult]) -> String {
-    let mut s = format!("kiln bench on {} ({})\n\n", device.spec, device.description);
+    let mut s = format!("kiln bench on {} ({})\n\n", device.spec(), device.description());
     let _ = writeln!(
         s,
         "{:<24} {:>8} {:>10} {:>10} {:>10}   {:>10} {:>10} {:>10} {:>7}  baseline",

@@ -1,0 +1,461 @@
+//! The stream-queue skeleton of GPU-like backends (OpenCL in-order queues, CUDA streams).
+//!
+//! [`StreamQueue`] implements [`HardwareQueue`] over a small trait of native operations,
+//! [`StreamOps`]: enqueue a kernel, enqueue a copy, record an event, make the stream wait on
+//! an event; [`BackendEvent`] queries and waits on events. Everything else lives here once:
+//! recording with argument checks, submit, holding what submitted commands use until they
+//! completed (in-flight retirement), host steps on a helper thread, and failure propagation.
+//! Its signals are [`RingSignal`]s of the backend's event, so an event is recorded once and a
+//! waiting stream finds it with [`RingSignal::event_for`].
+//!
+//! How each command is enqueued:
+//! - `exec`: [`StreamOps::enqueue_kernel`] (arguments were checked when recorded).
+//! - `copy`: [`StreamOps::enqueue_copy`]; when the backend cannot copy natively (another
+//!   device), a host step stages it through host memory once every earlier command finished.
+//! - `wait`: [`StreamOps::wait_event`] on the signal's event for the value; a host step when
+//!   no event covers the value yet, the stream cannot wait on it (another context), or the
+//!   signal is of another type ([`StreamQueue::wait_foreign`]).
+//! - `signal`: [`StreamOps::record_event`] after every earlier command, recorded into the
+//!   signal: the timeline reaches the value when the event completes.
+//! - `memory_barrier`: [`StreamOps::barrier`].
+//!
+//! # Host steps
+//! A host step (a host-side wait, a staged copy) hands the rest of the batch, and every batch
+//! submitted after it, to the queue's helper thread: it performs the step, then enqueues what
+//! follows, in order, until the next host step or until nothing is left. `submit` therefore
+//! never blocks.
+//!
+//! # Failure
+//! As the [`crate::queue`] contract says: a failed host step fails the queue (nothing behind
+//! it runs, every signal behind it fails with the error, later submits return
+//! [`Error::QueueFailed`]); a submit refused part-way by the driver returns the error and
+//! fails the batch's signals that were not recorded, and the queue stays usable.
+//!
+//! Buffers and kernels of submitted commands are held until the commands finish. Dropping a
+//! queue waits for its enqueued work; a helper thread still waiting on a signal keeps the
+//! queue's resources alive until that signal is reached or failed.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kiln_ir::DeviceSpec;
+
+use crate::buffer::{Buffer, RawView};
+use crate::device::Kernel;
+use crate::error::{Error, Result};
+use crate::program::LaunchDims;
+use crate::queue::{CommandTimer, HardwareQueue};
+use crate::ring::{BackendEvent, RingSignal};
+use crate::signal::TimelineSignal;
+
+/// The native operations of one in-order stream. Called with the queue's lock held, from
+/// the submitting thread or the queue's helper thread, one at a time.
+pub trait StreamOps: Send + 'static {
+    /// The device event (`cl_event`, `CUevent`).
+    type Event: BackendEvent;
+
+    fn device(&self) -> &DeviceSpec;
+
+    /// Refuses, at record time, a kernel this stream cannot launch (another backend's
+    /// program, a program loaded for another device or context): [`Error::Launch`].
+    fn check_kernel(&self, kernel: &Kernel) -> Result<()>;
+
+    /// Enqueues one launch over `views` (checked live memory of this device, held until the
+    /// launch completes). With a `timer`, reports the launch's device times to it.
+    fn enqueue_kernel(
+        &mut self,
+        kernel: &Kernel,
+        views: &[RawView],
+        vals: &[i64],
+        dims: &LaunchDims,
+        timer: Option<&Arc<dyn CommandTimer>>,
+    ) -> Result<()>;
+
+    /// Enqueues `dst <- src` (equal sizes, not overlapping, at least one on this device) if
+    /// the stream can copy between them natively; `Ok(false)` when it cannot (the skeleton
+    /// then stages the copy through the host). With a `timer`, reports the copy's times.
+    fn enqueue_copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>) -> Result<bool>;
+
+    /// An event that completes when every command enqueued so far has finished.
+    fn record_event(&mut self) -> Result<Self::Event>;
+
+    /// Makes later commands wait on the device for `event`; `Ok(false)` when this stream
+    /// cannot wait on it natively (an event of another context): the skeleton waits on the
+    /// host instead.
+    fn wait_event(&mut self, event: &Self::Event) -> Result<bool>;
+
+    /// Orders every later command after every earlier write.
+    fn barrier(&mut self) -> Result<()>;
+
+    /// Hands enqueued commands to the device without waiting (`clFlush`; a no-op in CUDA).
+    fn flush(&mut self) -> Result<()>;
+
+    /// Blocks until every enqueued command finished (used when the queue is dropped).
+    fn synchronize(&mut self) -> Result<()>;
+}
+
+/// A command held until it is enqueued.
+enum Command<E: BackendEvent> {
+    Wait(Arc<dyn TimelineSignal>, u64),
+    Signal(Arc<RingSignal<E>>, u64),
+    Exec {
+        kernel: Kernel,
+        bufs: Vec<Buffer>,
+        views: Vec<RawView>,
+        vals: Vec<i64>,
+        dims: LaunchDims,
+        timer: Option<Arc<dyn CommandTimer>>,
+    },
+    Copy {
+        dst: Buffer,
+        src: Buffer,
+        timer: Option<Arc<dyn CommandTimer>>,
+    },
+    Barrier,
+}
+
+/// Work the host does between two device commands.
+enum HostStep<E> {
+    Wait(Arc<dyn TimelineSignal>, u64),
+    /// Once `after` (an event after everything before) completes: `dst.copy_from(src)`.
+    Copy {
+        after: E,
+        dst: Buffer,
+        src: Buffer,
+        timer: Option<Arc<dyn CommandTimer>>,
+    },
+}
+
+impl<E: BackendEvent> HostStep<E> {
+    /// Performs the step, blocking the calling (helper) thread.
+    fn run(self) -> Result<()> {
+        match self {
+            HostStep::Wait(signal, value) => signal.wait(value, Duration::MAX),
+            HostStep::Copy { after, dst, src, timer } => {
+                after.wait()?;
+                let start = Instant::now();
+                dst.copy_from(&src)?;
+                if let Some(t) = timer {
+                    let end = Instant::now();
+                    t.measured(Box::new(move || Ok((start, end))));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What submitted commands still use, released when `until` completes.
+struct InFlight<E> {
+    until: E,
+    _buffers: Vec<Buffer>,
+    _kernels: Vec<Kernel>,
+}
+
+/// Fails the signals among `commands` (which will never run) with `error`.
+fn fail_signals<E: BackendEvent>(commands: impl IntoIterator<Item = Command<E>>, error: &Error) {
+    for cmd in commands {
+        if let Command::Signal(s, _) = cmd {
+            s.fail(error.clone());
+        }
+    }
+}
+
+/// The device side of a queue, shared with its helper thread.
+struct Inner<B: StreamOps> {
+    ops: B,
+    in_flight: VecDeque<InFlight<B::Event>>,
+    /// `Some` while the helper thread runs: the commands it enqueues after its current step.
+    deferred: Option<VecDeque<Command<B::Event>>>,
+    /// Sticky: the error of a failed host step.
+    failure: Option<Error>,
+}
+
+impl<B: StreamOps> Drop for Inner<B> {
+    fn drop(&mut self) {
+        // Held buffers (dropped after this) must outlive the commands using them.
+        let _ = self.ops.synchronize();
+    }
+}
+
+impl<B: StreamOps> Inner<B> {
+    /// Drops what completed commands held.
+    fn retire(&mut self) {
+        while self.in_flight.front().is_some_and(|f| !matches!(f.until.is_complete(), Ok(false))) {
+            self.in_flight.pop_front();
+        }
+    }
+
+    /// Enqueues `commands` in order until they run out (`Ok(None)`) or one needs the host
+    /// (`Ok(Some(step))`, the commands after it stay in `commands`). On an error the failing
+    /// command is consumed and the rest stay in `commands`.
+    fn run(&mut self, commands: &mut VecDeque<Command<B::Event>>) -> Result<Option<HostStep<B::Event>>> {
+        let mut buffers = Vec::new();
+        let mut kernels = Vec::new();
+        let mut outcome = Ok(None);
+        while let Some(cmd) = commands.pop_front() {
+            let step = match cmd {
+                Command::Wait(s, v) => self.wait(s, v),
+                Command::Signal(s, v) => self.ops.record_event().and_then(|e| s.record(v, e)).map(|()| None),
+                Command::Exec { kernel, bufs, views, vals, dims, timer } => {
+                    let r = self.ops.enqueue_kernel(&kernel, &views, &vals, &dims, timer.as_ref());
+                    kernels.push(kernel);
+                    buffers.extend(bufs);
+                    r.map(|()| None)
+                }
+                Command::Copy { dst, src, timer } => {
+                    let r = match self.ops.enqueue_copy(&dst, &src, timer.as_ref()) {
+                        Ok(true) => Ok(None),
+                        Ok(false) => self
+                            .ops
+                            .record_event()
+                            .map(|after| Some(HostStep::Copy { after, dst: dst.clone(), src: src.clone(), timer })),
+                        Err(e) => Err(e),
+                    };
+                    buffers.extend([dst, src]);
+                    r
+                }
+                Command::Barrier => self.ops.barrier().map(|()| None),
+            };
+            match step {
+                Ok(None) => {}
+                other => {
+                    outcome = other;
+                    break;
+                }
+            }
+        }
+        if !buffers.is_empty() || !kernels.is_empty() {
+            match self.ops.record_event() {
+                Ok(until) => self.in_flight.push_back(InFlight { until, _buffers: buffers, _kernels: kernels }),
+                Err(e) => {
+                    // Without an event, hold the resources until the stream is idle.
+                    let _ = self.ops.synchronize();
+                    outcome = outcome.and(Err(e));
+                }
+            }
+        }
+        self.ops.flush()?;
+        outcome
+    }
+
+    fn wait(&mut self, signal: Arc<dyn TimelineSignal>, value: u64) -> Result<Option<HostStep<B::Event>>> {
+        let event = signal.as_any().downcast_ref::<RingSignal<B::Event>>().and_then(|s| s.event_for(value));
+        if let Some(e) = event
+            && self.ops.wait_event(&e)?
+        {
+            return Ok(None);
+        }
+        if signal.is_reached(value) {
+            return Ok(None);
+        }
+        Ok(Some(HostStep::Wait(signal, value)))
+    }
+}
+
+/// Locks the shared state; no code panics while holding it, so a poisoned lock is consistent.
+fn lock<B: StreamOps>(inner: &Mutex<Inner<B>>) -> MutexGuard<'_, Inner<B>> {
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The helper thread: performs `step`, then enqueues the deferred commands up to the next
+/// host step, until none are left or a step fails (which fails the queue).
+fn helper<B: StreamOps>(inner: Arc<Mutex<Inner<B>>>, mut step: HostStep<B::Event>) {
+    loop {
+        let result = step.run();
+        let mut g = lock(&inner);
+        let mut commands = g.deferred.take().unwrap_or_default();
+        let next = result.and_then(|()| g.run(&mut commands));
+        match next {
+            Ok(None) => return,
+            Ok(Some(s)) => {
+                g.deferred = Some(commands);
+                step = s;
+            }
+            Err(e) => {
+                fail_signals(commands, &e);
+                g.failure = Some(e);
+                return;
+            }
+        }
+    }
+}
+
+/// An in-order hardware queue over a backend's native stream (see the module docs).
+pub struct StreamQueue<B: StreamOps> {
+    spec: DeviceSpec,
+    inner: Arc<Mutex<Inner<B>>>,
+    batch: Vec<Command<B::Event>>,
+    /// The first recording error of the batch; `submit` returns it and submits nothing.
+    error: Option<Error>,
+}
+
+impl<B: StreamOps> std::fmt::Debug for StreamQueue<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StreamQueue(on {}, {} recorded)", self.spec, self.batch.len())
+    }
+}
+
+impl<B: StreamOps> StreamQueue<B> {
+    pub fn new(ops: B) -> StreamQueue<B> {
+        let spec = ops.device().clone();
+        let inner = Inner { ops, in_flight: VecDeque::new(), deferred: None, failure: None };
+        StreamQueue { spec, inner: Arc::new(Mutex::new(inner)), batch: Vec::new(), error: None }
+    }
+
+    fn record(&mut self, command: Result<Command<B::Event>>) -> &mut Self {
+        if self.error.is_none() {
+            match command {
+                Ok(c) => self.batch.push(c),
+                Err(e) => self.error = Some(e),
+            }
+        }
+        self
+    }
+
+    /// Like [`HardwareQueue::wait`] for a signal of any type (a CPU signal, another
+    /// backend's): a host step (see the module docs).
+    pub fn wait_foreign(&mut self, signal: &Arc<dyn TimelineSignal>, value: u64) -> &mut Self {
+        self.record(Ok(Command::Wait(signal.clone(), value)))
+    }
+
+    fn exec_command(
+        &self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: Option<Arc<dyn CommandTimer>>,
+    ) -> Result<Command<B::Event>> {
+        lock(&self.inner).ops.check_kernel(kernel)?;
+        if let Some(b) = bufs.iter().find(|b| b.device() != &self.spec) {
+            return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.spec)));
+        }
+        let (views, dims) = kernel.check(bufs, vals)?;
+        Ok(Command::Exec {
+            kernel: kernel.clone(),
+            bufs: bufs.iter().map(|b| (*b).clone()).collect(),
+            views,
+            vals: vals.to_vec(),
+            dims,
+            timer,
+        })
+    }
+
+    fn copy_command(
+        &self,
+        dst: &Buffer,
+        src: &Buffer,
+        timer: Option<Arc<dyn CommandTimer>>,
+    ) -> Result<Command<B::Event>> {
+        if dst.nbytes() != src.nbytes() {
+            Err(Error::Buffer(format!("copy of {} bytes into a buffer of {} bytes", src.nbytes(), dst.nbytes())))
+        } else if dst.overlaps(src) {
+            Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
+        } else if dst.device() != &self.spec && src.device() != &self.spec {
+            Err(Error::Buffer(format!("a queue on {} copies only to or from its device", self.spec)))
+        } else {
+            Ok(Command::Copy { dst: dst.clone(), src: src.clone(), timer })
+        }
+    }
+}
+
+impl<B: StreamOps> HardwareQueue for StreamQueue<B> {
+    type Signal = RingSignal<B::Event>;
+
+    fn wait(&mut self, signal: &Arc<Self::Signal>, value: u64) -> &mut Self {
+        let s: Arc<dyn TimelineSignal> = signal.clone();
+        self.record(Ok(Command::Wait(s, value)))
+    }
+
+    fn signal(&mut self, signal: &Arc<Self::Signal>, value: u64) -> &mut Self {
+        self.record(Ok(Command::Signal(signal.clone(), value)))
+    }
+
+    /// Checks the kernel (a program this stream can launch), the buffers (this device,
+    /// dtype, size) and `vals` now, allocating lazily allocated buffers.
+    fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
+        let cmd = self.exec_command(kernel, bufs, vals, None);
+        self.record(cmd)
+    }
+
+    /// Reports the kernel's device times (see [`StreamOps::enqueue_kernel`]).
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        let cmd = self.exec_command(kernel, bufs, vals, Some(timer.clone()));
+        self.record(cmd)
+    }
+
+    /// Either side may be on another device or the host; sizes must match and windows of
+    /// one buffer must not overlap.
+    fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
+        let cmd = self.copy_command(dst, src, None);
+        self.record(cmd)
+    }
+
+    /// Reports the copy's device times, or its host times when it is staged through the host.
+    fn copy_timed(&mut self, dst: &Buffer, src: &Buffer, timer: &Arc<dyn CommandTimer>) -> &mut Self {
+        let cmd = self.copy_command(dst, src, Some(timer.clone()));
+        self.record(cmd)
+    }
+
+    fn memory_barrier(&mut self) -> &mut Self {
+        self.record(Ok(Command::Barrier))
+    }
+
+    fn reject(&mut self, error: Error) -> &mut Self {
+        self.record(Err(error))
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        let mut g = lock(&self.inner);
+        if let Some(cause) = g.failure.clone() {
+            let e = Error::QueueFailed { device: self.spec.to_string(), cause: Arc::new(cause) };
+            fail_signals(batch, &e);
+            return Err(e);
+        }
+        g.retire();
+        if let Some(deferred) = g.deferred.as_mut() {
+            deferred.extend(batch);
+            return Ok(());
+        }
+        let mut commands: VecDeque<Command<B::Event>> = batch.into();
+        match g.run(&mut commands) {
+            Ok(None) => Ok(()),
+            Ok(Some(step)) => {
+                g.deferred = Some(commands);
+                let inner = self.inner.clone();
+                let name = format!("kiln-{}-queue", self.spec.base_type().to_ascii_lowercase());
+                let spawned = std::thread::Builder::new().name(name).spawn(move || helper(inner, step));
+                if let Err(e) = spawned {
+                    let e = Error::driver("kiln", format!("cannot start the queue's helper thread: {e}"));
+                    fail_signals(g.deferred.take().unwrap_or_default(), &e);
+                    return Err(e);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                fail_signals(commands, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The error that failed this queue, if a host step failed.
+    fn failure(&self) -> Option<Error> {
+        lock(&self.inner).failure.clone()
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.spec
+    }
+}
