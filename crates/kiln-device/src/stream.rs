@@ -57,9 +57,10 @@ pub trait StreamOps: Send + 'static {
 
     fn device(&self) -> &DeviceSpec;
 
-    /// Refuses, at record time, a kernel this stream cannot launch (another backend's
-    /// program, a program loaded for another device or context): [`Error::Launch`].
-    fn check_kernel(&self, kernel: &Kernel) -> Result<()>;
+    /// Refuses, at record time, a launch this stream cannot make (another backend's program,
+    /// a program loaded for another device or context, launch sizes beyond the device's
+    /// limits): [`Error::Launch`]. `launch` has passed [`Kernel::check`].
+    fn check_kernel(&self, kernel: &Kernel, launch: &LaunchDims) -> Result<()>;
 
     /// Enqueues one launch over `views` (checked live memory of this device, held until the
     /// launch completes). With a `timer`, reports the launch's device times to it.
@@ -327,11 +328,11 @@ impl<B: StreamOps> StreamQueue<B> {
         vals: &[i64],
         timer: Option<Arc<dyn CommandTimer>>,
     ) -> Result<Command<B::Event>> {
-        lock(&self.inner).ops.check_kernel(kernel)?;
         if let Some(b) = bufs.iter().find(|b| b.device() != &self.spec) {
             return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.spec)));
         }
         let (views, dims) = kernel.check(bufs, vals)?;
+        lock(&self.inner).ops.check_kernel(kernel, &dims)?;
         Ok(Command::Exec {
             kernel: kernel.clone(),
             bufs: bufs.iter().map(|b| (*b).clone()).collect(),

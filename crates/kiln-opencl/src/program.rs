@@ -107,7 +107,7 @@ impl OpenClProgram {
 
     /// Global and local work sizes for `launch`, checked against this kernel's and device's
     /// limits (see [`work_sizes`]).
-    fn work_sizes(&self, launch: &LaunchDims) -> Result<([usize; 3], Option<[usize; 3]>)> {
+    pub(crate) fn work_sizes(&self, launch: &LaunchDims) -> Result<([usize; 3], Option<[usize; 3]>)> {
         let info = &self.cl.info;
         let limits = Limits {
             max_group: self.max_group,
@@ -422,6 +422,16 @@ mod tests {
                 Err(Error::Launch(m)) => assert!(m.contains(want) && m.contains("split"), "{vals:?}: {m}"),
                 other => panic!("{vals:?}: expected a launch error, got {other:?}"),
             }
+            // A queue refuses the same launch when it is recorded: `submit` returns the error
+            // and nothing of the batch reaches the driver, not even the valid launch before it.
+            let fresh = Buffer::from_slice(dev.allocator().clone(), &[0f32; 4]).unwrap();
+            let mut q = dev.queues().unwrap().create_dyn_compute_queue().unwrap();
+            let small: Vec<i64> = vals.iter().map(|_| 4).collect();
+            match q.exec(&kernel, &[&fresh], &small).exec(&kernel, &[&fresh], &vals).submit() {
+                Err(Error::Launch(m)) => assert!(m.contains(want), "queue, {vals:?}: {m}"),
+                other => panic!("queue, {vals:?}: expected a launch error, got {other:?}"),
+            }
+            assert_eq!(fresh.to_vec::<f32>().unwrap(), [0.0; 4], "{vals:?}: part of a refused batch ran");
             // The same kernel at a size the device can run still works.
             kernel.launch(&[&a], &vals.iter().map(|_| 4).collect::<Vec<_>>()).unwrap();
             assert_eq!(a.to_vec::<f32>().unwrap(), [1.0; 4]);

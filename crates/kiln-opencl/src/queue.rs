@@ -89,7 +89,7 @@ impl StreamOps for ClStream {
         &self.cl.spec
     }
 
-    fn check_kernel(&self, kernel: &Kernel) -> Result<()> {
+    fn check_kernel(&self, kernel: &Kernel, launch: &LaunchDims) -> Result<()> {
         let program = opencl_program(kernel)?;
         if !Arc::ptr_eq(program.device(), &self.cl) {
             return Err(Error::Launch(format!(
@@ -99,7 +99,7 @@ impl StreamOps for ClStream {
                 self.cl.spec
             )));
         }
-        Ok(())
+        program.work_sizes(launch).map(|_| ())
     }
 
     fn enqueue_kernel(
