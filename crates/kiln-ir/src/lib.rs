@@ -18,7 +18,7 @@ pub use builder::{Acc, IntoVal, KernelBuilder, Loop, Val};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use linearize::{MAX_LOOPS, linearize};
 pub use symbolic::{eval_int, variables};
-pub use text::{parse, parse_kernel, print};
+pub use text::{locate_node, parse, parse_kernel, print};
 pub use uop::{Arg, ContentHash, Op, UOp};
 pub use validate::validate;
 

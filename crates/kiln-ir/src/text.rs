@@ -148,6 +148,17 @@ pub fn print(root: &Arc<UOp>) -> String {
     out
 }
 
+/// Where node `%N` of the kernel in `text` is defined: its name and line, e.g. `%pc (line 12)`.
+/// `N` numbers nodes in [`print`] order of the parsed root, as validation and the bounds proof
+/// ([`crate::bounds::OutOfBounds::node`]) report them. `None` when `text` does not parse or has
+/// no such node.
+pub fn locate_node(text: &str, node: usize) -> Option<String> {
+    let parsed = parse_defs(text).ok()?;
+    let found = parsed.root.toposort().get(node)?.clone();
+    let def = &parsed.defs[*parsed.by_node.get(&Arc::as_ptr(&found))?];
+    Some(format!("{} (line {})", def.label(), def.line))
+}
+
 /// Reads a graph written in the text format and returns its root (the node on the last
 /// line). Purely syntactic: the graph is not validated (use [`parse_kernel`] for that).
 /// Every failure is an [`IrError::Parse`] pointing at the offending token; never panics.

@@ -145,7 +145,8 @@ pub fn run(args: &RunArgs) -> Result<String, CliError> {
     for (p, &len) in spec.params.iter().zip(&lens) {
         buffers.push(fill_buffer(&device, p, len, args)?);
     }
-    let profile = launch(&device, &kernel, &buffers, &vals, trace.as_ref().map(|t| t.path.as_path()))?;
+    let profile = launch(&device, &kernel, &buffers, &vals, trace.as_ref().map(|t| t.path.as_path()))
+        .map_err(|e| kernel_file.locate(e))?;
     let mut stdout = String::new();
     for (p, buf) in spec.params.iter().zip(&buffers) {
         let out_file = outs.iter().position(|(s, _)| *s == p.slot).map(|i| outs.swap_remove(i).1);

@@ -25,6 +25,8 @@ pub struct KernelFile {
     /// The entry-point name: the file stem made into a C identifier (`add.kiln` → `add`).
     pub name: String,
     pub sink: Arc<UOp>,
+    /// The file's text, to name the line of a node an error reports by number.
+    pub text: String,
 }
 
 impl KernelFile {
@@ -32,7 +34,7 @@ impl KernelFile {
     pub fn load(path: &Path) -> Result<KernelFile, CliError> {
         let text = std::fs::read_to_string(path).map_err(|e| CliError::io("cannot read kernel file", path, e))?;
         let sink = kiln_ir::parse_kernel(&text).context(|| format!("cannot parse kernel {}", path.display()))?;
-        Ok(KernelFile { path: path.to_path_buf(), name: entry_name(path), sink })
+        Ok(KernelFile { path: path.to_path_buf(), name: entry_name(path), sink, text })
     }
 
     /// Renders, compiles and loads the kernel on `device` (through the kernel cache).
@@ -43,6 +45,17 @@ impl KernelFile {
     /// Renders the kernel for `device` without compiling it.
     pub fn render(&self, device: &Device) -> Result<ProgramSpec, CliError> {
         device.renderer().render(&self.sink, Some(&self.name)).context(|| self.doing("render", device.spec()))
+    }
+
+    /// `err` with the line of the kernel file that defines the access it names, when it is an
+    /// access the bounds proof refused (the device layer numbers nodes, the user reads lines).
+    pub fn locate(&self, err: CliError) -> CliError {
+        if let CliError::Kiln { context, source: source @ kiln_device::Error::OutOfBounds { access, .. } } = &err
+            && let Some(at) = kiln_ir::locate_node(&self.text, access.node)
+        {
+            return CliError::Kiln { context: format!("{context}: the access at {at} is not proven in bounds"), source: source.clone() };
+        }
+        err
     }
 
     fn doing(&self, verb: &str, device: &DeviceSpec) -> String {

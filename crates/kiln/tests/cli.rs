@@ -682,3 +682,30 @@ fn a_cache_of_garbage_still_gives_correct_results() {
     assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
     assert_eq!(compiles(&log), 2);
 }
+
+/// Issue 9's first out-of-bounds kernel: the buffer holds 4 elements, the store runs over
+/// `idx0 < n`. Refused before it runs, naming the store's line; in bounds it runs.
+#[test]
+fn an_unproven_access_is_refused_at_its_line() {
+    let s = Scratch::new("oob");
+    let text = "\
+%n    = DEFINE_VAR i32 \"n\" 1 100
+%four = CONST i32 4
+%a    = PARAM ptr<f32> 0 (%four)
+%i    = SPECIAL i32 \"idx0\" (%n)
+%one  = CONST f32 1.0
+%p    = INDEX ptr<f32> (%a, %i)
+%st   = STORE void (%p, %one)
+SINK void (%st)
+";
+    let k = kernel_with(&s, "oob.kiln", text);
+    for dev in devices(&s) {
+        fails(
+            s.kiln(&["run", &k, "--device", &dev, "--var", "n=64"], &[]),
+            1,
+            &["%st (line 7)", "not proven in bounds", "elements 0..=63 of buffer 0, which holds 4"],
+        );
+        let out = ok(s.kiln(&["run", &k, "--device", &dev, "--var", "n=4"], &[]));
+        assert!(out.contains("[1.0, 1.0, 1.0, 1.0]"), "{dev}: {out}");
+    }
+}
