@@ -328,8 +328,10 @@ pub trait Compiler: Send + Sync {
     /// The backend name ("clang", "opencl", ...).
     fn cache_key(&self) -> &'static str;
 
-    /// Everything besides the kernel that changes the binary: compiler path and version,
-    /// flags, target. A toolchain change must change this string.
+    /// Everything besides the kernel that changes the binary: the compiler's identity (its
+    /// resolved path and the file's size, mtime and inode, or its version), flags, target. A
+    /// toolchain change must change this string, and computing it should start no process
+    /// (a warm start compiles nothing).
     fn fingerprint(&self) -> String;
 }
 
