@@ -7,8 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
-use crate::dtype::{DType, Scalar};
+use crate::dtype::{AddrSpace, DType, Scalar};
 use crate::uop::{Arg, Op, UOp};
+
+/// The most work-group local memory (DEFINE_LOCAL bytes, all arrays together) a kernel may
+/// declare: 32 KiB, the least an OpenCL device (full profile) offers and below CUDA's 48 KiB
+/// of static shared memory, so a kernel that validates fits every backend with work groups.
+pub const MAX_LOCAL_BYTES: usize = 32 * 1024;
 
 /// Checks every node reachable from `root`. Node numbers in messages are positions in
 /// `root.toposort()`, which is also the numbering the text printer uses (`%N`).
@@ -28,7 +33,25 @@ pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
         }
     }
     let mut slots: HashMap<i64, DType> = HashMap::new();
+    let mut locals: HashMap<i64, &Arc<UOp>> = HashMap::new();
+    let mut local_bytes = 0usize;
     for (i, node) in order.iter().enumerate() {
+        if node.op() == Op::DefineLocal {
+            let id = node.arg_int().unwrap_or(-1);
+            let err = |message: String| IrError::Type { node: i, op: "DEFINE_LOCAL", message };
+            if locals.insert(id, node).is_some() {
+                return Err(err(format!("local memory id {id} is declared twice with different types or sizes")));
+            }
+            let count = node.src()[0].arg_int().unwrap_or(0) as usize;
+            local_bytes =
+                local_bytes.saturating_add(count.saturating_mul(node.dtype().scalar().map_or(1, Scalar::size)));
+            if local_bytes > MAX_LOCAL_BYTES {
+                return Err(err(format!(
+                    "the kernel declares {local_bytes} bytes of local memory so far; at most {MAX_LOCAL_BYTES} are \
+                     supported: use smaller tiles"
+                )));
+            }
+        }
         if node.op() == Op::Param {
             let slot = node.arg_int().unwrap_or(-1);
             if let Some(prev) = slots.insert(slot, node.dtype())
@@ -54,6 +77,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             | Op::Special
             | Op::Range
             | Op::DefineAcc
+            | Op::DefineLocal
             | Op::Gep
             | Op::Program
             | Op::Device
@@ -79,16 +103,11 @@ fn check_node(n: &UOp) -> Result<(), String> {
         }
     };
     match n.op() {
-        Op::Sink => {
-            if dt != DType::Void {
-                return Err(format!("must be void, not {dt}"));
-            }
-            Ok(())
-        }
+        Op::Sink => void(dt),
         Op::Param => {
             count(&[1])?;
-            if !dt.is_ptr() {
-                return Err(format!("must have a pointer dtype (e.g. ptr<f32>), got {dt}"));
+            if !matches!(dt, DType::Ptr { space: AddrSpace::Global, .. }) {
+                return Err(format!("must have a global pointer dtype (e.g. ptr<f32>), got {dt}"));
             }
             match n.arg() {
                 Arg::Int(slot) if *slot >= 0 => {}
@@ -198,10 +217,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             if src.len() == 3 {
                 gate(&src[2])?;
             }
-            if dt != DType::Void {
-                return Err(format!("must be void, not {dt}"));
-            }
-            Ok(())
+            void(dt)
         }
         Op::DefineAcc => {
             if src.is_empty() {
@@ -321,6 +337,38 @@ fn check_node(n: &UOp) -> Result<(), String> {
                 a => Err(format!("lane {a} out of range for {}", src[0].dtype())),
             }
         }
+        Op::DefineLocal => {
+            count(&[1])?;
+            if !matches!(dt, DType::Ptr { space: AddrSpace::Local, .. }) {
+                return Err(format!("must have a local pointer dtype (e.g. lptr<f32>), got {dt}"));
+            }
+            match n.arg() {
+                Arg::Int(id) if *id >= 0 => {}
+                other => return Err(format!("needs an id >= 0, got {other}")),
+            }
+            match (src[0].op(), src[0].dtype(), src[0].arg()) {
+                (Op::Const, DType::Scalar(s), Arg::Int(v)) if s.is_int() && *v > 0 => Ok(()),
+                _ => Err("the element count must be a positive integer CONST (local memory has a static size)".into()),
+            }
+        }
+        Op::Barrier => {
+            if src.is_empty() {
+                return Err("needs the nodes it comes after (the stores it publishes)".into());
+            }
+            void(dt)
+        }
+        Op::If => {
+            if src.is_empty() || src[0].dtype() != DType::BOOL {
+                return Err("first operand must be the bool condition".into());
+            }
+            void(dt)
+        }
+        Op::EndIf => {
+            if src.is_empty() || src[0].op() != Op::If {
+                return Err("first operand must be the IF it closes".into());
+            }
+            void(dt)
+        }
         Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary => Ok(()),
         op => Err(format!("{op} is not allowed here")),
     }
@@ -340,6 +388,10 @@ fn value_type(dt: DType) -> Result<(), String> {
         DType::Scalar(_) | DType::Vector(..) => Ok(()),
         _ => Err(format!("needs a value dtype, got {dt}")),
     }
+}
+
+fn void(dt: DType) -> Result<(), String> {
+    if dt == DType::Void { Ok(()) } else { Err(format!("must be void, not {dt}")) }
 }
 
 fn gate(g: &UOp) -> Result<(), String> {

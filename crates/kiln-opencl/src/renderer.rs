@@ -16,6 +16,9 @@
 //!   needs `cl_khr_fp16`.
 //! - f64 enables `cl_khr_fp64`; a device without it refuses f64 kernels at render time.
 //! - float → integer casts use `convert_T_sat` (saturating, NaN → 0, as the core specifies).
+//! - Local memory is `__local T lmemN[len]` at kernel scope; BARRIER is
+//!   `barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`: the IR's barrier publishes global
+//!   stores within the group too, as CUDA's `__syncthreads()` does.
 
 use std::sync::Arc;
 
@@ -381,6 +384,14 @@ impl Dialect for OpenClDialect {
             }
             _ => format!("{} = {value}", at(0)),
         }
+    }
+
+    fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<String> {
+        Ok(format!("__local {} {name}[{len}]", self.memory_type(s, p)))
+    }
+
+    fn barrier(&self, _p: &mut Prelude) -> Result<String> {
+        Ok("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)".into())
     }
 }
 
