@@ -993,7 +993,7 @@ mod tests {
         }
         let e = c.at(&[5]).unwrap_err();
         let store = c.node(Op::Store);
-        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), first: 0, last: 4, len: 4 });
+        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), local: None, first: 0, last: 4, len: 4 });
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("%{store} STORE")) && msg.contains("0..=4 of buffer 0") && msg.contains("holds 4")
@@ -1184,5 +1184,50 @@ mod tests {
         assert_eq!(bounds.pending(), 1); // i < n is a relation: decided at launch
         bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[64]).unwrap();
         assert!(bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[63]).is_err());
+    }
+
+    /// `lidx0` over `items` work items stores at `%at` of 64 elements of local memory, under
+    /// the lines of `body` (which define `%at`).
+    fn local_case(items: i64, body: &str) -> Case {
+        case(&format!(
+            "%ext = CONST i32 {items}\n%l = SPECIAL i32 \"lidx0\" (%ext)\n%c64 = CONST i32 64\n\
+             %tmp = DEFINE_LOCAL lptr<f32> 0 (%c64)\n{body}\n%p = INDEX lptr<f32> (%tmp, %at)\n\
+             %one = CONST f32 1.0\n%st = STORE void (%p, %one)\nSINK void (%st)\n"
+        ))
+    }
+
+    #[test]
+    fn local_memory_accesses_are_proven_against_its_static_size() {
+        let fits = local_case(64, "%z = CONST i32 0\n%at = ADD i32 (%l, %z)");
+        assert_eq!(fits.bounds.pending(), 0, "lidx0 < 64 indexes 64 elements: proven once");
+        let over = local_case(65, "%z = CONST i32 0\n%at = ADD i32 (%l, %z)");
+        let e = over.at(&[]).unwrap_err();
+        let local = over.node(Op::DefineLocal);
+        assert_eq!((e.slot, e.local, e.first, e.last, e.len), (None, Some(local), 0, 64, 64));
+        assert!(e.to_string().contains(&format!("0..=64 of local memory %{local}, which holds 64")), "{e}");
+    }
+
+    /// The tree-reduction step `if (l < s) tmp[l] += tmp[l + s]` stays inside 64 elements:
+    /// the IF's condition narrows `l` like a gate; without the IF, `l + s` reaches 95.
+    #[test]
+    fn accesses_inside_an_if_block_are_narrowed_by_its_condition() {
+        let step = |guarded: bool| {
+            let (open, close) = if guarded {
+                ("%if = IF void (%lt)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n", "%e = ENDIF void (%if, %st)\n%end = END void (%r, %e)")
+            } else {
+                ("%t2 = AFTER lptr<f32> (%tmp, %lt)\n", "%end = END void (%r, %st)")
+            };
+            case(&format!(
+                "%c64 = CONST i32 64\n%l = SPECIAL i32 \"lidx0\" (%c64)\n%tmp = DEFINE_LOCAL lptr<f32> 0 (%c64)\n\
+                 %r = RANGE i32 0 (%c64)\n%c32 = CONST i32 32\n%s = SHR i32 (%c32, %r)\n%lt = CMPLT bool (%l, %s)\n\
+                 {open}%ls = ADD i32 (%l, %s)\n%p1 = INDEX lptr<f32> (%t2, %ls)\n%x = LOAD f32 (%p1)\n\
+                 %p0 = INDEX lptr<f32> (%t2, %l)\n%st = STORE void (%p0, %x)\n{close}\nSINK void (%end)\n"
+            ))
+        };
+        let guarded = step(true);
+        assert_eq!(guarded.bounds.pending(), 0, "proven for every launch");
+        let bare = step(false);
+        let e = bare.at(&[]).unwrap_err();
+        assert_eq!((e.op, e.last, e.len), ("LOAD", 95, 64));
     }
 }

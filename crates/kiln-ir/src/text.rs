@@ -1212,6 +1212,33 @@ mod tests {
         round_trip(&root);
     }
 
+    /// The tiled matmul example: local memory, barriers and an IF block print, parse back
+    /// to the same graph, and linearize into loops and a guarded block in program order.
+    #[test]
+    fn work_group_kernel_round_trips_and_linearizes_in_blocks() {
+        let k = parse_kernel(include_str!("../../../examples/kernels/matmul_tiled.kiln")).unwrap();
+        let text = round_trip(&k);
+        for needle in ["DEFINE_LOCAL lptr<f32> 1 (", "BARRIER void (", "IF void (", "ENDIF void ("] {
+            assert!(text.contains(needle), "{needle}\n{text}");
+        }
+        let order = linearize(&k).unwrap();
+        let blocks: Vec<&str> = order
+            .iter()
+            .map(|n| n.op())
+            .filter(|op| {
+                matches!(op, Op::DefineLocal | Op::Range | Op::End | Op::Store | Op::Barrier | Op::If | Op::EndIf)
+            })
+            .map(Op::name)
+            .collect();
+        assert_eq!(
+            blocks,
+            [
+                "DEFINE_LOCAL", "DEFINE_LOCAL", "RANGE", "STORE", "STORE", "BARRIER", "RANGE", "END", "BARRIER",
+                "END", "IF", "STORE", "ENDIF"
+            ]
+        );
+    }
+
     #[test]
     fn validate_numbering_matches_print_numbering() {
         let a = UOp::const_float(DType::F32, 1.0);

@@ -551,4 +551,87 @@ mod tests {
         let Err(IrError::Type { message, .. }) = validate(&slot) else { panic!("a named slot accepted") };
         assert!(message.ends_with("got \"x\""), "{message}");
     }
+
+    #[test]
+    fn work_group_constructs_are_checked() {
+        for (text, needle) in [
+            ("%n = CONST i32 0\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)", "must be a positive integer CONST"),
+            ("%n = DEFINE_VAR i32 \"n\" 1 8\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)", "static size"),
+            ("%n = CONST i32 4\n%t = DEFINE_LOCAL ptr<f32> 0 (%n)", "must have a local pointer dtype"),
+            ("%n = CONST i32 4\n%t = DEFINE_LOCAL lptr<f32> -1 (%n)", "needs an id >= 0"),
+            ("%n = CONST i32 8193\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)", "32772 bytes of local memory"),
+            ("%n = CONST i32 4\n%p = PARAM lptr<f32> 0 (%n)", "must have a global pointer dtype"),
+            ("%c = CONST i32 1\n%f = IF void (%c)", "first operand must be the bool condition"),
+            ("%c = CONST bool true\n%f = IF f32 (%c)", "must be void"),
+            ("%c = CONST bool true\n%e = ENDIF void (%c)", "first operand must be the IF it closes"),
+            ("%b = BARRIER void", "needs the nodes it comes after"),
+            (
+                "%n = CONST i32 4\n%m = CONST i32 8\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)\n\
+                 %u = DEFINE_LOCAL lptr<f32> 0 (%m)\nSINK void (%t, %u)",
+                "local memory id 0 is declared twice",
+            ),
+        ] {
+            let m = verdict(text).unwrap_or_else(|| panic!("{text} was accepted"));
+            assert!(m.contains(needle), "{text}: `{m}` lacks `{needle}`");
+        }
+        for text in [
+            "%n = CONST i32 8192\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)",
+            "%n = CONST u8 16\n%t = DEFINE_LOCAL lptr<f16x4> 3 (%n)",
+            "%c = CONST bool true\n%f = IF (%c)\n%e = ENDIF (%f)",
+        ] {
+            assert_eq!(verdict(text), None, "{text}");
+        }
+    }
+
+    /// Lines 7 and 8 of a [`group_kernel`]: `%is0` = `lidx0 == 0`.
+    const IS0: &str = "%z = CONST i32 0\n%is0 = CMPEQ bool (%l, %z)\n";
+
+    /// A group of 4 items; each stores 1.0 to `tmp[lidx0]`; `tail` adds lines and the SINK.
+    fn group_kernel(tail: &str) -> Result<Arc<UOp>, IrError> {
+        parse_kernel(&format!(
+            "%c4 = CONST i32 4\n%l = SPECIAL i32 \"lidx0\" (%c4)\n%tmp = DEFINE_LOCAL lptr<f32> 0 (%c4)\n\
+             %p = INDEX lptr<f32> (%tmp, %l)\n%one = CONST f32 1.0\n%st = STORE void (%p, %one)\n{tail}"
+        ))
+    }
+
+    fn structure_error(tail: &str) -> String {
+        match group_kernel(tail) {
+            Err(IrError::Structure(m)) => m,
+            other => panic!("{tail}: expected a structure error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn barriers_every_item_may_not_reach_are_refused() {
+        let m = structure_error(&format!(
+            "{IS0}%if = IF void (%is0)\n%bar = BARRIER void (%st, %if)\n%e = ENDIF void (%if, %bar)\nSINK (%e)"
+        ));
+        assert!(m.contains("BARRIER %bar (line 10) is inside IF block %if (line 9)") && m.contains("after the ENDIF"), "{m}");
+        let m = structure_error("%r = RANGE i32 0 (%l)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)");
+        assert!(m.contains("BARRIER %b (line 8) is inside loop %r (line 7) whose extent may differ"), "{m}");
+        // A barrier after the IF block, and one in a loop of a uniform extent, are fine.
+        group_kernel(&format!("{IS0}%if = IF void (%is0, %st)\n%e = ENDIF void (%if)\n%bar = BARRIER void (%e)\nSINK (%bar)"))
+            .unwrap();
+        group_kernel("%r = RANGE i32 0 (%c4)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)").unwrap();
+    }
+
+    #[test]
+    fn if_blocks_hold_straight_line_code_and_keep_their_values() {
+        let inside = "%z = CONST i32 0\n%is0 = CMPEQ bool (%l, %z)\n%if = IF void (%is0)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n%x = LOAD f32 (%p)\n\
+                      %x2 = AFTER f32 (%x, %if)\n%p2 = INDEX lptr<f32> (%t2, %z)\n%st2 = STORE void (%p2, %x2)\n\
+                      %e = ENDIF void (%if, %st2)\n";
+        let m = structure_error(&format!("{inside}%late = AFTER f32 (%x2, %e)\n%st3 = STORE void (%p, %late)\nSINK (%st, %st3)"));
+        assert!(m.contains("%late (line 16) uses a value of IF block %if (line 9) after its ENDIF"), "{m}");
+        group_kernel(&format!("{inside}SINK (%e, %st)")).unwrap();
+        let m = structure_error(&format!(
+            "{IS0}%if = IF void (%is0)\n%ext = AFTER i32 (%c4, %if)\n%r = RANGE i32 0 (%ext)\n%p2 = INDEX lptr<f32> (%tmp, %r)\n\
+             %st2 = STORE void (%p2, %one)\n%er = END void (%r, %st2)\n%e = ENDIF void (%if, %er)\nSINK (%st, %e)"
+        ));
+        assert!(m.contains("loop %r (line 11) depends on IF %if (line 9)"), "{m}");
+        let m = structure_error(&format!(
+            "{IS0}%if = IF void (%is0)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n%p2 = INDEX lptr<f32> (%t2, %z)\n\
+             %st2 = STORE void (%p2, %one)\nSINK (%st, %st2)"
+        ));
+        assert!(m.contains("IF %if (line 9) is never closed by an ENDIF"), "{m}");
+    }
 }
