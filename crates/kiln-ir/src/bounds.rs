@@ -1213,7 +1213,10 @@ mod tests {
     fn accesses_inside_an_if_block_are_narrowed_by_its_condition() {
         let step = |guarded: bool| {
             let (open, close) = if guarded {
-                ("%if = IF void (%lt)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n", "%e = ENDIF void (%if, %st)\n%end = END void (%r, %e)")
+                (
+                    "%if = IF void (%lt)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n",
+                    "%e = ENDIF void (%if, %st)\n%end = END void (%r, %e)",
+                )
             } else {
                 ("%t2 = AFTER lptr<f32> (%tmp, %lt)\n", "%end = END void (%r, %st)")
             };

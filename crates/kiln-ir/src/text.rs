@@ -1233,8 +1233,19 @@ mod tests {
         assert_eq!(
             blocks,
             [
-                "DEFINE_LOCAL", "DEFINE_LOCAL", "RANGE", "STORE", "STORE", "BARRIER", "RANGE", "END", "BARRIER",
-                "END", "IF", "STORE", "ENDIF"
+                "DEFINE_LOCAL",
+                "DEFINE_LOCAL",
+                "RANGE",
+                "STORE",
+                "STORE",
+                "BARRIER",
+                "RANGE",
+                "END",
+                "BARRIER",
+                "END",
+                "IF",
+                "STORE",
+                "ENDIF"
             ]
         );
     }

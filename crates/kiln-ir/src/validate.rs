@@ -606,12 +606,18 @@ mod tests {
         let m = structure_error(&format!(
             "{IS0}%if = IF void (%is0)\n%bar = BARRIER void (%st, %if)\n%e = ENDIF void (%if, %bar)\nSINK (%e)"
         ));
-        assert!(m.contains("BARRIER %bar (line 10) is inside IF block %if (line 9)") && m.contains("after the ENDIF"), "{m}");
-        let m = structure_error("%r = RANGE i32 0 (%l)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)");
+        assert!(
+            m.contains("BARRIER %bar (line 10) is inside IF block %if (line 9)") && m.contains("after the ENDIF"),
+            "{m}"
+        );
+        let m =
+            structure_error("%r = RANGE i32 0 (%l)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)");
         assert!(m.contains("BARRIER %b (line 8) is inside loop %r (line 7) whose extent may differ"), "{m}");
         // A barrier after the IF block, and one in a loop of a uniform extent, are fine.
-        group_kernel(&format!("{IS0}%if = IF void (%is0, %st)\n%e = ENDIF void (%if)\n%bar = BARRIER void (%e)\nSINK (%bar)"))
-            .unwrap();
+        group_kernel(&format!(
+            "{IS0}%if = IF void (%is0, %st)\n%e = ENDIF void (%if)\n%bar = BARRIER void (%e)\nSINK (%bar)"
+        ))
+        .unwrap();
         group_kernel("%r = RANGE i32 0 (%c4)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)").unwrap();
     }
 
@@ -620,7 +626,9 @@ mod tests {
         let inside = "%z = CONST i32 0\n%is0 = CMPEQ bool (%l, %z)\n%if = IF void (%is0)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n%x = LOAD f32 (%p)\n\
                       %x2 = AFTER f32 (%x, %if)\n%p2 = INDEX lptr<f32> (%t2, %z)\n%st2 = STORE void (%p2, %x2)\n\
                       %e = ENDIF void (%if, %st2)\n";
-        let m = structure_error(&format!("{inside}%late = AFTER f32 (%x2, %e)\n%st3 = STORE void (%p, %late)\nSINK (%st, %st3)"));
+        let m = structure_error(&format!(
+            "{inside}%late = AFTER f32 (%x2, %e)\n%st3 = STORE void (%p, %late)\nSINK (%st, %st3)"
+        ));
         assert!(m.contains("%late (line 16) uses a value of IF block %if (line 9) after its ENDIF"), "{m}");
         group_kernel(&format!("{inside}SINK (%e, %st)")).unwrap();
         let m = structure_error(&format!(
