@@ -1527,4 +1527,29 @@ mod tests {
         let st = |g: &Val| UOp::new(Op::Store, DType::Void, Arg::None, vec![out.at(g).0.clone(), g.0.clone()]);
         vec![st(g1), st(g2)]
     }
+
+    /// An IF block renders as a C `if` block; local memory and barriers need a dialect that
+    /// spells them (the toy one keeps the refusing defaults) and a launch with work groups.
+    #[test]
+    fn if_blocks_render_and_work_group_constructs_need_work_groups() {
+        let guarded = kiln_ir::parse_kernel(
+            "%n = CONST i32 4\n%a = PARAM ptr<i32> 0 (%n)\n%i = SPECIAL i32 \"gidx0\" (%n)\n%z = CONST i32 0\n\
+             %c = CMPNE bool (%i, %z)\n%if = IF (%c)\n%a1 = AFTER ptr<i32> (%a, %if)\n%p = INDEX ptr<i32> (%a1, %i)\n\
+             %st = STORE (%p, %i)\n%e = ENDIF (%if, %st)\nSINK (%e)",
+        )
+        .unwrap();
+        let src = render(&guarded).unwrap().src;
+        assert!(src.contains("if (alu0) {\n") && src.contains("data0[gidx0] = gidx0;"), "{src}");
+        let local = |index: &str| {
+            kiln_ir::parse_kernel(&format!(
+                "%n = CONST i32 4\n%i = SPECIAL i32 \"{index}\" (%n)\n%t = DEFINE_LOCAL lptr<i32> 0 (%n)\n\
+                 %p = INDEX lptr<i32> (%t, %i)\n%st = STORE (%p, %i)\n%b = BARRIER (%st)\nSINK (%b)"
+            ))
+            .unwrap()
+        };
+        let Err(Error::Render(m)) = render(&local("lidx0")) else { panic!("the toy dialect has no local memory") };
+        assert!(m.contains("needs a backend with work groups"), "{m}");
+        let Err(Error::Render(m)) = render(&local("idx0")) else { panic!("idx0 has no work groups") };
+        assert!(m.contains("launch with gidxN/lidxN, not idxN"), "{m}");
+    }
 }

@@ -465,6 +465,16 @@ mod tests {
     }
 
     #[test]
+    fn local_memory_barriers_and_if_blocks_are_spelled_for_opencl() {
+        let text = include_str!("../../../examples/kernels/matmul_tiled.kiln");
+        let src = render(&kiln_device::kiln_ir::parse_kernel(text).unwrap());
+        let decl = src.find("__local float lmem0[256];").expect("local memory at kernel scope");
+        assert!(decl < src.find("get_group_id").unwrap_or(0), "declared before the launch indices:\n{src}");
+        assert_eq!(src.matches("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);").count(), 2, "{src}");
+        assert!(src.contains("if (alu") && src.contains("(lmem1)["), "{src}");
+    }
+
+    #[test]
     fn f64_is_refused_without_cl_khr_fp64() {
         let mut k = KernelBuilder::new();
         let a = k.param(0, Scalar::F64, 4);
