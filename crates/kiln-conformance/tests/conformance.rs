@@ -57,7 +57,7 @@ fn run_pair(name: &str, peer: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outc
 
 macro_rules! suite {
     ($name:literal, $peer:literal) => {
-        use kiln_conformance::suite::{bounds, buffers, errors, plans, programs, queues, signals};
+        use kiln_conformance::suite::{bounds, buffers, errors, plans, programs, queues, signals, workgroups};
         use kiln_device::kiln_ir::Scalar;
 
         suite!(@single $name;
@@ -115,6 +115,10 @@ macro_rules! suite {
             launch_on_views => programs::launch_on_views,
             concurrent_launches => programs::concurrent_launches,
             gated_access => programs::gated_access,
+
+            workgroup_tiled_matmul => workgroups::tiled_matmul,
+            workgroup_two_level_reduction => workgroups::two_level_reduction,
+            workgroup_if_blocks => workgroups::if_blocks,
 
             bounds_launch_refuses_out_of_bounds => bounds::launch_refuses_out_of_bounds,
             bounds_queue_exec_refuses_out_of_bounds => bounds::queue_exec_refuses_out_of_bounds,

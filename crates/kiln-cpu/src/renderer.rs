@@ -11,6 +11,12 @@
 //! contiguous chunks (`kiln_core` runs its own), then global axes 1 and 2, then the local
 //! axes. Calls for different chunks touch disjoint iterations and may run concurrently.
 //!
+//! # Work groups
+//! The CPU backend has no work groups: a kernel with work-group local memory (DEFINE_LOCAL)
+//! or a barrier (BARRIER) is refused at render time with [`kiln_device::Error::Render`]
+//! saying so and pointing to OpenCL, which runs them (PoCL does on the CPU). IF blocks are
+//! plain C `if` blocks and run here.
+//!
 //! # Types
 //! bool is `bool` in registers and a byte (0/1) in memory; f16 is `_Float16` (arithmetic in
 //! f32, rounded per op); bf16 is its bit pattern in a `uint16_t` (arithmetic in f32 through
@@ -33,7 +39,7 @@ use kiln_device::cstyle::{
     f16_bits, round_float_bits,
 };
 use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
-use kiln_device::{ProgramSpec, Renderer, Result};
+use kiln_device::{Error, ProgramSpec, Renderer, Result};
 
 /// Bumped whenever the generated C changes: it is part of every cache key.
 const RENDERER_VERSION: u32 = 3;
@@ -744,4 +750,20 @@ impl Dialect for CpuDialect {
             _ => format!("{}[{}] = {value}", addr.base, addr.index),
         }
     }
+
+    fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<String> {
+        Err(no_work_groups("work-group local memory (DEFINE_LOCAL)"))
+    }
+
+    fn barrier(&self, _p: &mut Prelude) -> Result<String> {
+        Err(no_work_groups("a work-group barrier (BARRIER)"))
+    }
+}
+
+/// The refusal of a work-group construct (see the module docs).
+fn no_work_groups(what: &str) -> Error {
+    Error::Render(format!(
+        "the CPU backend does not run kernels with {what}: it has no work groups; \
+         run this kernel on OpenCL (e.g. `--device OPENCL:0`), which does"
+    ))
 }

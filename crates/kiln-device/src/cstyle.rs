@@ -14,6 +14,12 @@
 //!   [`Dialect::open_launch`] introduces the launch indices (the CPU opens loops there, OpenCL
 //!   reads work-item ids), then the rest of the kernel in linear order.
 //! - RANGE opens `for (ridxN = 0; ridxN < extent; ridxN++) {`; the first END naming it closes it.
+//!   IF opens `if (cond) {`; its ENDIF closes it.
+//! - DEFINE_LOCAL declares work-group local memory ([`Dialect::local_memory`], `lmemN`) at the
+//!   top of the kernel body, before the launch indices open (OpenCL C allows `__local`
+//!   declarations only at kernel function scope). BARRIER is one statement
+//!   ([`Dialect::barrier`]). Both need work groups: a kernel with direct launch indices
+//!   (`idxN`) cannot use them, and a dialect without work groups refuses them.
 //! - DEFINE_ACC declares a mutable variable before its loops. ASSIGN evaluates to its new value;
 //!   the write-back to the accumulator is deferred to the end of the enclosing block, so every
 //!   read of the accumulator inside one iteration sees the value from the iteration's start,
@@ -249,6 +255,33 @@ pub trait Dialect {
 
     /// A statement (without the final `;`) storing `value` of `dtype` at `addr`.
     fn store(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String;
+
+    /// A declaration (without the final `;`) of work-group local memory: an array `name` of
+    /// `len` elements of `s` in memory representation ([`Dialect::memory_type`]), shared by
+    /// the work items of one group and uninitialised (OpenCL `__local T name[len]`, CUDA
+    /// `__shared__ T name[len]`). Loads and stores reach it through an [`Address`] whose
+    /// space is [`AddrSpace::Local`]. The default refuses: a backend without work groups.
+    fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<String> {
+        Err(Error::Render(
+            "work-group local memory (DEFINE_LOCAL) needs a backend with work groups, which this one is not: \
+             run the kernel on OpenCL or CUDA"
+                .into(),
+        ))
+    }
+
+    /// A work-group barrier statement (without the final `;`) with BARRIER's meaning: every
+    /// work item of the group arrives before any continues, and the local and global memory
+    /// stores made before it by any item of the group are visible to every item's loads
+    /// after it (OpenCL `barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`, CUDA
+    /// `__syncthreads()`). The core never places one where only some items of a group
+    /// arrive (inside an IF block). The default refuses: a backend without work groups.
+    fn barrier(&self, _p: &mut Prelude) -> Result<String> {
+        Err(Error::Render(
+            "a work-group barrier (BARRIER) needs a backend with work groups, which this one is not: \
+             run the kernel on OpenCL or CUDA"
+                .into(),
+        ))
+    }
 }
 
 /// Renders kernels with one dialect for one device family.
@@ -312,7 +345,7 @@ fn is_reserved(name: &str) -> bool {
         return true;
     }
     const PREFIXES: &[&str] =
-        &["alu", "val", "cast", "acc", "vec", "gep", "end", "ridx", "data", "gidx", "lidx", "idx"];
+        &["alu", "val", "cast", "acc", "vec", "gep", "end", "ridx", "data", "gidx", "lidx", "idx", "lmem"];
     PREFIXES
         .iter()
         .any(|p| name.strip_prefix(p).is_some_and(|rest| rest.chars().next().is_none_or(|c| c.is_ascii_digit())))
@@ -556,7 +589,7 @@ enum Value {
     Addr(Address),
 }
 
-/// An open block: a loop (`range`) or the kernel body (`None`).
+/// An open block: a loop or an IF block (`range`: its RANGE or IF) or the kernel body (`None`).
 struct Block {
     range: Option<ContentHash>,
     /// Accumulator write-backs `(acc, value)` deferred to the end of this block.
@@ -678,7 +711,17 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
         if direct && slots.keys().any(|(k, _)| *k == 'l') {
             return Err(Error::Render("direct launch indices (idxN) cannot be mixed with local ones (lidxN)".into()));
         }
-        let hoisted = extent_closure(&specials)?;
+        if let Some(n) = linear.iter().find(|n| matches!(n.op(), Op::DefineLocal | Op::Barrier))
+            && direct
+        {
+            return Err(render_err(
+                n,
+                "work-group local memory and barriers need work groups: launch with gidxN/lidxN, not idxN",
+            ));
+        }
+        // Launch extents and local memory come before the launch indices open.
+        let mut hoisted = extent_closure(&specials)?;
+        hoisted.extend(linear.iter().filter(|n| n.op() == Op::DefineLocal).map(|n| n.content_hash()));
 
         // Carried END values are declared before their loop.
         for n in linear {
@@ -851,7 +894,27 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
                 self.values.insert(n.content_hash(), Value::Expr(name));
             }
-            Op::End => self.end(n)?,
+            Op::End | Op::EndIf => self.end(n)?,
+            Op::If => {
+                let cond = self.expr(&src[0])?;
+                self.line(format!("if ({cond}) {{"));
+                self.indent += 1;
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+            }
+            Op::DefineLocal => {
+                let (DType::Ptr { scalar, .. }, Some(len)) = (n.dtype(), src[0].arg_int()) else {
+                    return Err(render_err(n, "local memory needs a pointer dtype and a constant size"));
+                };
+                let name = self.fresh("lmem");
+                let len = usize::try_from(len).map_err(|_| render_err(n, format!("size {len} is not a size")))?;
+                let decl = self.d.local_memory(&name, scalar, len, &mut self.p)?;
+                self.line(format!("{decl};"));
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::Barrier => {
+                let stmt = self.d.barrier(&mut self.p)?;
+                self.line(format!("{stmt};"));
+            }
             Op::Index => {
                 let base = self.address(&src[0])?;
                 let idx = self.expr(&src[1])?;
@@ -1463,5 +1526,30 @@ mod tests {
     fn k_effects(out: &Val, g1: &Val, g2: &Val) -> Vec<Arc<UOp>> {
         let st = |g: &Val| UOp::new(Op::Store, DType::Void, Arg::None, vec![out.at(g).0.clone(), g.0.clone()]);
         vec![st(g1), st(g2)]
+    }
+
+    /// An IF block renders as a C `if` block; local memory and barriers need a dialect that
+    /// spells them (the toy one keeps the refusing defaults) and a launch with work groups.
+    #[test]
+    fn if_blocks_render_and_work_group_constructs_need_work_groups() {
+        let guarded = kiln_ir::parse_kernel(
+            "%n = CONST i32 4\n%a = PARAM ptr<i32> 0 (%n)\n%i = SPECIAL i32 \"gidx0\" (%n)\n%z = CONST i32 0\n\
+             %c = CMPNE bool (%i, %z)\n%if = IF (%c)\n%a1 = AFTER ptr<i32> (%a, %if)\n%p = INDEX ptr<i32> (%a1, %i)\n\
+             %st = STORE (%p, %i)\n%e = ENDIF (%if, %st)\nSINK (%e)",
+        )
+        .unwrap();
+        let src = render(&guarded).unwrap().src;
+        assert!(src.contains("if (alu0) {\n") && src.contains("data0[gidx0] = gidx0;"), "{src}");
+        let local = |index: &str| {
+            kiln_ir::parse_kernel(&format!(
+                "%n = CONST i32 4\n%i = SPECIAL i32 \"{index}\" (%n)\n%t = DEFINE_LOCAL lptr<i32> 0 (%n)\n\
+                 %p = INDEX lptr<i32> (%t, %i)\n%st = STORE (%p, %i)\n%b = BARRIER (%st)\nSINK (%b)"
+            ))
+            .unwrap()
+        };
+        let Err(Error::Render(m)) = render(&local("lidx0")) else { panic!("the toy dialect has no local memory") };
+        assert!(m.contains("needs a backend with work groups"), "{m}");
+        let Err(Error::Render(m)) = render(&local("idx0")) else { panic!("idx0 has no work groups") };
+        assert!(m.contains("launch with gidxN/lidxN, not idxN"), "{m}");
     }
 }

@@ -6,7 +6,9 @@
 //! constants, and the gate of a gated LOAD or STORE: an access only touches memory when its
 //! gate holds, so the gate's conditions (`x < e`, `x <= e`, `x == e`, NOT of these, and
 //! conjunctions with AND) narrow the intervals of the nodes they compare, and the narrowing
-//! flows into every expression built from those nodes (gate `i < n`, index `i*4 + 2`).
+//! flows into every expression built from those nodes (gate `i < n`, index `i*4 + 2`). An
+//! access inside IF blocks (one that depends on an IF and not on its ENDIF) only runs where
+//! their conditions hold, so they narrow it like a gate.
 //!
 //! # What an access touches
 //! An access goes through a chain of INDEX (and AFTER) nodes ending at a PARAM. Renderers
@@ -14,7 +16,8 @@
 //! `w`-wide access (`ptr<f32x8>`) touches `w` consecutive elements from there. So an access
 //! touches elements `[a + b, a + b + w - 1]`; it is in bounds when that lies in
 //! `[0, len)`, `len` being the slot's declared element count (the size every launch checks
-//! the buffer against).
+//! the buffer against). A chain may end at a DEFINE_LOCAL instead: work-group local memory,
+//! whose `len` is its static element count.
 //!
 //! # Integer semantics assumed
 //! ADD/SUB/MUL/NEG/SHL wrap in the node's dtype; IDIV truncates toward zero and MOD takes the
@@ -103,26 +106,32 @@ pub struct OutOfBounds {
     pub op: &'static str,
     /// The buffer slot, or `None` when the address is not an INDEX chain over a PARAM.
     pub slot: Option<usize>,
+    /// The DEFINE_LOCAL (its `%N`) when the address is an INDEX chain over local memory.
+    pub local: Option<usize>,
     /// The elements the access may touch, `first..=last` (in the buffer's scalar elements).
     pub first: i128,
     pub last: i128,
-    /// The slot's element count for this launch.
+    /// The slot's element count for this launch (local memory: its static size).
     pub len: i128,
 }
 
 impl fmt::Display for OutOfBounds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Some(slot) = self.slot else {
-            return write!(
-                f,
-                "%{} {} accesses memory through a pointer that is not an INDEX of a buffer PARAM, which cannot be proven in bounds",
-                self.node, self.op
-            );
-        };
         let span = |v: i128| if v.unsigned_abs() >= 1 << 62 { "unbounded".to_string() } else { v.to_string() };
+        let memory = match (self.slot, self.local) {
+            (Some(slot), _) => format!("buffer {slot}"),
+            (None, Some(node)) => format!("local memory %{node}"),
+            (None, None) => {
+                return write!(
+                    f,
+                    "%{} {} accesses memory through a pointer that is not an INDEX of a buffer PARAM, which cannot be proven in bounds",
+                    self.node, self.op
+                );
+            }
+        };
         write!(
             f,
-            "%{} {} may access elements {}..={} of buffer {slot}, which holds {} element(s); \
+            "%{} {} may access elements {}..={} of {memory}, which holds {} element(s); \
              bound the index (a gate such as `idx < len`, a smaller launch) or declare a larger buffer",
             self.node,
             self.op,
@@ -183,13 +192,15 @@ struct Access {
     node: usize,
     op: &'static str,
     slot: Option<usize>,
+    /// Local memory: the DEFINE_LOCAL's `%N` and its static element count.
+    local: Option<(usize, i128)>,
     width: i128,
     /// Its element offset, in [`Bounds::offsets`].
     offset: usize,
 }
 
 /// Where an access starts: the sum of the INDEX operands along its address chain, where
-/// its gate holds.
+/// its gate and the conditions of its IF blocks hold.
 #[derive(Clone, Debug)]
 struct Offset {
     terms: Vec<u32>,
@@ -198,7 +209,8 @@ struct Offset {
 
 #[derive(Clone, Debug)]
 struct Gate {
-    node: u32,
+    /// The conditions (bool nodes) that all hold when the access runs.
+    nodes: Vec<u32>,
     /// A conjunct is the constant false: the access never happens.
     never: bool,
     facts: Vec<Fact>,
@@ -346,22 +358,26 @@ impl Bounds {
 
         let mut saved = Vec::new();
         let mut offsets: Vec<Offset> = Vec::new();
-        let mut known: HashMap<(Vec<u32>, Option<u32>), usize> = HashMap::new();
+        let mut known: HashMap<(Vec<u32>, Vec<u32>), usize> = HashMap::new();
         let mut ranges: Vec<Option<Interval>> = Vec::new();
         let mut pending = Vec::new();
+        let blocks = if_blocks(&order[..kernel_nodes], &at);
         for (i, node) in order.iter().enumerate().take(kernel_nodes) {
             if !matches!(node.op(), Op::Load | Op::Store) {
                 continue;
             }
-            let (access, terms, gate) = Access::new(i, node, &at);
-            let offset = *known.entry((terms.clone(), gate.as_ref().map(at))).or_insert_with(|| {
-                let o = Offset { gate: gate.map(|g| Gate::new(&g, &at, &terms, &tape)), terms };
+            let (access, terms, mut conds) = Access::new(i, node, &at);
+            conds.extend(blocks[i].iter().map(|&f| order[f as usize].src()[0].clone()));
+            let key: Vec<u32> = conds.iter().map(at).collect();
+            let offset = *known.entry((terms.clone(), key)).or_insert_with(|| {
+                let gate = (!conds.is_empty()).then(|| Gate::new(&conds, &at, &terms, &tape));
+                let o = Offset { gate, terms };
                 ranges.push(o.eval(&tape, &mut cur, &env, &mut saved));
                 offsets.push(o);
                 offsets.len() - 1
             });
             let access = Access { offset, ..access };
-            let len = access.slot.and_then(|s| len_iv.get(s)).copied().unwrap_or(Interval::EMPTY);
+            let len = access.len(|s| len_iv.get(s).copied());
             if access.judge(ranges[offset], len).is_some() {
                 pending.push(access);
             }
@@ -398,7 +414,7 @@ impl Bounds {
             if range.0 != access.offset {
                 range = (access.offset, self.offsets[access.offset].eval(&self.tape, cur, env, saved));
             }
-            let len = access.slot.and_then(|s| lens.get(s)).map_or(Interval::EMPTY, |&l| Interval::point(l as i128));
+            let len = access.len(|s| lens.get(s).map(|&l| Interval::point(l as i128)));
             if let Some(e) = access.judge(range.1, len) {
                 return Err(e);
             }
@@ -407,29 +423,66 @@ impl Bounds {
     }
 }
 
+/// For each node, the IFs (tape positions) whose blocks it is in: those it depends on
+/// without depending on their ENDIF.
+fn if_blocks(kernel: &[Arc<UOp>], at: &dyn Fn(&Arc<UOp>) -> u32) -> Vec<Vec<u32>> {
+    let mut blocks: Vec<Vec<u32>> = vec![Vec::new(); kernel.len()];
+    if !kernel.iter().any(|n| n.op() == Op::If) {
+        return blocks;
+    }
+    for (i, node) in kernel.iter().enumerate() {
+        let mut b: Vec<u32> = node.src().iter().flat_map(|s| blocks[at(s) as usize].iter().copied()).collect();
+        match node.op() {
+            Op::If => b.push(i as u32),
+            Op::EndIf => {
+                let f = at(&node.src()[0]);
+                b.retain(|&x| x != f);
+            }
+            _ => {}
+        }
+        b.sort_unstable();
+        b.dedup();
+        blocks[i] = b;
+    }
+    blocks
+}
+
 impl Access {
-    /// The access `node` (`%i`), its offset terms and its gate.
-    fn new(i: usize, node: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32) -> (Access, Vec<u32>, Option<Arc<UOp>>) {
+    /// The access `node` (`%i`), its offset terms and its gate (none or one condition).
+    fn new(i: usize, node: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32) -> (Access, Vec<u32>, Vec<Arc<UOp>>) {
         let src = node.src();
         let mut terms = Vec::new();
         let mut ptr = &src[0];
-        let slot = loop {
+        let (slot, local) = loop {
             match ptr.op() {
                 Op::Index => {
                     terms.push(at(&ptr.src()[1]));
                     ptr = &ptr.src()[0];
                 }
                 Op::After => ptr = &ptr.src()[0],
-                Op::Param => break ptr.arg_int().and_then(|s| usize::try_from(s).ok()),
-                _ => break None,
+                Op::Param => break (ptr.arg_int().and_then(|s| usize::try_from(s).ok()), None),
+                Op::DefineLocal => {
+                    let len = ptr.src()[0].arg_int().unwrap_or(0) as i128;
+                    break (None, Some((at(ptr) as usize, len)));
+                }
+                _ => break (None, None),
             }
         };
         let gate = match node.op() {
-            Op::Load | Op::Store if src.len() == 3 => Some(src[2].clone()),
-            _ => None,
+            Op::Load | Op::Store if src.len() == 3 => vec![src[2].clone()],
+            _ => Vec::new(),
         };
         let width = src[0].dtype().width().max(1) as i128;
-        (Access { node: i, op: node.op().name(), slot, width, offset: 0 }, terms, gate)
+        (Access { node: i, op: node.op().name(), slot, local, width, offset: 0 }, terms, gate)
+    }
+
+    /// The element count of the memory it accesses, given each slot's (`None`: unknown).
+    fn len(&self, slot_len: impl Fn(usize) -> Option<Interval>) -> Interval {
+        match (self.slot, self.local) {
+            (Some(s), _) => slot_len(s).unwrap_or(Interval::EMPTY),
+            (None, Some((_, len))) => Interval::point(len),
+            (None, None) => Interval::EMPTY,
+        }
     }
 
     /// `None` when an access starting in `range` (`None`: it never runs) stays in
@@ -439,11 +492,12 @@ impl Access {
             node: self.node,
             op: self.op,
             slot: self.slot,
+            local: self.local.map(|(node, _)| node),
             first: touched.lo,
             last: touched.hi,
             len: len.lo,
         };
-        if self.slot.is_none() {
+        if self.slot.is_none() && self.local.is_none() {
             return Some(error(Interval::ANY));
         }
         let range = range?;
@@ -488,11 +542,11 @@ impl Offset {
 }
 
 impl Gate {
-    fn new(gate: &Arc<UOp>, at: &dyn Fn(&Arc<UOp>) -> u32, terms: &[u32], tape: &[Step]) -> Gate {
+    fn new(conds: &[Arc<UOp>], at: &dyn Fn(&Arc<UOp>) -> u32, terms: &[u32], tape: &[Step]) -> Gate {
         let mut facts = Vec::new();
         let mut never = false;
         let int_like = |n: &Arc<UOp>| n.dtype().is_int() || n.dtype().is_bool();
-        let mut stack = vec![(gate.clone(), false)];
+        let mut stack: Vec<(Arc<UOp>, bool)> = conds.iter().map(|c| (c.clone(), false)).collect();
         while let Some((n, negated)) = stack.pop() {
             let s = n.src();
             match (n.op(), negated) {
@@ -534,14 +588,13 @@ impl Gate {
             }
             d
         });
-        Gate { node: at(gate), never, facts, cone }
+        Gate { nodes: conds.iter().map(at).collect(), never, facts, cone }
     }
 
     /// Narrows `cur` in place to the executions where the gate holds, pushing the old
     /// values to `saved`; `None` when it never holds.
     fn narrow(&self, tape: &[Step], cur: &mut [Interval], env: &Env, saved: &mut Vec<(u32, Interval)>) -> Option<()> {
-        let g = cur[self.node as usize];
-        if self.never || g.is_empty() || g.hi < 1 {
+        if self.never || self.nodes.iter().any(|&n| cur[n as usize].is_empty() || cur[n as usize].hi < 1) {
             return None;
         }
         let set = |cur: &mut [Interval], saved: &mut Vec<(u32, Interval)>, p: u32, v: Interval| {
@@ -618,7 +671,7 @@ fn compact(tape: Vec<Step>, offsets: Vec<Offset>, mut pending: Vec<Access>) -> B
     for o in &kept {
         stack.extend(&o.terms);
         if let Some(g) = &o.gate {
-            stack.push(g.node);
+            stack.extend(&g.nodes);
             stack.extend(g.facts.iter().flat_map(|f| f.nodes()));
         }
     }
@@ -640,7 +693,7 @@ fn compact(tape: Vec<Step>, offsets: Vec<Offset>, mut pending: Vec<Access>) -> B
     for o in &mut kept {
         o.terms.iter_mut().for_each(remap);
         if let Some(g) = &mut o.gate {
-            remap(&mut g.node);
+            g.nodes.iter_mut().for_each(remap);
             g.cone.iter_mut().for_each(remap);
             for f in &mut g.facts {
                 let (Fact::Lt(x, y) | Fact::Le(x, y)) = f;
@@ -940,7 +993,7 @@ mod tests {
         }
         let e = c.at(&[5]).unwrap_err();
         let store = c.node(Op::Store);
-        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), first: 0, last: 4, len: 4 });
+        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), local: None, first: 0, last: 4, len: 4 });
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("%{store} STORE")) && msg.contains("0..=4 of buffer 0") && msg.contains("holds 4")
@@ -1131,5 +1184,53 @@ mod tests {
         assert_eq!(bounds.pending(), 1); // i < n is a relation: decided at launch
         bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[64]).unwrap();
         assert!(bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[63]).is_err());
+    }
+
+    /// `lidx0` over `items` work items stores at `%at` of 64 elements of local memory, under
+    /// the lines of `body` (which define `%at`).
+    fn local_case(items: i64, body: &str) -> Case {
+        case(&format!(
+            "%ext = CONST i32 {items}\n%l = SPECIAL i32 \"lidx0\" (%ext)\n%c64 = CONST i32 64\n\
+             %tmp = DEFINE_LOCAL lptr<f32> 0 (%c64)\n{body}\n%p = INDEX lptr<f32> (%tmp, %at)\n\
+             %one = CONST f32 1.0\n%st = STORE void (%p, %one)\nSINK void (%st)\n"
+        ))
+    }
+
+    #[test]
+    fn local_memory_accesses_are_proven_against_its_static_size() {
+        let fits = local_case(64, "%z = CONST i32 0\n%at = ADD i32 (%l, %z)");
+        assert_eq!(fits.bounds.pending(), 0, "lidx0 < 64 indexes 64 elements: proven once");
+        let over = local_case(65, "%z = CONST i32 0\n%at = ADD i32 (%l, %z)");
+        let e = over.at(&[]).unwrap_err();
+        let local = over.node(Op::DefineLocal);
+        assert_eq!((e.slot, e.local, e.first, e.last, e.len), (None, Some(local), 0, 64, 64));
+        assert!(e.to_string().contains(&format!("0..=64 of local memory %{local}, which holds 64")), "{e}");
+    }
+
+    /// The tree-reduction step `if (l < s) tmp[l] += tmp[l + s]` stays inside 64 elements:
+    /// the IF's condition narrows `l` like a gate; without the IF, `l + s` reaches 95.
+    #[test]
+    fn accesses_inside_an_if_block_are_narrowed_by_its_condition() {
+        let step = |guarded: bool| {
+            let (open, close) = if guarded {
+                (
+                    "%if = IF void (%lt)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n",
+                    "%e = ENDIF void (%if, %st)\n%end = END void (%r, %e)",
+                )
+            } else {
+                ("%t2 = AFTER lptr<f32> (%tmp, %lt)\n", "%end = END void (%r, %st)")
+            };
+            case(&format!(
+                "%c64 = CONST i32 64\n%l = SPECIAL i32 \"lidx0\" (%c64)\n%tmp = DEFINE_LOCAL lptr<f32> 0 (%c64)\n\
+                 %r = RANGE i32 0 (%c64)\n%c32 = CONST i32 32\n%s = SHR i32 (%c32, %r)\n%lt = CMPLT bool (%l, %s)\n\
+                 {open}%ls = ADD i32 (%l, %s)\n%p1 = INDEX lptr<f32> (%t2, %ls)\n%x = LOAD f32 (%p1)\n\
+                 %p0 = INDEX lptr<f32> (%t2, %l)\n%st = STORE void (%p0, %x)\n{close}\nSINK void (%end)\n"
+            ))
+        };
+        let guarded = step(true);
+        assert_eq!(guarded.bounds.pending(), 0, "proven for every launch");
+        let bare = step(false);
+        let e = bare.at(&[]).unwrap_err();
+        assert_eq!((e.op, e.last, e.len), ("LOAD", 95, 64));
     }
 }

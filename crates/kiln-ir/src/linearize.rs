@@ -1,13 +1,19 @@
 //! Turns a kernel DAG into the block-structured order renderers print.
 //!
-//! Each node lives in the innermost loop whose index it (transitively) uses. Loops nest by
-//! co-occurrence: if one node uses two ranges, the one with the smaller axis id is outer.
-//! A DEFINE_ACC lives just outside its outermost reduce range. END(r, ...) closes `r`.
+//! Each node lives in the innermost scope whose opener it (transitively) uses. A scope is a
+//! loop (RANGE, closed by END) or a guarded block (IF, closed by ENDIF). Scopes nest by
+//! co-occurrence: if one node uses two loops, the one with the smaller axis id is outer; IF
+//! blocks nest inside every loop they co-occur with (an IF block holds straight-line code,
+//! so a RANGE that depends on an IF is an error). A DEFINE_ACC lives just outside its
+//! outermost reduce range. END(r, ...) closes `r`, ENDIF(f, ...) closes `f`.
 //!
-//! Output contract: a list where RANGE opens a loop, the first END naming that range closes
-//! it, and every END of a range follows that loop's body directly. Constants, parameters,
-//! variables and SPECIALs come first (they are in no loop). Within a block, nodes keep the
-//! order of `toposort()` as far as dependencies allow, so the output is deterministic.
+//! Output contract: a list where RANGE (IF) opens a scope, the first END (ENDIF) naming it
+//! closes it, and every closer follows that scope's body directly. Constants, parameters,
+//! variables, SPECIALs and DEFINE_LOCALs come first (they are in no scope). Within a block,
+//! nodes keep the order of `toposort()` as far as dependencies allow, so the output is
+//! deterministic. Every operand is visible where it is used (its scope encloses the user),
+//! and a BARRIER is in no IF block and in no loop whose trip count may differ between the
+//! work items of a group; anything else is an [`IrError::Structure`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,13 +21,21 @@ use std::sync::Arc;
 use crate::IrError;
 use crate::uop::{Op, UOp};
 
-type Chain = Vec<usize>; // range indices, outermost first
+type Chain = Vec<usize>; // scope ranks, outermost first
 
-/// The most loops (RANGEs) a kernel may have. Laying out loops costs time that grows with
-/// the cube of their number when they nest, and C compilers refuse deeper nesting than this
-/// (clang's default bracket depth is 256): more loops are a typed error up front, never a
-/// stall or a compiler error.
+/// The most scopes (RANGEs and IFs) a kernel may have. Laying out loops costs time that
+/// grows with the cube of their number when they nest, and C compilers refuse deeper
+/// nesting than this (clang's default bracket depth is 256): more are a typed error up
+/// front, never a stall or a compiler error.
 pub const MAX_LOOPS: usize = 256;
+
+fn opens_scope(op: Op) -> bool {
+    matches!(op, Op::Range | Op::If)
+}
+
+fn closes_scope(op: Op) -> bool {
+    matches!(op, Op::End | Op::EndIf)
+}
 
 /// Linearizes the kernel rooted at `sink`.
 pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
@@ -29,25 +43,27 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let index: HashMap<*const UOp, usize> = topo.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i)).collect();
     let at = |n: &Arc<UOp>| index[&Arc::as_ptr(n)];
 
-    // Ranges ordered by (axis, topo position): that order is the nesting order.
-    let mut ranges: Vec<usize> = (0..topo.len()).filter(|&i| topo[i].op() == Op::Range).collect();
+    // Scopes ordered by (IF after every RANGE, axis, topo position): that order is the
+    // nesting order.
+    let mut ranges: Vec<usize> = (0..topo.len()).filter(|&i| opens_scope(topo[i].op())).collect();
     if ranges.len() > MAX_LOOPS {
         return Err(IrError::Structure(format!(
-            "the kernel has {} loops (RANGEs); at most {MAX_LOOPS} are supported: fuse or unroll loops",
+            "the kernel has {} loops and IF blocks; at most {MAX_LOOPS} are supported: fuse or unroll loops",
             ranges.len()
         )));
     }
-    ranges.sort_by_key(|&i| (topo[i].arg_int().unwrap_or(0), i));
+    ranges.sort_by_key(|&i| (topo[i].op() == Op::If, topo[i].arg_int().unwrap_or(0), i));
     let rank: HashMap<usize, usize> = ranges.iter().enumerate().map(|(r, &i)| (i, r)).collect();
+    let is_if = |r: usize| topo[ranges[r]].op() == Op::If;
     let structural = |msg: String| IrError::Structure(msg);
 
-    // Pass 1: the set of ranges each node uses (by rank), and the set of ranges whose END it
-    // comes after.
+    // Pass 1: the set of scopes each node uses (by rank), and the set of scopes whose closer
+    // it comes after.
     let mut raw: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); topo.len()];
     let mut closed: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); topo.len()];
     for (i, node) in topo.iter().enumerate() {
         let mut after: BTreeSet<usize> = node.src().iter().flat_map(|src| closed[at(src)].iter().copied()).collect();
-        if node.op() == Op::End {
+        if closes_scope(node.op()) {
             after.insert(rank[&at(&node.src()[0])]);
         }
         let mut s = BTreeSet::new();
@@ -58,7 +74,7 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
                 s.extend(raw[at(&node.src()[0])].iter().copied());
                 s.extend(node.src()[1..].iter().map(|r| rank[&at(r)]));
             }
-            Op::End => {
+            op if closes_scope(op) => {
                 let r = rank[&at(&node.src()[0])];
                 for src in node.src() {
                     s.extend(raw[at(src)].iter().copied());
@@ -66,16 +82,27 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
                 s.remove(&r);
                 if let Some(inner) = s.iter().find(|&&x| x > r) {
                     return Err(structural(format!(
-                        "END of range %{} leaves the inner range %{} open: close inner loops first",
-                        ranges[r], ranges[*inner]
+                        "{op} of %{} leaves the inner {} %{} open: close inner scopes first",
+                        ranges[r],
+                        topo[ranges[*inner]].op(),
+                        ranges[*inner]
                     )));
                 }
             }
-            _ => {
+            op => {
                 for src in node.src() {
                     s.extend(raw[at(src)].iter().copied());
                 }
-                if node.op() == Op::Range {
+                if op == Op::Range
+                    && let Some(&f) = s.iter().find(|&&x| is_if(x))
+                {
+                    return Err(structural(format!(
+                        "loop %{i} depends on IF %{}: an IF block holds straight-line code, so open the loop \
+                         outside the IF and guard its body instead",
+                        ranges[f]
+                    )));
+                }
+                if opens_scope(op) {
                     s.insert(rank[&i]);
                 }
             }
@@ -84,11 +111,15 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
         // are one loop, so a second "loop" that reads what the first one's END finished
         // would run inside the first.
         if let Some(&r) = s.intersection(&after).next() {
-            return Err(structural(format!(
-                "%{i} uses the index of range %{} after that loop's END: two loops written with the same \
-                 axis and extent are the same RANGE node; give each loop its own axis",
-                ranges[r]
-            )));
+            return Err(structural(if is_if(r) {
+                format!("%{i} uses a value of IF block %{} after its ENDIF: use it inside the block", ranges[r])
+            } else {
+                format!(
+                    "%{i} uses the index of range %{} after that loop's END: two loops written with the same \
+                     axis and extent are the same RANGE node; give each loop its own axis",
+                    ranges[r]
+                )
+            }));
         }
         raw[i] = s;
         closed[i] = after;
@@ -130,7 +161,7 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
                     c.remove(&rank[&at(red)]);
                 }
             }
-            Op::End => {
+            op if closes_scope(op) => {
                 let r = rank[&at(&node.src()[0])];
                 c.extend(outer[r].iter().copied());
                 c.remove(&r);
@@ -140,9 +171,11 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
         chain.push(c.into_iter().collect());
     }
     if !chain[topo.len() - 1].is_empty() {
-        let open = chain[topo.len() - 1][0];
-        return Err(structural(format!("range %{} is never closed by an END", ranges[open])));
+        let open = ranges[chain[topo.len() - 1][0]];
+        let closer = if topo[open].op() == Op::If { "an ENDIF" } else { "an END" };
+        return Err(structural(format!("{} %{open} is never closed by {closer}", topo[open].op())));
     }
+    check_scopes(&topo, &at, &ranges, &rank, &chain)?;
 
     // Group nodes into blocks keyed by chain; a RANGE heads the block of its own chain, an END
     // belongs to the block of the range it closes (emitted right after that loop's body).
@@ -150,8 +183,8 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let mut members: HashMap<Chain, Vec<usize>> = HashMap::new();
     for (i, node) in topo.iter().enumerate() {
         match node.op() {
-            Op::Range => {}
-            Op::End => ends_of.entry(rank[&at(&node.src()[0])]).or_default().push(i),
+            Op::Range | Op::If => {}
+            Op::End | Op::EndIf => ends_of.entry(rank[&at(&node.src()[0])]).or_default().push(i),
             _ => members.entry(chain[i].clone()).or_default().push(i),
         }
     }
@@ -159,14 +192,14 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     // child loop of `parent` that contains it. None if it lives outside `parent`.
     let item_in = |node: usize, parent: &[usize]| -> Option<Item> {
         let c: &[usize] = match topo[node].op() {
-            Op::End => {
-                // An END sits in the loop it closes, for ordering purposes.
+            Op::End | Op::EndIf => {
+                // A closer sits in the scope it closes, for ordering purposes.
                 let r = rank[&at(&topo[node].src()[0])];
                 return item_for_chain(&chain_of_range(&chain, &ranges, r), parent);
             }
             _ => &chain[node],
         };
-        if topo[node].op() == Op::Range {
+        if opens_scope(topo[node].op()) {
             return item_for_chain(c, parent);
         }
         if c == parent { Some(Item::Node(node)) } else { item_for_chain(c, parent) }
@@ -175,6 +208,63 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let mut out = Vec::with_capacity(topo.len());
     emit_block(&[], &topo, &at, &members, &ranges, &chain, &ends_of, &item_in, &mut out)?;
     Ok(out)
+}
+
+/// Refuses what would not render as valid block-structured code: an operand used outside
+/// the scope it lives in, and a BARRIER that some work items of a group could skip (inside
+/// an IF block, or in a loop whose extent depends on a work item's own index or on loaded
+/// data).
+fn check_scopes(
+    topo: &[Arc<UOp>],
+    at: &dyn Fn(&Arc<UOp>) -> usize,
+    ranges: &[usize],
+    rank: &HashMap<usize, usize>,
+    chain: &[Chain],
+) -> Result<(), IrError> {
+    let mut varying = vec![false; topo.len()];
+    for (i, node) in topo.iter().enumerate() {
+        varying[i] = match node.op() {
+            Op::Special => node.arg_name().is_some_and(|n| n.starts_with("lidx") || n.starts_with("idx")),
+            Op::Load => true,
+            _ => node.src().iter().any(|s| varying[at(s)]),
+        };
+        // A closer's operands live inside the scope it closes.
+        let inside = if closes_scope(node.op()) { &chain[ranges[rank[&at(&node.src()[0])]]] } else { &chain[i] };
+        let srcs = if node.op() == Op::DefineAcc { &node.src()[..1] } else { node.src() };
+        for src in srcs {
+            let have = &chain[at(src)];
+            if !inside.starts_with(have) {
+                let scope = ranges[have.iter().find(|r| !inside.contains(r)).copied().unwrap_or(have[have.len() - 1])];
+                return Err(IrError::Structure(format!(
+                    "%{i} uses %{}, which lives inside {} %{scope} that does not enclose %{i}: compute the value \
+                     outside that scope, or use it inside",
+                    at(src),
+                    topo[scope].op()
+                )));
+            }
+        }
+        if node.op() != Op::Barrier {
+            continue;
+        }
+        for &r in &chain[i] {
+            let scope = &topo[ranges[r]];
+            if scope.op() == Op::If {
+                return Err(IrError::Structure(format!(
+                    "BARRIER %{i} is inside IF block %{}: every work item of a group must reach a barrier, so \
+                     put it after the ENDIF",
+                    ranges[r]
+                )));
+            }
+            if varying[at(&scope.src()[0])] {
+                return Err(IrError::Structure(format!(
+                    "BARRIER %{i} is inside loop %{} whose extent may differ between the work items of a group \
+                     (it depends on a local index or on loaded data): every work item must reach a barrier equally often",
+                    ranges[r]
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

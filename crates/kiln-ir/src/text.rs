@@ -38,12 +38,13 @@
 //! - `OP` is the upper-case op name ([`crate::Op::name`]): `SINK PARAM DEFINE_VAR CONST SPECIAL RANGE
 //!   END BIND AFTER INDEX LOAD STORE DEFINE_ACC ASSIGN NEG NOT SQRT RECIP EXP2 LOG2 EXP LOG SIN
 //!   COS TRUNC ABS ADD SUB MUL DIV IDIV MOD MAX MIN POW AND OR XOR SHL SHR CMPLT CMPLE CMPEQ CMPNE
-//!   WHERE MULACC CAST BITCAST VECTORIZE GEP PROGRAM DEVICE LINEAR SOURCE BINARY`.
+//!   WHERE MULACC CAST BITCAST VECTORIZE GEP PROGRAM DEVICE LINEAR SOURCE BINARY DEFINE_LOCAL
+//!   BARRIER IF ENDIF`.
 //! - `dtype` is the node's value type: `void`, a scalar (`bool i8 i16 i32 i64 u8 u16 u32 u64
 //!   f16 bf16 f32 f64`), a vector `f32x4` (2 to 64 lanes), or a pointer `ptr<f32>` /
 //!   `ptr<f32x4>` (global) or `lptr<f32>` (local). It may be left out only on SINK, STORE,
-//!   PROGRAM, DEVICE, LINEAR, SOURCE and BINARY, and then means `void`; every other op
-//!   needs it (the parser never infers a type).
+//!   BARRIER, IF, ENDIF, PROGRAM, DEVICE, LINEAR, SOURCE and BINARY, and then means `void`;
+//!   every other op needs it (the parser never infers a type).
 //! - The operands are the names in parentheses, in order; a node without operands may
 //!   leave out the parentheses.
 //! - The root of the graph is the node on the last line, which may be unnamed (typically
@@ -60,6 +61,7 @@
 //! | RANGE | axis (smaller = outer) | `RANGE i32 0 (%n)` |
 //! | GEP | lane | `GEP f32 3 (%v)` |
 //! | DEFINE_ACC | accumulator id (keeps equal-looking accumulators apart) | `DEFINE_ACC f32 0 (%zero, %r)` |
+//! | DEFINE_LOCAL | local memory id (keeps equal-looking arrays apart) | `DEFINE_LOCAL lptr<f32> 0 (%c256)` |
 //! | DEFINE_VAR | `"name" min max` | `DEFINE_VAR i32 "n" 1 1024` |
 //! | SPECIAL | launch index name | `SPECIAL i32 "gidx0" (%n)` |
 //! | SOURCE | source text | `SOURCE void "int x;\n"` |
@@ -81,6 +83,30 @@
 //!   `\u{HEX}`;
 //! - bytes (BINARY only; elsewhere `0x` starts a hex integer): `0x` then an even number of
 //!   hex digits (`0x` alone is empty).
+//!
+//! # Work groups
+//!
+//! Work-group local memory is a `DEFINE_LOCAL` of a static element count (a CONST), used
+//! like a PARAM; a `BARRIER` publishes the stores it names to the loads that address memory
+//! through `AFTER(buffer, barrier)`; an `IF` block holds the nodes that depend on it and is
+//! closed by an `ENDIF`:
+//!
+//! ```text
+//! %c256 = CONST i32 256
+//! %tmp  = DEFINE_LOCAL lptr<f32> 0 (%c256)       # 256 f32 shared by the work group
+//! %pt   = INDEX lptr<f32> (%tmp, %l)             # %l: SPECIAL "lidx0" (%c256)
+//! %st   = STORE (%pt, %x)
+//! %bar  = BARRIER (%st)                          # every item's store is done and visible
+//! %tmp1 = AFTER lptr<f32> (%tmp, %bar)
+//! %p0   = INDEX lptr<f32> (%tmp1, %zero)
+//! %y    = LOAD f32 (%p0)
+//! %is0  = CMPEQ bool (%l, %zero)
+//! %if   = IF (%is0)                              # if (lidx0 == 0) {
+//! %out1 = AFTER ptr<f32> (%out, %if)
+//! %po   = INDEX ptr<f32> (%out1, %g)
+//! %st2  = STORE (%po, %y)
+//! %eif  = ENDIF (%if, %st2)                      # }
+//! ```
 //!
 //! # Grammar
 //!
@@ -687,7 +713,19 @@ fn lookup(
 
 /// Ops whose dtype is always `void` and may be left out.
 fn may_omit_dtype(op: Op) -> bool {
-    matches!(op, Op::Sink | Op::Store | Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary)
+    matches!(
+        op,
+        Op::Sink
+            | Op::Store
+            | Op::Barrier
+            | Op::If
+            | Op::EndIf
+            | Op::Program
+            | Op::Device
+            | Op::Linear
+            | Op::Source
+            | Op::Binary
+    )
 }
 
 /// Whether a word after the op is the start of an argument rather than a dtype.
@@ -793,6 +831,7 @@ fn accepted(op: Op) -> (&'static [Kind], &'static str) {
         Op::Param => (&[Kind::Int], "its slot: `PARAM ptr<f32> 0 (%n)`"),
         Op::Range => (&[Kind::Int], "its axis: `RANGE i32 0 (%n)`"),
         Op::DefineAcc => (&[Kind::Int], "its id: `DEFINE_ACC f32 0 (%zero, %r)`"),
+        Op::DefineLocal => (&[Kind::Int], "its id: `DEFINE_LOCAL lptr<f32> 0 (%size)`"),
         Op::Gep => (&[Kind::Int], "the lane: `GEP f32 2 (%v)`"),
         Op::DefineVar => (&[Kind::Var], "name and bounds: `DEFINE_VAR i32 \"n\" 1 1024`"),
         Op::Special => (&[Kind::Str], "its name: `SPECIAL i32 \"gidx0\" (%n)`"),
@@ -1182,6 +1221,44 @@ mod tests {
         }
         let root = UOp::new(Op::Sink, DType::Void, Arg::None, nodes);
         round_trip(&root);
+    }
+
+    /// The tiled matmul example: local memory, barriers and an IF block print, parse back
+    /// to the same graph, and linearize into loops and a guarded block in program order.
+    #[test]
+    fn work_group_kernel_round_trips_and_linearizes_in_blocks() {
+        let k = parse_kernel(include_str!("../../../examples/kernels/matmul_tiled.kiln")).unwrap();
+        let text = round_trip(&k);
+        for needle in ["DEFINE_LOCAL lptr<f32> 1 (", "BARRIER void (", "IF void (", "ENDIF void ("] {
+            assert!(text.contains(needle), "{needle}\n{text}");
+        }
+        let order = linearize(&k).unwrap();
+        let blocks: Vec<&str> = order
+            .iter()
+            .map(|n| n.op())
+            .filter(|op| {
+                matches!(op, Op::DefineLocal | Op::Range | Op::End | Op::Store | Op::Barrier | Op::If | Op::EndIf)
+            })
+            .map(Op::name)
+            .collect();
+        assert_eq!(
+            blocks,
+            [
+                "DEFINE_LOCAL",
+                "DEFINE_LOCAL",
+                "RANGE",
+                "STORE",
+                "STORE",
+                "BARRIER",
+                "RANGE",
+                "END",
+                "BARRIER",
+                "END",
+                "IF",
+                "STORE",
+                "ENDIF"
+            ]
+        );
     }
 
     #[test]

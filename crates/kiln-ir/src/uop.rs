@@ -125,6 +125,29 @@ pub enum Op {
     Source,
     /// Compiled bytes. arg: `Bytes`.
     Binary,
+
+    // --- work groups (GPU kernel constructs) ---
+    /// Work-group shared memory: one array per work group, visible to all its work items,
+    /// uninitialised at kernel start. arg: an id, unique within the kernel (as for
+    /// DEFINE_ACC: two arrays of equal type and size are still two arrays). src: `[element
+    /// count]`, a positive integer CONST (the size is static). dtype: a local pointer
+    /// (`lptr<f32>`), used like a PARAM through INDEX, LOAD and STORE.
+    DefineLocal,
+    /// A work-group barrier: every work item of the group reaches it before any goes on, and
+    /// the stores (local or global memory) made before it by any item of the group are
+    /// visible to the loads after it by every item of the group. src: the nodes it comes
+    /// after (the stores it publishes, or the END of a loop that reads local memory); loads
+    /// that need its ordering address memory through `AFTER(buffer, barrier)`. It must be
+    /// reached by all or none of a group's items, so it may not sit inside an IF block or a
+    /// loop whose trip count can differ between work items.
+    Barrier,
+    /// Opens a guarded block: the nodes that depend on it (typically through
+    /// `AFTER(buffer, if)` on the address of a STORE) run only where `cond` holds. src:
+    /// `[cond (bool), deps...]`; the deps (e.g. a RANGE) place the block inside their loops.
+    /// A block holds straight-line code: no loop (RANGE) and no BARRIER inside it.
+    If,
+    /// Closes the block of an IF. src: `[if, effects inside the block...]`.
+    EndIf,
 }
 
 impl Op {
@@ -184,6 +207,10 @@ impl Op {
         Op::Linear,
         Op::Source,
         Op::Binary,
+        Op::DefineLocal,
+        Op::Barrier,
+        Op::If,
+        Op::EndIf,
     ];
 
     /// The upper-case name used in the text format.
@@ -244,6 +271,10 @@ impl Op {
             Op::Linear => "LINEAR",
             Op::Source => "SOURCE",
             Op::Binary => "BINARY",
+            Op::DefineLocal => "DEFINE_LOCAL",
+            Op::Barrier => "BARRIER",
+            Op::If => "IF",
+            Op::EndIf => "ENDIF",
         }
     }
 
@@ -523,7 +554,7 @@ impl UOp {
         UOp::new(self.op, self.dtype, self.arg.clone(), src)
     }
 
-    /// The integer payload of a CONST, PARAM slot, RANGE axis or GEP lane.
+    /// The integer payload of a CONST, PARAM slot, RANGE axis, DEFINE_LOCAL id or GEP lane.
     pub fn arg_int(&self) -> Option<i64> {
         match self.arg {
             Arg::Int(v) => Some(v),

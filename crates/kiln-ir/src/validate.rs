@@ -7,8 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
-use crate::dtype::{DType, Scalar};
+use crate::dtype::{AddrSpace, DType, Scalar};
 use crate::uop::{Arg, Op, UOp};
+
+/// The most work-group local memory (DEFINE_LOCAL bytes, all arrays together) a kernel may
+/// declare: 32 KiB, the least an OpenCL device (full profile) offers and below CUDA's 48 KiB
+/// of static shared memory, so a kernel that validates fits every backend with work groups.
+pub const MAX_LOCAL_BYTES: usize = 32 * 1024;
 
 /// Checks every node reachable from `root`. Node numbers in messages are positions in
 /// `root.toposort()`, which is also the numbering the text printer uses (`%N`).
@@ -28,7 +33,25 @@ pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
         }
     }
     let mut slots: HashMap<i64, DType> = HashMap::new();
+    let mut locals: HashMap<i64, &Arc<UOp>> = HashMap::new();
+    let mut local_bytes = 0usize;
     for (i, node) in order.iter().enumerate() {
+        if node.op() == Op::DefineLocal {
+            let id = node.arg_int().unwrap_or(-1);
+            let err = |message: String| IrError::Type { node: i, op: "DEFINE_LOCAL", message };
+            if locals.insert(id, node).is_some() {
+                return Err(err(format!("local memory id {id} is declared twice with different types or sizes")));
+            }
+            let count = node.src()[0].arg_int().unwrap_or(0) as usize;
+            local_bytes =
+                local_bytes.saturating_add(count.saturating_mul(node.dtype().scalar().map_or(1, Scalar::size)));
+            if local_bytes > MAX_LOCAL_BYTES {
+                return Err(err(format!(
+                    "the kernel declares {local_bytes} bytes of local memory so far; at most {MAX_LOCAL_BYTES} are \
+                     supported: use smaller tiles"
+                )));
+            }
+        }
         if node.op() == Op::Param {
             let slot = node.arg_int().unwrap_or(-1);
             if let Some(prev) = slots.insert(slot, node.dtype())
@@ -54,6 +77,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             | Op::Special
             | Op::Range
             | Op::DefineAcc
+            | Op::DefineLocal
             | Op::Gep
             | Op::Program
             | Op::Device
@@ -79,16 +103,11 @@ fn check_node(n: &UOp) -> Result<(), String> {
         }
     };
     match n.op() {
-        Op::Sink => {
-            if dt != DType::Void {
-                return Err(format!("must be void, not {dt}"));
-            }
-            Ok(())
-        }
+        Op::Sink => void(dt),
         Op::Param => {
             count(&[1])?;
-            if !dt.is_ptr() {
-                return Err(format!("must have a pointer dtype (e.g. ptr<f32>), got {dt}"));
+            if !matches!(dt, DType::Ptr { space: AddrSpace::Global, .. }) {
+                return Err(format!("must have a global pointer dtype (e.g. ptr<f32>), got {dt}"));
             }
             match n.arg() {
                 Arg::Int(slot) if *slot >= 0 => {}
@@ -198,10 +217,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             if src.len() == 3 {
                 gate(&src[2])?;
             }
-            if dt != DType::Void {
-                return Err(format!("must be void, not {dt}"));
-            }
-            Ok(())
+            void(dt)
         }
         Op::DefineAcc => {
             if src.is_empty() {
@@ -321,6 +337,38 @@ fn check_node(n: &UOp) -> Result<(), String> {
                 a => Err(format!("lane {a} out of range for {}", src[0].dtype())),
             }
         }
+        Op::DefineLocal => {
+            count(&[1])?;
+            if !matches!(dt, DType::Ptr { space: AddrSpace::Local, .. }) {
+                return Err(format!("must have a local pointer dtype (e.g. lptr<f32>), got {dt}"));
+            }
+            match n.arg() {
+                Arg::Int(id) if *id >= 0 => {}
+                other => return Err(format!("needs an id >= 0, got {other}")),
+            }
+            match (src[0].op(), src[0].dtype(), src[0].arg()) {
+                (Op::Const, DType::Scalar(s), Arg::Int(v)) if s.is_int() && *v > 0 => Ok(()),
+                _ => Err("the element count must be a positive integer CONST (local memory has a static size)".into()),
+            }
+        }
+        Op::Barrier => {
+            if src.is_empty() {
+                return Err("needs the nodes it comes after (the stores it publishes)".into());
+            }
+            void(dt)
+        }
+        Op::If => {
+            if src.is_empty() || src[0].dtype() != DType::BOOL {
+                return Err("first operand must be the bool condition".into());
+            }
+            void(dt)
+        }
+        Op::EndIf => {
+            if src.is_empty() || src[0].op() != Op::If {
+                return Err("first operand must be the IF it closes".into());
+            }
+            void(dt)
+        }
         Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary => Ok(()),
         op => Err(format!("{op} is not allowed here")),
     }
@@ -340,6 +388,10 @@ fn value_type(dt: DType) -> Result<(), String> {
         DType::Scalar(_) | DType::Vector(..) => Ok(()),
         _ => Err(format!("needs a value dtype, got {dt}")),
     }
+}
+
+fn void(dt: DType) -> Result<(), String> {
+    if dt == DType::Void { Ok(()) } else { Err(format!("must be void, not {dt}")) }
 }
 
 fn gate(g: &UOp) -> Result<(), String> {
@@ -498,5 +550,96 @@ mod tests {
         let slot = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Str("x".into()), vec![UOp::index_const(1)]);
         let Err(IrError::Type { message, .. }) = validate(&slot) else { panic!("a named slot accepted") };
         assert!(message.ends_with("got \"x\""), "{message}");
+    }
+
+    #[test]
+    fn work_group_constructs_are_checked() {
+        for (text, needle) in [
+            ("%n = CONST i32 0\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)", "must be a positive integer CONST"),
+            ("%n = DEFINE_VAR i32 \"n\" 1 8\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)", "static size"),
+            ("%n = CONST i32 4\n%t = DEFINE_LOCAL ptr<f32> 0 (%n)", "must have a local pointer dtype"),
+            ("%n = CONST i32 4\n%t = DEFINE_LOCAL lptr<f32> -1 (%n)", "needs an id >= 0"),
+            ("%n = CONST i32 8193\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)", "32772 bytes of local memory"),
+            ("%n = CONST i32 4\n%p = PARAM lptr<f32> 0 (%n)", "must have a global pointer dtype"),
+            ("%c = CONST i32 1\n%f = IF void (%c)", "first operand must be the bool condition"),
+            ("%c = CONST bool true\n%f = IF f32 (%c)", "must be void"),
+            ("%c = CONST bool true\n%e = ENDIF void (%c)", "first operand must be the IF it closes"),
+            ("%b = BARRIER void", "needs the nodes it comes after"),
+            (
+                "%n = CONST i32 4\n%m = CONST i32 8\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)\n\
+                 %u = DEFINE_LOCAL lptr<f32> 0 (%m)\nSINK void (%t, %u)",
+                "local memory id 0 is declared twice",
+            ),
+        ] {
+            let m = verdict(text).unwrap_or_else(|| panic!("{text} was accepted"));
+            assert!(m.contains(needle), "{text}: `{m}` lacks `{needle}`");
+        }
+        for text in [
+            "%n = CONST i32 8192\n%t = DEFINE_LOCAL lptr<f32> 0 (%n)",
+            "%n = CONST u8 16\n%t = DEFINE_LOCAL lptr<f16x4> 3 (%n)",
+            "%c = CONST bool true\n%f = IF (%c)\n%e = ENDIF (%f)",
+        ] {
+            assert_eq!(verdict(text), None, "{text}");
+        }
+    }
+
+    /// Lines 7 and 8 of a [`group_kernel`]: `%is0` = `lidx0 == 0`.
+    const IS0: &str = "%z = CONST i32 0\n%is0 = CMPEQ bool (%l, %z)\n";
+
+    /// A group of 4 items; each stores 1.0 to `tmp[lidx0]`; `tail` adds lines and the SINK.
+    fn group_kernel(tail: &str) -> Result<Arc<UOp>, IrError> {
+        parse_kernel(&format!(
+            "%c4 = CONST i32 4\n%l = SPECIAL i32 \"lidx0\" (%c4)\n%tmp = DEFINE_LOCAL lptr<f32> 0 (%c4)\n\
+             %p = INDEX lptr<f32> (%tmp, %l)\n%one = CONST f32 1.0\n%st = STORE void (%p, %one)\n{tail}"
+        ))
+    }
+
+    fn structure_error(tail: &str) -> String {
+        match group_kernel(tail) {
+            Err(IrError::Structure(m)) => m,
+            other => panic!("{tail}: expected a structure error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn barriers_every_item_may_not_reach_are_refused() {
+        let m = structure_error(&format!(
+            "{IS0}%if = IF void (%is0)\n%bar = BARRIER void (%st, %if)\n%e = ENDIF void (%if, %bar)\nSINK (%e)"
+        ));
+        assert!(
+            m.contains("BARRIER %bar (line 10) is inside IF block %if (line 9)") && m.contains("after the ENDIF"),
+            "{m}"
+        );
+        let m =
+            structure_error("%r = RANGE i32 0 (%l)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)");
+        assert!(m.contains("BARRIER %b (line 8) is inside loop %r (line 7) whose extent may differ"), "{m}");
+        // A barrier after the IF block, and one in a loop of a uniform extent, are fine.
+        group_kernel(&format!(
+            "{IS0}%if = IF void (%is0, %st)\n%e = ENDIF void (%if)\n%bar = BARRIER void (%e)\nSINK (%bar)"
+        ))
+        .unwrap();
+        group_kernel("%r = RANGE i32 0 (%c4)\n%b = BARRIER void (%st, %r)\n%e = END void (%r, %b)\nSINK (%e)").unwrap();
+    }
+
+    #[test]
+    fn if_blocks_hold_straight_line_code_and_keep_their_values() {
+        let inside = "%z = CONST i32 0\n%is0 = CMPEQ bool (%l, %z)\n%if = IF void (%is0)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n%x = LOAD f32 (%p)\n\
+                      %x2 = AFTER f32 (%x, %if)\n%p2 = INDEX lptr<f32> (%t2, %z)\n%st2 = STORE void (%p2, %x2)\n\
+                      %e = ENDIF void (%if, %st2)\n";
+        let m = structure_error(&format!(
+            "{inside}%late = AFTER f32 (%x2, %e)\n%st3 = STORE void (%p, %late)\nSINK (%st, %st3)"
+        ));
+        assert!(m.contains("%late (line 16) uses a value of IF block %if (line 9) after its ENDIF"), "{m}");
+        group_kernel(&format!("{inside}SINK (%e, %st)")).unwrap();
+        let m = structure_error(&format!(
+            "{IS0}%if = IF void (%is0)\n%ext = AFTER i32 (%c4, %if)\n%r = RANGE i32 0 (%ext)\n%p2 = INDEX lptr<f32> (%tmp, %r)\n\
+             %st2 = STORE void (%p2, %one)\n%er = END void (%r, %st2)\n%e = ENDIF void (%if, %er)\nSINK (%st, %e)"
+        ));
+        assert!(m.contains("loop %r (line 11) depends on IF %if (line 9)"), "{m}");
+        let m = structure_error(&format!(
+            "{IS0}%if = IF void (%is0)\n%t2 = AFTER lptr<f32> (%tmp, %if)\n%p2 = INDEX lptr<f32> (%t2, %z)\n\
+             %st2 = STORE void (%p2, %one)\nSINK (%st, %st2)"
+        ));
+        assert!(m.contains("IF %if (line 9) is never closed by an ENDIF"), "{m}");
     }
 }

@@ -16,6 +16,9 @@
 //!   needs `cl_khr_fp16`.
 //! - f64 enables `cl_khr_fp64`; a device without it refuses f64 kernels at render time.
 //! - float → integer casts use `convert_T_sat` (saturating, NaN → 0, as the core specifies).
+//! - Local memory is `__local T lmemN[len]` at kernel scope; BARRIER is
+//!   `barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`: the IR's barrier publishes global
+//!   stores within the group too, as CUDA's `__syncthreads()` does.
 
 use std::sync::Arc;
 
@@ -382,6 +385,14 @@ impl Dialect for OpenClDialect {
             _ => format!("{} = {value}", at(0)),
         }
     }
+
+    fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<String> {
+        Ok(format!("__local {} {name}[{len}]", self.memory_type(s, p)))
+    }
+
+    fn barrier(&self, _p: &mut Prelude) -> Result<String> {
+        Ok("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)".into())
+    }
 }
 
 /// Renders kernels as OpenCL C for one device (or a device family when built with
@@ -451,6 +462,16 @@ mod tests {
         assert!(src.contains("__global uchar* data1_base"), "{src}");
         assert!(src.contains("get_group_id(0)") && src.contains("get_local_id(0)"), "{src}");
         assert!(src.contains("int n)"), "{src}");
+    }
+
+    #[test]
+    fn local_memory_barriers_and_if_blocks_are_spelled_for_opencl() {
+        let text = include_str!("../../../examples/kernels/matmul_tiled.kiln");
+        let src = render(&kiln_device::kiln_ir::parse_kernel(text).unwrap());
+        let decl = src.find("__local float lmem0[256];").expect("local memory at kernel scope");
+        assert!(decl < src.find("get_group_id").unwrap_or(0), "declared before the launch indices:\n{src}");
+        assert_eq!(src.matches("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);").count(), 2, "{src}");
+        assert!(src.contains("if (alu") && src.contains("(lmem1)["), "{src}");
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub mod plans;
 pub mod programs;
 pub mod queues;
 pub mod signals;
+pub mod workgroups;
