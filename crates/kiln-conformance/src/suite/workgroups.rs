@@ -18,7 +18,7 @@ use crate::{Failure, Outcome, ensure, expect_err};
 /// groups and refused it as it must (the CPU), a failure for any other outcome.
 fn compile_work_group_kernel(dev: &Device, text: &str, name: &str) -> Result<Option<Kernel>, Failure> {
     let sink = parse_kernel(text)?;
-    if dev.spec != DeviceSpec::Cpu {
+    if *dev.spec() != DeviceSpec::Cpu {
         return compile(dev, &sink, name).map(Some);
     }
     let e = expect_err(name, dev.compile(&sink, Some(name)), |e| matches!(e, Error::Render(_)))?;
@@ -35,8 +35,8 @@ pub fn tiled_matmul(dev: &Arc<Device>) -> Outcome {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 3) % 7) as f32 - 3.0).collect();
         let want: Vec<f32> = (0..m * n).map(|e| (0..k).map(|r| a[e / n * k + r] * b[r * n + e % n]).sum()).collect();
-        let (ba, bb) = (Buffer::from_slice(dev.allocator.clone(), &a)?, Buffer::from_slice(dev.allocator.clone(), &b)?);
-        let bc = Buffer::from_slice(dev.allocator.clone(), &vec![f32::NAN; m * n])?;
+        let (ba, bb) = (Buffer::from_slice(dev.allocator().clone(), &a)?, Buffer::from_slice(dev.allocator().clone(), &b)?);
+        let bc = Buffer::from_slice(dev.allocator().clone(), &vec![f32::NAN; m * n])?;
         // Variables in name order: k, m, n.
         kernel.launch(&[&ba, &bb, &bc], &[k as i64, m as i64, n as i64])?;
         let got = bc.to_vec::<f32>()?;
@@ -108,9 +108,9 @@ pub fn two_level_reduction(dev: &Arc<Device>) -> Outcome {
     let Some(kernel) = compile_work_group_kernel(dev, GROUP_SUM, "conf_group_sum")? else { return Ok(()) };
     let a: Vec<f32> = (0..256 * 256).map(|i| (i % 17) as f32).collect();
     let partial_want: Vec<f32> = a.chunks(256).map(|c| c.iter().sum()).collect();
-    let ba = Buffer::from_slice(dev.allocator.clone(), &a)?;
-    let partials = Buffer::from_slice(dev.allocator.clone(), &[f32::NAN; 256])?;
-    let total = Buffer::from_slice(dev.allocator.clone(), &[f32::NAN])?;
+    let ba = Buffer::from_slice(dev.allocator().clone(), &a)?;
+    let partials = Buffer::from_slice(dev.allocator().clone(), &[f32::NAN; 256])?;
+    let total = Buffer::from_slice(dev.allocator().clone(), &[f32::NAN])?;
     kernel.launch(&[&ba, &partials], &[256])?;
     kernel.launch(&[&partials, &total], &[1])?;
     let got = partials.to_vec::<f32>()?;
@@ -158,8 +158,8 @@ pub fn if_blocks(dev: &Arc<Device>) -> Outcome {
     for n in [1usize, 8, 21, 1024] {
         let a: Vec<i32> = (0..n as i32).map(|i| if i % 3 == 0 { -i - 1 } else { i }).collect();
         let want: Vec<i32> = a.iter().map(|&x| if x < 0 { -x } else { 100 }).collect();
-        let ba = Buffer::from_slice(dev.allocator.clone(), &a)?;
-        let bc = Buffer::from_slice(dev.allocator.clone(), &vec![100i32; n])?;
+        let ba = Buffer::from_slice(dev.allocator().clone(), &a)?;
+        let bc = Buffer::from_slice(dev.allocator().clone(), &vec![100i32; n])?;
         kernel.launch(&[&ba, &bc], &[n as i64])?;
         let got = bc.to_vec::<i32>()?;
         ensure!(got == want, "n={n}: got {:?}.., want {:?}..", &got[..n.min(8)], &want[..n.min(8)]);
