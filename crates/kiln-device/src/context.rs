@@ -313,6 +313,15 @@ impl Program for StampedProgram {
     fn compiled(&self) -> Option<&CompiledSpec> {
         Some(&self.compiled)
     }
+
+    fn before_enqueue(&self) -> Result<()> {
+        self.stamp.check("a kernel")?;
+        self.stamp.observe(self.inner.before_enqueue())
+    }
+
+    fn unstamped(&self) -> Option<(&Stamp, &Arc<dyn Program>)> {
+        Some((&self.stamp, &self.inner))
+    }
 }
 
 /// The device's queue factory as callers see it: queues of one generation refuse to submit
