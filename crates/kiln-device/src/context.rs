@@ -6,8 +6,8 @@
 //! every entry point:
 //! - buffers, through the device's allocator ([`ContextAllocator`]): allocation, host
 //!   transfers and [`crate::Buffer::raw`], the view every launch and queue command takes;
-//! - kernels, through the device's program loader ([`StampedProgram`]): `Kernel::check` and
-//!   `Program::execute`;
+//! - kernels, through the device's program loader ([`StampedProgram`]): `Kernel::check`,
+//!   `Program::execute` and `Program::before_enqueue` (a native enqueue);
 //! - queues and signals, through the device's queue factory ([`ContextQueues`]): a queue's
 //!   `submit`, and every signal of a generation is failed when that generation ends.
 //!

@@ -56,7 +56,8 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 5] = [FaultKind::Compile, FaultKind::Alloc, FaultKind::Kernel, FaultKind::Timeout, FaultKind::Loss];
+    const ALL: [FaultKind; 5] =
+        [FaultKind::Compile, FaultKind::Alloc, FaultKind::Kernel, FaultKind::Timeout, FaultKind::Loss];
 
     /// The name in `KILN_FAULTS`.
     pub fn name(self) -> &'static str {
@@ -214,7 +215,9 @@ pub fn inject(parts: DeviceParts, plan: &Arc<FaultPlan>) -> DeviceParts {
             let inner = runtime(compiled)?;
             Ok(Arc::new(FaultProgram { inner, plan: loader.clone() }) as Arc<dyn Program>)
         }) as RuntimeFactory,
-        queues: parts.queues.map(|q| Arc::new(FaultQueues { inner: q, plan: plan.clone() }) as Arc<dyn DynQueueFactory>),
+        queues: parts
+            .queues
+            .map(|q| Arc::new(FaultQueues { inner: q, plan: plan.clone() }) as Arc<dyn DynQueueFactory>),
     }
 }
 

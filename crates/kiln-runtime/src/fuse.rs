@@ -129,7 +129,9 @@ fn one_generation(launches: Vec<Launch>) -> (Option<Stamp>, Vec<Launch>) {
     let mut guarded = Vec::with_capacity(launches.len());
     for l in &launches {
         match l.program.unstamped() {
-            Some((s, p)) if shared.is_none_or(|f| Arc::ptr_eq(f.context(), s.context()) && f.minted() == s.minted()) => {
+            Some((s, p))
+                if shared.is_none_or(|f| Arc::ptr_eq(f.context(), s.context()) && f.minted() == s.minted()) =>
+            {
                 shared = Some(s);
                 guarded.push(p.clone());
             }
@@ -191,13 +193,19 @@ mod tests {
         };
         let (stamp, launches) = one_generation(vec![launch(&inc), launch(&inc)]);
         assert_eq!(stamp.map(|s| s.minted()), Some(0), "the launches share generation 0");
-        assert!(launches.iter().all(|l| l.program.unstamped().is_none()), "each launch would check its generation again");
+        assert!(
+            launches.iter().all(|l| l.program.unstamped().is_none()),
+            "each launch would check its generation again"
+        );
 
         let fused = fused_kernel(dev.spec(), vec![launch(&inc), launch(&inc), launch(&inc)], vec![buf.clone()]);
         fused.launch(&[], &[]).unwrap();
         assert_eq!(buf.to_vec::<f32>().unwrap(), [3.0; 4]);
         // A program that is not generation-checked keeps every launch's own check.
-        let foreign = Kernel { spec: inc.spec.clone(), program: Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }) };
+        let foreign = Kernel {
+            spec: inc.spec.clone(),
+            program: Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }),
+        };
         let (stamp, launches) = one_generation(vec![launch(&inc), launch(&foreign)]);
         assert!(stamp.is_none() && launches[0].program.unstamped().is_some());
 

@@ -175,12 +175,17 @@ fn settles(allocator: &dyn Allocator, what: &str) -> Outcome {
 pub fn compile_failure(base: &Arc<Device>) -> Outcome {
     let (dev, plan) = faulty(base)?;
     plan.after(FaultKind::Compile, 1);
-    let e = expect_err("a compile with an injected failure", dev.compile(&affine(2.0, 1.0)?, Some("fault_affine")), |e| {
-        matches!(e, Error::Compile { .. })
-    })?;
+    let e =
+        expect_err("a compile with an injected failure", dev.compile(&affine(2.0, 1.0)?, Some("fault_affine")), |e| {
+            matches!(e, Error::Compile { .. })
+        })?;
     ensure!(e.class() == ErrorClass::Compile && !dev.is_lost(), "a compile failure is not fatal: {e:?}");
     let w = Work::run(&dev)?;
-    ensure!(plan.seen(FaultKind::Compile) == 3, "the failed compile was cached ({} compiles)", plan.seen(FaultKind::Compile));
+    ensure!(
+        plan.seen(FaultKind::Compile) == 3,
+        "the failed compile was cached ({} compiles)",
+        plan.seen(FaultKind::Compile)
+    );
     reset_and_recover(&dev, &plan, w)
 }
 
