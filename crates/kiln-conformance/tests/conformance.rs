@@ -170,6 +170,29 @@ macro_rules! backend {
     };
 }
 
+/// The fault scenarios, on the CPU and OpenCL backends (each on a fresh device of its own).
+#[cfg(feature = "fault-injection")]
+macro_rules! faults {
+    ($module:ident, $name:literal) => {
+        mod $module {
+            use kiln_conformance::suite::faults;
+
+            suite!(@single $name;
+                fault_compile_failure => faults::compile_failure,
+                fault_alloc_failure => faults::alloc_failure,
+                fault_kernel_fault => faults::kernel_fault,
+                fault_signal_timeout => faults::signal_timeout,
+                fault_device_loss => faults::device_loss,
+            );
+        }
+    };
+}
+
+#[cfg(feature = "fault-injection")]
+faults!(cpu_faults, "cpu");
+#[cfg(feature = "fault-injection")]
+faults!(opencl_faults, "opencl");
+
 backend!(cpu, "cpu", peer = "opencl");
 backend!(cpu_guarded, "cpu-guarded", peer = "cpu");
 backend!(opencl, "opencl", peer = "cpu");

@@ -6,8 +6,8 @@
 //! every entry point:
 //! - buffers, through the device's allocator ([`ContextAllocator`]): allocation, host
 //!   transfers and [`crate::Buffer::raw`], the view every launch and queue command takes;
-//! - kernels, through the device's program loader ([`StampedProgram`]): `Kernel::check` and
-//!   `Program::execute`;
+//! - kernels, through the device's program loader ([`StampedProgram`]): `Kernel::check`,
+//!   `Program::execute` and `Program::before_enqueue` (a native enqueue);
 //! - queues and signals, through the device's queue factory ([`ContextQueues`]): a queue's
 //!   `submit`, and every signal of a generation is failed when that generation ends.
 //!
@@ -312,6 +312,15 @@ impl Program for StampedProgram {
 
     fn compiled(&self) -> Option<&CompiledSpec> {
         Some(&self.compiled)
+    }
+
+    fn before_enqueue(&self) -> Result<()> {
+        self.stamp.check("a kernel")?;
+        self.stamp.observe(self.inner.before_enqueue())
+    }
+
+    fn unstamped(&self) -> Option<(&Stamp, &Arc<dyn Program>)> {
+        Some((&self.stamp, &self.inner))
     }
 }
 

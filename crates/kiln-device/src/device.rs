@@ -168,8 +168,17 @@ impl Device {
         description: String,
         build: impl Fn(&DeviceContext) -> Result<DeviceParts> + Send + Sync + 'static,
     ) -> Result<Device> {
-        let context = DeviceContext::new(spec);
         let build: PartsBuilder = Arc::new(build);
+        #[cfg(feature = "fault-injection")]
+        let build = match crate::faults::FaultPlan::from_env()? {
+            Some(plan) => crate::faults::injecting(build, plan),
+            None => build,
+        };
+        Device::open(spec, description, build)
+    }
+
+    fn open(spec: DeviceSpec, description: String, build: PartsBuilder) -> Result<Device> {
+        let context = DeviceContext::new(spec);
         let first = Generation::new(build(&context)?, context.stamp())?;
         // A malformed KILN_CACHE* variable is reported here rather than silently ignored.
         let cache = Arc::new(KernelCache::from_env()?);
@@ -181,6 +190,16 @@ impl Device {
     pub fn with_cache(mut self, cache: Arc<KernelCache>) -> Device {
         self.cache = cache;
         self
+    }
+
+    /// A new device of the same backend and spec whose every generation injects the faults
+    /// of `plan` ([`crate::faults`]): a new context at generation 0 and its own kernel cache
+    /// (configured from the environment; [`Device::with_cache`] replaces it), so programs of
+    /// the two devices never mix. Faults of `KILN_FAULTS` on `self` apply to it too.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(&self, plan: Arc<crate::faults::FaultPlan>) -> Result<Device> {
+        let build = crate::faults::injecting(self.build.clone(), plan);
+        Device::open(self.spec().clone(), self.description.clone(), build)
     }
 
     fn current(&self) -> Arc<Generation> {

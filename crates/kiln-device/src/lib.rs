@@ -9,6 +9,8 @@ pub mod context;
 pub mod cstyle;
 pub mod device;
 pub mod error;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod program;
 pub mod queue;
 pub mod ring;

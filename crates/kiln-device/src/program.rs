@@ -9,6 +9,7 @@ use kiln_ir::bounds::{Bounds, LAUNCH_SLOTS};
 use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, validate, variables};
 
 use crate::buffer::RawView;
+use crate::context::Stamp;
 use crate::error::{Error, Result};
 
 /// A runtime integer variable of a kernel with its inclusive bounds.
@@ -369,6 +370,24 @@ pub trait Program: Send + Sync {
     /// The compiled form the program was loaded from, when kept: a reset device reloads it
     /// from this instead of compiling again.
     fn compiled(&self) -> Option<&CompiledSpec> {
+        None
+    }
+
+    /// Called by a queue that launches this program natively, without [`Program::execute`]
+    /// (an OpenCL or CUDA stream enqueues the device kernel), just before each enqueue: an
+    /// error refuses the launch and fails the queue there, as a failed launch would. Wrappers
+    /// that must see every launch forward it: the device generation check
+    /// ([`crate::context`]) and fault injection. The default accepts.
+    fn before_enqueue(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// For a program guarded by a device generation (every program a [`crate::Device`]
+    /// loads): the stamp and the program it guards, so a caller that runs many programs of
+    /// one generation back to back checks the stamp once (a fused plan segment). Such a
+    /// caller must [`Stamp::check`] before the run and pass every error to
+    /// [`Stamp::observe`], as the guard does. `None` (the default) for other programs.
+    fn unstamped(&self) -> Option<(&Stamp, &Arc<dyn Program>)> {
         None
     }
 }

@@ -9,7 +9,8 @@
 //! waiting stream finds it with [`RingSignal::event_for`].
 //!
 //! How each command is enqueued:
-//! - `exec`: [`StreamOps::enqueue_kernel`] (arguments were checked when recorded).
+//! - `exec`: [`StreamOps::enqueue_kernel`] (arguments were checked when recorded), after
+//!   the program's [`crate::Program::before_enqueue`] (the generation check, fault injection).
 //! - `copy`: [`StreamOps::enqueue_copy`]; when the backend cannot copy natively (another
 //!   device), a host step stages it through host memory once every earlier command finished.
 //! - `wait`: [`StreamOps::wait_event`] on the signal's event for the value; a host step when
@@ -200,7 +201,10 @@ impl<B: StreamOps> Inner<B> {
                 Command::Wait(s, v) => self.wait(s, v),
                 Command::Signal(s, v) => self.ops.record_event().and_then(|e| s.record(v, e)).map(|()| None),
                 Command::Exec { kernel, bufs, views, vals, dims, timer } => {
-                    let r = self.ops.enqueue_kernel(&kernel, &views, &vals, &dims, timer.as_ref());
+                    let r = kernel
+                        .program
+                        .before_enqueue()
+                        .and_then(|()| self.ops.enqueue_kernel(&kernel, &views, &vals, &dims, timer.as_ref()));
                     kernels.push(kernel);
                     buffers.extend(bufs);
                     r.map(|()| None)

@@ -10,11 +10,18 @@
 //! Failure: the first failing node's error is the fused command's error, so the queue
 //! fails its signal exactly as if that node had been a command of its own; the nodes after
 //! it in the segment do not run (as on a queue that stops at a failure).
+//!
+//! Device generations: when every node's program was loaded under one device generation
+//! (the usual case), the fused command checks that generation once per run and calls the
+//! programs it guards directly, instead of paying one check per kernel; a fatal error still
+//! marks the device lost ([`Stamp::observe`]). A reset or loss during a run cannot make a
+//! stale kernel touch freed state (an old generation's memory stays alive while its buffers
+//! do) and fails the run's signals, so nothing computed after it is reported as valid.
 
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, Op, UOp};
-use kiln_device::{Buffer, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result};
+use kiln_device::{Buffer, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result, Stamp};
 
 use crate::schedule::Schedule;
 
@@ -68,6 +75,9 @@ pub(crate) struct Launch {
 
 /// Runs a segment's launches in order on the calling (queue) thread.
 pub(crate) struct FusedProgram {
+    /// The one device generation of every launch, checked once per run (the launches then
+    /// hold the programs it guards); `None` when they share none (each program checks its own).
+    stamp: Option<Stamp>,
     launches: Vec<Launch>,
     /// Keeps every allocation the views point into alive for as long as a queue holds
     /// this program, independent of the plan's lifetime.
@@ -76,13 +86,20 @@ pub(crate) struct FusedProgram {
 
 impl Program for FusedProgram {
     unsafe fn execute(&self, _bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
+        self.check_current()?;
         for l in &self.launches {
             // SAFETY: each launch was built from `Kernel::check` over buffers that `_keep`
             // holds alive (views of host memory, counts, dtypes, sizes, variable bounds and
             // launch sizes verified); the plan orders this segment after every node that
             // conflicts with it (hazard analysis + timeline waits) and never starts a run
             // before the previous one finished, so no other thread writes these bytes now.
-            unsafe { l.program.execute(&l.views, &l.vals, &l.dims)? };
+            let r = unsafe { l.program.execute(&l.views, &l.vals, &l.dims) };
+            if r.is_err() {
+                return match &self.stamp {
+                    Some(s) => s.observe(r),
+                    None => r,
+                };
+            }
         }
         Ok(())
     }
@@ -90,14 +107,40 @@ impl Program for FusedProgram {
     fn name(&self) -> &str {
         "plan_segment"
     }
+
+    fn check_current(&self) -> Result<()> {
+        self.stamp.as_ref().map_or(Ok(()), |s| s.check("a kernel"))
+    }
 }
 
 /// A kernel (no buffers, no variables, one work item) whose program runs `launches`.
 pub(crate) fn fused_kernel(device: &DeviceSpec, launches: Vec<Launch>, keep: Vec<Buffer>) -> Kernel {
+    let (stamp, launches) = one_generation(launches);
     Kernel {
         spec: Arc::new(bare_spec("plan_segment", device)),
-        program: Arc::new(FusedProgram { launches, _keep: keep }),
+        program: Arc::new(FusedProgram { stamp, launches, _keep: keep }),
     }
+}
+
+/// The stamp shared by every launch's program and the launches with the programs it
+/// guards, or `None` and the launches unchanged when they share none.
+fn one_generation(launches: Vec<Launch>) -> (Option<Stamp>, Vec<Launch>) {
+    let mut shared: Option<&Stamp> = None;
+    let mut guarded = Vec::with_capacity(launches.len());
+    for l in &launches {
+        match l.program.unstamped() {
+            Some((s, p))
+                if shared.is_none_or(|f| Arc::ptr_eq(f.context(), s.context()) && f.minted() == s.minted()) =>
+            {
+                shared = Some(s);
+                guarded.push(p.clone());
+            }
+            _ => return (None, launches),
+        }
+    }
+    let stamp = shared.cloned();
+    let launches = launches.into_iter().zip(guarded).map(|(l, program)| Launch { program, ..l }).collect();
+    (stamp, launches)
 }
 
 /// The metadata of a program with no buffers and no variables that runs once on `device`.
@@ -124,6 +167,54 @@ pub(crate) fn bare_spec(name: &str, device: &DeviceSpec) -> ProgramSpec {
 mod tests {
     use super::*;
     use crate::schedule::{Lane, QueueLayout, schedule};
+
+    /// A fused replay checks the device generation once, not once per kernel (the per-kernel
+    /// check made `plan_replay_per_kernel` ~50% slower), and still refuses a stale run and
+    /// runs only while the device is current.
+    #[test]
+    fn a_fused_segment_checks_its_generation_once() {
+        use kiln_device::kiln_ir::{KernelBuilder, Scalar};
+        use kiln_device::{Error, Kernel};
+        let dev = match kiln_cpu::open(&DeviceSpec::Cpu) {
+            Ok(d) => d,
+            Err(Error::CompilerMissing(m)) => return eprintln!("skipping: no C compiler ({m})"),
+            Err(e) => panic!("the CPU device does not open: {e}"),
+        };
+        let mut k = KernelBuilder::new();
+        let x = k.param(0, Scalar::F32, 4);
+        let i = k.global(0, 4);
+        k.store(&x.at(&i), &(x.at(&i).load() + 1.0));
+        let inc = dev.compile(&k.finish().unwrap(), Some("inc")).unwrap();
+        let buf = dev.buffer(Scalar::F32, 4).unwrap();
+        buf.copy_from_slice(&[0.0f32; 4]).unwrap();
+        let launch = |k: &Kernel| {
+            let (views, dims) = k.check(&[&buf], &[]).unwrap();
+            Launch { program: k.program.clone(), views, vals: vec![], dims }
+        };
+        let (stamp, launches) = one_generation(vec![launch(&inc), launch(&inc)]);
+        assert_eq!(stamp.map(|s| s.minted()), Some(0), "the launches share generation 0");
+        assert!(
+            launches.iter().all(|l| l.program.unstamped().is_none()),
+            "each launch would check its generation again"
+        );
+
+        let fused = fused_kernel(dev.spec(), vec![launch(&inc), launch(&inc), launch(&inc)], vec![buf.clone()]);
+        fused.launch(&[], &[]).unwrap();
+        assert_eq!(buf.to_vec::<f32>().unwrap(), [3.0; 4]);
+        // A program that is not generation-checked keeps every launch's own check.
+        let foreign = Kernel {
+            spec: inc.spec.clone(),
+            program: Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }),
+        };
+        let (stamp, launches) = one_generation(vec![launch(&inc), launch(&foreign)]);
+        assert!(stamp.is_none() && launches[0].program.unstamped().is_some());
+
+        dev.reset().unwrap();
+        assert!(matches!(fused.program.check_current(), Err(Error::DeviceLost { minted: 0, current: 1, .. })));
+        // SAFETY: the fused program refuses before touching any buffer (stale generation).
+        let stale = unsafe { fused.program.execute(&[], &[], &LaunchDims { global: [1; 3], local: None }) };
+        assert!(matches!(stale, Err(Error::DeviceLost { .. })), "{stale:?}");
+    }
 
     #[test]
     fn segments_break_at_waits_signals_and_unfusable_nodes() {

@@ -101,6 +101,14 @@ impl Program for TimedProgram {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         self.inner.as_any()
     }
+
+    fn check_current(&self) -> Result<()> {
+        self.inner.check_current()
+    }
+
+    fn before_enqueue(&self) -> Result<()> {
+        self.inner.before_enqueue()
+    }
 }
 
 /// `kernel` with its program wrapped to fill `stamps`.

@@ -4,6 +4,8 @@
 pub mod bounds;
 pub mod buffers;
 pub mod errors;
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod plans;
 pub mod programs;
 pub mod queues;
