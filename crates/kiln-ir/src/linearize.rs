@@ -23,7 +23,11 @@ type Chain = Vec<usize>; // range indices, outermost first
 /// stall or a compiler error.
 pub const MAX_LOOPS: usize = 256;
 
-/// Linearizes the kernel rooted at `sink`.
+/// Linearizes the kernel rooted at `sink` (see the module docs for the order's contract).
+///
+/// # Errors
+/// [`IrError::Structure`] when the loops cannot be laid out: more than [`MAX_LOOPS`] RANGEs,
+/// or a value computed inside a loop that is used inside that same loop through its END.
 pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let topo = sink.toposort();
     let index: HashMap<*const UOp, usize> = topo.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i)).collect();
