@@ -33,7 +33,7 @@ loops on all cores, the matrixmultiply crate).",
 are shared and noisy."
 )]
 pub struct BenchArgs {
-    /// The device to benchmark: CPU or OPENCL[:n]
+    /// The device to benchmark: CPU, OPENCL or OPENCL:n
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// Print {"device", "results": [...]} instead of a table
