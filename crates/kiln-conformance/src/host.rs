@@ -5,6 +5,7 @@
 use std::fmt;
 
 use half::{bf16, f16};
+use kiln_device::cstyle::{bf16_bits, f16_bits};
 use kiln_device::kiln_ir::Scalar;
 use kiln_device::{Buffer, Device};
 
@@ -82,11 +83,12 @@ pub fn wrap_int(v: i128, s: Scalar) -> i128 {
     }
 }
 
-/// `v` rounded to float type `s` (round to nearest even), as an exact f64.
+/// `v` rounded to float type `s` (round to nearest even), as an exact f64. f16 and bf16 round
+/// as the renderers round constants (`half`'s `from_f64` misrounds values just above a tie).
 pub fn round_float(v: f64, s: Scalar) -> f64 {
     match s {
-        Scalar::F16 => f16::from_f64(v).to_f64(),
-        Scalar::BF16 => bf16::from_f64(v).to_f64(),
+        Scalar::F16 => f16::from_bits(f16_bits(v)).to_f64(),
+        Scalar::BF16 => bf16::from_bits(bf16_bits(v)).to_f64(),
         Scalar::F32 => v as f32 as f64,
         _ => v,
     }
@@ -209,6 +211,10 @@ mod tests {
         assert!(normalize(Value::I(-1), Scalar::U32).same(Value::I(u32::MAX as i128)));
         assert!(normalize(Value::F(0.1), Scalar::F32).same(Value::F(0.1f32 as f64)));
         assert!(normalize(Value::F(65520.0), Scalar::F16).same(Value::F(f64::INFINITY)));
+        // Just above a tie, a value rounds up, as the C compiler rounds an f16 constant.
+        let above_tie = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(round_float(above_tie, Scalar::F16), 1.0 + 2f64.powi(-10));
+        assert_eq!(round_float(1.0 + 2f64.powi(-8) + 2f64.powi(-40), Scalar::BF16), 1.0 + 2f64.powi(-7));
         assert!(Value::F(f64::NAN).same(Value::F(-f64::NAN)));
         assert!(!Value::F(0.0).same(Value::F(-0.0)));
     }

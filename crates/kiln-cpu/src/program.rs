@@ -48,7 +48,7 @@ impl std::fmt::Debug for CpuProgram {
 
 impl CpuProgram {
     /// Loads `compiled.bytes` (a shared library) and looks up the entry `compiled.spec.name`.
-    /// The bytes are loaded from memory, or from a private folder (see [`open_library`]).
+    /// The bytes are loaded from memory, or from a private folder (see `open_library`).
     pub fn load(compiled: &CompiledSpec) -> Result<CpuProgram> {
         let name = compiled.spec.name.clone();
         let (lib, image) = open_library(&compiled.bytes).map_err(|e| Error::Load(format!("kernel `{name}`: {e}")))?;

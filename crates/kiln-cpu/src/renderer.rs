@@ -35,8 +35,8 @@
 use std::sync::Arc;
 
 use kiln_device::cstyle::{
-    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_float_literal, c_int_literal,
-    f16_bits, round_float_bits,
+    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, bf16_bits, c_float_literal,
+    c_int_literal, f16_bits,
 };
 use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
@@ -649,7 +649,7 @@ impl Dialect for CpuDialect {
 
     fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String {
         match s {
-            Scalar::BF16 => format!("((uint16_t)0x{:04x})", round_float_bits(v, 8, 7)),
+            Scalar::BF16 => format!("((uint16_t)0x{:04x})", bf16_bits(v)),
             Scalar::F16 if v.is_finite() => format!("((_Float16){})", c_float_literal(v, Scalar::F64)),
             Scalar::F16 => self.float_from_bits(f16_bits(v) as u64, s, p),
             Scalar::F32 | Scalar::F64 if v.is_finite() => c_float_literal(v, s),
@@ -657,7 +657,7 @@ impl Dialect for CpuDialect {
                 let inf = if s == Scalar::F32 { "__builtin_inff()" } else { "__builtin_inf()" };
                 if v < 0.0 { format!("(-{inf})") } else { inf.into() }
             }
-            Scalar::F32 => self.float_from_bits(round_float_bits(v, 8, 23), s, p),
+            Scalar::F32 => self.float_from_bits(u64::from((v as f32).to_bits()), s, p), // NaN: the only case left
             _ => self.float_from_bits(v.to_bits(), Scalar::F64, p),
         }
     }

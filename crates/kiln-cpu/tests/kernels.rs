@@ -56,19 +56,11 @@ fn randf(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
-    let e = ((h >> 10) & 0x1f) as i32;
-    let m = (h & 0x3ff) as f32;
-    match e {
-        0 => sign * m * 2f32.powi(-24),
-        31 if m == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        _ => sign * (1.0 + m / 1024.0) * 2f32.powi(e - 15),
-    }
+    half::f16::from_bits(h).to_f32()
 }
 
 fn bf16_to_f32(b: u16) -> f32 {
-    f32::from_bits((b as u32) << 16)
+    half::bf16::from_bits(b).to_f32()
 }
 
 // ---------------------------------------------------------------- end-to-end kernels

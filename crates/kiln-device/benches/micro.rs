@@ -129,8 +129,8 @@ fn kernel_cache(c: &mut Criterion) {
         b.iter(|| memory.get_or_compile(black_box(&sink), None, &DeviceSpec::Cpu, &tc).expect("memory hit"))
     });
 
-    let dir = std::env::temp_dir().join(format!("kiln-bench-cache-{}", std::process::id()));
-    let disk = KernelCache::new(CacheConfig::at(&dir));
+    let dir = tempfile::tempdir().expect("a temporary cache folder");
+    let disk = KernelCache::new(CacheConfig::at(dir.path()));
     disk.get_or_compile(&sink, None, &DeviceSpec::Cpu, &tc).expect("warm-up compile");
     g.bench_function("disk_hit_16KiB", |b| {
         b.iter(|| {
@@ -140,7 +140,6 @@ fn kernel_cache(c: &mut Criterion) {
     });
     let stats = disk.stats();
     assert_eq!(stats.misses, 1, "every measured lookup was a hit: {stats:?}");
-    let _ = std::fs::remove_dir_all(&dir);
     g.finish();
 }
 

@@ -528,58 +528,32 @@ pub fn c_float_literal(v: f64, s: Scalar) -> String {
     if text.starts_with('-') { format!("({text}{suffix})") } else { format!("{text}{suffix}") }
 }
 
-/// Rounds `v` to a binary float format with `exp_bits` exponent and `man_bits` stored
-/// mantissa bits (ties to even, overflow to infinity, gradual underflow) and returns the bits.
-/// NaN becomes the quiet NaN of the same sign. `(8, 7)` is bf16, `(5, 10)` is f16.
-pub fn round_float_bits(v: f64, exp_bits: u32, man_bits: u32) -> u64 {
-    let sign = (v.to_bits() >> 63) << (exp_bits + man_bits);
-    let bias = (1i64 << (exp_bits - 1)) - 1;
-    let max_exp = (1u64 << exp_bits) - 1;
-    if v.is_nan() {
-        return sign | (max_exp << man_bits) | (1 << (man_bits - 1));
+/// `v` rounded to f32 with round-to-odd: `v` itself when it is an f32, else whichever of its
+/// two f32 neighbours has an odd last bit. Rounding that once more to a format with at least
+/// two fewer mantissa bits (f16, bf16) gives exactly the correctly rounded value of `v`. It is
+/// the step `half`'s own `from_f64` lacks: that rounds through a plain f32 (with F16C) or drops
+/// the low 32 bits of `v`, so a value just above a tie rounds down in f16 although the C
+/// compiler rounds the same constant up.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let nearest = v as f32;
+    if !v.is_finite() || f64::from(nearest) == v {
+        return nearest;
     }
-    if v.is_infinite() {
-        return sign | (max_exp << man_bits);
-    }
-    if v == 0.0 {
-        return sign;
-    }
-    let b = v.abs().to_bits();
-    let (e, f) = ((b >> 52) as i64, b & ((1u64 << 52) - 1));
-    let (mant, exp) = if e == 0 { (f, -1074i64) } else { (f | (1u64 << 52), e - 1075) };
-    let k = 63 - mant.leading_zeros() as i64 + exp; // floor(log2 |v|)
-    let mut q = (k - man_bits as i64).max(1 - bias - man_bits as i64); // exponent of one unit in the last place
-    let shift = q - exp;
-    let mut n = if shift <= 0 {
-        mant << (-shift)
-    } else if shift >= 64 {
-        0
-    } else {
-        let (r, rem, half) = (mant >> shift, mant & ((1u64 << shift) - 1), 1u64 << (shift - 1));
-        if rem > half || (rem == half && r & 1 == 1) { r + 1 } else { r }
-    };
-    if n >= 1u64 << (man_bits + 1) {
-        n >>= 1;
-        q += 1;
-    }
-    if n < 1u64 << man_bits {
-        return sign | n; // subnormal or zero
-    }
-    let biased = q + man_bits as i64 + bias;
-    if biased >= max_exp as i64 {
-        return sign | (max_exp << man_bits);
-    }
-    sign | ((biased as u64) << man_bits) | (n & ((1u64 << man_bits) - 1))
+    // Bit patterns are sign-magnitude: one less is one step toward zero.
+    let truncated = if f64::from(nearest).abs() > v.abs() { nearest.to_bits() - 1 } else { nearest.to_bits() };
+    f32::from_bits(truncated | 1)
 }
 
-/// The bits of `v` rounded to IEEE binary16.
+/// The bits of `v` rounded to IEEE binary16 (to nearest, ties to even; overflow to infinity;
+/// NaN to a quiet NaN of the same sign).
 pub fn f16_bits(v: f64) -> u16 {
-    round_float_bits(v, 5, 10) as u16
+    half::f16::from_f32(f32_round_to_odd(v)).to_bits()
 }
 
-/// The bits of `v` rounded to bfloat16.
+/// The bits of `v` rounded to bfloat16 (to nearest, ties to even; overflow to infinity;
+/// NaN to a quiet NaN of the same sign).
 pub fn bf16_bits(v: f64) -> u16 {
-    round_float_bits(v, 8, 7) as u16
+    half::bf16::from_f32(f32_round_to_odd(v)).to_bits()
 }
 
 /// The value of a node as later nodes refer to it.
@@ -1371,17 +1345,25 @@ mod tests {
 
     #[test]
     fn rounding_to_narrow_floats_is_exact() {
-        // f32 through the generic rounding must agree with the hardware conversion.
+        // Just above a tie, the bits that decide the rounding lie beyond f32 (and beyond the
+        // top 32 bits of the f64): rounding through a plain f32 would give 1.0.
+        assert_eq!(f16_bits(1.0 + 2f64.powi(-11) + 2f64.powi(-40)), 0x3c01);
+        assert_eq!(f16_bits(-(1.0 + 2f64.powi(-11) + 2f64.powi(-40))), 0xbc01);
+        assert_eq!(f16_bits(65520.0 - 2f64.powi(-30)), 0x7bff); // just below the overflow tie
+        assert_eq!(f16_bits(2f64.powi(-25) + 2f64.powi(-60)), 0x0001);
+        assert_eq!(f16_bits(1e300), 0x7c00);
+        assert_eq!(bf16_bits(1.0 + 2f64.powi(-8) + 2f64.powi(-40)), 0x3f81);
+        assert_eq!(bf16_bits(2f64.powi(-134) + 2f64.powi(-170)), 0x0001); // a subnormal above the tie
+        assert_eq!(bf16_bits(-1e300), 0xff80);
+        // Exact values and ties are untouched by the round-to-odd step.
         let mut s = 0x1234_5678_9abc_def0u64;
         for _ in 0..20_000 {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let v = f64::from_bits(s);
-            let want = v as f32;
-            let got = f32::from_bits(round_float_bits(v, 8, 23) as u32);
-            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{v:e}: {got:e} vs {want:e}");
-        }
-        for v in [1e-40, -1e-45, 7e-46, 3.4028235677973366e38, 3.402823669209385e38, 1.0 + 2f64.powi(-24)] {
-            assert_eq!(round_float_bits(v, 8, 23) as u32, (v as f32).to_bits(), "{v:e}");
+            let f = f32::from_bits(s as u32);
+            if !f.is_nan() {
+                assert_eq!(f16_bits(f64::from(f)), half::f16::from_f32(f).to_bits(), "{f:e}");
+                assert_eq!(bf16_bits(f64::from(f)), half::bf16::from_f32(f).to_bits(), "{f:e}");
+            }
         }
         assert_eq!(f16_bits(1.0), 0x3c00);
         assert_eq!(f16_bits(65504.0), 0x7bff);

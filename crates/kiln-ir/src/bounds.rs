@@ -51,28 +51,35 @@ use crate::uop::{Arg, Op, UOp};
 /// such as the index of a loop that runs zero times).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interval {
+    /// The smallest possible value (inclusive).
     pub lo: i128,
+    /// The largest possible value (inclusive).
     pub hi: i128,
 }
 
 impl Interval {
     /// Nothing known (floats, pointers, overflow).
     pub const ANY: Interval = Interval { lo: i128::MIN, hi: i128::MAX };
+    /// No value at all (the canonical empty interval).
     pub const EMPTY: Interval = Interval { lo: 1, hi: 0 };
     const BOOL: Interval = Interval { lo: 0, hi: 1 };
 
+    /// `[lo, hi]`; empty when `lo > hi`.
     pub const fn new(lo: i128, hi: i128) -> Interval {
         Interval { lo, hi }
     }
 
+    /// Exactly `v` (a constant, or a variable's bound value at launch).
     pub const fn point(v: i128) -> Interval {
         Interval { lo: v, hi: v }
     }
 
+    /// Whether no value lies in it.
     pub const fn is_empty(self) -> bool {
         self.lo > self.hi
     }
 
+    /// Whether `lo <= v <= hi`.
     pub const fn contains(self, v: i128) -> bool {
         self.lo <= v && v <= self.hi
     }
@@ -81,6 +88,8 @@ impl Interval {
         self.lo >= outer.lo && self.hi <= outer.hi
     }
 
+    /// The smallest interval holding both (a value that is one or the other); an empty
+    /// side adds nothing.
     pub fn hull(self, o: Interval) -> Interval {
         if self.is_empty() {
             o
@@ -91,6 +100,7 @@ impl Interval {
         }
     }
 
+    /// The values in both (empty when they do not overlap).
     pub fn intersect(self, o: Interval) -> Interval {
         Interval::new(self.lo.max(o.lo), self.hi.min(o.hi))
     }
@@ -103,6 +113,7 @@ pub struct OutOfBounds {
     /// numbering [`crate::validate`] uses). For a kernel printed by `print`, `%N` is on line
     /// `N + 2` of the text (after the header line).
     pub node: usize,
+    /// `LOAD` or `STORE`.
     pub op: &'static str,
     /// The buffer slot, or `None` when the address is not an INDEX chain over a PARAM.
     pub slot: Option<usize>,
@@ -110,6 +121,7 @@ pub struct OutOfBounds {
     pub local: Option<usize>,
     /// The elements the access may touch, `first..=last` (in the buffer's scalar elements).
     pub first: i128,
+    /// The last element the access may touch (inclusive).
     pub last: i128,
     /// The slot's element count for this launch (local memory: its static size).
     pub len: i128,
@@ -394,7 +406,11 @@ impl Bounds {
     /// Decides the accesses [`Bounds::prove`] left open, for one launch: `vals` the variable
     /// values (positional, sorted by name, already checked against their bounds), `launch`
     /// the launch sizes as in `prove` (1 where absent) and `lens[slot]` each slot's element
-    /// count for these values. The first access that may leave its buffer is the error.
+    /// count for these values.
+    ///
+    /// # Errors
+    /// The first access (in [`crate::print`] order) that may leave its buffer for these values,
+    /// with the elements it may touch and the buffer's length.
     pub fn check(&self, vals: &[i64], launch: &[i64; LAUNCH_SLOTS], lens: &[usize]) -> Result<(), OutOfBounds> {
         if self.pending.is_empty() {
             return Ok(());

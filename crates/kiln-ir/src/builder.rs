@@ -31,10 +31,12 @@ use crate::validate::validate;
 pub struct Val(pub Arc<UOp>);
 
 impl Val {
+    /// The node, for code that works on the graph directly.
     pub fn node(&self) -> &Arc<UOp> {
         &self.0
     }
 
+    /// The node's dtype (it decides the dtype of numbers used as the other operand).
     pub fn dtype(&self) -> DType {
         self.0.dtype()
     }
@@ -67,75 +69,96 @@ impl Val {
         }
     }
 
+    /// An index (`i32`) constant, e.g. an offset in index arithmetic.
     pub fn int(v: i64) -> Val {
         Val(UOp::index_const(v))
     }
 
+    /// An `f32` constant.
     pub fn f32(v: f32) -> Val {
         Val(UOp::const_float(DType::F32, v as f64))
     }
 
+    /// Square root (floats).
     pub fn sqrt(&self) -> Val {
         self.un(Op::Sqrt)
     }
+    /// `2^self` (floats).
     pub fn exp2(&self) -> Val {
         self.un(Op::Exp2)
     }
+    /// Base-2 logarithm (floats).
     pub fn log2(&self) -> Val {
         self.un(Op::Log2)
     }
+    /// `e^self` (floats).
     pub fn exp(&self) -> Val {
         self.un(Op::Exp)
     }
+    /// Natural logarithm (floats).
     pub fn log(&self) -> Val {
         self.un(Op::Log)
     }
+    /// Sine of radians (floats).
     pub fn sin(&self) -> Val {
         self.un(Op::Sin)
     }
+    /// Cosine of radians (floats).
     pub fn cos(&self) -> Val {
         self.un(Op::Cos)
     }
+    /// `1 / self` (floats).
     pub fn recip(&self) -> Val {
         self.un(Op::Recip)
     }
+    /// Absolute value (signed integers wrap: `abs(MIN) == MIN`).
     pub fn abs(&self) -> Val {
         self.un(Op::Abs)
     }
+    /// Rounds toward zero, staying a float.
     pub fn trunc(&self) -> Val {
         self.un(Op::Trunc)
     }
+    /// Bitwise complement of an integer, logical negation of a bool.
     pub fn not(&self) -> Val {
         self.un(Op::Not)
     }
+    /// The larger of the two; for floats a NaN operand yields the other one (`fmax`).
     pub fn max(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Max, &o)
     }
+    /// The smaller of the two; for floats a NaN operand yields the other one (`fmin`).
     pub fn min(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Min, &o)
     }
+    /// `self^o` (floats).
     pub fn pow(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Pow, &o)
     }
+    /// Integer division truncating toward zero (`x / 0 == 0`); `/` on an integer `Val` is the same.
     pub fn idiv(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Idiv, &o)
     }
+    /// `self < o` as bool lanes (`a > b` is `b.lt(a)`).
     pub fn lt(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Lt, &o)
     }
+    /// `self <= o` as bool lanes (`a >= b` is `b.le(a)`).
     pub fn le(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Le, &o)
     }
+    /// `self == o` as bool lanes (a method, not `PartialEq`, because it builds a node).
     pub fn eq(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Eq, &o)
     }
+    /// `self != o` as bool lanes (true when either is NaN).
     pub fn ne(&self, o: impl IntoVal) -> Val {
         let o = o.into_val(self.dtype());
         self.bin(Op::Ne, &o)
@@ -149,9 +172,12 @@ impl Val {
     pub fn mul_acc(&self, b: &Val, c: &Val) -> Val {
         Val(UOp::new(Op::MulAcc, self.dtype(), Arg::None, vec![self.0.clone(), b.0.clone(), c.0.clone()]))
     }
+    /// Converts the value to `dtype` lane by lane: float → integer saturates (NaN → 0),
+    /// integer → integer wraps, anything → bool is `!= 0`.
     pub fn cast(&self, dtype: DType) -> Val {
         Val(UOp::new(Op::Cast, dtype, Arg::None, vec![self.0.clone()]))
     }
+    /// Reinterprets the bits as `dtype`, which must have the same size.
     pub fn bitcast(&self, dtype: DType) -> Val {
         Val(UOp::new(Op::Bitcast, dtype, Arg::None, vec![self.0.clone()]))
     }
@@ -210,6 +236,8 @@ impl Val {
 /// Things usable as an operand: another [`Val`] or a number (a constant of the other
 /// operand's dtype).
 pub trait IntoVal {
+    /// This operand as a node; a number becomes a constant of `like` (the other operand's
+    /// dtype, broadcast for vectors).
     fn into_val(self, like: DType) -> Val;
 }
 
@@ -297,12 +325,6 @@ pub struct KernelBuilder {
     next_acc: i64,
 }
 
-/// A loop under construction: its index value and the range node.
-#[derive(Clone, Debug)]
-pub struct Loop {
-    pub idx: Val,
-}
-
 /// An accumulator under construction.
 #[derive(Clone, Debug)]
 pub struct Acc {
@@ -329,6 +351,7 @@ impl Acc {
 }
 
 impl KernelBuilder {
+    /// An empty kernel: no effects, loop axes and accumulator ids counted from 0.
     pub fn new() -> Self {
         Self::default()
     }
@@ -402,6 +425,11 @@ impl KernelBuilder {
     }
 
     /// Validates and returns the kernel's SINK.
+    ///
+    /// # Errors
+    /// [`IrError::Type`] for a node that breaks an operand or dtype rule ([`crate::validate`],
+    /// e.g. adding an f32 to an i32), [`IrError::Structure`] for loops that cannot be laid out
+    /// ([`crate::linearize`], e.g. more than [`crate::MAX_LOOPS`]).
     pub fn finish(self) -> Result<Arc<UOp>, IrError> {
         let sink = UOp::new(Op::Sink, DType::Void, Arg::None, self.effects);
         validate(&sink)?;

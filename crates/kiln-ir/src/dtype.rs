@@ -9,25 +9,40 @@ use std::str::FromStr;
 
 use crate::IrError;
 
-/// A scalar element type.
+/// A scalar element type. Integers wrap (two's complement); floats are IEEE binary formats
+/// (bf16 is the top half of an f32); `Bool` is one byte holding 0 or 1 in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scalar {
+    /// `true`/`false`: one byte, 0 or 1, in memory.
     Bool,
+    /// Signed 8-bit integer.
     I8,
+    /// Signed 16-bit integer.
     I16,
+    /// Signed 32-bit integer: the type of index arithmetic ([`DType::INDEX`]).
     I32,
+    /// Signed 64-bit integer.
     I64,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Unsigned 16-bit integer.
     U16,
+    /// Unsigned 32-bit integer.
     U32,
+    /// Unsigned 64-bit integer.
     U64,
+    /// IEEE binary16. Backends compute in f32 and round once per op unless they have native f16.
     F16,
+    /// bfloat16: an f32 with its low 16 mantissa bits dropped, computed in f32.
     BF16,
+    /// IEEE binary32.
     F32,
+    /// IEEE binary64.
     F64,
 }
 
 impl Scalar {
+    /// Every scalar type, in declaration order (so tests can cover each one).
     pub const ALL: [Scalar; 13] = [
         Scalar::Bool,
         Scalar::I8,
@@ -54,14 +69,17 @@ impl Scalar {
         }
     }
 
+    /// f16, bf16, f32 or f64.
     pub const fn is_float(self) -> bool {
         matches!(self, Scalar::F16 | Scalar::BF16 | Scalar::F32 | Scalar::F64)
     }
 
+    /// A signed or unsigned integer (not `Bool`).
     pub const fn is_int(self) -> bool {
         !self.is_float() && !matches!(self, Scalar::Bool)
     }
 
+    /// A signed integer (floats, bool and unsigned integers are not).
     pub const fn is_signed(self) -> bool {
         matches!(self, Scalar::I8 | Scalar::I16 | Scalar::I32 | Scalar::I64)
     }
@@ -142,17 +160,32 @@ pub enum DType {
     Scalar(Scalar),
     /// `width` lanes of one scalar (2 ≤ width ≤ 64).
     Vector(Scalar, u8),
-    /// A pointer to elements of `scalar` (accessed `width` lanes at a time; 1 = scalar).
-    Ptr { scalar: Scalar, width: u8, space: AddrSpace },
+    /// A pointer to elements of `scalar`. Its length (PARAM's operand) and INDEX offsets count
+    /// elements of `scalar`, not of the `width`-lane vectors it loads and stores.
+    Ptr {
+        /// The element type.
+        scalar: Scalar,
+        /// Lanes moved by one LOAD or STORE through it (1 = scalar access).
+        width: u8,
+        /// Global (kernel parameters) or work-group local memory.
+        space: AddrSpace,
+    },
 }
 
 impl DType {
+    /// A scalar `bool` (comparisons, gates, WHERE conditions).
     pub const BOOL: DType = DType::Scalar(Scalar::Bool);
+    /// A scalar `i32`.
     pub const I32: DType = DType::Scalar(Scalar::I32);
+    /// A scalar `i64`.
     pub const I64: DType = DType::Scalar(Scalar::I64);
+    /// A scalar `u8`.
     pub const U8: DType = DType::Scalar(Scalar::U8);
+    /// A scalar `f16`.
     pub const F16: DType = DType::Scalar(Scalar::F16);
+    /// A scalar `f32`.
     pub const F32: DType = DType::Scalar(Scalar::F32);
+    /// A scalar `f64`.
     pub const F64: DType = DType::Scalar(Scalar::F64);
     /// The type of index arithmetic produced by the builder.
     pub const INDEX: DType = DType::I32;
@@ -200,18 +233,22 @@ impl DType {
         }
     }
 
+    /// A pointer of either address space.
     pub fn is_ptr(self) -> bool {
         matches!(self, DType::Ptr { .. })
     }
 
+    /// A float scalar or vector (pointers to floats are not).
     pub fn is_float(self) -> bool {
         !self.is_ptr() && self.scalar().is_some_and(Scalar::is_float)
     }
 
+    /// An integer scalar or vector (pointers to integers are not).
     pub fn is_int(self) -> bool {
         !self.is_ptr() && self.scalar().is_some_and(Scalar::is_int)
     }
 
+    /// A bool scalar or vector.
     pub fn is_bool(self) -> bool {
         !self.is_ptr() && self.scalar() == Some(Scalar::Bool)
     }
@@ -289,9 +326,18 @@ impl FromStr for DType {
 /// Names a device: its backend type and, for multi-device backends, an ordinal.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeviceSpec {
+    /// The host CPU (one device: all its cores). Printed `CPU`.
     Cpu,
-    OpenCl { ordinal: u32 },
-    Cuda { ordinal: u32 },
+    /// An OpenCL device, numbered across every platform's devices. Printed `OPENCL:n`.
+    OpenCl {
+        /// The device's index in the order `kiln devices` lists them.
+        ordinal: u32,
+    },
+    /// A CUDA device. Printed `CUDA:n`.
+    Cuda {
+        /// The CUDA device index.
+        ordinal: u32,
+    },
 }
 
 impl DeviceSpec {
@@ -304,6 +350,7 @@ impl DeviceSpec {
         }
     }
 
+    /// Which device of its backend this is (0 for the CPU).
     pub fn ordinal(&self) -> u32 {
         match self {
             DeviceSpec::Cpu => 0,

@@ -4,6 +4,8 @@
 //! parse it from text ([`parse()`]); [`validate`] checks it, [`linearize`] orders it for a
 //! renderer, [`print()`] writes it back out (the round trip is exact).
 
+#![warn(missing_docs)]
+
 pub mod bounds;
 mod builder;
 mod dtype;
@@ -14,7 +16,7 @@ mod text;
 mod uop;
 mod validate;
 
-pub use builder::{Acc, IntoVal, KernelBuilder, Loop, Val};
+pub use builder::{Acc, IntoVal, KernelBuilder, Val};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use linearize::{MAX_LOOPS, linearize};
 pub use symbolic::{eval_int, variables};
@@ -27,10 +29,24 @@ pub use validate::{MAX_LOCAL_BYTES, validate};
 pub enum IrError {
     /// Kernel text that does not parse.
     #[error("line {line}, column {col}: {message}")]
-    Parse { line: usize, col: usize, message: String },
+    Parse {
+        /// 1-based line of the offending token.
+        line: usize,
+        /// 1-based column (in characters) of the offending token.
+        col: usize,
+        /// What was expected or what is wrong there.
+        message: String,
+    },
     /// A node that breaks an operand or dtype rule. `node` is its `%N` number in `print` order.
     #[error("%{node} {op}: {message}")]
-    Type { node: usize, op: &'static str, message: String },
+    Type {
+        /// The node's `%N` number in `print` order, so the message points into printed text.
+        node: usize,
+        /// The node's op name as the text format spells it (`ADD`, `LOAD`, ...).
+        op: &'static str,
+        /// The rule that is broken.
+        message: String,
+    },
     /// Loops that cannot be laid out (an unclosed range, a cycle through END).
     #[error("kernel structure: {message}", message = .0)]
     Structure(String),
@@ -39,7 +55,16 @@ pub enum IrError {
     MissingVar(String),
     /// A variable bound outside its declared bounds.
     #[error("variable `{name}` = {value} is outside its bounds [{min}, {max}]")]
-    VarOutOfRange { name: String, value: i64, min: i64, max: i64 },
+    VarOutOfRange {
+        /// The variable's name (`DEFINE_VAR`'s argument).
+        name: String,
+        /// The value the caller bound.
+        value: i64,
+        /// The smallest allowed value (inclusive).
+        min: i64,
+        /// The largest allowed value (inclusive).
+        max: i64,
+    },
     /// A size expression that cannot be evaluated (overflow, division by zero, bad op).
     #[error("size expression: {0}")]
     Eval(String),

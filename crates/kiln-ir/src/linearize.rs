@@ -37,7 +37,11 @@ fn closes_scope(op: Op) -> bool {
     matches!(op, Op::End | Op::EndIf)
 }
 
-/// Linearizes the kernel rooted at `sink`.
+/// Linearizes the kernel rooted at `sink` (see the module docs for the order's contract).
+///
+/// # Errors
+/// [`IrError::Structure`] when the loops cannot be laid out: more than [`MAX_LOOPS`] RANGEs and IFs,
+/// or a value computed inside a loop that is used inside that same loop through its END.
 pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
     let topo = sink.toposort();
     let index: HashMap<*const UOp, usize> = topo.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i)).collect();

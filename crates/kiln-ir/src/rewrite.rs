@@ -17,10 +17,12 @@ pub struct RewriteRules {
 }
 
 impl RewriteRules {
+    /// No rules: `rewrite` returns its input.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds `rule` after the existing ones (earlier rules win when several apply).
     pub fn with(mut self, rule: impl Fn(&Arc<UOp>) -> Option<Arc<UOp>> + Send + Sync + 'static) -> Self {
         self.rules.push(Box::new(rule));
         self

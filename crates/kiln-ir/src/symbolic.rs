@@ -15,6 +15,12 @@ use crate::uop::{Arg, Op, UOp};
 /// or shared the expression is: a size expression built as a 100,000-deep chain, or as a DAG
 /// whose tree unfolding is exponential, is evaluated on an ordinary thread stack in time
 /// linear in its nodes.
+///
+/// # Errors
+/// [`IrError::MissingVar`] when `lookup` has no value for a variable,
+/// [`IrError::VarOutOfRange`] when its value is outside the variable's bounds, and
+/// [`IrError::Eval`] on overflow, division by zero, or an op that is not integer arithmetic
+/// (a load, a float constant).
 pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result<i64, IrError> {
     let mut budget = SHALLOW_NODES;
     match eval_shallow(expr, lookup, SHALLOW_DEPTH, &mut budget) {

@@ -187,7 +187,12 @@ pub fn locate_node(text: &str, node: usize) -> Option<String> {
 
 /// Reads a graph written in the text format and returns its root (the node on the last
 /// line). Purely syntactic: the graph is not validated (use [`parse_kernel`] for that).
-/// Every failure is an [`IrError::Parse`] pointing at the offending token; never panics.
+/// Never panics.
+///
+/// # Errors
+/// [`IrError::Parse`] with the line and column of the offending token: malformed syntax, an
+/// unknown op or dtype, an undefined, reused or unused name, an argument of the wrong kind for
+/// the op, or empty input.
 pub fn parse(text: &str) -> Result<Arc<UOp>, IrError> {
     Ok(parse_defs(text)?.root)
 }
@@ -197,6 +202,11 @@ pub fn parse(text: &str) -> Result<Arc<UOp>, IrError> {
 /// the line that defines the offending node, e.g. `line 7, column 8: %sum = ADD: operands
 /// have different dtypes: f32 and i32`; a loop-structure error stays [`IrError::Structure`]
 /// with its `%N` node numbers replaced by the names and lines of the text.
+///
+/// # Errors
+/// [`IrError::Parse`] for everything [`parse`] rejects, for a last line that is not a SINK,
+/// and for a node that fails [`crate::validate`]; [`IrError::Structure`] for loops that
+/// [`crate::linearize`] cannot lay out.
 pub fn parse_kernel(text: &str) -> Result<Arc<UOp>, IrError> {
     let parsed = parse_defs(text)?;
     let root = parsed.root.clone();

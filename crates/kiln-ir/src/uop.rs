@@ -31,6 +31,11 @@ pub enum Op {
     /// A constant. arg: `Int`/`Float`/`Bool`.
     Const,
     /// A launch index. arg: name (`gidx0`, `lidx1`, `idx0`, `core_id`). src: `[extent]`.
+    /// It runs over `0..extent` (the extent is ≥ 1 at every launch, an expression over the
+    /// variables): `gidxN` numbers the work-groups on axis N, `lidxN` the work items within a
+    /// group, `idxN` the work items directly (the backend picks the grouping; it cannot be
+    /// mixed with `lidxN`), and `core_id` is global axis 0 (on the CPU: one chunk per core).
+    /// N < 3. One launch runs every combination of the extents once.
     Special,
     /// A loop. arg: axis id (smaller id = outer when nested). src: `[extent]`. Runs 0..extent.
     Range,
@@ -59,23 +64,38 @@ pub enum Op {
     /// Update an accumulator. src: `[acc, new value]`. Evaluates to the new value.
     Assign,
 
-    // --- unary ALU ---
+    // --- unary ALU (the operand has the result dtype) ---
+    /// `-x`; integers wrap (`-MIN == MIN`), and on bool it is NOT.
     Neg,
+    /// Bitwise complement of an integer, logical negation of a bool (not for floats).
     Not,
+    /// Square root (floats; NaN below zero).
     Sqrt,
+    /// `1 / x` (floats; ±inf at ±0).
     Recip,
+    /// `2^x` (floats).
     Exp2,
+    /// Base-2 logarithm (floats; -inf at 0, NaN below zero).
     Log2,
+    /// `e^x` (floats).
     Exp,
+    /// Natural logarithm (floats; -inf at 0, NaN below zero).
     Log,
+    /// Sine of radians (floats).
     Sin,
+    /// Cosine of radians (floats).
     Cos,
+    /// Rounds toward zero, keeping the float dtype (floats).
     Trunc,
+    /// Absolute value; for signed integers `ABS(MIN) == MIN` (it wraps).
     Abs,
 
     // --- binary ALU (both operands of the result dtype, comparisons give bool) ---
+    /// `a + b`; integers wrap.
     Add,
+    /// `a - b`; integers wrap.
     Sub,
+    /// `a * b`; integers wrap.
     Mul,
     /// Float division.
     Div,
@@ -85,23 +105,39 @@ pub enum Op {
     /// Integer remainder, with the sign of the dividend (`x == x / d * d + x % d`). Defined
     /// for every operand: `x % 0 == x` and `MIN % -1 == 0`, on every backend.
     Mod,
+    /// The larger operand. For floats IEEE `fmax`: a NaN operand yields the other operand.
     Max,
+    /// The smaller operand. For floats IEEE `fmin`: a NaN operand yields the other operand.
     Min,
+    /// `a^b` (floats, C `pow`).
     Pow,
+    /// Bitwise AND of integers, logical AND of bools.
     And,
+    /// Bitwise OR of integers, logical OR of bools.
     Or,
+    /// Bitwise XOR of integers, logical XOR of bools.
     Xor,
+    /// `a << (b mod bit width)` (integers); never overflows, the shifted-out bits are lost.
     Shl,
+    /// `a >> (b mod bit width)` (integers): arithmetic for signed, logical for unsigned types.
     Shr,
+    /// `a < b`, a bool (one per lane). With these four comparisons `a > b` is `b < a` and
+    /// `a >= b` is `b <= a`. Any comparison with a NaN is false, except CMPNE.
     Lt,
+    /// `a <= b`, a bool (one per lane).
     Le,
+    /// `a == b`, a bool (one per lane); `-0.0 == 0.0`.
     Eq,
+    /// `a != b`, a bool (one per lane); true when either operand is NaN.
     Ne,
 
     // --- ternary ALU ---
     /// src: `[cond, a, b]`.
+    /// `cond ? a : b`, lane by lane when `cond` is a bool vector (a scalar `cond` picks whole
+    /// vectors). Both `a` and `b` are computed; only the choice depends on `cond`.
     Where,
     /// src: `[a, b, c]` → a*b + c.
+    /// Fused (one rounding, C `fma`) for floats; wrapping for integers.
     MulAcc,
 
     // --- types and vectors ---
@@ -151,6 +187,8 @@ pub enum Op {
 }
 
 impl Op {
+    /// Every op, in tag order: an op's position here is its byte in [`ContentHash`]es, so new
+    /// ops are appended, never inserted (that would orphan every disk cache entry).
     pub const ALL: &'static [Op] = &[
         Op::Sink,
         Op::Param,
@@ -278,10 +316,12 @@ impl Op {
         }
     }
 
+    /// The op whose text-format name is `name` (case-sensitive), if any.
     pub fn from_name(name: &str) -> Option<Op> {
         Op::ALL.iter().copied().find(|op| op.name() == name)
     }
 
+    /// An ALU op with one operand (NEG ... ABS).
     pub fn is_unary(self) -> bool {
         matches!(
             self,
@@ -300,6 +340,7 @@ impl Op {
         )
     }
 
+    /// An ALU op with two operands, comparisons included.
     pub fn is_binary(self) -> bool {
         matches!(
             self,
@@ -324,14 +365,17 @@ impl Op {
         )
     }
 
+    /// CMPLT, CMPLE, CMPEQ or CMPNE: the binary ops that yield bool.
     pub fn is_comparison(self) -> bool {
         matches!(self, Op::Lt | Op::Le | Op::Eq | Op::Ne)
     }
 
+    /// WHERE or MULACC.
     pub fn is_ternary(self) -> bool {
         matches!(self, Op::Where | Op::MulAcc)
     }
 
+    /// An op that computes a value from its operands alone (no memory, no structure).
     pub fn is_alu(self) -> bool {
         self.is_unary() || self.is_binary() || self.is_ternary()
     }
@@ -351,18 +395,29 @@ impl fmt::Display for Op {
 /// The non-UOp payload of a node.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Arg {
+    /// No payload: every op not listed below.
     None,
+    /// An integer CONST (a `u64` constant holds its value's bits), PARAM slot, RANGE axis,
+    /// DEFINE_ACC id or GEP lane.
     Int(i64),
     /// Floats compare by bits so that NaN constants intern and round-trip exactly.
     Float(f64),
+    /// A bool CONST.
     Bool(bool),
+    /// A SPECIAL's launch index name, a PROGRAM's kernel name or a SOURCE's text.
     Str(String),
+    /// A DEFINE_VAR: the variable every launch binds by name, within `min..=max`.
     Var {
+        /// The name callers bind it by (`("n", 1024)`); kernels order their values by name.
         name: String,
+        /// The smallest value a launch may bind (inclusive).
         min: i64,
+        /// The largest value a launch may bind (inclusive).
         max: i64,
     },
+    /// The device a PROGRAM targets.
     Device(DeviceSpec),
+    /// A BINARY's compiled bytes.
     Bytes(Vec<u8>),
 }
 
@@ -420,6 +475,7 @@ impl Arg {
 pub struct ContentHash(pub [u8; 32]);
 
 impl ContentHash {
+    /// The 64 lower-case hex digits (the form cache file names use).
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -528,18 +584,22 @@ impl UOp {
         ContentHash(Sha256::digest(&bytes).into())
     }
 
+    /// What this node computes.
     pub fn op(&self) -> Op {
         self.op
     }
 
+    /// The type of this node's value (`void` for effects).
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The non-node payload (slot, name, constant, ...); [`Arg::None`] for most ops.
     pub fn arg(&self) -> &Arg {
         &self.arg
     }
 
+    /// The operands, in the order the op's documentation gives.
     pub fn src(&self) -> &[Arc<UOp>] {
         &self.src
     }
@@ -597,14 +657,19 @@ impl UOp {
 
     // --- small constructors used everywhere ---
 
+    /// An integer CONST of `dtype` (no range check: [`crate::validate`] rejects a value that
+    /// does not fit).
     pub fn const_int(dtype: DType, v: i64) -> Arc<UOp> {
         UOp::new(Op::Const, dtype, Arg::Int(v), vec![])
     }
 
+    /// A float CONST of `dtype`; `v` is rounded to the dtype when the kernel is rendered
+    /// ([`crate::validate`] rejects a finite value that would round to infinity).
     pub fn const_float(dtype: DType, v: f64) -> Arc<UOp> {
         UOp::new(Op::Const, dtype, Arg::Float(v), vec![])
     }
 
+    /// A bool CONST.
     pub fn const_bool(v: bool) -> Arc<UOp> {
         UOp::new(Op::Const, DType::BOOL, Arg::Bool(v), vec![])
     }

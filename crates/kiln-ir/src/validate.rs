@@ -17,6 +17,12 @@ pub const MAX_LOCAL_BYTES: usize = 32 * 1024;
 
 /// Checks every node reachable from `root`. Node numbers in messages are positions in
 /// `root.toposort()`, which is also the numbering the text printer uses (`%N`).
+///
+/// # Errors
+/// [`IrError::Type`] naming the first node (in that order) that breaks a rule: a wrong
+/// operand count, operand kind or dtype, an argument of the wrong kind, a constant that does
+/// not fit its dtype, a variable defined twice with different bounds, or one buffer slot
+/// declared with two element types.
 pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
     let order = root.toposort();
     let mut var_bounds: HashMap<&str, (i64, i64)> = HashMap::new();

@@ -13,9 +13,11 @@ use crate::plan::{ExecutionPlan, PlanOptions};
 /// Host cost of replaying a chain of tiny dependent kernels.
 #[derive(Clone, Debug)]
 pub struct ReplayReport {
+    /// Kernels in the recorded chain (each depends on the one before).
     pub kernels: usize,
     /// Whether the plan fused runs of kernels into one queue command ([`PlanOptions::fuse`]).
     pub fused: bool,
+    /// Replays measured (at least 1).
     pub runs: usize,
     /// Wall time of one `run` divided by the kernel count (best of `runs`): everything the
     /// host and the queue do per kernel, plus the kernel itself (a one-element add).
@@ -52,6 +54,7 @@ pub struct ParallelReport {
     /// Work items per kernel (1 keeps each kernel on one core, so any overlap comes from
     /// the queues; more lets the backend split each kernel over its own cores too).
     pub elements: usize,
+    /// Loop iterations per work item (the `iters` variable of [`spin_kernel`]).
     pub iterations: i64,
     /// Both kernels one after another with `Kernel::launch` (best of runs).
     pub serial: Duration,
@@ -93,6 +96,10 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// `x[0] += 1` on a one-element f32 buffer (slot 0 is read and written).
+///
+/// # Errors
+/// None in practice: the kernel is fixed; a failure would be a validation bug in kiln-ir
+/// ([`kiln_device::Error::Ir`]).
 pub fn increment_kernel() -> Result<Arc<UOp>> {
     let mut k = KernelBuilder::new();
     let x = k.param(0, Scalar::F32, 1usize);
@@ -104,6 +111,9 @@ pub fn increment_kernel() -> Result<Arc<UOp>> {
 
 /// `y[i] = r` after `iters` steps of `r = r * 0.999 + x[i]` (from 0), over `n` elements;
 /// `iters` is a variable so one binary serves every problem size.
+///
+/// # Errors
+/// [`kiln_device::Error::Ir`] when `n` exceeds the `i32` index range.
 pub fn spin_kernel(n: usize) -> Result<Arc<UOp>> {
     let mut k = KernelBuilder::new();
     let iters = k.var("iters", 1, 1 << 30);
@@ -127,11 +137,19 @@ fn best_and_median(mut samples: Vec<Duration>) -> (Duration, Duration) {
 
 /// Records `kernels` increments of one buffer (a dependent chain) and replays the plan
 /// `runs` times.
+///
+/// # Errors
+/// What compiling the kernel, allocating its buffer, or recording and running the plan on
+/// `device` returns: e.g. [`kiln_device::Error::CompilerMissing`] without a C compiler, or
+/// [`kiln_device::Error::Unavailable`] for a device without queues.
 pub fn replay_overhead(device: &Device, kernels: usize, runs: usize) -> Result<ReplayReport> {
     replay_overhead_with(device, kernels, runs, PlanOptions::default())
 }
 
 /// [`replay_overhead`] with fusion off: every kernel is its own queue command.
+///
+/// # Errors
+/// As [`replay_overhead`].
 pub fn replay_overhead_unfused(device: &Device, kernels: usize, runs: usize) -> Result<ReplayReport> {
     replay_overhead_with(device, kernels, runs, PlanOptions { fuse: false, ..PlanOptions::default() })
 }
@@ -176,6 +194,10 @@ fn replay_overhead_with(device: &Device, kernels: usize, runs: usize, options: P
 
 /// Runs two independent [`spin_kernel`]s of `elements` work items serially and as a plan on
 /// one and on two queues.
+///
+/// # Errors
+/// As [`replay_overhead`], and [`kiln_device::Error::Ir`] when `elements` exceeds the `i32`
+/// index range or `iterations` is outside `1..=2^30`.
 pub fn parallel_branches(device: &Device, elements: usize, iterations: i64, runs: usize) -> Result<ParallelReport> {
     let n = elements.max(1);
     let kernel = device.compile(&spin_kernel(n)?, Some("spin"))?;

@@ -21,7 +21,9 @@ use std::ops::Range;
 pub struct Access {
     /// Allocation identity, as returned by `Buffer::byte_range`.
     pub alloc: usize,
+    /// The bytes touched, relative to the allocation's start.
     pub range: Range<usize>,
+    /// Whether the node writes them (a node that reads and writes records two accesses).
     pub write: bool,
 }
 
@@ -39,7 +41,9 @@ pub enum Hazard {
 /// A dependency edge: this node must run after `node` (an earlier node) because of `hazard`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Dependency {
+    /// The earlier node, by recording index.
     pub node: usize,
+    /// Why the order matters (the first conflict found, when there are several).
     pub hazard: Hazard,
 }
 
@@ -59,6 +63,7 @@ pub struct HazardTracker {
 }
 
 impl HazardTracker {
+    /// A tracker that has seen no accesses.
     pub fn new() -> Self {
         Self::default()
     }

@@ -29,6 +29,12 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! `cargo run --release -p kiln-runtime --example tensor_compiler` walks through a whole
+//! compiler front end on kiln: elementwise ops, reductions and a matmul lowered to kernels,
+//! recorded into one plan and replayed with new sizes.
+
+#![warn(missing_docs)]
 
 pub mod bench;
 mod fuse;

@@ -135,10 +135,18 @@ impl std::fmt::Debug for ExecutionPlan {
 
 impl ExecutionPlan {
     /// An empty plan on `device`'s queues, with default options.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the device has no command queues.
     pub fn new(device: &Device) -> Result<ExecutionPlan> {
         Self::with_options(device, PlanOptions::default())
     }
 
+    /// An empty plan on `device`'s queues. Queues are created on the first run, so options
+    /// cost nothing until then.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the device has no command queues.
     pub fn with_options(device: &Device, options: PlanOptions) -> Result<ExecutionPlan> {
         let factory = device.queues().ok_or_else(|| {
             Error::Unavailable(format!("device {} has no command queues; execution plans need them", device.spec()))
@@ -173,6 +181,13 @@ impl ExecutionPlan {
     /// several kernels is one plan variable and must be recorded with one value.
     ///
     /// Returns the node index. On error nothing is recorded.
+    ///
+    /// # Errors
+    /// [`Error::Launch`] for a kernel built for another backend, a name that is not one of the
+    /// kernel's variables, a variable recorded with another value by an earlier node, or
+    /// buffers that do not match the kernel's slots (count, dtype, size); [`Error::Ir`] for a
+    /// variable without a value or with a value outside its bounds; [`Error::OutOfBounds`] for
+    /// an access that cannot be proven inside its buffer with these values.
     pub fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vars: &[(&str, i64)]) -> Result<usize> {
         let spec = &kernel.spec;
         if let Some((name, _)) = vars.iter().find(|(n, _)| !spec.var_names.iter().any(|k| k == n)) {
@@ -196,6 +211,9 @@ impl ExecutionPlan {
     }
 
     /// [`ExecutionPlan::exec`] with the values positional, in the kernel's `var_names` order.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::exec`].
     pub fn exec_vals(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<usize> {
         let spec = &kernel.spec;
         let device = self.factory.dyn_device();
@@ -261,6 +279,9 @@ impl ExecutionPlan {
 
     /// Records a copy of `src` into `dst` (same byte size, not overlapping; either may be on
     /// another device). Returns the node index.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when the sizes differ or the two are overlapping windows of one buffer.
     pub fn copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<usize> {
         if dst.nbytes() != src.nbytes() {
             return Err(Error::Buffer(format!(
@@ -293,6 +314,7 @@ impl ExecutionPlan {
         self.nodes.len()
     }
 
+    /// Whether nothing was recorded (a run then does nothing).
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
@@ -315,12 +337,18 @@ impl ExecutionPlan {
 
     /// The queue each node runs on (compute queues first, then the copy queue), scheduling
     /// the plan if recording changed it. Creates the queues on first use.
+    ///
+    /// # Errors
+    /// What the device returns when creating a queue or signal fails (e.g. [`Error::Driver`]).
     pub fn queue_assignment(&mut self) -> Result<Vec<usize>> {
         self.prepare()?;
         Ok(self.schedule.as_ref().map(|s| s.queue.clone()).unwrap_or_default())
     }
 
     /// Number of cross-queue waits a run records.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::queue_assignment`].
     pub fn wait_count(&mut self) -> Result<usize> {
         self.prepare()?;
         Ok(self.schedule.as_ref().map_or(0, Schedule::wait_count))
@@ -333,6 +361,14 @@ impl ExecutionPlan {
     /// Failure: a node that fails on its queue fails that queue's signal, which fails every
     /// queue waiting on it; `run` waits for every queue to stop and returns the failing
     /// node's own error. The plan stays usable: the next run creates fresh queues and signals.
+    ///
+    /// # Errors
+    /// Before anything runs: [`Error::Launch`] for a name that is no plan variable, or a node
+    /// whose launch or buffer sizes are invalid for the new values (the message names the
+    /// node); [`Error::Ir`] for a value outside its variable's bounds; [`Error::OutOfBounds`]
+    /// for an access that cannot be proven inside its buffer with these values. While
+    /// running: the failing node's own error, or [`Error::Timeout`] after
+    /// [`PlanOptions::timeout`].
     pub fn run(&mut self, vars: &[(&str, i64)]) -> Result<()> {
         let vals = self.resolve(vars)?;
         self.submit_vals(&vals, false)?.wait()
@@ -340,12 +376,20 @@ impl ExecutionPlan {
 
     /// [`ExecutionPlan::run`] with every plan variable positional, in
     /// [`ExecutionPlan::var_names`] order (no name lookups).
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::run`], and [`Error::Launch`] when `vals` does not hold one value
+    /// per plan variable.
     pub fn run_vals(&mut self, vals: &[i64]) -> Result<()> {
         self.submit_vals(vals, false)?.wait()
     }
 
     /// Submits a run and returns without waiting; [`PlanRun::wait`] (or dropping the handle)
     /// waits. The handle borrows the plan, so runs never overlap.
+    ///
+    /// # Errors
+    /// The errors [`ExecutionPlan::run`] reports before anything runs; failures while running
+    /// come from [`PlanRun::wait`].
     pub fn submit(&mut self, vars: &[(&str, i64)]) -> Result<PlanRun<'_>> {
         let vals = self.resolve(vars)?;
         self.submit_vals(&vals, false)
@@ -359,6 +403,9 @@ impl ExecutionPlan {
     /// enqueues programs natively (OpenCL) reports the device's own start and end of each
     /// command instead, placed on the host clock. A node no queue measured (a copy on a queue
     /// that neither runs markers nor measures copies) is missing from the profile.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::run`].
     pub fn run_profiled(&mut self, vars: &[(&str, i64)]) -> Result<Profile> {
         let vals = self.resolve(vars)?;
         let start = Instant::now();
@@ -679,6 +726,10 @@ impl PlanRun<'_> {
     /// Waits until every queue finished its part of the run (or stopped on a failure) and
     /// returns the first error: the failing node's own error, not the failures it caused
     /// downstream.
+    ///
+    /// # Errors
+    /// The failing node's error (a kernel or copy that failed on its queue, or a queue that
+    /// refused the submission), or [`Error::Timeout`] after [`PlanOptions::timeout`].
     pub fn wait(mut self) -> Result<()> {
         self.finish()
     }

@@ -158,6 +158,7 @@ pub struct ProfileEvent {
     pub queue: usize,
     /// Since the start of the run.
     pub start: Duration,
+    /// Since the start of the run (never before `start`).
     pub end: Duration,
 }
 
@@ -203,6 +204,9 @@ impl Profile {
     }
 
     /// Writes [`Profile::to_chrome_trace`] to `path`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the path when the file cannot be written.
     pub fn write_chrome_trace(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         std::fs::write(path, self.to_chrome_trace())

@@ -14,7 +14,9 @@
 /// Which kind of queue a node needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {
+    /// A kernel launch: any compute queue.
     Compute,
+    /// A copy: the copy queue when the layout has one, else a compute queue.
     Copy,
 }
 
@@ -22,15 +24,19 @@ pub enum Lane {
 /// `copy` is set, one copy queue at index `compute`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueueLayout {
+    /// Compute queues (indices `0..compute`).
     pub compute: usize,
+    /// Whether there is a copy queue (index `compute`).
     pub copy: bool,
 }
 
 impl QueueLayout {
+    /// Total number of queues, the copy queue included.
     pub fn len(&self) -> usize {
         self.compute + usize::from(self.copy)
     }
 
+    /// Whether there are no queues at all (not a usable layout).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -40,7 +46,9 @@ impl QueueLayout {
 /// for that queue plus `position`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wait {
+    /// The queue whose signal is waited on.
     pub queue: usize,
+    /// The 1-based position, in that queue, of the node waited for.
     pub position: u64,
 }
 

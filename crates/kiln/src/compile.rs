@@ -27,7 +27,7 @@ pub enum Emit {
 pub struct CompileArgs {
     /// The kernel text file
     pub file: PathBuf,
-    /// The device to render for: CPU or OPENCL[:n]
+    /// The device to render for: CPU, OPENCL or OPENCL:n
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// What to print

@@ -363,25 +363,6 @@ impl HeaderParser<'_> {
     }
 }
 
-/// Converts IEEE half-precision bits to `f32` (exact: every f16 is an f32).
-pub fn f16_to_f32(bits: u16) -> f32 {
-    let sign = ((bits >> 15) as u32) << 31;
-    let exp = ((bits >> 10) & 0x1f) as u32;
-    let mant = (bits & 0x3ff) as u32;
-    let out = match (exp, mant) {
-        (0, 0) => sign,
-        (0, m) => {
-            // Subnormal: normalize the mantissa.
-            let shift = m.leading_zeros() - 21;
-            let m = (m << shift) & 0x3ff;
-            sign | ((127 - 15 + 1 - shift) << 23) | (m << 13)
-        }
-        (0x1f, m) => sign | 0x7f80_0000 | (m << 13),
-        (e, m) => sign | ((e + 127 - 15) << 23) | (m << 13),
-    };
-    f32::from_bits(out)
-}
-
 /// Element `i` of little-endian `data` of `scalar`, as text (floats with `{}` formatting).
 pub fn element_text(scalar: Scalar, data: &[u8], i: usize) -> String {
     let size = scalar.size();
@@ -398,8 +379,8 @@ pub fn element_text(scalar: Scalar, data: &[u8], i: usize) -> String {
         Scalar::I32 => (u as u32 as i32).to_string(),
         Scalar::I64 => (u as i64).to_string(),
         Scalar::U8 | Scalar::U16 | Scalar::U32 | Scalar::U64 => u.to_string(),
-        Scalar::F16 => format!("{:?}", f16_to_f32(u as u16)),
-        Scalar::BF16 => format!("{:?}", f32::from_bits((u as u32) << 16)),
+        Scalar::F16 => format!("{:?}", half::f16::from_bits(u as u16).to_f32()),
+        Scalar::BF16 => format!("{:?}", half::bf16::from_bits(u as u16).to_f32()),
         Scalar::F32 => format!("{:?}", f32::from_bits(u as u32)),
         Scalar::F64 => format!("{:?}", f64::from_bits(u)),
     }
@@ -542,13 +523,14 @@ mod tests {
     }
 
     #[test]
-    fn half_precision_converts_exactly() {
-        assert_eq!(f16_to_f32(0x3c00), 1.0);
-        assert_eq!(f16_to_f32(0xc000), -2.0);
-        assert_eq!(f16_to_f32(0x7bff), 65504.0);
-        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
-        assert_eq!(f16_to_f32(0x0200), 2f32.powi(-15));
-        assert!(f16_to_f32(0x7e00).is_nan());
-        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
+    fn half_precision_elements_show_their_exact_value() {
+        let text = |s, bits: u16| element_text(s, &bits.to_le_bytes(), 0);
+        assert_eq!(text(Scalar::F16, 0xc000), "-2.0");
+        assert_eq!(text(Scalar::F16, 0x7bff), "65504.0");
+        assert_eq!(text(Scalar::F16, 0x0001), format!("{:?}", 2f32.powi(-24)));
+        assert_eq!(text(Scalar::F16, 0x7e00), "NaN");
+        assert_eq!(text(Scalar::F16, 0xfc00), "-inf");
+        assert_eq!(text(Scalar::BF16, 0x3f80), "1.0");
+        assert_eq!(text(Scalar::BF16, 0xff80), "-inf");
     }
 }

@@ -22,7 +22,7 @@ Every --out and --trace destination is opened before the kernel runs, so an unwr
 pub struct RunArgs {
     /// The kernel text file
     pub file: PathBuf,
-    /// The device to run on: CPU or OPENCL[:n]
+    /// The device to run on: CPU, OPENCL or OPENCL:n
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// Bind a kernel variable (every variable needs exactly one)

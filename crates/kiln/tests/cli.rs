@@ -7,28 +7,24 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln::npy::{self, NpyArray};
 use kiln_ir::Scalar;
 
 const KILN: &str = env!("CARGO_BIN_EXE_kiln");
 
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
+/// A private scratch directory, removed when dropped.
+struct Scratch(tempfile::TempDir);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        static COUNT: AtomicUsize = AtomicUsize::new(0);
-        let n = COUNT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("kiln-cli-{}-{name}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("cache")).unwrap();
+        let dir = tempfile::Builder::new().prefix(&format!("kiln-cli-{name}-")).tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("cache")).unwrap();
         Scratch(dir)
     }
 
     fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
+        self.0.path().join(name)
     }
 
     /// Writes a text file and returns its path.
@@ -61,12 +57,6 @@ impl Scratch {
             cmd.env(k, v);
         }
         cmd.output().unwrap()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

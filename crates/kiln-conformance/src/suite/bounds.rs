@@ -3,7 +3,7 @@
 //! binds new values) refuse such a launch with `Error::OutOfBounds` naming the access, and
 //! run the same kernel when the values keep every access inside its buffer.
 //!
-//! The two kernels are issue 9's. Every buffer really holds [`CAP`] elements, more than the
+//! The two kernels are issue 9's. Every buffer really holds `CAP` elements, more than the
 //! kernels declare, so that without the check an overrun would stay inside the allocation
 //! and the test fails on its assertion instead of corrupting memory.
 

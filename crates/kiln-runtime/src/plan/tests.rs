@@ -461,10 +461,10 @@ fn profile_of_two_branches_uses_two_queues() {
     assert!(profile.events.iter().all(|e| e.start <= e.end && e.end <= profile.wall + Duration::from_millis(1)));
     assert!(profile.events.iter().any(|e| e.name == "copy"));
 
-    let path = std::env::temp_dir().join(format!("kiln-plan-trace-{}.json", std::process::id()));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("trace.json");
     profile.write_chrome_trace(&path).expect("write trace");
     let json = std::fs::read_to_string(&path).expect("read trace");
-    let _ = std::fs::remove_file(&path);
     assert!(json.trim_start().starts_with("{\"traceEvents\":["));
     assert_eq!(json.matches("\"ph\":\"X\"").count(), p.len());
     assert!(json.contains(&format!("\"ph\":\"X\",\"pid\":0,\"tid\":{a},")));

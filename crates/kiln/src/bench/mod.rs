@@ -33,7 +33,7 @@ loops on all cores, the matrixmultiply crate).",
 are shared and noisy."
 )]
 pub struct BenchArgs {
-    /// The device to benchmark: CPU or OPENCL[:n]
+    /// The device to benchmark: CPU, OPENCL or OPENCL:n
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// Print {"device", "results": [...]} instead of a table
@@ -657,11 +657,15 @@ impl Bench {
             path: "the kiln executable".into(),
             source: e,
         })?;
-        let dir = std::env::temp_dir().join(format!("kiln-bench-disk-{}", std::process::id()));
+        // A private folder with an unpredictable name, removed when `dir` drops.
+        let dir = tempfile::Builder::new()
+            .prefix("kiln-bench-disk-")
+            .tempdir()
+            .map_err(|e| CliError::io("creating a cache folder in", &std::env::temp_dir(), e))?;
         let child = |expect_hit: bool| -> Result<f64, CliError> {
             let out = Process::new(&exe)
                 .args(["bench", "--disk-hit-child", "--device", &args.device.to_string()])
-                .env("KILN_CACHE_DIR", &dir)
+                .env("KILN_CACHE_DIR", dir.path())
                 .env_remove("KILN_CACHE")
                 .output()
                 .map_err(|e| CliError::Io { action: "starting", path: exe.clone(), source: e })?;
@@ -686,7 +690,6 @@ impl Bench {
             let samples: Result<Vec<f64>, CliError> = (0..self.reps.min(7)).map(|_| child(true)).collect();
             samples
         })();
-        let _ = std::fs::remove_dir_all(&dir);
         Ok(BenchResult {
             name: "cache_disk_hit",
             unit: "ms",
