@@ -112,8 +112,8 @@ fn put_str(h: &mut Sha256, s: &str) {
 }
 
 impl Toolchain {
-    /// Bundles the three stages and fingerprints the compiler now (which may run it, e.g.
-    /// `cc --version`): build one per device and reuse it, not one per kernel.
+    /// Bundles the three stages and takes the compiler's fingerprint now, once: a toolchain
+    /// changed after this (a new compiler binary) is seen only by a new `Toolchain`.
     pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, runtime: RuntimeFactory) -> Toolchain {
         let renderer_key = renderer.cache_key();
         let fingerprint = compiler.fingerprint();
