@@ -186,6 +186,9 @@ impl Stamp {
     /// Marks the device lost if `result` is a fatal error seen by an object of the current
     /// generation (a stale object's failure says nothing about the new context); returns
     /// `result` unchanged.
+    ///
+    /// # Errors
+    /// `result`'s error, unchanged.
     #[inline]
     pub fn observe<T>(&self, result: Result<T>) -> Result<T> {
         if let Err(e) = &result {

@@ -377,10 +377,12 @@ pub trait Renderer: Send + Sync {
 pub trait Compiler: Send + Sync {
     /// Compiles `spec` to completion on the calling thread (it blocks: it may run an
     /// external compiler or the driver's, for milliseconds to seconds) and may be called from
-    /// several threads at once. Errors: [`Error::Compile`] when the source is rejected (with
-    /// the compiler's log), [`Error::CompilerMissing`] when the compiler cannot be found or
-    /// started, [`Error::Driver`] when the driver fails otherwise (a fatal one loses the
-    /// device). It never loads the result: the [`RuntimeFactory`] does.
+    /// several threads at once. It never loads the result: the [`RuntimeFactory`] does.
+    ///
+    /// # Errors
+    /// [`Error::Compile`] when the source is rejected (with the compiler's log),
+    /// [`Error::CompilerMissing`] when the compiler cannot be found or started,
+    /// [`Error::Driver`] when the driver fails otherwise (a fatal one loses the device).
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec>;
 
     /// The backend name ("clang", "opencl", ...).
