@@ -36,6 +36,9 @@ pub const MEMORY_BUDGET_ENV: &str = "KILN_MEMORY_BUDGET";
 /// Parses a byte size: plain bytes (`1048576`) or an integer with a binary suffix
 /// `K`/`M`/`G`/`T` (optionally followed by `B` or `iB`, any case): `512M` = 512 × 2²⁰.
 /// `what` names the setting in the error message.
+///
+/// # Errors
+/// [`Error::Config`] naming `what` when `text` is not such a size or overflows `usize`.
 pub fn parse_byte_size(text: &str, what: &str) -> Result<usize> {
     let bad = |why: &str| {
         Error::Config(format!(
@@ -203,6 +206,9 @@ impl LruAllocator {
 
     /// Wraps `inner` with the budget from `KILN_MEMORY_BUDGET` (unset or empty: no budget).
     /// An unparsable value is an `Error::Config` naming the variable.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `KILN_MEMORY_BUDGET` is set but not a byte size.
     pub fn from_env(inner: Arc<dyn Allocator>) -> Result<LruAllocator> {
         let value = std::env::var(MEMORY_BUDGET_ENV).ok();
         Ok(LruAllocator::new(inner, budget_from(value.as_deref())?))
@@ -213,6 +219,7 @@ impl LruAllocator {
         &self.inner
     }
 
+    /// The byte budget over `in_use + cached`, if any.
     pub fn budget(&self) -> Option<usize> {
         self.lock().budget
     }

@@ -16,6 +16,8 @@ use crate::error::{Error, Result};
 pub trait AccelBackend: Send + Sync + 'static {
     /// The device family, as in device names (`"CPU"`, `"OPENCL"`).
     const NAME: &'static str;
+    /// The backend's device handle; its `Backend` is this backend, so device, stream and
+    /// event types of two backends cannot be mixed.
     type Device: AccelDevice<Backend = Self>;
     /// An in-order stream of commands (a queue).
     type Stream: AccelStream<Backend = Self>;
@@ -27,6 +29,7 @@ pub trait AccelBackend: Send + Sync + 'static {
 
 /// A device of one backend.
 pub trait AccelDevice: Send + Sync + 'static {
+    /// The backend this device belongs to.
     type Backend: AccelBackend;
 
     /// The ordinal within the backend (`OPENCL:1` is 1; the CPU is 0).
@@ -39,12 +42,22 @@ pub trait AccelDevice: Send + Sync + 'static {
 
 /// An in-order stream of one backend.
 pub trait AccelStream: Send + 'static {
+    /// The backend this stream belongs to; its events are the only ones it can wait on.
     type Backend: AccelBackend;
 
     /// An event that completes when everything enqueued on this stream so far has finished.
+    ///
+    /// # Errors
+    /// The backend's driver error ([`Error::Driver`]), or [`Error::DeviceLost`] /
+    /// [`Error::DeviceFailed`] when the stream's device was reset or failed.
     fn record_event(&mut self) -> Result<<Self::Backend as AccelBackend>::Event>;
 
     /// Later work on this stream waits for `event` (recorded on any stream of the backend).
+    /// Only enqueues the dependency: the host does not block.
+    ///
+    /// # Errors
+    /// The backend's driver error ([`Error::Driver`]), or [`Error::DeviceLost`] when `event`
+    /// was recorded under an older generation of the device.
     fn wait_event(&mut self, event: &<Self::Backend as AccelBackend>::Event) -> Result<()>;
 }
 
@@ -55,7 +68,10 @@ pub struct DeviceOf<B> {
 }
 
 impl<B> DeviceOf<B> {
-    /// `device` as a device of backend `B`; [`Error::Invalid`] when it belongs to another.
+    /// `device` as a device of backend `B`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when `device` belongs to another backend.
     pub fn new(device: Arc<Device>) -> Result<DeviceOf<B>>
     where
         B: AccelBackend,
@@ -66,6 +82,7 @@ impl<B> DeviceOf<B> {
         Ok(DeviceOf { device, _backend: PhantomData })
     }
 
+    /// The kiln device behind this handle, shared: cloning it keeps the device open.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
     }

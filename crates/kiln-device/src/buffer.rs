@@ -25,8 +25,11 @@ unsafe impl Sync for RawPtr {}
 /// A byte window of one allocation, as handed to programs and allocators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RawView {
+    /// The allocation's address, as its allocator returned it (never offset).
     pub base: RawPtr,
+    /// The window's start, in bytes from `base`.
     pub offset: usize,
+    /// The window's length in bytes.
     pub bytes: usize,
 }
 
@@ -46,16 +49,26 @@ pub struct AllocatorStats {
     pub cached: usize,
     /// The largest `in_use + cached` seen.
     pub high_water: usize,
+    /// Allocations served from the reuse cache.
     pub hits: u64,
+    /// Allocations that went to the device (the cache had no block of the size class).
     pub misses: u64,
+    /// The memory budget in bytes, if one is set: allocations beyond it fail with
+    /// [`Error::OutOfMemory`] after the cache is trimmed.
     pub budget: Option<usize>,
 }
 
 /// Device memory. Implementations are `Send + Sync`; callers serialize nothing.
 pub trait Allocator: Send + Sync {
+    /// The device whose memory this is; buffers report it and launches check it.
     fn device(&self) -> &DeviceSpec;
 
     /// Allocates `bytes` (> 0) bytes, aligned to at least 64 bytes on host devices.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when the device (or the budget) cannot hold `bytes` even after
+    /// the allocator's cache is freed; [`Error::DeviceLost`] / [`Error::DeviceFailed`] when
+    /// the allocator's device generation ended; [`Error::Driver`] for other driver failures.
     fn alloc(&self, bytes: usize) -> Result<RawPtr>;
 
     /// Returns memory to the allocator.
@@ -64,19 +77,29 @@ pub trait Allocator: Send + Sync {
     /// `ptr` came from `alloc(bytes)` of this allocator and is not used afterwards.
     unsafe fn free(&self, ptr: RawPtr, bytes: usize);
 
-    /// Copies host bytes into device memory.
+    /// Copies host bytes into device memory; the copy is complete when this returns.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the transfer fails.
     ///
     /// # Safety
     /// `dst` lies within a live allocation of this allocator and `src.len() == dst.bytes`.
     unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()>;
 
-    /// Copies device memory out to the host.
+    /// Copies device memory out to the host; `dst` holds the bytes when this returns.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the transfer fails.
     ///
     /// # Safety
     /// `src` lies within a live allocation of this allocator and `dst.len() == src.bytes`.
     unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()>;
 
     /// Copies between two windows of this allocator's memory (same size, may not overlap).
+    /// The default stages through host memory; backends override it with a device copy.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when a transfer fails.
     ///
     /// # Safety
     /// Both windows lie within live allocations of this allocator and `dst.bytes == src.bytes`.
@@ -94,6 +117,7 @@ pub trait Allocator: Send + Sync {
         false
     }
 
+    /// A snapshot of the counters; all zero for allocators that keep none.
     fn stats(&self) -> AllocatorStats {
         AllocatorStats::default()
     }
@@ -106,6 +130,9 @@ pub trait Allocator: Send + Sync {
     /// Whether memory of this allocator may still be used: an allocator of a device
     /// generation that ended (a reset) or a lost device returns the typed error
     /// ([`Error::DeviceLost`], [`Error::DeviceFailed`]). Checked by [`Buffer::raw`].
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] or [`Error::DeviceFailed`], as above.
     fn check(&self) -> Result<()> {
         Ok(())
     }
@@ -113,6 +140,7 @@ pub trait Allocator: Send + Sync {
 
 /// Rust types that are plain element values of a [`Scalar`] (every bit pattern valid).
 pub trait Element: Copy + Default + Send + Sync + 'static {
+    /// The dtype whose elements have exactly this type's size and layout.
     const SCALAR: Scalar;
 }
 macro_rules! element {
@@ -172,7 +200,11 @@ impl fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    /// A buffer of `len` elements of `dtype`; memory is allocated on first use.
+    /// A buffer of `len` elements of `dtype`; memory is allocated on first use, so an
+    /// out-of-memory error surfaces at the first transfer or launch, not here.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when `len` elements of `dtype` overflow `usize` bytes.
     pub fn new(allocator: Arc<dyn Allocator>, dtype: Scalar, len: usize) -> Result<Buffer> {
         let bytes = len
             .checked_mul(dtype.size())
@@ -180,6 +212,8 @@ impl Buffer {
         Ok(Buffer { base: Arc::new(BufferBase { allocator, bytes, ptr: OnceLock::new() }), dtype, offset: 0, len })
     }
 
+    /// The element type of this window (a [`Buffer::reinterpret`] view may differ from the
+    /// buffer it was made from).
     pub fn dtype(&self) -> Scalar {
         self.dtype
     }
@@ -189,27 +223,36 @@ impl Buffer {
         self.len
     }
 
+    /// Whether the window has no elements.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Length in bytes: the exact size every host transfer must have.
     pub fn nbytes(&self) -> usize {
         self.len * self.dtype.size()
     }
 
+    /// The device the memory lives on.
     pub fn device(&self) -> &DeviceSpec {
         self.base.allocator.device()
     }
 
+    /// The allocator that owns the memory; shared by every view of the base.
     pub fn allocator(&self) -> &Arc<dyn Allocator> {
         &self.base.allocator
     }
 
+    /// Whether the base allocation exists yet (it is made on first use, by any view).
     pub fn is_allocated(&self) -> bool {
         self.base.ptr.get().is_some()
     }
 
-    /// A zero-copy view of elements `offset..offset + len` of this buffer.
+    /// A zero-copy view of elements `offset..offset + len` of this buffer. The view keeps the
+    /// whole base allocation alive.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when the range does not lie inside this buffer.
     pub fn view(&self, offset: usize, len: usize) -> Result<Buffer> {
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::Buffer(format!(
@@ -222,6 +265,10 @@ impl Buffer {
     }
 
     /// The same bytes seen as another element type (length must divide evenly).
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when the window's byte length or byte offset is not a multiple of
+    /// `dtype`'s size.
     pub fn reinterpret(&self, dtype: Scalar) -> Result<Buffer> {
         if !self.nbytes().is_multiple_of(dtype.size()) || !self.offset.is_multiple_of(dtype.size()) {
             return Err(Error::Buffer(format!(
@@ -233,8 +280,13 @@ impl Buffer {
         Ok(Buffer { base: self.base.clone(), dtype, offset: self.offset, len: self.nbytes() / dtype.size() })
     }
 
-    /// The window as raw device memory, allocating on first use. Fails with
-    /// [`Error::DeviceLost`] when the buffer belongs to an older generation of its device.
+    /// The window as raw device memory, allocating on first use. The view is valid as long
+    /// as this buffer (or another view of its base) is alive.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] when the buffer belongs to an older
+    /// generation of its device or the device failed; the allocator's errors
+    /// ([`Error::OutOfMemory`], [`Error::Driver`]) when the first use allocates.
     pub fn raw(&self) -> Result<RawView> {
         self.base.allocator.check()?;
         Ok(RawView { base: self.base.ptr()?, offset: self.offset, bytes: self.nbytes() })
@@ -253,7 +305,11 @@ impl Buffer {
         a == b && ra.start < rb.end && rb.start < ra.end
     }
 
-    /// Copies `src` (exactly `nbytes()` bytes) into the buffer.
+    /// Copies `src` (exactly `nbytes()` bytes) into the buffer; synchronous.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when `src.len() != nbytes()`; the errors of [`Buffer::raw`] and of
+    /// the transfer ([`Error::Driver`]).
     pub fn copyin(&self, src: &[u8]) -> Result<()> {
         if src.len() != self.nbytes() {
             return Err(Error::Buffer(format!(
@@ -268,7 +324,11 @@ impl Buffer {
         unsafe { self.base.allocator.copyin(view, src) }
     }
 
-    /// Copies the buffer out into `dst` (exactly `nbytes()` bytes).
+    /// Copies the buffer out into `dst` (exactly `nbytes()` bytes); synchronous.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when `dst.len() != nbytes()`; the errors of [`Buffer::raw`] and of
+    /// the transfer ([`Error::Driver`]).
     pub fn copyout(&self, dst: &mut [u8]) -> Result<()> {
         if dst.len() != self.nbytes() {
             return Err(Error::Buffer(format!("copyout of a {}-byte buffer into {} bytes", self.nbytes(), dst.len())));
@@ -278,7 +338,10 @@ impl Buffer {
         unsafe { self.base.allocator.copyout(dst, view) }
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer holding a copy of `data`, with `T`'s dtype.
+    ///
+    /// # Errors
+    /// The errors of [`Buffer::new`] and [`Buffer::copyin`].
     pub fn from_slice<T: Element>(allocator: Arc<dyn Allocator>, data: &[T]) -> Result<Buffer> {
         let b = Buffer::new(allocator, T::SCALAR, data.len())?;
         b.copy_from_slice(data)?;
@@ -286,6 +349,10 @@ impl Buffer {
     }
 
     /// Typed copyin; `T` must match the dtype and the length must match exactly.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when `T` is not the buffer's dtype or the lengths differ; the errors
+    /// of [`Buffer::copyin`].
     pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
         self.check_type::<T>()?;
         // SAFETY: T is a plain element type (no padding, any bit pattern valid), so its
@@ -295,6 +362,10 @@ impl Buffer {
     }
 
     /// Typed copyout into a new vector; `T` must match the dtype.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when `T` is not the buffer's dtype; the errors of
+    /// [`Buffer::copyout`].
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_type::<T>()?;
         let mut out = vec![T::default(); self.len];
@@ -313,6 +384,10 @@ impl Buffer {
 
     /// Copies `src` into this buffer: same byte size, any devices (staged through host
     /// memory when the allocators differ). Overlapping windows are refused.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] when the byte sizes differ or the windows overlap; the errors of
+    /// [`Buffer::raw`] and of the transfers on either side.
     pub fn copy_from(&self, src: &Buffer) -> Result<()> {
         if src.nbytes() != self.nbytes() {
             return Err(Error::Buffer(format!(

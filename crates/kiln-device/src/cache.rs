@@ -58,8 +58,11 @@ use crate::device::Kernel;
 use crate::error::{Error, Result};
 use crate::program::{CompiledSpec, Compiler, ProgramSpec, Renderer, RuntimeFactory};
 
+/// The environment variable that turns the disk cache on (`1`, default) or off (`0`).
 pub const CACHE_ENV: &str = "KILN_CACHE";
+/// The environment variable that sets the disk cache's directory.
 pub const CACHE_DIR_ENV: &str = "KILN_CACHE_DIR";
+/// The environment variable that sets the disk cache's size limit (a byte size, `512M`).
 pub const CACHE_LIMIT_ENV: &str = "KILN_CACHE_LIMIT";
 /// The default size limit of the disk cache.
 pub const DEFAULT_DISK_LIMIT: u64 = 512 << 20;
@@ -85,8 +88,12 @@ const RESCAN_EVERY: u32 = 64;
 /// A renderer, compiler and loader, with the identity of everything besides the kernel that
 /// decides the compiled bytes. Build it once per device: the fingerprint is taken here.
 pub struct Toolchain {
+    /// Turns kernels into source for the backend; its `cache_key()` is part of the disk key.
     pub renderer: Arc<dyn Renderer>,
+    /// Turns source into binaries; its `cache_key()` and `fingerprint()` are part of the
+    /// disk key, taken once in [`Toolchain::new`].
     pub compiler: Arc<dyn Compiler>,
+    /// Loads compiled bytes into a runnable program of the device.
     pub runtime: RuntimeFactory,
     renderer_key: String,
     fingerprint: String,
@@ -105,6 +112,8 @@ fn put_str(h: &mut Sha256, s: &str) {
 }
 
 impl Toolchain {
+    /// Bundles the three stages and takes the compiler's fingerprint now, once: a toolchain
+    /// changed after this (a new compiler binary) is seen only by a new `Toolchain`.
     pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, runtime: RuntimeFactory) -> Toolchain {
         let renderer_key = renderer.cache_key();
         let fingerprint = compiler.fingerprint();
@@ -149,6 +158,7 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
+    /// No disk cache: kernels are compiled once per process and kept in memory only.
     pub fn memory_only() -> CacheConfig {
         CacheConfig { dir: None, limit: DEFAULT_DISK_LIMIT }
     }
@@ -160,6 +170,10 @@ impl CacheConfig {
 
     /// Reads `KILN_CACHE`, `KILN_CACHE_DIR`, `XDG_CACHE_HOME`, `HOME` and `KILN_CACHE_LIMIT`
     /// (see the module docs). A malformed value is an `Error::Config` naming the variable.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when `KILN_CACHE` is not a boolean, or `KILN_CACHE_LIMIT` is not a
+    /// byte size or is 0.
     pub fn from_env() -> Result<CacheConfig> {
         CacheConfig::from_lookup(|k| std::env::var(k).ok())
     }
@@ -206,13 +220,17 @@ pub struct CacheStats {
     /// Requests served by a loaded kernel, including requests that waited for another
     /// thread's compile of the same kernel.
     pub memory_hits: u64,
+    /// Requests served by loading a verified disk entry (no compile).
     pub disk_hits: u64,
     /// Requests that rendered and compiled.
     pub misses: u64,
     /// Disk entries refused (corrupt, truncated, foreign, unloadable) and deleted or skipped.
     pub disk_rejected: u64,
+    /// Loaded kernels held in memory now.
     pub memory_entries: usize,
+    /// Entry files in the disk directory now (0 when the disk cache is off).
     pub disk_entries: usize,
+    /// Total size of those entry files.
     pub disk_bytes: u64,
 }
 
@@ -315,10 +333,16 @@ impl KernelCache {
     }
 
     /// A cache configured from the environment ([`CacheConfig::from_env`]).
+    ///
+    /// # Errors
+    /// The [`Error::Config`] errors of [`CacheConfig::from_env`]. A directory that cannot be
+    /// opened is not an error: it is reported once and the cache runs in memory.
     pub fn from_env() -> Result<KernelCache> {
         Ok(KernelCache::new(CacheConfig::from_env()?))
     }
 
+    /// The configuration the cache was made with (the directory may still have failed to open:
+    /// see [`KernelCache::disk_dir`]).
     pub fn config(&self) -> &CacheConfig {
         &self.config
     }
@@ -351,6 +375,12 @@ impl KernelCache {
     /// The loaded kernel for `sink` on `device`: from memory, else from disk, else rendered
     /// and compiled with `toolchain` (and stored in both). `name` is the requested entry point
     /// (the renderer's default when `None`). Disk-cache failures only cost the compile.
+    /// Concurrent calls for one kernel compile once; the others block until it is done.
+    ///
+    /// # Errors
+    /// The render, compile and load errors of `toolchain` ([`Error::Render`],
+    /// [`Error::CompilerMissing`], [`Error::Compile`], [`Error::Load`], and the kernel's
+    /// [`Error::Ir`]), handed to every concurrent caller of the same kernel and not cached.
     pub fn get_or_compile(
         &self,
         sink: &Arc<UOp>,
@@ -471,6 +501,10 @@ impl KernelCache {
     }
 
     /// Drops the loaded kernels and deletes every disk entry (of all processes).
+    ///
+    /// # Errors
+    /// [`Error::Cache`] when the directory cannot be read or an entry cannot be deleted; the
+    /// memory layer is cleared regardless.
     pub fn clear(&self) -> Result<()> {
         self.clear_memory();
         match self.disk() {

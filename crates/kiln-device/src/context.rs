@@ -66,6 +66,7 @@ impl DeviceContext {
         Arc::new(DeviceContext { spec, state: AtomicU64::new(0), inner: Mutex::new(Lifecycle::default()) })
     }
 
+    /// The device this context is the identity of; it does not change across resets.
     pub fn spec(&self) -> &DeviceSpec {
         &self.spec
     }
@@ -75,6 +76,7 @@ impl DeviceContext {
         self.state.load(Ordering::Acquire) & !LOST
     }
 
+    /// Whether the current generation was lost to a fatal error; only a reset clears it.
     pub fn is_lost(&self) -> bool {
         self.state.load(Ordering::Acquire) & LOST != 0
     }
@@ -147,10 +149,12 @@ pub struct Stamp {
 }
 
 impl Stamp {
+    /// The context the object belongs to; the stamp keeps it alive.
     pub fn context(&self) -> &Arc<DeviceContext> {
         &self.ctx
     }
 
+    /// The generation the object was minted under; fixed for the object's lifetime.
     pub fn minted(&self) -> u64 {
         self.minted
     }
@@ -158,6 +162,9 @@ impl Stamp {
     /// Whether the object may be used: `Ok` for the current healthy generation,
     /// [`Error::DeviceLost`] for an older generation, [`Error::DeviceFailed`] while the
     /// current one is lost. `what` names the object in the message.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] or [`Error::DeviceFailed`], as above.
     #[inline]
     pub fn check(&self, what: &str) -> Result<()> {
         let state = self.ctx.state.load(Ordering::Acquire);
@@ -179,6 +186,9 @@ impl Stamp {
     /// Marks the device lost if `result` is a fatal error seen by an object of the current
     /// generation (a stale object's failure says nothing about the new context); returns
     /// `result` unchanged.
+    ///
+    /// # Errors
+    /// `result`'s error, unchanged.
     #[inline]
     pub fn observe<T>(&self, result: Result<T>) -> Result<T> {
         if let Err(e) = &result {
@@ -216,6 +226,8 @@ pub struct ContextAllocator {
 }
 
 impl ContextAllocator {
+    /// Guards `inner` (the backend allocator of the generation `stamp` names); the stamp
+    /// must be of the generation `inner` belongs to.
     pub fn new(inner: Arc<dyn Allocator>, stamp: Stamp) -> ContextAllocator {
         ContextAllocator { inner, stamp }
     }
@@ -332,6 +344,8 @@ pub struct ContextQueues {
 }
 
 impl ContextQueues {
+    /// Guards `inner` (the backend queue factory of the generation `stamp` names): its
+    /// queues take the stamp, and their signals are registered for failure with it.
     pub fn new(inner: Arc<dyn DynQueueFactory>, stamp: Stamp) -> ContextQueues {
         ContextQueues { inner, stamp }
     }

@@ -72,6 +72,8 @@ impl Prelude {
         }
     }
 
+    /// Whether `key` was registered, so a dialect can spell an expression differently when a
+    /// helper is already in the file.
     pub fn contains(&self, key: &str) -> bool {
         self.seen.contains(key)
     }
@@ -86,17 +88,29 @@ impl Prelude {
 /// when [`Dialect::float_via_f32`] is false for it) and spell the call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MathFn {
+    /// `sqrt(x)`, correctly rounded (IEEE); NaN for negative `x`.
     Sqrt,
+    /// `exp2(x)` = 2^x.
     Exp2,
+    /// `log2(x)`; NaN for negative `x`, -inf for 0.
     Log2,
+    /// `exp(x)` = e^x.
     Exp,
+    /// `log(x)`, the natural logarithm; NaN for negative `x`, -inf for 0.
     Log,
+    /// `sin(x)`, `x` in radians.
     Sin,
+    /// `cos(x)`, `x` in radians.
     Cos,
+    /// `trunc(x)`: rounds toward zero.
     Trunc,
+    /// `fabs(x)`: clears the sign bit (also of NaN and -0).
     Fabs,
+    /// `pow(x, y)` = x^y.
     Pow,
+    /// `fmax(a, b)`: IEEE maximum, a NaN operand yields the other operand.
     Fmax,
+    /// `fmin(a, b)`: IEEE minimum, a NaN operand yields the other operand.
     Fmin,
     /// `fma(a, b, c)` = a*b + c with one rounding.
     Fma,
@@ -126,13 +140,17 @@ impl MathFn {
 /// A kernel buffer parameter as the signature/prologue sees it.
 #[derive(Clone, Debug)]
 pub struct KernelParam {
+    /// The positional index of the buffer in a launch ([`ProgramSpec::globals`] order).
     pub slot: usize,
     /// The C name (`data0`, ...).
     pub name: String,
+    /// The element type behind the pointer.
     pub scalar: Scalar,
+    /// The address space of the pointer (global for launch buffers).
     pub space: AddrSpace,
-    /// Some STORE writes through it / some LOAD reads through it.
+    /// Some STORE writes through it: a dialect may qualify a read-only one (`const`).
     pub written: bool,
+    /// Some LOAD reads through it.
     pub read: bool,
 }
 
@@ -141,7 +159,9 @@ pub struct KernelParam {
 pub struct KernelVar {
     /// The C name (the IR name when it is a safe identifier).
     pub name: String,
+    /// The name in the kernel (`DEFINE_VAR`), for messages and metadata.
     pub ir_name: String,
+    /// The register type of the variable (an integer type).
     pub dtype: DType,
     /// Index in `ProgramSpec::var_names` (the `vals` order).
     pub position: usize,
@@ -154,7 +174,9 @@ pub struct LaunchIndex {
     pub name: String,
     /// `'g'` group/global, `'l'` local, `'i'` direct global index (no local size).
     pub kind: char,
+    /// The dimension, 0..3 (`core_id` is axis 0 of kind `'g'`).
     pub axis: usize,
+    /// The register type of the index (an integer type).
     pub dtype: DType,
     /// The extent as a C expression, valid before the launch opens.
     pub extent: String,
@@ -163,9 +185,13 @@ pub struct LaunchIndex {
 /// Where a LOAD reads or a STORE writes: `base + index` in elements of `scalar`.
 #[derive(Clone, Debug)]
 pub struct Address {
+    /// The pointer expression: a parameter's or a local array's C name.
     pub base: String,
+    /// The element offset as a C expression (`"0"` for the base itself).
     pub index: String,
+    /// The element type in memory representation (see [`Dialect::memory_type`]).
     pub scalar: Scalar,
+    /// Where the memory lives: global (a buffer) or local ([`Dialect::local_memory`]).
     pub space: AddrSpace,
 }
 
@@ -230,6 +256,9 @@ pub trait Dialect {
     fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String;
 
     /// Reinterprets the bytes of `e` (equal sizes).
+    ///
+    /// # Errors
+    /// [`Error::Render`] when the dialect cannot spell this reinterpretation.
     fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String>;
 
     /// A float constant of `s` (any value: finite, infinite or NaN with its payload).
@@ -248,6 +277,10 @@ pub trait Dialect {
 
     /// Statements that bring the launch indices into scope (each under its `name`). A line
     /// ending in `{` opens a block; the core closes them all at the end of the kernel.
+    ///
+    /// # Errors
+    /// [`Error::Render`] when the dialect cannot launch this combination of indices (kinds,
+    /// axes) on its backend.
     fn open_launch(&self, indices: &[LaunchIndex], p: &mut Prelude) -> Result<Vec<String>>;
 
     /// An expression loading a value of `dtype` (scalar or vector) from `addr`.
@@ -261,6 +294,9 @@ pub trait Dialect {
     /// the work items of one group and uninitialised (OpenCL `__local T name[len]`, CUDA
     /// `__shared__ T name[len]`). Loads and stores reach it through an [`Address`] whose
     /// space is [`AddrSpace::Local`]. The default refuses: a backend without work groups.
+    ///
+    /// # Errors
+    /// [`Error::Render`] when the backend has no work-group local memory (the default).
     fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<String> {
         Err(Error::Render(
             "work-group local memory (DEFINE_LOCAL) needs a backend with work groups, which this one is not: \
@@ -275,6 +311,9 @@ pub trait Dialect {
     /// after it (OpenCL `barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`, CUDA
     /// `__syncthreads()`). The core never places one where only some items of a group
     /// arrive (inside an IF block). The default refuses: a backend without work groups.
+    ///
+    /// # Errors
+    /// [`Error::Render`] when the backend has no work groups (the default).
     fn barrier(&self, _p: &mut Prelude) -> Result<String> {
         Err(Error::Render(
             "a work-group barrier (BARRIER) needs a backend with work groups, which this one is not: \
@@ -287,11 +326,15 @@ pub trait Dialect {
 /// Renders kernels with one dialect for one device family.
 #[derive(Debug, Clone)]
 pub struct CStyle<D> {
+    /// How the target language spells things.
     pub dialect: D,
+    /// The device family every rendered [`ProgramSpec`] is for.
     pub device: DeviceSpec,
 }
 
 impl<D: Dialect> CStyle<D> {
+    /// A renderer for `device` in `dialect`; rendering keeps no state between kernels, so one
+    /// renderer serves every thread.
     pub fn new(dialect: D, device: DeviceSpec) -> Self {
         CStyle { dialect, device }
     }
@@ -300,6 +343,11 @@ impl<D: Dialect> CStyle<D> {
     /// identifier, or `k_` plus the start of the kernel's content hash. Metadata comes from
     /// [`ProgramSpec::from_sink`]. A kernel this core or the dialect cannot express is an
     /// [`Error::Render`] naming the node; a malformed kernel is the validator's error.
+    ///
+    /// # Errors
+    /// [`Error::Render`] as above (also for a root that is not a SINK); [`Error::Ir`] when
+    /// the kernel fails validation or linearization; the errors of
+    /// [`ProgramSpec::from_sink`].
     pub fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
         if ast.op() != Op::Sink {
             return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));

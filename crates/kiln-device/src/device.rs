@@ -19,7 +19,11 @@ pub type CompilerPair = (Arc<dyn Renderer>, Arc<dyn Compiler>);
 /// A loaded kernel with its metadata: the safe way to run a [`Program`].
 #[derive(Clone)]
 pub struct Kernel {
+    /// What the kernel takes (buffers, variables, launch sizes); every launch is checked
+    /// against it.
     pub spec: Arc<ProgramSpec>,
+    /// The loaded program; shared by every clone and reentrant, so clones may launch from
+    /// several threads at once.
     pub program: Arc<dyn Program>,
 }
 
@@ -39,6 +43,13 @@ impl Kernel {
     /// Together these are the safe path's guarantee: a kernel that passes cannot read or
     /// write memory outside the buffers it is given. Queues and execution plans launch
     /// through this check (plans again whenever a run binds new variable values).
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] when the kernel's device generation
+    /// ended or failed; the errors of [`ProgramSpec::launch_dims`] and
+    /// [`ProgramSpec::param_lens`]; [`Error::Launch`] for a wrong buffer count, or a buffer on
+    /// another device, of another dtype or too short; [`Error::OutOfBounds`]; the errors of
+    /// [`Buffer::raw`].
     pub fn check(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<(Vec<RawView>, LaunchDims)> {
         self.program.check_current()?;
         let spec = &self.spec;
@@ -85,6 +96,9 @@ impl Kernel {
 
     /// Runs the kernel to completion on the calling thread, after [`Kernel::check`]: a
     /// launch that could touch memory outside its buffers is refused, never run.
+    ///
+    /// # Errors
+    /// The errors of [`Kernel::check`], then those of [`Program::execute`].
     pub fn launch(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<()> {
         let (views, dims) = self.check(bufs, vals)?;
         // SAFETY: `check` verified count, device, dtype and size of every buffer, the
@@ -97,9 +111,11 @@ impl Kernel {
 /// What a backend builds for one device generation: memory, compilers, the program loader
 /// and (optionally) hardware queues.
 pub struct DeviceParts {
+    /// The generation's raw allocator; the device wraps it so stale buffers are refused.
     pub allocator: Arc<dyn Allocator>,
     /// Available (renderer, compiler) pairs; the first is the default.
     pub compilers: Vec<CompilerPair>,
+    /// Loads compiled kernels into this generation's context.
     pub runtime: RuntimeFactory,
     /// The device's hardware queues and signals, if its backend offers them.
     pub queues: Option<Arc<dyn DynQueueFactory>>,
@@ -163,6 +179,11 @@ impl std::fmt::Debug for Device {
 impl Device {
     /// Opens a device: `build` makes its first generation now and every later one at
     /// [`Device::reset`].
+    ///
+    /// # Errors
+    /// The errors of `build`; [`Error::Invalid`] when it offers no renderer/compiler pair;
+    /// [`Error::Config`] for a malformed `KILN_CACHE*` (or, with fault injection,
+    /// `KILN_FAULTS`) variable.
     pub fn new(
         spec: DeviceSpec,
         description: String,
@@ -196,6 +217,9 @@ impl Device {
     /// of `plan` ([`crate::faults`]): a new context at generation 0 and its own kernel cache
     /// (configured from the environment; [`Device::with_cache`] replaces it), so programs of
     /// the two devices never mix. Faults of `KILN_FAULTS` on `self` apply to it too.
+    ///
+    /// # Errors
+    /// The errors of [`Device::new`] (the parts are built again, with the faults).
     #[cfg(feature = "fault-injection")]
     pub fn with_faults(&self, plan: Arc<crate::faults::FaultPlan>) -> Result<Device> {
         let build = crate::faults::injecting(self.build.clone(), plan);
@@ -207,10 +231,12 @@ impl Device {
         self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The device's name and ordinal (`OPENCL:1`); the key of [`open_device`]'s registry.
     pub fn spec(&self) -> &DeviceSpec {
         self.context.spec()
     }
 
+    /// A human-readable description (model, driver), for listings; not an identity.
     pub fn description(&self) -> &str {
         &self.description
     }
@@ -255,10 +281,12 @@ impl Device {
         &self.cache
     }
 
+    /// The default renderer (of the first pair) of the current generation.
     pub fn renderer(&self) -> Arc<dyn Renderer> {
         self.current().compilers[0].0.clone()
     }
 
+    /// The default compiler (of the first pair) of the current generation.
     pub fn compiler(&self) -> Arc<dyn Compiler> {
         self.current().compilers[0].1.clone()
     }
@@ -268,7 +296,11 @@ impl Device {
         self.spec().base_type()
     }
 
-    /// A lazily allocated buffer of `len` elements on this device.
+    /// A lazily allocated buffer of `len` elements on this device, in the current generation
+    /// (a reset makes it stale).
+    ///
+    /// # Errors
+    /// The errors of [`Buffer::new`].
     pub fn buffer(&self, dtype: Scalar, len: usize) -> Result<Buffer> {
         Buffer::new(self.allocator(), dtype, len)
     }
@@ -278,6 +310,10 @@ impl Device {
     /// for one kernel compile it once. A disk-cache failure never fails the compile. After a
     /// [`Device::reset`] a kernel the cache holds is reloaded from its compiled form (the
     /// compiler is not called).
+    ///
+    /// # Errors
+    /// [`Error::DeviceFailed`] while the device is lost; the errors of
+    /// [`KernelCache::get_or_compile`].
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
         self.context.stamp().check("the device")?;
         let current = self.current();
@@ -293,6 +329,10 @@ impl Device {
     /// are failed so no waiter hangs. Kernels are reloaded from the kernel cache on their
     /// next [`Device::compile`], without compiling. Works on a lost device and on a healthy
     /// one. When the backend cannot rebuild, the device stays lost with that error.
+    ///
+    /// # Errors
+    /// The backend's error from building the new generation (the device is then lost), or
+    /// [`Error::Invalid`] when it offers no renderer/compiler pair.
     pub fn reset(&self) -> Result<()> {
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         self.context.advance();
@@ -332,6 +372,11 @@ pub fn register_backend(base_type: &'static str, opener: DeviceOpener) {
 
 /// Opens `name` (e.g. `"CPU"`, `"OPENCL:0"`) once per process and returns the shared device.
 /// A device that a fatal error lost is reset in place before it is handed out again.
+///
+/// # Errors
+/// [`Error::Ir`] when `name` is not a device name; [`Error::Unavailable`] when no backend of
+/// its family is registered in this build; the opener's errors (e.g. [`Error::Unavailable`]
+/// for a missing device); the errors of [`Device::reset`] for a lost device.
 pub fn open_device(name: &str) -> Result<Arc<Device>> {
     let spec: DeviceSpec = name.parse()?;
     let opener = {

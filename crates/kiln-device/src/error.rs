@@ -10,8 +10,12 @@ use std::sync::Arc;
 
 use kiln_ir::IrError;
 
+/// The device layer's result: every fallible call in kiln-device returns an [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Every failure of the device layer. `Clone` because one failure is shared: a failed
+/// signal or queue hands the same cause (behind an `Arc`) to every waiter. Match on
+/// [`Error::class`] for a recovery policy; match on variants for the details.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The kernel itself is malformed (parse, dtype, structure, variable errors).
@@ -26,7 +30,14 @@ pub enum Error {
     /// The backend compiler rejected the source. `log` is its output; `line` the offending
     /// source line when the log names one.
     #[error("compile failed: {message}\n{log}{}", line.as_ref().map(|l| format!("\noffending line: {l}")).unwrap_or_default())]
-    Compile { message: String, log: String, line: Option<String> },
+    Compile {
+        /// What failed, in one line (which compiler, which kernel).
+        message: String,
+        /// The compiler's full diagnostic output, unmodified.
+        log: String,
+        /// The source line the log points at, when it names one.
+        line: Option<String>,
+    },
     /// Loading a compiled program failed (missing symbol, bad binary).
     #[error("load failed: {0}")]
     Load(String),
@@ -38,7 +49,12 @@ pub enum Error {
     /// buffer for these variable values (see `kiln_ir::bounds`). `access` names the node
     /// (`%N` in `kiln_ir::print` order), the elements it may touch and the buffer's size.
     #[error("launch of kernel `{kernel}` refused: {access}")]
-    OutOfBounds { kernel: String, access: Box<kiln_ir::bounds::OutOfBounds> },
+    OutOfBounds {
+        /// The refused kernel's name.
+        kernel: String,
+        /// The access that may leave its buffer (boxed: it is large and rare).
+        access: Box<kiln_ir::bounds::OutOfBounds>,
+    },
     /// Buffer misuse: out-of-bounds view, size or dtype mismatch on copy or host access.
     #[error("buffer: {0}")]
     Buffer(String),
@@ -47,27 +63,64 @@ pub enum Error {
         "out of memory on {device}: requested {requested} B, in use {in_use} B, cached {cached} B, budget {}; free buffers or raise KILN_MEMORY_BUDGET",
         budget.map(|b| format!("{b} B")).unwrap_or_else(|| "none".into())
     )]
-    OutOfMemory { device: String, requested: usize, in_use: usize, cached: usize, budget: Option<usize> },
+    OutOfMemory {
+        /// The device that ran out.
+        device: String,
+        /// Bytes the failed allocation asked for.
+        requested: usize,
+        /// Bytes held by live buffers when it failed.
+        in_use: usize,
+        /// Bytes still cached by the allocator after trimming (normally 0).
+        cached: usize,
+        /// The configured memory budget in bytes, if any (`KILN_MEMORY_BUDGET`).
+        budget: Option<usize>,
+    },
     /// A timeline signal wait ran out of time.
     #[error("timeout: waited {waited_ms} ms for signal value {target}, current value {current}")]
-    Timeout { target: u64, current: u64, waited_ms: u64 },
+    Timeout {
+        /// The value waited for.
+        target: u64,
+        /// The signal's value when the wait gave up (below `target`).
+        current: u64,
+        /// How long the wait lasted, in milliseconds.
+        waited_ms: u64,
+    },
     /// A signal was failed by the work that should have set it; carries the original error.
     #[error("signal failed: {0}")]
     SignalFailed(Arc<Error>),
     /// A queue hit an error earlier (a failed wait or command) and runs no more work; every
     /// later submit fails its signals with this. Carries the error that failed the queue.
     #[error("the queue on {device} failed earlier and runs no more work: {cause}; create a new queue")]
-    QueueFailed { device: String, cause: Arc<Error> },
+    QueueFailed {
+        /// The device the queue runs on.
+        device: String,
+        /// The first error the queue hit, shared by every later failure.
+        cause: Arc<Error>,
+    },
     /// An object minted under an older generation of a device was used after the device
     /// was reset: its memory, program or events belong to a context that no longer exists.
     #[error(
         "device lost: {what} belongs to generation {minted} of {device}, the device is now at generation {current}; recreate it"
     )]
-    DeviceLost { device: String, what: String, minted: u64, current: u64 },
+    DeviceLost {
+        /// The device that was reset.
+        device: String,
+        /// The stale object (a buffer, a program, a signal), in words.
+        what: String,
+        /// The generation the object was created under.
+        minted: u64,
+        /// The device's generation now (larger than `minted`).
+        current: u64,
+    },
     /// The device hit a fatal (sticky) error: work in flight was failed with it and new work
     /// is refused until [`crate::Device::reset`].
     #[error("device {device} is lost after a fatal error: {cause}; call Device::reset() and recreate its objects")]
-    DeviceFailed { device: String, cause: Arc<Error> },
+    DeviceFailed {
+        /// The failed device.
+        device: String,
+        /// The fatal error that made the device unusable.
+        cause: Arc<Error>,
+    },
     /// A device or backend that is not present on this machine.
     #[error("device unavailable: {0}")]
     Unavailable(String),
@@ -78,7 +131,16 @@ pub enum Error {
     /// `cl_int`, a CUDA `CUresult`) when there is one; `fatal` says the error is sticky: the
     /// device context is unusable and must be reset.
     #[error("{backend} driver: {message}{}", if *fatal { " (fatal: the device context is lost; reset the device)" } else { "" })]
-    Driver { backend: &'static str, code: Option<i64>, fatal: bool, message: String },
+    Driver {
+        /// The backend's name (`"OpenCL"`, `"CUDA"`, `"CPU"`).
+        backend: &'static str,
+        /// The driver's native status code, when the call returned one.
+        code: Option<i64>,
+        /// Whether the device context is lost (see [`ErrorClass::DeviceLost`]).
+        fatal: bool,
+        /// What the driver call was doing and what went wrong.
+        message: String,
+    },
     /// A malformed setting (an environment variable, a configuration value).
     #[error("configuration: {0}")]
     Config(String),

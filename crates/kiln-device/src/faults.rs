@@ -48,10 +48,15 @@ pub const BACKEND: &str = "fault-injection";
 /// A kind of operation the plan counts, and the failure it injects (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultKind {
+    /// `compile`: a compiler call fails with [`Error::Compile`].
     Compile,
+    /// `alloc`: an allocation fails with [`Error::OutOfMemory`].
     Alloc,
+    /// `kernel`: a launch fails with a fatal driver error ([`KERNEL_FAULT`]).
     Kernel,
+    /// `timeout`: a host signal wait returns [`Error::Timeout`] at once.
     Timeout,
+    /// `loss`: a device operation fails with a fatal driver error ([`DEVICE_LOSS`]).
     Loss,
 }
 
@@ -103,6 +108,10 @@ impl FaultPlan {
 
     /// Parses `kind:n[,kind:n...]` (kinds `compile`, `alloc`, `kernel`, `timeout`, `loss`;
     /// `n` ≥ 1 counts from the plan's creation). An empty string injects nothing.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the item that has no `:`, names no fault kind or has no
+    /// count ≥ 1.
     pub fn parse(spec: &str) -> Result<Arc<FaultPlan>> {
         let plan = FaultPlan::new();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -124,6 +133,9 @@ impl FaultPlan {
     }
 
     /// The plan in `KILN_FAULTS`, `None` when it is unset or empty.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the variable is not UTF-8 or [`FaultPlan::parse`] refuses it.
     pub fn from_env() -> Result<Option<Arc<FaultPlan>>> {
         match std::env::var(FAULTS_ENV) {
             Ok(v) if !v.trim().is_empty() => FaultPlan::parse(&v).map(Some),

@@ -1,6 +1,8 @@
 //! kiln-device: the contracts between kiln's kernel IR and its backends, and everything
 //! that is backend-independent (launch checks, buffers, signals, queues, the kernel cache).
 
+#![warn(missing_docs)]
+
 pub mod allocator;
 pub mod backend;
 pub mod buffer;

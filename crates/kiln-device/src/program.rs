@@ -15,22 +15,31 @@ use crate::error::{Error, Result};
 /// A runtime integer variable of a kernel with its inclusive bounds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Variable {
+    /// The name in the kernel (`DEFINE_VAR`); unique within a kernel.
     pub name: String,
+    /// The smallest value a launch may bind.
     pub min: i64,
+    /// The largest value a launch may bind; bounds proofs and launch checks rely on it.
     pub max: i64,
 }
 
 /// A buffer parameter: slot, element type and element count (an expression over the vars).
 #[derive(Debug, Clone)]
 pub struct ParamInfo {
+    /// The positional index of the buffer in a launch's buffer list.
     pub slot: usize,
+    /// The element type the buffer must have.
     pub scalar: Scalar,
+    /// The declared element count, over the kernel's variables; a launch's buffer must be at
+    /// least this long ([`ProgramSpec::param_lens`] evaluates it).
     pub len: Arc<UOp>,
 }
 
 /// Concrete launch sizes after binding the variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchDims {
+    /// Work-group counts per axis (`gidxN` extents), or total work items for `idxN` kernels;
+    /// every entry ≥ 1.
     pub global: [usize; 3],
     /// `None` when the kernel uses direct global indices (`idxN`): the backend picks.
     pub local: Option<[usize; 3]>,
@@ -43,18 +52,24 @@ pub struct ProgramSpec {
     pub name: String,
     /// Backend source code.
     pub src: String,
+    /// The device family the source was rendered for.
     pub device: DeviceSpec,
     /// The kernel's SINK.
     pub ast: Arc<UOp>,
     /// Launch sizes as expressions over the variables (from SPECIAL extents).
     pub global_size: [Arc<UOp>; 3],
+    /// Work-group sizes as expressions (from `lidxN` extents); `None` for `idxN` kernels,
+    /// whose work-group size the backend picks.
     pub local_size: Option<[Arc<UOp>; 3]>,
     /// Variables sorted by name; `var_names` is the positional order of `vals`.
     pub vars: Vec<Variable>,
+    /// The names of `vars`, same order: the order of the `vals` every launch passes.
     pub var_names: Vec<String>,
     /// Parameter slots (sorted), slots written by STOREs, slots read by LOADs.
     pub globals: Vec<usize>,
+    /// Slots the kernel writes (sorted, deduplicated): what a queue orders later readers on.
     pub outs: Vec<usize>,
+    /// Slots the kernel reads (sorted, deduplicated). A slot may be in both.
     pub ins: Vec<usize>,
     /// One entry per slot in `globals`, same order.
     pub params: Vec<ParamInfo>,
@@ -68,6 +83,10 @@ impl ProgramSpec {
     /// Validates `sink` and derives all metadata from it; `src` is the rendered source.
     ///
     /// Slots must be dense (0..n): buffers are passed positionally.
+    ///
+    /// # Errors
+    /// [`Error::Ir`] when `sink` fails validation; [`Error::Render`] for an unknown launch
+    /// index name or a gap in the buffer slots.
     pub fn from_sink(name: &str, src: String, device: DeviceSpec, sink: &Arc<UOp>) -> Result<ProgramSpec> {
         validate(sink)?;
         let one = || UOp::index_const(1);
@@ -152,6 +171,10 @@ impl ProgramSpec {
     }
 
     /// Checks `vals` (positional, `var_names` order) against the variables' bounds.
+    ///
+    /// # Errors
+    /// [`Error::Launch`] when the number of values is wrong; [`Error::Ir`]
+    /// (`VarOutOfRange`) for the first value outside its variable's bounds.
     pub fn check_vals(&self, vals: &[i64]) -> Result<()> {
         if vals.len() != self.vars.len() {
             return Err(Error::Launch(format!(
@@ -172,7 +195,12 @@ impl ProgramSpec {
         Ok(())
     }
 
-    /// Evaluates an expression of this kernel with positional `vals`.
+    /// Evaluates an expression of this kernel with positional `vals` (not checked against the
+    /// bounds: see [`ProgramSpec::check_vals`]).
+    ///
+    /// # Errors
+    /// [`Error::Ir`] when the arithmetic overflows, divides by zero or names a variable
+    /// `vals` lacks.
     pub fn eval(&self, expr: &Arc<UOp>, vals: &[i64]) -> Result<i64> {
         let lookup = |name: &str| self.var_names.iter().position(|n| n == name).and_then(|i| vals.get(i).copied());
         Ok(eval_int(expr, &lookup)?)
@@ -180,6 +208,10 @@ impl ProgramSpec {
 
     /// Launch sizes for `vals`: checked arithmetic, every variable within bounds, and every
     /// dimension ≥ 1.
+    ///
+    /// # Errors
+    /// The errors of [`ProgramSpec::check_vals`] and [`ProgramSpec::eval`];
+    /// [`Error::Launch`] when a size evaluates below 1 or does not fit `usize`.
     pub fn launch_dims(&self, vals: &[i64]) -> Result<LaunchDims> {
         self.check_vals(vals)?;
         let dims = |exprs: &[Arc<UOp>; 3], what: &str| -> Result<[usize; 3]> {
@@ -199,7 +231,11 @@ impl ProgramSpec {
         })
     }
 
-    /// Element counts of every parameter for `vals`.
+    /// Element counts of every parameter for `vals`, in slot order (the minimum length of each
+    /// launch buffer). Does not check `vals` against the bounds.
+    ///
+    /// # Errors
+    /// The errors of [`ProgramSpec::eval`]; [`Error::Launch`] when a size is negative.
     pub fn param_lens(&self, vals: &[i64]) -> Result<Vec<usize>> {
         self.params
             .iter()
@@ -214,6 +250,9 @@ impl ProgramSpec {
     /// for every allowed variable value are decided for these `vals`, the launch sizes
     /// `dims` ([`ProgramSpec::launch_dims`]) and element counts `lens`
     /// ([`ProgramSpec::param_lens`]). Costs nothing for a kernel proven when it was built.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] naming the first access that may leave its buffer.
     pub fn check_bounds(&self, vals: &[i64], dims: &LaunchDims, lens: &[usize]) -> Result<()> {
         if self.bounds.pending() == 0 {
             return Ok(());
@@ -229,12 +268,18 @@ impl ProgramSpec {
     }
 
     /// The linearized kernel (what renderers walk).
+    ///
+    /// # Errors
+    /// [`Error::Ir`] when the graph cannot be linearized.
     pub fn linear(&self) -> Result<Vec<Arc<UOp>>> {
         Ok(linearize(&self.ast)?)
     }
 
     /// This spec as a PROGRAM value: `PROGRAM(sink, DEVICE, LINEAR, SOURCE[, BINARY])`.
     /// A compiled kernel is then itself content-addressed.
+    ///
+    /// # Errors
+    /// The errors of [`ProgramSpec::linear`].
     pub fn to_uop(&self, binary: Option<&[u8]>) -> Result<Arc<UOp>> {
         let device = UOp::new(Op::Device, DType::Void, Arg::Device(self.device.clone()), vec![]);
         let linear = UOp::new(Op::Linear, DType::Void, Arg::None, self.linear()?);
@@ -247,6 +292,10 @@ impl ProgramSpec {
     }
 
     /// Rebuilds the spec from a PROGRAM value; metadata is derived again from its SINK.
+    ///
+    /// # Errors
+    /// [`Error::Load`] when `program` is not a PROGRAM or lacks its SINK, DEVICE or SOURCE
+    /// stage; the errors of [`ProgramSpec::from_sink`].
     pub fn from_uop(program: &Arc<UOp>) -> Result<ProgramSpec> {
         let bad = |m: &str| Error::Load(format!("not a PROGRAM value: {m}"));
         if program.op() != Op::Program {
@@ -293,15 +342,23 @@ fn param_slot(index: &Arc<UOp>) -> Option<usize> {
 /// A compiled kernel: source for JIT backends, bytes for AOT backends, plus its spec.
 #[derive(Debug, Clone)]
 pub struct CompiledSpec {
+    /// The entry point to load (may differ from `spec.name` when the compiler mangles it).
     pub name: String,
+    /// The source the runtime compiles at load time (JIT backends); `None` for AOT backends.
     pub src: Option<String>,
+    /// The binary the runtime loads; empty for JIT backends. The disk cache stores it as is.
     pub bytes: Vec<u8>,
+    /// The spec it was compiled from, shared with every kernel loaded from it.
     pub spec: Arc<ProgramSpec>,
 }
 
 /// Turns a kernel graph into a [`ProgramSpec`] for one backend.
 pub trait Renderer: Send + Sync {
     /// Renders `ast` (a SINK). Must call [`ProgramSpec::from_sink`] for metadata.
+    ///
+    /// # Errors
+    /// [`Error::Render`] when the backend cannot express the kernel; the errors of
+    /// [`ProgramSpec::from_sink`].
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec>;
 
     /// The device family rendered for.
@@ -320,10 +377,12 @@ pub trait Renderer: Send + Sync {
 pub trait Compiler: Send + Sync {
     /// Compiles `spec` to completion on the calling thread (it blocks: it may run an
     /// external compiler or the driver's, for milliseconds to seconds) and may be called from
-    /// several threads at once. Errors: [`Error::Compile`] when the source is rejected (with
-    /// the compiler's log), [`Error::CompilerMissing`] when the compiler cannot be found or
-    /// started, [`Error::Driver`] when the driver fails otherwise (a fatal one loses the
-    /// device). It never loads the result: the [`RuntimeFactory`] does.
+    /// several threads at once. It never loads the result: the [`RuntimeFactory`] does.
+    ///
+    /// # Errors
+    /// [`Error::Compile`] when the source is rejected (with the compiler's log),
+    /// [`Error::CompilerMissing`] when the compiler cannot be found or started,
+    /// [`Error::Driver`] when the driver fails otherwise (a fatal one loses the device).
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec>;
 
     /// The backend name ("clang", "opencl", ...).
@@ -341,6 +400,10 @@ pub trait Compiler: Send + Sync {
 pub trait Program: Send + Sync {
     /// Runs the kernel to completion.
     ///
+    /// # Errors
+    /// [`Error::Driver`] when the backend fails to run it (a fatal one loses the device);
+    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] from a generation-guarded program.
+    ///
     /// # Safety
     /// `bufs` must be live device memory of this program's device, one per parameter slot,
     /// each at least as large as the parameter's declared size for `vals`; `vals` must be
@@ -352,6 +415,7 @@ pub trait Program: Send + Sync {
     /// all of this; call that instead.
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()>;
 
+    /// The entry point's name, for error messages and traces.
     fn name(&self) -> &str;
 
     /// The concrete program, for a backend queue that enqueues its own programs natively
@@ -363,6 +427,9 @@ pub trait Program: Send + Sync {
     /// Whether the program may still run: [`Error::DeviceLost`] once its device was reset
     /// (the program belongs to the old context), [`Error::DeviceFailed`] while the device is
     /// lost. Programs not loaded through a [`crate::Device`] are always current.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] or [`Error::DeviceFailed`], as above.
     fn check_current(&self) -> Result<()> {
         Ok(())
     }
@@ -378,6 +445,10 @@ pub trait Program: Send + Sync {
     /// error refuses the launch and fails the queue there, as a failed launch would. Wrappers
     /// that must see every launch forward it: the device generation check
     /// ([`crate::context`]) and fault injection. The default accepts.
+    ///
+    /// # Errors
+    /// Whatever refuses the launch: [`Error::DeviceLost`] / [`Error::DeviceFailed`] from the
+    /// generation check, an injected fault.
     fn before_enqueue(&self) -> Result<()> {
         Ok(())
     }

@@ -50,7 +50,12 @@ pub trait CommandTimer: Send + Sync {
     fn measured(&self, probe: TimeProbe);
 }
 
+/// An in-order command queue of one device (IREE's command buffer and queue in one): record
+/// commands, then [`HardwareQueue::submit`] them. See the module docs for the ordering,
+/// ownership and failure contract every backend keeps. Not `Sync`: one thread records a
+/// queue at a time; use one queue per thread and order them with signals.
 pub trait HardwareQueue: Send {
+    /// The only signal type this queue can wait on and set (its backend's).
     type Signal: TimelineSignal;
 
     /// Later commands start only after `signal` reaches `value`. Blocks the queue, never the host.
@@ -93,7 +98,15 @@ pub trait HardwareQueue: Send {
     /// a signal set after this point.
     fn memory_barrier(&mut self) -> &mut Self;
 
-    /// Hands the recorded batch to the device and returns without waiting.
+    /// Hands the recorded batch to the device and returns without waiting. Either way the
+    /// queue is empty afterwards and records the next batch.
+    ///
+    /// # Errors
+    /// The batch's first recording error ([`Error::Launch`], [`Error::OutOfBounds`],
+    /// [`Error::Buffer`], [`Error::Invalid`], ...), with nothing submitted;
+    /// [`Error::QueueFailed`] when an earlier command failed the queue (the batch's signals
+    /// are failed); the driver's refusal ([`Error::Driver`]), with the unrecorded signals
+    /// failed.
     fn submit(&mut self) -> Result<()>;
 
     /// Records a recording error from outside the queue (a foreign signal seen by
@@ -105,21 +118,38 @@ pub trait HardwareQueue: Send {
     /// `None` while the queue is healthy.
     fn failure(&self) -> Option<Error>;
 
+    /// The device the queue's commands run on; buffers and kernels of other devices are
+    /// recording errors (a copy may take one side from elsewhere).
     fn device(&self) -> &DeviceSpec;
 }
 
 /// Creates the queues and signals of one device.
 pub trait QueueFactory: Send + Sync {
+    /// The backend's queue; it takes the factory's signals.
     type Queue: HardwareQueue<Signal = Self::Signal>;
+    /// The backend's timeline signal, shared by all queues of the factory.
     type Signal: TimelineSignal;
 
+    /// A new, empty compute queue (it runs kernels and copies). Queues are independent:
+    /// order them with signals.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot create a queue (a stream, a worker thread).
     fn create_compute_queue(&self) -> Result<Self::Queue>;
 
     /// A dedicated copy queue, if the device has one.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the device has one but it cannot be created.
     fn create_copy_queue(&self) -> Result<Option<Self::Queue>>;
 
+    /// A new signal at value 0, usable by every queue of this factory (and by the host).
+    ///
+    /// # Errors
+    /// [`Error::Driver`] when the driver cannot create the signal's event or fence.
     fn create_signal(&self) -> Result<Arc<Self::Signal>>;
 
+    /// The device the queues run on.
     fn device(&self) -> &DeviceSpec;
 }
 
@@ -146,6 +176,8 @@ impl std::fmt::Debug for DynQueue {
 }
 
 impl DynQueue {
+    /// Erases `queue`'s type; unbound to a device generation (a [`crate::Device`]'s factory
+    /// binds the queues it creates).
     pub fn new<Q: HardwareQueue + 'static>(queue: Q) -> DynQueue {
         DynQueue { inner: Box::new(Erased { queue, signals: Vec::new() }), stamp: None }
     }
@@ -211,6 +243,11 @@ impl DynQueue {
 
     /// Forwards the batch to the concrete queue and submits it; returns the first recording
     /// error instead (and submits nothing) if there was one.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] for a queue of an ended or failed
+    /// device generation (the batch is discarded and its signals failed); the errors of
+    /// [`HardwareQueue::submit`], including [`Error::Invalid`] for a signal of a foreign type.
     pub fn submit(&mut self) -> Result<()> {
         let Some(stamp) = &self.stamp else { return self.inner.submit() };
         if let Err(e) = stamp.check("a queue") {
@@ -225,6 +262,7 @@ impl DynQueue {
         self.inner.failure()
     }
 
+    /// See [`HardwareQueue::device`].
     pub fn device(&self) -> &DeviceSpec {
         self.inner.device()
     }
@@ -339,14 +377,26 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
 /// The object-safe face of a [`QueueFactory`], so a [`crate::Device`] can carry its queue
 /// factory without naming the backend's types. Every `QueueFactory` is one.
 pub trait DynQueueFactory: Send + Sync {
+    /// See [`QueueFactory::create_compute_queue`].
+    ///
+    /// # Errors
+    /// As [`QueueFactory::create_compute_queue`]; a [`crate::Device`]'s factory also returns
+    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] for an ended or failed generation.
     fn create_dyn_compute_queue(&self) -> Result<DynQueue>;
 
     /// A dedicated copy queue, if the device has one.
+    ///
+    /// # Errors
+    /// As [`DynQueueFactory::create_dyn_compute_queue`].
     fn create_dyn_copy_queue(&self) -> Result<Option<DynQueue>>;
 
     /// A signal the queues of this factory accept.
+    ///
+    /// # Errors
+    /// As [`DynQueueFactory::create_dyn_compute_queue`].
     fn create_dyn_signal(&self) -> Result<Arc<dyn TimelineSignal>>;
 
+    /// See [`QueueFactory::device`] (named apart so the blanket impl does not clash).
     fn dyn_device(&self) -> &DeviceSpec;
 }
 

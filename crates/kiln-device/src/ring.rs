@@ -20,9 +20,15 @@ use crate::signal::{CpuTimelineSignal, TimelineSignal, signal_failed};
 pub trait BackendEvent: Send + Sync + Debug + 'static {
     /// Whether the work before the event has finished. Never blocks. An error means the
     /// work failed (the signal is then failed with it).
+    ///
+    /// # Errors
+    /// The failure of the work before the event, or [`Error::Driver`] when the query fails.
     fn is_complete(&self) -> Result<bool>;
 
     /// Blocks until the work before the event has finished (the driver's own wait).
+    ///
+    /// # Errors
+    /// As [`BackendEvent::is_complete`].
     fn wait(&self) -> Result<()>;
 }
 
@@ -49,6 +55,7 @@ impl<E> EventRing<E> {
         EventRing { slots: (0..capacity.max(1)).map(|_| None).collect(), next: 0, last: 0 }
     }
 
+    /// How many events the ring holds at most; older ones are dropped as new ones arrive.
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }
@@ -58,6 +65,7 @@ impl<E> EventRing<E> {
         self.slots.iter().filter(|s| s.is_some()).count()
     }
 
+    /// Whether nothing was recorded yet.
     pub fn is_empty(&self) -> bool {
         self.slots.iter().all(Option::is_none)
     }
@@ -70,6 +78,9 @@ impl<E> EventRing<E> {
     /// Stores `event` as the marker of `value` and returns the slot it evicted, if any.
     /// A value below the last recorded one is refused ([`Error::Invalid`]): the timeline
     /// of one signal only moves forward.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] as above.
     pub fn record(&mut self, value: u64, event: Arc<E>) -> Result<Option<(u64, Arc<E>)>> {
         if value < self.last {
             return Err(Error::Invalid(format!(
@@ -153,11 +164,17 @@ impl<E: BackendEvent> RingSignal<E> {
     /// Records that the timeline reaches `value` when `event` completes. Refuses a value
     /// below the last recorded one. An evicted slot whose event already completed still
     /// raises the value, so no completion is forgotten.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when `value` is below the last recorded one.
     pub fn record(&self, value: u64, event: E) -> Result<()> {
         self.record_shared(value, Arc::new(event))
     }
 
     /// [`RingSignal::record`] for an event that is already shared.
+    ///
+    /// # Errors
+    /// As [`RingSignal::record`].
     pub fn record_shared(&self, value: u64, event: Arc<E>) -> Result<()> {
         let evicted = self.ring().record(value, event)?;
         if let Some((v, e)) = evicted {

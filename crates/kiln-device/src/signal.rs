@@ -32,6 +32,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+/// A monotonic u64 counter that orders work across queues, threads and devices (IREE's
+/// semaphore); see the module docs for the contract every implementation keeps. Shared as
+/// `Arc<dyn TimelineSignal>`: any thread may set, fail or wait.
 pub trait TimelineSignal: Send + Sync + Debug + Any {
     /// For checked downcasts to the concrete type.
     fn as_any(&self) -> &dyn Any;
@@ -39,6 +42,7 @@ pub trait TimelineSignal: Send + Sync + Debug + Any {
     /// For checked downcasts that keep ownership (queues hold the signal until they ran).
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 
+    /// The current value; it only grows, and stops growing once the signal failed.
     fn value(&self) -> u64;
 
     /// Raises the value to `value` (no effect if it is already higher or the signal failed)
@@ -47,6 +51,11 @@ pub trait TimelineSignal: Send + Sync + Debug + Any {
 
     /// Blocks until the value reaches `value`, the timeout passes, or the signal fails.
     /// A zero timeout polls once; `Duration::MAX` waits without limit.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the timeout passes first (the signal is not failed);
+    /// [`Error::SignalFailed`] with the original error when the signal was failed before
+    /// reaching `value`.
     fn wait(&self, value: u64, timeout: Duration) -> Result<()>;
 
     /// Marks the signal failed: pending and future waits for unreached values return `error`
@@ -56,6 +65,8 @@ pub trait TimelineSignal: Send + Sync + Debug + Any {
     /// The failure, if the signal was failed (the error passed to the first `fail`).
     fn failure(&self) -> Option<Error>;
 
+    /// Whether the value reached `value` (a non-blocking `wait`, that ignores failure: a
+    /// failed signal reports the values it reached before failing).
     fn is_reached(&self, value: u64) -> bool {
         self.value() >= value
     }

@@ -52,10 +52,16 @@ use crate::signal::TimelineSignal;
 
 /// The native operations of one in-order stream. Called with the queue's lock held, from
 /// the submitting thread or the queue's helper thread, one at a time.
+///
+/// # Errors
+/// Every method returns the driver's failure as [`Error::Driver`] (marked fatal when the
+/// device context is lost); [`StreamOps::check_kernel`] returns [`Error::Launch`] as it says.
+/// An enqueue error fails the queue as the [`crate::queue`] contract says.
 pub trait StreamOps: Send + 'static {
     /// The device event (`cl_event`, `CUevent`).
     type Event: BackendEvent;
 
+    /// The device the stream runs on; the queue reports it and checks buffers against it.
     fn device(&self) -> &DeviceSpec;
 
     /// Refuses, at record time, a launch this stream cannot make (another backend's program,
@@ -303,6 +309,7 @@ impl<B: StreamOps> std::fmt::Debug for StreamQueue<B> {
 }
 
 impl<B: StreamOps> StreamQueue<B> {
+    /// A queue that owns the stream `ops`; dropping the queue waits for the stream's work.
     pub fn new(ops: B) -> StreamQueue<B> {
         let spec = ops.device().clone();
         let inner = Inner { ops, in_flight: VecDeque::new(), deferred: None, failure: None };

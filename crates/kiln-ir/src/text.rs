@@ -175,7 +175,7 @@ pub fn print(root: &Arc<UOp>) -> String {
 }
 
 /// Where node `%N` of the kernel in `text` is defined: its name and line, e.g. `%pc (line 12)`.
-/// `N` numbers nodes in [`print`] order of the parsed root, as validation and the bounds proof
+/// `N` numbers nodes in [`print()`] order of the parsed root, as validation and the bounds proof
 /// ([`crate::bounds::OutOfBounds::node`]) report them. `None` when `text` does not parse or has
 /// no such node.
 pub fn locate_node(text: &str, node: usize) -> Option<String> {
