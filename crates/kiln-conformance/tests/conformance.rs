@@ -169,3 +169,5 @@ macro_rules! backend {
 backend!(cpu, "cpu", peer = "opencl");
 backend!(cpu_guarded, "cpu-guarded", peer = "cpu");
 backend!(opencl, "opencl", peer = "cpu");
+backend!(cuda, "cuda", peer = "cpu");
+backend!(cuda_compile, "cuda-compile", peer = "opencl");

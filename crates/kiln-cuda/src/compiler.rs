@@ -343,7 +343,8 @@ fn ptxas() -> Result<Option<&'static (PathBuf, String)>> {
                 None => Err(format!("{PTXAS_ENV}={} does not run as `ptxas --version`", path.display())),
             };
         }
-        let path_dirs = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or(Vec::new());
+        let path_dirs: Vec<PathBuf> =
+            std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
         let dirs = toolkit_dirs("bin").into_iter().chain(wheel_dirs(&["cuda_nvcc/bin", "cu13/bin"])).chain(path_dirs);
         Ok(dirs.map(|d| d.join("ptxas")).filter(|p| p.is_file()).find_map(|p| version(&p).map(|v| (p, v))))
     });
@@ -407,14 +408,30 @@ impl CudaCompiler {
     /// Compiles CUDA C++ `src` whose entry point is `name`.
     pub fn compile_source(&self, src: &str, name: &str) -> Result<Vec<u8>> {
         let n = nvrtc()?;
-        let compute = format!("compute_{}", self.arch.number());
         match (self.output, ptxas()?) {
-            (Output::Ptx, _) => n.build(src, name, &compute, Output::Ptx),
+            (Output::Ptx, _) => n.build(src, name, &self.compute(), Output::Ptx),
             (Output::Cubin, Some((path, _))) => {
-                assemble(path, &n.build(src, name, &compute, Output::Ptx)?, self.arch, name)
+                assemble(path, &n.build(src, name, &self.compute(), Output::Ptx)?, self.arch, name)
             }
             (Output::Cubin, None) => n.build(src, name, &self.arch.to_string(), Output::Cubin),
         }
+    }
+
+    /// Both artifacts of `src` for this architecture, the source compiled once when ptxas
+    /// is present: (PTX, cubin). Without ptxas NVRTC assembles the cubin itself.
+    pub fn ptx_and_cubin(&self, src: &str, name: &str) -> Result<(Vec<u8>, Vec<u8>)> {
+        let n = nvrtc()?;
+        let ptx = n.build(src, name, &self.compute(), Output::Ptx)?;
+        let cubin = match ptxas()? {
+            Some((path, _)) => assemble(path, &ptx, self.arch, name)?,
+            None => n.build(src, name, &self.arch.to_string(), Output::Cubin)?,
+        };
+        Ok((ptx, cubin))
+    }
+
+    /// The virtual architecture NVRTC emits PTX for (`compute_90`).
+    fn compute(&self) -> String {
+        format!("compute_{}", self.arch.number())
     }
 }
 
