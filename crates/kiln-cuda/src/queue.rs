@@ -20,11 +20,13 @@
 
 use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::result::{self as cu, stream::StreamKind};
 use cudarc::driver::sys;
+use kiln_device::BackendEvent;
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::queue::CommandTimer;
 use kiln_device::{Buffer, Error, HardwareQueue, Kernel, LaunchDims, QueueFactory, RawView, Result, TimelineSignal};
 
 use crate::allocator::address;
@@ -35,8 +37,18 @@ use crate::{CudaDevice, CudaProgram, driver};
 enum Command {
     Wait(Arc<CudaSignal>, u64),
     Signal(Arc<CudaSignal>, u64),
-    Exec { kernel: Kernel, _bufs: Vec<Buffer>, views: Vec<RawView>, vals: Vec<i64>, dims: LaunchDims },
-    Copy { dst: Buffer, src: Buffer },
+    Exec {
+        kernel: Kernel,
+        _bufs: Vec<Buffer>,
+        views: Vec<RawView>,
+        vals: Vec<i64>,
+        dims: LaunchDims,
+        timer: Option<Arc<dyn CommandTimer>>,
+    },
+    Copy {
+        dst: Buffer,
+        src: Buffer,
+    },
 }
 
 /// A stream handle that the worker thread owns.
@@ -58,12 +70,20 @@ impl CudaQueue {
     fn new(cu: Arc<CudaDevice>) -> Result<CudaQueue> {
         cu.bind()?;
         let stream = Stream(cu::stream::create(StreamKind::NonBlocking).map_err(|e| driver("cuStreamCreate", e))?);
+        let anchor = match Anchor::new(&cu, stream.0) {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                // SAFETY: the stream was created above and nothing else uses it.
+                let _ = unsafe { cu::stream::destroy(stream.0) };
+                return Err(e);
+            }
+        };
         let (tx, rx) = channel::<Vec<Command>>();
         let device = cu.clone();
         std::thread::Builder::new()
             .name(format!("kiln-{}-queue", cu.spec))
             .spawn(move || {
-                let mut worker = Worker { cu: device, stream, failure: None };
+                let mut worker = Worker { cu: device, stream, anchor, failure: None };
                 for batch in rx {
                     worker.run(batch);
                 }
@@ -82,7 +102,13 @@ impl CudaQueue {
         self
     }
 
-    fn exec_command(&self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<Command> {
+    fn exec_command(
+        &self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: Option<Arc<dyn CommandTimer>>,
+    ) -> Result<Command> {
         let (views, dims) = kernel.check(bufs, vals)?;
         let program = kernel.program.as_any().and_then(|a| a.downcast_ref::<CudaProgram>());
         if !program.is_some_and(|p| Arc::ptr_eq(p.device(), &self.cu)) {
@@ -92,7 +118,28 @@ impl CudaQueue {
             return Err(Error::Launch(format!("a buffer is on {}, the queue runs on {}", b.device(), self.cu.spec)));
         }
         let bufs = bufs.iter().map(|b| (*b).clone()).collect();
-        Ok(Command::Exec { kernel: kernel.clone(), _bufs: bufs, views, vals: vals.to_vec(), dims })
+        Ok(Command::Exec { kernel: kernel.clone(), _bufs: bufs, views, vals: vals.to_vec(), dims, timer })
+    }
+}
+
+/// A completed timed event of the queue's stream and the host time it completed at: device
+/// times of later timed events map to host times through `cuEventElapsedTime` from it.
+struct Anchor {
+    event: CudaEvent,
+    at: Instant,
+}
+
+impl Anchor {
+    fn new(cu: &Arc<CudaDevice>, stream: sys::CUstream) -> Result<Anchor> {
+        let event = CudaEvent::record(cu, stream, true)?;
+        event.wait()?;
+        Ok(Anchor { event, at: Instant::now() })
+    }
+
+    /// The host time at which the completed timed `event` completed.
+    fn host_time(&self, event: &CudaEvent) -> Result<Instant> {
+        let ms = self.event.elapsed_ms(event)?;
+        Ok(self.at + Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 }
 
@@ -100,6 +147,8 @@ impl CudaQueue {
 struct Worker {
     cu: Arc<CudaDevice>,
     stream: Stream,
+    /// For mapping device times of `exec_timed` to host times.
+    anchor: Arc<Anchor>,
     /// The first failure; the queue is poisoned from then on.
     failure: Option<Error>,
 }
@@ -116,10 +165,15 @@ impl Worker {
                     Some(e) => signal.fail(e.clone()),
                     None => {
                         let recorded =
-                            CudaEvent::record(&self.cu, self.stream.0).and_then(|ev| signal.record(*value, ev));
-                        if let Err(e) = recorded {
-                            signal.fail(e.clone());
-                            self.failure = Some(e);
+                            CudaEvent::record(&self.cu, self.stream.0, false).and_then(|ev| signal.record(*value, ev));
+                        match recorded {
+                            // A value below one already recorded: the timeline never lowers,
+                            // so this signal is a no-op, not a failure of the queue.
+                            Ok(()) | Err(Error::Invalid(_)) => {}
+                            Err(e) => {
+                                signal.fail(e.clone());
+                                self.failure = Some(e);
+                            }
                         }
                     }
                 }
@@ -151,12 +205,22 @@ impl Worker {
     fn step(&self, command: &Command) -> Result<()> {
         match command {
             Command::Wait(signal, value) => signal.wait(*value, Duration::MAX),
-            Command::Exec { kernel, views, vals, dims, .. } => {
+            Command::Exec { kernel, views, vals, dims, timer, .. } => {
                 let program = kernel.program.as_any().and_then(|a| a.downcast_ref::<CudaProgram>());
                 let program = program.ok_or_else(|| Error::Launch("not a CUDA kernel".into()))?;
+                let start = timer.as_ref().map(|_| CudaEvent::record(&self.cu, self.stream.0, true)).transpose()?;
                 // SAFETY: the views were checked at record time and their buffers are held
                 // until the stream drains (end of batch); the stream is of this context.
-                unsafe { program.enqueue_raw(self.stream.0, views, vals, dims) }
+                unsafe { program.enqueue_raw(self.stream.0, views, vals, dims) }?;
+                if let (Some(timer), Some(start)) = (timer, start) {
+                    let end = CudaEvent::record(&self.cu, self.stream.0, true)?;
+                    let anchor = self.anchor.clone();
+                    timer.measured(Box::new(move || {
+                        end.wait()?;
+                        Ok((anchor.host_time(&start)?, anchor.host_time(&end)?))
+                    }));
+                }
+                Ok(())
             }
             Command::Copy { dst, src } if dst.device() == &self.cu.spec && src.device() == &self.cu.spec => {
                 let (d, s) = (dst.raw()?, src.raw()?);
@@ -195,7 +259,19 @@ impl HardwareQueue for CudaQueue {
     }
 
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        let command = self.exec_command(kernel, bufs, vals);
+        let command = self.exec_command(kernel, bufs, vals, None);
+        self.record(command)
+    }
+
+    /// Reports the kernel's device start and end, from timed CUDA events around it.
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        let command = self.exec_command(kernel, bufs, vals, Some(timer.clone()));
         self.record(command)
     }
 
@@ -203,6 +279,8 @@ impl HardwareQueue for CudaQueue {
     fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
         let command = if dst.nbytes() != src.nbytes() {
             Err(Error::Buffer(format!("copy of {} bytes into {} bytes; sizes must match", src.nbytes(), dst.nbytes())))
+        } else if dst.overlaps(src) {
+            Err(Error::Buffer("copy between overlapping windows of one buffer".into()))
         } else {
             Ok(Command::Copy { dst: dst.clone(), src: src.clone() })
         };

@@ -18,7 +18,7 @@ use crate::{CudaDevice, driver};
 pub type CudaSignal = RingSignal<CudaEvent>;
 
 /// An owned `CUevent` of one device, destroyed on drop. Created without timing (the
-/// cheapest kind; the queue's waits are host-side event synchronizations).
+/// cheapest kind) unless a timed command asks for timing.
 pub struct CudaEvent {
     event: sys::CUevent,
     cu: Arc<CudaDevice>,
@@ -39,13 +39,23 @@ impl fmt::Debug for CudaEvent {
 impl CudaEvent {
     /// Records a new event on `stream` (of `cu`'s context, current on this thread): it
     /// completes when everything enqueued on `stream` before it has finished.
-    pub(crate) fn record(cu: &Arc<CudaDevice>, stream: sys::CUstream) -> Result<CudaEvent> {
-        let event =
-            cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| driver("cuEventCreate", e))?;
+    pub(crate) fn record(cu: &Arc<CudaDevice>, stream: sys::CUstream, timed: bool) -> Result<CudaEvent> {
+        let flags =
+            if timed { sys::CUevent_flags::CU_EVENT_DEFAULT } else { sys::CUevent_flags::CU_EVENT_DISABLE_TIMING };
+        let event = cu::event::create(flags).map_err(|e| driver("cuEventCreate", e))?;
         let event = CudaEvent { event, cu: cu.clone() };
         // SAFETY: the event and the stream are live handles of the current context.
         unsafe { cu::event::record(event.event, stream) }.map_err(|e| driver("cuEventRecord", e))?;
         Ok(event)
+    }
+}
+
+impl CudaEvent {
+    /// Milliseconds from this completed timed event to the completed timed `later`.
+    pub(crate) fn elapsed_ms(&self, later: &CudaEvent) -> Result<f32> {
+        self.cu.bind()?;
+        // SAFETY: both events are live timed events of this context.
+        unsafe { cu::event::elapsed(self.event, later.event) }.map_err(|e| driver("cuEventElapsedTime", e))
     }
 }
 
