@@ -388,7 +388,7 @@ impl CudaCompiler {
         let n = nvrtc()?;
         if !n.archs.is_empty() && !n.archs.contains(&(arch.number() as i32)) {
             return Err(Error::Invalid(format!(
-                "NVRTC {}.{} ({}) cannot compile for {arch}; it supports {}: use a newer NVRTC (KILN_NVRTC)",
+                "NVRTC {}.{} ({}) cannot compile for {arch}; it supports {}: use an NVRTC that does (KILN_NVRTC)",
                 n.version.0,
                 n.version.1,
                 n.path.display(),
@@ -408,12 +408,12 @@ impl CudaCompiler {
     /// Compiles CUDA C++ `src` whose entry point is `name`.
     pub fn compile_source(&self, src: &str, name: &str) -> Result<Vec<u8>> {
         let n = nvrtc()?;
-        match (self.output, ptxas()?) {
-            (Output::Ptx, _) => n.build(src, name, &self.compute(), Output::Ptx),
-            (Output::Cubin, Some((path, _))) => {
-                assemble(path, &n.build(src, name, &self.compute(), Output::Ptx)?, self.arch, name)
-            }
-            (Output::Cubin, None) => n.build(src, name, &self.arch.to_string(), Output::Cubin),
+        match self.output {
+            Output::Ptx => n.build(src, name, &self.compute(), Output::Ptx),
+            Output::Cubin => match ptxas()? {
+                Some((path, _)) => assemble(path, &n.build(src, name, &self.compute(), Output::Ptx)?, self.arch, name),
+                None => n.build(src, name, &self.arch.to_string(), Output::Cubin),
+            },
         }
     }
 
