@@ -196,3 +196,5 @@ faults!(opencl_faults, "opencl");
 backend!(cpu, "cpu", peer = "opencl");
 backend!(cpu_guarded, "cpu-guarded", peer = "cpu");
 backend!(opencl, "opencl", peer = "cpu");
+backend!(cuda, "cuda", peer = "cpu");
+backend!(cuda_compile, "cuda-compile", peer = "opencl");

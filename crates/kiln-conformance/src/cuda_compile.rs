@@ -1,0 +1,59 @@
+//! The `cuda-compile` backend: the CPU device, with a compiler that first renders every
+//! kernel as CUDA C++ and compiles it to PTX and an `sm_90` cubin, then compiles it for
+//! the CPU. Running the suite on it compiles every conformance kernel with the CUDA
+//! toolchain on a machine without a GPU (CI); a CUDA render or compile error fails the
+//! test that compiled the kernel. Needs NVRTC (and uses ptxas when present).
+
+use std::sync::Arc;
+
+use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
+use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::{CacheConfig, CompiledSpec, Compiler, Device, Error, KernelCache, ProgramSpec, Renderer, Result};
+
+/// The architecture every kernel is compiled for (H100).
+pub const ARCH: Arch = Arch { major: 9, minor: 0 };
+
+struct CrossCompiler {
+    cpu: Arc<dyn Compiler>,
+    cuda: CudaCompiler,
+    renderer: CudaRenderer,
+}
+
+impl Compiler for CrossCompiler {
+    fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
+        let cuda = self.renderer.render(&spec.ast, Some(&spec.name))?;
+        self.cuda.ptx_and_cubin(&cuda.src, &cuda.name)?;
+        self.cpu.compile(spec)
+    }
+
+    fn cache_key(&self) -> &'static str {
+        "cpu+cuda-compile"
+    }
+
+    fn fingerprint(&self) -> String {
+        format!("{} | {}", self.cpu.fingerprint(), self.cuda.fingerprint())
+    }
+}
+
+/// Opens the `cuda-compile` device: a fresh CPU device (its own allocator) with the cross
+/// compiler and a memory-only kernel cache, so every kernel really goes through NVRTC.
+pub fn open() -> Result<Arc<Device>> {
+    let cuda = CudaCompiler::new(ARCH, Output::Cubin)?;
+    let cpu = kiln_cpu::open(&DeviceSpec::Cpu)?;
+    let (renderer, compiler) =
+        cpu.compilers.first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
+    let cross =
+        Arc::new(CrossCompiler { cpu: compiler, cuda, renderer: CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }) });
+    let mut device = Device::new(
+        DeviceSpec::Cpu,
+        format!("{} + CUDA {ARCH} compile", cpu.description),
+        cpu.allocator.clone(),
+        vec![(renderer, cross)],
+        cpu.runtime.clone(),
+    )?
+    .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())));
+    if let Some(q) = &cpu.queues {
+        device = device.with_queues(q.clone());
+    }
+    Ok(Arc::new(device))
+}
