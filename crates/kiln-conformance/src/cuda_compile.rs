@@ -8,14 +8,16 @@ use std::sync::Arc;
 
 use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{CacheConfig, CompiledSpec, Compiler, Device, Error, KernelCache, ProgramSpec, Renderer, Result};
+use kiln_device::{
+    CacheConfig, CompiledSpec, Compiler, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer, Result,
+};
 
 /// The architecture every kernel is compiled for (H100).
 pub const ARCH: Arch = Arch { major: 9, minor: 0 };
 
 struct CrossCompiler {
     cpu: Arc<dyn Compiler>,
-    cuda: CudaCompiler,
+    cuda: Arc<CudaCompiler>,
     renderer: CudaRenderer,
 }
 
@@ -38,22 +40,25 @@ impl Compiler for CrossCompiler {
 /// Opens the `cuda-compile` device: a fresh CPU device (its own allocator) with the cross
 /// compiler and a memory-only kernel cache, so every kernel really goes through NVRTC.
 pub fn open() -> Result<Arc<Device>> {
-    let cuda = CudaCompiler::new(ARCH, Output::Cubin)?;
+    let cuda = Arc::new(CudaCompiler::new(ARCH, Output::Cubin)?);
     let cpu = kiln_cpu::open(&DeviceSpec::Cpu)?;
-    let (renderer, compiler) =
-        cpu.compilers.first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
-    let cross =
-        Arc::new(CrossCompiler { cpu: compiler, cuda, renderer: CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }) });
-    let mut device = Device::new(
-        DeviceSpec::Cpu,
-        format!("{} + CUDA {ARCH} compile", cpu.description),
-        cpu.allocator.clone(),
-        vec![(renderer, cross)],
-        cpu.runtime.clone(),
-    )?
+    let description = format!("{} + CUDA {ARCH} compile", cpu.description());
+    // Each generation takes the CPU device's current parts, with the cross compiler in front.
+    let device = Device::new(DeviceSpec::Cpu, description, move |_| {
+        let (renderer, compiler) =
+            cpu.compilers().first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
+        let cross = Arc::new(CrossCompiler {
+            cpu: compiler,
+            cuda: cuda.clone(),
+            renderer: CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }),
+        });
+        Ok(DeviceParts {
+            allocator: cpu.allocator(),
+            compilers: vec![(renderer, cross)],
+            runtime: cpu.runtime(),
+            queues: cpu.queues(),
+        })
+    })?
     .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())));
-    if let Some(q) = &cpu.queues {
-        device = device.with_queues(q.clone());
-    }
     Ok(Arc::new(device))
 }

@@ -217,7 +217,7 @@ mod tests {
         let Some(dev) = test_device() else { return };
         let n = super::STAGING_BYTES / 4 * 2 + 37;
         let data: Vec<u32> = (0..n as u32).map(|x| x.wrapping_mul(2654435761)).collect();
-        let a = Buffer::from_slice(dev.allocator.clone(), &data).unwrap();
+        let a = Buffer::from_slice(dev.allocator(), &data).unwrap();
         assert_eq!(a.to_vec::<u32>().unwrap(), data);
         let b = dev.buffer(Scalar::U32, n).unwrap();
         b.view(3, n - 3).unwrap().copy_from(&a.view(0, n - 3).unwrap()).unwrap();

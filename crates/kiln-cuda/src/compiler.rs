@@ -207,7 +207,12 @@ impl Nvrtc {
     fn error(&self, call: &str, code: NvrtcResult) -> Error {
         // SAFETY: nvrtcGetErrorString returns a static NUL-terminated string for any code.
         let text = unsafe { CStr::from_ptr((self.error_string)(code)) }.to_string_lossy();
-        Error::Driver { backend: "NVRTC", message: format!("{call} failed: {text} ({code})") }
+        Error::Driver {
+            backend: "NVRTC",
+            code: Some(code.into()),
+            fatal: false,
+            message: format!("{call} failed: {text} ({code})"),
+        }
     }
 
     /// Compiles `src` with `arch_option` (`compute_90` or `sm_90`) and returns the PTX or

@@ -30,12 +30,13 @@ pub mod renderer;
 pub mod signal;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Error, LruAllocator, Result};
+use kiln_device::{Device, DeviceParts, Error, LruAllocator, Result};
 
 pub use allocator::CudaAllocator;
 pub use compiler::{Arch, CudaCompiler, Output};
@@ -48,11 +49,40 @@ pub use signal::{CudaEvent, CudaSignal};
 /// in the bindings). It does not synchronize with other threads' default streams.
 pub(crate) const PER_THREAD_STREAM: sys::CUstream = 2 as sys::CUstream;
 
-/// Turns a driver status into a driver error naming the call that failed.
+/// Turns a driver status into a driver error naming the call that failed, keeping the
+/// `CUresult` and whether it is sticky ([`is_sticky`]): a sticky error is fatal, so the
+/// stamps of kiln-device mark the device lost and its waiters get this error as the cause.
 pub(crate) fn driver(what: &str, e: DriverError) -> Error {
     let name = e.error_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
     let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Error::Driver { backend: "CUDA", message: format!("{what} failed: {name} ({text})") }
+    Error::Driver {
+        backend: "CUDA",
+        code: Some(e.0 as i64),
+        fatal: is_sticky(e.0),
+        message: format!("{what} failed: {name} ({text})"),
+    }
+}
+
+/// The statuses after which the CUDA context is unusable: every later call in it returns the
+/// same error until the context is destroyed (the driver documents these as leaving "the
+/// process in an inconsistent state"). kiln treats them as fatal and recovers with
+/// [`Device::reset`], which resets the primary context (see [`CudaDevice`]).
+pub fn is_sticky(code: sys::CUresult) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        code,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_FAILED
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_CONTEXT_IS_DESTROYED
+    )
 }
 
 /// Loads the driver library and initializes it, once per process; or why CUDA is unavailable.
@@ -152,12 +182,26 @@ impl DeviceInfo {
 }
 
 /// An opened CUDA device: its retained primary context. Shared (`Arc`) by everything of one
-/// kiln device; released when the last user drops it.
+/// device generation, and by every kiln device of that ordinal in the process (they share the
+/// primary context); released when the last user drops it.
+///
+/// # Reset
+/// A [`Device::reset`] builds the new generation over the same primary context while that
+/// context is healthy. When it is poisoned by a sticky error ([`is_sticky`]), the reset
+/// *retires* this object, resets the primary context (`cuDevicePrimaryCtxReset`: every
+/// allocation, module, stream and event in it is destroyed) and retains it afresh in a new
+/// `CudaDevice`. A retired object refuses [`CudaDevice::bind`] with a fatal error, so objects
+/// of the old context never call the driver again: their drops skip the frees (the reset
+/// already released everything) and can never free memory of the new context, and another
+/// kiln device that shared the poisoned context is marked lost on its next use and recovers
+/// with its own reset.
 pub struct CudaDevice {
     pub spec: DeviceSpec,
     pub info: DeviceInfo,
     device: sys::CUdevice,
     context: sys::CUcontext,
+    /// The primary context was reset under this object (see above).
+    retired: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -178,14 +222,40 @@ impl CudaDevice {
         let info = DeviceInfo::read(device)?;
         // SAFETY: `device` is a valid device handle; the retain is released in Drop.
         let context = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
-        Ok(CudaDevice { spec: spec.clone(), info, device, context })
+        Ok(CudaDevice { spec: spec.clone(), info, device, context, retired: AtomicBool::new(false) })
     }
 
     /// Makes this device's context current on the calling thread; every driver call of this
-    /// backend does this first (see the crate docs).
+    /// backend does this first (see the crate docs). Fails (fatally) once the primary context
+    /// was reset under this object.
     pub fn bind(&self) -> Result<()> {
+        if self.retired.load(Ordering::Acquire) {
+            return Err(Error::Driver {
+                backend: "CUDA",
+                code: Some(sys::CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED as i64),
+                fatal: true,
+                message: format!(
+                    "the CUDA context of {} was reset after a sticky error; this object belonged to the old \
+                     context: reset the device and recreate it",
+                    self.spec
+                ),
+            });
+        }
         // SAFETY: the context is retained for this object's lifetime.
         unsafe { cu::ctx::set_current(self.context) }.map_err(|e| driver("cuCtxSetCurrent", e))
+    }
+
+    /// The sticky error that poisoned the context, if any: `cuCtxSynchronize` (which waits
+    /// for the context's work) returns it.
+    fn sticky_error(&self) -> Option<Error> {
+        if let Err(e) = self.bind() {
+            return Some(e);
+        }
+        // SAFETY: the context is current on this thread.
+        match unsafe { sys::cuCtxSynchronize() }.result() {
+            Err(e) if is_sticky(e.0) => Some(driver("cuCtxSynchronize", e)),
+            _ => None,
+        }
     }
 }
 
@@ -205,12 +275,30 @@ fn opened() -> &'static Mutex<HashMap<u32, Arc<CudaDevice>>> {
 
 /// The shared [`CudaDevice`] of `CUDA:ordinal`, opened on first use.
 pub fn cuda_device(spec: &DeviceSpec) -> Result<Arc<CudaDevice>> {
+    open_cuda_device(spec, false)
+}
+
+/// The [`CudaDevice`] of `spec`: the shared one, or (`reset`, for a new device generation)
+/// the shared one after resetting its primary context if a sticky error poisoned it (see
+/// [`CudaDevice`]).
+fn open_cuda_device(spec: &DeviceSpec, reset: bool) -> Result<Arc<CudaDevice>> {
     let DeviceSpec::Cuda { ordinal } = *spec else {
         return Err(Error::Invalid(format!("{spec} is not a CUDA device (expected CUDA:n)")));
     };
     let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(d) = map.get(&ordinal) {
-        return Ok(d.clone());
+        if !reset || d.sticky_error().is_none() {
+            return Ok(d.clone());
+        }
+        d.retired.store(true, Ordering::Release);
+        // SAFETY: `device` is a valid device handle; every object of the old context holds
+        // the retired `CudaDevice` and makes no driver call any more.
+        unsafe { sys::cuDevicePrimaryCtxReset_v2(d.device) }
+            .result()
+            .map_err(|e| driver("cuDevicePrimaryCtxReset", e))?;
+        let fresh = Arc::new(CudaDevice::open(spec, ordinal)?);
+        map.insert(ordinal, fresh.clone());
+        return Ok(fresh);
     }
     let n = device_count()?;
     if ordinal >= n {
@@ -242,16 +330,24 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 }
 
 fn build_device(spec: &DeviceSpec) -> Result<Device> {
-    let cu = cuda_device(spec)?;
-    let renderer = Arc::new(CudaRenderer::new(spec.clone()));
-    let compiler = Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?);
-    let loader = cu.clone();
-    let runtime: kiln_device::RuntimeFactory =
-        Arc::new(move |compiled| Ok(Arc::new(CudaProgram::load(loader.clone(), compiled)?) as _));
-    let allocator = Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?);
-    let queues = Arc::new(CudaQueueFactory::new(cu.clone()));
-    Ok(Device::new(spec.clone(), cu.info.description(), allocator, vec![(renderer, compiler)], runtime)?
-        .with_queues(queues))
+    let description = cuda_device(spec)?.info.description();
+    // Every generation gets a fresh allocator, program loader and queue factory; a reset
+    // after a sticky error also resets the primary context (see [`CudaDevice`]).
+    Device::new(spec.clone(), description, |ctx| {
+        let cu = open_cuda_device(ctx.spec(), ctx.generation() > 0)?;
+        let loader = cu.clone();
+        let runtime: kiln_device::RuntimeFactory =
+            Arc::new(move |compiled| Ok(Arc::new(CudaProgram::load(loader.clone(), compiled)?) as _));
+        Ok(DeviceParts {
+            allocator: Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?),
+            compilers: vec![(
+                Arc::new(CudaRenderer::new(ctx.spec().clone())),
+                Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
+            )],
+            runtime,
+            queues: Some(Arc::new(CudaQueueFactory::new(cu))),
+        })
+    })
 }
 
 /// Registers the `CUDA` backend with [`kiln_device::open_device`].
@@ -306,6 +402,6 @@ mod tests {
         }
         register();
         let d = kiln_device::open_device("CUDA:0").unwrap();
-        assert_eq!(d.spec, DeviceSpec::Cuda { ordinal: 0 });
+        assert_eq!(d.spec(), &DeviceSpec::Cuda { ordinal: 0 });
     }
 }

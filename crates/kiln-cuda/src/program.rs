@@ -240,14 +240,11 @@ impl Program for CudaProgram {
         // outlives the launch.
         unsafe { self.enqueue_raw(PER_THREAD_STREAM, bufs, vals, launch) }?;
         // SAFETY: the calling thread's default stream, in the current context.
-        unsafe { cu::stream::synchronize(PER_THREAD_STREAM) }.map_err(|e| Error::Driver {
-            backend: "CUDA",
-            message: format!(
-                "kernel `{}` failed while running on {}: {}",
-                self.name,
-                self.cu.info.name.trim(),
-                driver("", e)
-            ),
+        unsafe { cu::stream::synchronize(PER_THREAD_STREAM) }.map_err(|e| {
+            driver(
+                &format!("kernel `{}` while running on {} (cuStreamSynchronize)", self.name, self.cu.info.name.trim()),
+                e,
+            )
         })
     }
 

@@ -304,6 +304,14 @@ impl HardwareQueue for CudaQueue {
             .map_err(|_| Error::Unavailable(format!("the queue thread of {} has stopped", self.cu.spec)))
     }
 
+    fn reject(&mut self, error: Error) -> &mut Self {
+        self.record(Err(error))
+    }
+
+    fn failure(&self) -> Option<Error> {
+        None
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.cu.spec
     }

@@ -55,7 +55,10 @@ impl KernelFile {
         if let CliError::Kiln { context, source: source @ kiln_device::Error::OutOfBounds { access, .. } } = &err
             && let Some(at) = kiln_ir::locate_node(&self.text, access.node)
         {
-            return CliError::Kiln { context: format!("{context}: the access at {at} is not proven in bounds"), source: source.clone() };
+            return CliError::Kiln {
+                context: format!("{context}: the access at {at} is not proven in bounds"),
+                source: source.clone(),
+            };
         }
         err
     }

@@ -35,7 +35,8 @@ pub fn tiled_matmul(dev: &Arc<Device>) -> Outcome {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 3) % 7) as f32 - 3.0).collect();
         let want: Vec<f32> = (0..m * n).map(|e| (0..k).map(|r| a[e / n * k + r] * b[r * n + e % n]).sum()).collect();
-        let (ba, bb) = (Buffer::from_slice(dev.allocator().clone(), &a)?, Buffer::from_slice(dev.allocator().clone(), &b)?);
+        let (ba, bb) =
+            (Buffer::from_slice(dev.allocator().clone(), &a)?, Buffer::from_slice(dev.allocator().clone(), &b)?);
         let bc = Buffer::from_slice(dev.allocator().clone(), &vec![f32::NAN; m * n])?;
         // Variables in name order: k, m, n.
         kernel.launch(&[&ba, &bb, &bc], &[k as i64, m as i64, n as i64])?;
