@@ -25,6 +25,9 @@ pub const STAGING_BYTES: usize = 8 << 20;
 struct Pinned {
     ptr: *mut u8,
     bytes: usize,
+    /// Pinned memory belongs to a context: after a primary-context reset the driver has
+    /// freed it, and a free then could release a newer context's staging at the same address.
+    cu: Arc<CudaDevice>,
 }
 
 // SAFETY: the buffer is plain host memory owned by this value; access is serialized by the
@@ -33,8 +36,10 @@ unsafe impl Send for Pinned {}
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
-        let _ = unsafe { cu::free_host(self.ptr as *mut c_void) };
+        if self.cu.bind().is_ok() {
+            // SAFETY: `ptr` came from cuMemHostAlloc in this (live) context and is freed once.
+            let _ = unsafe { cu::free_host(self.ptr as *mut c_void) };
+        }
     }
 }
 
@@ -87,7 +92,7 @@ impl CudaAllocator {
         if slot.is_none() {
             // SAFETY: allocates page-locked host memory; freed by `Pinned::drop`.
             if let Ok(ptr) = unsafe { cu::malloc_host(STAGING_BYTES, 0) } {
-                *slot = Some(Pinned { ptr: ptr as *mut u8, bytes: STAGING_BYTES });
+                *slot = Some(Pinned { ptr: ptr as *mut u8, bytes: STAGING_BYTES, cu: self.cu.clone() });
             }
         }
         let Some(pinned) = slot.as_mut() else { return copy(None, 0, bytes) };

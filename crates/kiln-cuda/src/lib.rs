@@ -11,7 +11,8 @@
 //! - [`compiler`]: NVRTC → PTX → cubin for one `sm_XX`; needs no GPU.
 //! - [`program`]: loads a cubin (`cuModuleLoadData`) and launches it.
 //! - [`allocator`]: device memory, with pinned staging for host copies.
-//! - [`queue`]: one CUDA stream per queue, ordered by timeline signals.
+//! - [`queue`]: one CUDA stream per queue: the native operations of the shared stream-queue
+//!   skeleton.
 //! - [`signal`]: timeline signals backed by CUDA events (the generic event ring).
 //!
 //! # Contexts and threads
@@ -41,7 +42,7 @@ use kiln_device::{Device, DeviceParts, Error, LruAllocator, Result};
 pub use allocator::CudaAllocator;
 pub use compiler::{Arch, CudaCompiler, Output};
 pub use program::CudaProgram;
-pub use queue::{CudaQueue, CudaQueueFactory};
+pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
 pub use renderer::CudaRenderer;
 pub use signal::{CudaEvent, CudaSignal};
 

@@ -118,7 +118,7 @@ impl CudaProgram {
     }
 
     /// Grid and block for `launch`, checked against this kernel's and the device's limits.
-    fn shape(&self, launch: &LaunchDims) -> Result<([u32; 3], [u32; 3])> {
+    pub(crate) fn shape(&self, launch: &LaunchDims) -> Result<([u32; 3], [u32; 3])> {
         let info = &self.cu.info;
         let refuse =
             |why: String| Error::Launch(format!("`{}` on {} ({}): {why}", self.name, self.cu.spec, info.name.trim()));

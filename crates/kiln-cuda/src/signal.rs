@@ -2,7 +2,8 @@
 //!
 //! A queue that signals `v` records an event on its stream after the earlier work and
 //! records that event in the ring for `v`; the timeline reaches `v` when the event
-//! completes. Each event is recorded once. Host `set`, `fail`, timeouts and parked waiters
+//! completes. Each event is recorded once; a queue of the same context that waits for `v`
+//! finds it with [`RingSignal::event_for`] and waits on the device (`cuStreamWaitEvent`). Host `set`, `fail`, timeouts and parked waiters
 //! are the ring's (see [`kiln_device::ring`]).
 
 use std::fmt;
@@ -51,6 +52,15 @@ impl CudaEvent {
 }
 
 impl CudaEvent {
+    pub(crate) fn raw(&self) -> sys::CUevent {
+        self.event
+    }
+
+    /// The device (context) the event belongs to.
+    pub(crate) fn device(&self) -> &Arc<CudaDevice> {
+        &self.cu
+    }
+
     /// Milliseconds from this completed timed event to the completed timed `later`.
     pub(crate) fn elapsed_ms(&self, later: &CudaEvent) -> Result<f32> {
         self.cu.bind()?;
