@@ -359,6 +359,17 @@ impl Dialect for CudaDialect {
             _ => format!("{} = {value}", at(0)),
         }
     }
+
+    /// Block-shared memory; loads and stores index it like global memory.
+    fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<String> {
+        Ok(format!("__shared__ {} {name}[{len}]", self.memory_type(s, p)))
+    }
+
+    /// `__syncthreads()` waits for every thread of the block and makes the shared and global
+    /// memory accesses made before it by any of them visible to all of them: BARRIER's meaning.
+    fn barrier(&self, _p: &mut Prelude) -> Result<String> {
+        Ok("__syncthreads()".into())
+    }
 }
 
 /// Element `k` after `addr` as an lvalue/rvalue.
@@ -399,6 +410,16 @@ mod tests {
 
     fn render(sink: &Arc<UOp>) -> String {
         CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }).render(sink, Some("k")).unwrap().src
+    }
+
+    #[test]
+    fn shared_memory_and_barriers_are_spelled_for_cuda() {
+        let text = include_str!("../../../examples/kernels/matmul_tiled.kiln");
+        let src = render(&kiln_device::kiln_ir::parse_kernel(text).unwrap());
+        let decl = src.find("__shared__ float lmem0[256];").expect("shared memory at kernel scope");
+        assert!(decl < src.find("blockIdx").unwrap_or(0), "declared before the launch indices:\n{src}");
+        assert_eq!(src.matches("__syncthreads();").count(), 2, "{src}");
+        assert!(src.contains("if (alu") && src.contains("(lmem1)["), "{src}");
     }
 
     #[test]
