@@ -196,6 +196,14 @@ impl DeviceInfo {
 /// already released everything) and can never free memory of the new context, and another
 /// kiln device that shared the poisoned context is marked lost on its next use and recovers
 /// with its own reset.
+///
+/// Whether the driver lets a process use the device again after a sticky error is the
+/// driver's decision: on an H100 with the CUDA 13.0 driver it does not (after
+/// `CUDA_ERROR_ILLEGAL_ADDRESS`, `cuDevicePrimaryCtxRetain` and even `cuCtxCreate` of a new
+/// context return that error). Then `reset()` returns the sticky error and the device stays
+/// lost: every entry point keeps refusing work with [`Error::DeviceFailed`] naming it, and
+/// recovering takes a new process. Faults that leave the context healthy (an injected fault,
+/// a non-sticky driver error) reset in-process over the same primary context.
 pub struct CudaDevice {
     pub spec: DeviceSpec,
     pub info: DeviceInfo,
@@ -224,6 +232,13 @@ impl CudaDevice {
         // SAFETY: `device` is a valid device handle; the retain is released in Drop.
         let context = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
         Ok(CudaDevice { spec: spec.clone(), info, device, context, retired: AtomicBool::new(false) })
+    }
+
+    /// Releases this object's retain of the primary context.
+    fn give_back(&self) {
+        // SAFETY: called once per object (by retirement or Drop, never both); balances the
+        // retain in `open`.
+        let _ = unsafe { cu::primary_ctx::release(self.device) };
     }
 
     /// Makes this device's context current on the calling thread; every driver call of this
@@ -262,9 +277,11 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        // SAFETY: balances the retain in `open`; nothing of this device outlives it (every
-        // user holds an `Arc<CudaDevice>`).
-        let _ = unsafe { cu::primary_ctx::release(self.device) };
+        // A retired device gave its context back already; nothing of this device outlives
+        // it (every user holds an `Arc<CudaDevice>`).
+        if !self.retired.load(Ordering::Acquire) {
+            self.give_back();
+        }
     }
 }
 
@@ -291,12 +308,17 @@ fn open_cuda_device(spec: &DeviceSpec, reset: bool) -> Result<Arc<CudaDevice>> {
         if !reset || d.sticky_error().is_none() {
             return Ok(d.clone());
         }
-        d.retired.store(true, Ordering::Release);
-        // SAFETY: `device` is a valid device handle; every object of the old context holds
-        // the retired `CudaDevice` and makes no driver call any more.
-        unsafe { sys::cuDevicePrimaryCtxReset_v2(d.device) }
-            .result()
-            .map_err(|e| driver("cuDevicePrimaryCtxReset", e))?;
+        // Retire the poisoned context: its objects make no driver call any more, and its
+        // retain is given back now so the reset leaves no user of the old context.
+        if !d.retired.swap(true, Ordering::AcqRel) {
+            d.give_back();
+        }
+        // SAFETY: detaching the calling thread from the poisoned context, then resetting it:
+        // `device` is a valid device handle and nothing uses the old context any more.
+        unsafe {
+            let _ = sys::cuCtxSetCurrent(std::ptr::null_mut());
+            sys::cuDevicePrimaryCtxReset_v2(d.device).result().map_err(|e| driver("cuDevicePrimaryCtxReset", e))?;
+        }
         let fresh = Arc::new(CudaDevice::open(spec, ordinal)?);
         map.insert(ordinal, fresh.clone());
         return Ok(fresh);

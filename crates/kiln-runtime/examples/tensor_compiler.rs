@@ -350,7 +350,7 @@ fn main() -> Result<()> {
             runs[0].iter().filter(|(d, _)| s.kernel.spec.var_names.iter().any(|v| v == d)).copied().collect();
         plan.exec(&s.kernel, &slots, &vars)?;
     }
-    println!("{} kernels compiled once and recorded into one plan on {}", steps.len(), device.spec);
+    println!("{} kernels compiled once and recorded into one plan on {}", steps.len(), device.spec());
 
     // Replay with new sizes and data, and check every run against the host.
     for (seed, sizes) in runs.iter().enumerate() {
