@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln_device::kiln_ir::{DeviceSpec, IrError};
 use kiln_device::{Device, DynQueueFactory, Error};
 
+#[cfg(all(feature = "cpu", feature = "cuda"))]
+pub mod cuda_compile;
 pub mod host;
 pub mod kernels;
 pub mod reference;
@@ -112,14 +114,17 @@ pub const REQUIRE_ENV: &str = "KILN_REQUIRE";
 
 /// The backends this suite knows, by the lower-case name used in `KILN_REQUIRE`.
 /// `cpu-guarded` is the CPU device over [`kiln_cpu::GuardPageAllocator`]: every contract
-/// again, with buffers that fault at the first byte past their end.
-pub const BACKENDS: &[&str] = &["cpu", "cpu-guarded", "opencl"];
+/// again, with buffers that fault at the first byte past their end. `cuda-compile` is the
+/// CPU device whose compiler also compiles every kernel to PTX and an `sm_90` cubin
+/// ([`cuda_compile`]): the CUDA toolchain checked on every conformance kernel, no GPU needed.
+pub const BACKENDS: &[&str] = &["cpu", "cpu-guarded", "opencl", "cuda", "cuda-compile"];
 
 /// The device a backend name stands for in this suite (its first device).
 pub fn spec_of(name: &str) -> Option<DeviceSpec> {
     match name {
-        "cpu" | "cpu-guarded" => Some(DeviceSpec::Cpu),
+        "cpu" | "cpu-guarded" | "cuda-compile" => Some(DeviceSpec::Cpu),
         "opencl" => Some(DeviceSpec::OpenCl { ordinal: 0 }),
+        "cuda" => Some(DeviceSpec::Cuda { ordinal: 0 }),
         _ => None,
     }
 }
@@ -139,10 +144,14 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
         Some(DeviceSpec::Cpu) if name == "cpu-guarded" => {
             kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a)))
         }
+        #[cfg(all(feature = "cpu", feature = "cuda"))]
+        Some(DeviceSpec::Cpu) if name == "cuda-compile" => cuda_compile::open(),
         #[cfg(feature = "cpu")]
-        Some(spec @ DeviceSpec::Cpu) => kiln_cpu::open(&spec),
+        Some(spec @ DeviceSpec::Cpu) if name != "cuda-compile" => kiln_cpu::open(&spec),
         #[cfg(feature = "opencl")]
         Some(spec @ DeviceSpec::OpenCl { .. }) => kiln_opencl::open(&spec),
+        #[cfg(feature = "cuda")]
+        Some(spec @ DeviceSpec::Cuda { .. }) => kiln_cuda::open(&spec),
         Some(_) => Err(Error::Unavailable(format!("this build leaves out the `{name}` feature of kiln-conformance"))),
         None => Err(Error::Invalid(format!("unknown backend `{name}` (known: {})", BACKENDS.join(", ")))),
     };

@@ -170,7 +170,8 @@ macro_rules! backend {
     };
 }
 
-/// The fault scenarios, on the CPU and OpenCL backends (each on a fresh device of its own).
+/// The fault scenarios, on the CPU, OpenCL and CUDA backends (each on a fresh device of its
+/// own; the injected faults leave the CUDA context healthy, so a reset there keeps it).
 #[cfg(feature = "fault-injection")]
 macro_rules! faults {
     ($module:ident, $name:literal) => {
@@ -192,7 +193,11 @@ macro_rules! faults {
 faults!(cpu_faults, "cpu");
 #[cfg(feature = "fault-injection")]
 faults!(opencl_faults, "opencl");
+#[cfg(feature = "fault-injection")]
+faults!(cuda_faults, "cuda");
 
 backend!(cpu, "cpu", peer = "opencl");
 backend!(cpu_guarded, "cpu-guarded", peer = "cpu");
 backend!(opencl, "opencl", peer = "cpu");
+backend!(cuda, "cuda", peer = "cpu");
+backend!(cuda_compile, "cuda-compile", peer = "opencl");

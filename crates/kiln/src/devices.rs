@@ -11,7 +11,8 @@ use crate::error::CliError;
 
 /// `kiln devices [--verbose]`.
 #[derive(Debug, Default, clap::Args)]
-#[command(after_help = "Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present). \
+#[command(after_help = "Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present; \
+CUDA:n when the NVIDIA driver is present). \
 A backend that cannot be used is listed as unavailable with the reason.")]
 pub struct DevicesArgs {
     /// Also open each device and show its allocator counters and the kernel cache
@@ -67,12 +68,17 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
     }
     #[cfg(not(feature = "opencl"))]
     rows.push(not_built("OPENCL", "opencl"));
-    rows.push(DeviceRow {
-        name: "CUDA".into(),
-        status: Err("no CUDA backend is built into this kiln".into()),
-        stats: None,
-        cache: None,
-    });
+    #[cfg(feature = "cuda")]
+    match kiln_cuda::probe() {
+        Ok(list) => {
+            for (spec, desc) in list {
+                rows.push(row(&spec, Some(desc)));
+            }
+        }
+        Err(e) => rows.push(DeviceRow { name: "CUDA".into(), status: Err(e.to_string()), stats: None, cache: None }),
+    }
+    #[cfg(not(feature = "cuda"))]
+    rows.push(not_built("CUDA", "cuda"));
     rows
 }
 
@@ -148,6 +154,7 @@ mod tests {
         let rows = probe(false);
         assert_eq!(rows[0].name, "CPU");
         assert!(rows.iter().any(|r| r.name.starts_with("OPENCL")));
-        assert!(rows.iter().any(|r| r.name == "CUDA" && r.status.is_err()));
+        // CUDA: its devices, or one row saying why there are none.
+        assert!(rows.iter().any(|r| r.name.starts_with("CUDA")));
     }
 }

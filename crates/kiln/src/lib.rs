@@ -29,17 +29,19 @@ const AFTER_HELP: &str = "\
 Examples:
   kiln devices --verbose
   kiln compile examples/kernels/add.kiln --emit spec
+  kiln compile examples/kernels/add.kiln --target cuda:sm_90 --emit ptx
   kiln run examples/kernels/sum.kiln --var n=8 --in 0=examples/data/ramp8.npy
   kiln bench --quick --only add_f32_16m
 
-Environment: KILN_CC (C compiler), KILN_CACHE_DIR (kernel cache folder), KILN_CACHE=0 (no disk cache)";
+Environment: KILN_CC (C compiler), KILN_CACHE_DIR (kernel cache folder), KILN_CACHE=0 (no disk cache),
+KILN_NVRTC (libnvrtc.so), KILN_PTXAS (ptxas)";
 
 /// The whole command line.
 #[derive(Debug, Parser)]
 #[command(
     name = "kiln",
     version,
-    about = "kiln: compile and run kernels on CPU and OpenCL devices",
+    about = "kiln: compile and run kernels on CPU, OpenCL and CUDA devices",
     after_help = AFTER_HELP
 )]
 pub struct Cli {

@@ -10,13 +10,15 @@ use kiln_ir::{DeviceSpec, UOp};
 
 use crate::error::{CliError, Context};
 
-/// Registers every backend compiled into this binary (its `cpu` and `opencl` features) with
+/// Registers every backend compiled into this binary (its `cpu`, `opencl` and `cuda` features) with
 /// the device registry. Idempotent.
 pub fn register_backends() {
     #[cfg(feature = "cpu")]
     kiln_cpu::register();
     #[cfg(feature = "opencl")]
     kiln_opencl::register();
+    #[cfg(feature = "cuda")]
+    kiln_cuda::register();
 }
 
 /// A kernel read from a text file.

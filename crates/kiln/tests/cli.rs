@@ -699,3 +699,42 @@ SINK void (%st)
         assert!(out.contains("[1.0, 1.0, 1.0, 1.0]"), "{dev}: {out}");
     }
 }
+
+/// `--target cuda:sm_XY` compiles without a GPU: PTX to stdout, a cubin only to `-o FILE`;
+/// a PTX needs no ptxas (a broken `KILN_PTXAS` fails only the cubin), and a bad
+/// `KILN_NVRTC` or architecture is a clean error. Skipped when NVRTC is absent.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_targets_compile_offline() {
+    let s = Scratch::new("cuda");
+    let add = example("add.kiln");
+    let probe = s.kiln(&["compile", &add, "--target", "cuda:sm_90", "--emit", "ptx"], &[]);
+    if !probe.status.success() && stderr(&probe).contains("compiler not available") {
+        println!("skipped: {}", stderr(&probe));
+        return;
+    }
+    let ptx = ok(probe);
+    assert!(ptx.contains(".target sm_90") && ptx.contains(".entry add("), "{ptx}");
+    let no_ptxas = [("KILN_PTXAS", "/bin/false")];
+    let ptx = ok(s.kiln(&["compile", &add, "--target", "cuda:sm_90", "--emit", "ptx"], &no_ptxas));
+    assert!(ptx.contains(".entry add("), "{ptx}");
+    fails(
+        s.kiln(&["compile", &add, "--target", "cuda:sm_90", "--emit", "cubin", "-o", "x"], &no_ptxas),
+        1,
+        &["KILN_PTXAS"],
+    );
+    let cubin = s.path("add.cubin");
+    ok(s.kiln(
+        &["compile", &add, "--target", "cuda:sm_90", "--emit", "cubin", "-o", &cubin.display().to_string()],
+        &[],
+    ));
+    assert!(std::fs::read(&cubin).unwrap().starts_with(b"\x7fELF"));
+    fails(s.kiln(&["compile", &add, "--target", "cuda:sm_90", "--emit", "cubin"], &[]), 2, &["-o FILE"]);
+    fails(s.kiln(&["compile", &add, "--emit", "ptx"], &[]), 2, &["--target cuda:sm_XY"]);
+    fails(s.kiln(&["compile", &add, "--target", "cuda:sm_9"], &[]), 2, &["sm_XY"]);
+    fails(
+        s.kiln(&["compile", &add, "--target", "cuda:sm_90", "--emit", "ptx"], &[("KILN_NVRTC", "/nonexistent")]),
+        1,
+        &["KILN_NVRTC"],
+    );
+}

@@ -1,0 +1,64 @@
+//! The `cuda-compile` backend: the CPU device, with a compiler that first renders every
+//! kernel as CUDA C++ and compiles it to PTX and an `sm_90` cubin, then compiles it for
+//! the CPU. Running the suite on it compiles every conformance kernel with the CUDA
+//! toolchain on a machine without a GPU (CI); a CUDA render or compile error fails the
+//! test that compiled the kernel. Needs NVRTC (and uses ptxas when present).
+
+use std::sync::Arc;
+
+use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
+use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::{
+    CacheConfig, CompiledSpec, Compiler, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer, Result,
+};
+
+/// The architecture every kernel is compiled for (H100).
+pub const ARCH: Arch = Arch { major: 9, minor: 0 };
+
+struct CrossCompiler {
+    cpu: Arc<dyn Compiler>,
+    cuda: Arc<CudaCompiler>,
+    renderer: CudaRenderer,
+}
+
+impl Compiler for CrossCompiler {
+    fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
+        let cuda = self.renderer.render(&spec.ast, Some(&spec.name))?;
+        self.cuda.ptx_and_cubin(&cuda.src, &cuda.name)?;
+        self.cpu.compile(spec)
+    }
+
+    fn cache_key(&self) -> &'static str {
+        "cpu+cuda-compile"
+    }
+
+    fn fingerprint(&self) -> String {
+        format!("{} | {}", self.cpu.fingerprint(), self.cuda.fingerprint())
+    }
+}
+
+/// Opens the `cuda-compile` device: a fresh CPU device (its own allocator) with the cross
+/// compiler and a memory-only kernel cache, so every kernel really goes through NVRTC.
+pub fn open() -> Result<Arc<Device>> {
+    let cuda = Arc::new(CudaCompiler::new(ARCH, Output::Cubin)?);
+    let cpu = kiln_cpu::open(&DeviceSpec::Cpu)?;
+    let description = format!("{} + CUDA {ARCH} compile", cpu.description());
+    // Each generation takes the CPU device's current parts, with the cross compiler in front.
+    let device = Device::new(DeviceSpec::Cpu, description, move |_| {
+        let (renderer, compiler) =
+            cpu.compilers().first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
+        let cross = Arc::new(CrossCompiler {
+            cpu: compiler,
+            cuda: cuda.clone(),
+            renderer: CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }),
+        });
+        Ok(DeviceParts {
+            allocator: cpu.allocator(),
+            compilers: vec![(renderer, cross)],
+            runtime: cpu.runtime(),
+            queues: cpu.queues(),
+        })
+    })?
+    .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())));
+    Ok(Arc::new(device))
+}
