@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_device::kiln_ir::{DeviceSpec, Scalar, parse};
-use kiln_device::{Buffer, Device, Error, RawPtr, RawView, Result};
+use kiln_device::{Buffer, Device, Error, ErrorClass, RawPtr, RawView, Result};
 
 /// Far above any healthy wait; bounds a hang.
 const LONG: Duration = Duration::from_secs(60);
@@ -93,7 +93,12 @@ fn a_sticky_error_loses_the_device_and_reset_recovers() {
         assert!(sticky(&e), "{e}");
         assert!(dev.is_lost());
         assert!(matches!(dev.compile(&add, Some("add")), Err(Error::DeviceFailed { cause, .. }) if sticky(&cause)));
-        assert!(matches!(dev.buffer(Scalar::F32, N).unwrap().raw(), Err(Error::DeviceFailed { .. })));
+        // A new buffer is refused as soon as it needs device memory: the device is lost
+        // (`DeviceFailed`) or the failed rebuild left no current generation (`DeviceLost`).
+        match dev.buffer(Scalar::F32, N).and_then(|b| b.raw()) {
+            Err(e) => assert_eq!(e.class(), ErrorClass::DeviceLost, "{e}"),
+            Ok(_) => panic!("a lost device handed out device memory"),
+        }
         return;
     }
     assert!(!dev.is_lost() && dev.generation() == 1);
