@@ -317,8 +317,10 @@ impl Device {
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
         self.context.stamp().check("the device")?;
         let current = self.current();
-        let (renderer, compiler) = current.compilers[0].clone();
-        let toolchain = current.toolchain.get_or_init(|| Toolchain::new(renderer, compiler, current.runtime.clone()));
+        let toolchain = current.toolchain.get_or_init(|| {
+            let (renderer, compiler) = current.compilers[0].clone();
+            Toolchain::new(renderer, compiler, current.runtime.clone())
+        });
         self.cache.get_or_compile(sink, name, self.spec(), toolchain)
     }
 
