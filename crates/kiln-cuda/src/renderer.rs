@@ -21,12 +21,13 @@
 
 use std::sync::Arc;
 
+use kiln_device::cstyle::gpu::{self, HalfBits, HelperSpelling, element, store_elements, value_type};
 use kiln_device::cstyle::{
     Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, bf16_bits, c_float_literal,
     c_int_literal, f16_bits,
 };
 use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
-use kiln_device::{Error, ProgramSpec, Renderer, Result};
+use kiln_device::{ProgramSpec, Renderer, Result};
 
 /// How CUDA C++ spells the C-family core's constructs.
 #[derive(Debug, Clone, Default)]
@@ -86,26 +87,33 @@ fn need_f16(p: &mut Prelude) {
     });
 }
 
-fn need_bf16(p: &mut Prelude) {
-    p.need("bf16", |_| {
-        "static __device__ __forceinline__ float kiln_bf16_to_f32(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }\n\
-         static __device__ __forceinline__ unsigned short kiln_f32_to_bf16(float f) {\n\
-         \x20 unsigned int u = __float_as_uint(f);\n\
-         \x20 if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);\n\
-         \x20 return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n\
-         }"
-        .into()
-    });
-}
+impl HalfBits for CudaDialect {
+    const HELPERS: HelperSpelling = HelperSpelling {
+        function: "static __device__ __forceinline__",
+        u16: "unsigned short",
+        u32: "unsigned int",
+        float_from_bits: "__uint_as_float",
+        bits_of_float: "__float_as_uint",
+    };
 
-impl CudaDialect {
-    /// The CUDA type of a value dtype, registering what it needs.
-    fn type_of(&self, dt: DType, p: &mut Prelude) -> String {
-        match dt {
-            DType::Vector(s, w) => self.vector_type(s, w, p),
-            DType::Scalar(s) => self.scalar_type(s, p),
-            _ => "void".into(),
-        }
+    fn need_f16(&self, p: &mut Prelude) {
+        need_f16(p);
+    }
+
+    /// One rounding from double: the double is first rounded to float with round-to-odd
+    /// (`__double2float_rz` plus a sticky bit), which makes the second rounding exact.
+    fn f64_to_f16(&self, e: &str, p: &mut Prelude) -> String {
+        p.need("f64_to_f16", |p| {
+            need_f16(p);
+            "static __device__ __forceinline__ unsigned short kiln_f64_to_f16(double d) {\n\
+             \x20 float f = __double2float_rz(d);\n\
+             \x20 unsigned int u = __float_as_uint(f);\n\
+             \x20 if (d == d && (double)f != d && (u & 0x7fffffffu) < 0x7f800000u) u |= 1u;\n\
+             \x20 return kiln_f32_to_f16(__uint_as_float(u));\n\
+             }"
+            .into()
+        });
+        format!("kiln_f64_to_f16({e})")
     }
 
     /// A saturating float → integer conversion (NaN → 0), like Rust's `as`.
@@ -165,7 +173,7 @@ impl Dialect for CudaDialect {
     }
 
     fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String {
-        let ty = self.type_of(dtype, p);
+        let ty = value_type(self, dtype, p);
         // Each lane is converted to the element type explicitly: brace initialization refuses
         // the implicit narrowing of a promoted `int` expression to a `short` or `char` element.
         let elem = element_name(dtype.scalar().unwrap_or(Scalar::U8));
@@ -178,33 +186,11 @@ impl Dialect for CudaDialect {
     }
 
     fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
-        match s {
-            Scalar::F32 => e.to_string(),
-            Scalar::F16 => {
-                need_f16(p);
-                format!("kiln_f16_to_f32({e})")
-            }
-            Scalar::BF16 => {
-                need_bf16(p);
-                format!("kiln_bf16_to_f32({e})")
-            }
-            _ => format!("((float)({e}))"),
-        }
+        gpu::to_f32(self, e, s, p)
     }
 
     fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
-        match s {
-            Scalar::F32 => e.to_string(),
-            Scalar::F16 => {
-                need_f16(p);
-                format!("kiln_f32_to_f16({e})")
-            }
-            Scalar::BF16 => {
-                need_bf16(p);
-                format!("kiln_f32_to_bf16({e})")
-            }
-            other => format!("(({})({e}))", scalar_name(other)),
-        }
+        gpu::from_f32(self, e, s, p)
     }
 
     fn math(&self, f: MathFn, s: Scalar, args: &[String], _p: &mut Prelude) -> String {
@@ -214,64 +200,12 @@ impl Dialect for CudaDialect {
     }
 
     fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
-        let half = |s: Scalar| matches!(s, Scalar::F16 | Scalar::BF16);
-        if from == to {
-            return e.to_string();
-        }
-        if half(from) {
-            let f = self.to_f32(e, from, p);
-            return if to == Scalar::Bool { format!("({f} != 0.0f)") } else { self.cast(&f, Scalar::F32, to, p) };
-        }
-        if to == Scalar::Bool {
-            return format!("(({e}) != 0)");
-        }
-        if half(to) {
-            if to == Scalar::F16 && from == Scalar::F64 {
-                // One rounding from double: a detour through float could round twice. The
-                // double is first rounded to float with round-to-odd (`__double2float_rz` plus
-                // a sticky bit), which makes the second rounding exact.
-                p.need("f64_to_f16", |p| {
-                    need_f16(p);
-                    "static __device__ __forceinline__ unsigned short kiln_f64_to_f16(double d) {\n\
-                     \x20 float f = __double2float_rz(d);\n\
-                     \x20 unsigned int u = __float_as_uint(f);\n\
-                     \x20 if (d == d && (double)f != d && (u & 0x7fffffffu) < 0x7f800000u) u |= 1u;\n\
-                     \x20 return kiln_f32_to_f16(__uint_as_float(u));\n\
-                     }"
-                    .into()
-                });
-                return format!("kiln_f64_to_f16({e})");
-            }
-            let f = self.cast(e, from, Scalar::F32, p);
-            return self.from_f32(&f, to, p);
-        }
-        if from.is_float() && to.is_int() {
-            return self.float_to_int(e, from, to, p);
-        }
-        format!("(({})({e}))", scalar_name(to))
+        gpu::cast(self, e, from, to, p)
     }
 
+    /// NVRTC supports union punning (it is how CUDA's own headers reinterpret bits).
     fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String> {
-        if from.size() != to.size() {
-            return Err(Error::Render(format!("bitcast {from} -> {to} changes the size")));
-        }
-        let (ft, tt) = (self.type_of(from, p), self.type_of(to, p));
-        if ft == tt {
-            return Ok(e.to_string());
-        }
-        match (from, to) {
-            (_, DType::Scalar(Scalar::Bool)) => return Ok(format!("(({e}) != 0)")),
-            (DType::Scalar(Scalar::Bool), DType::Scalar(_)) => return Ok(format!("(({tt})({e}))")),
-            _ => {}
-        }
-        // NVRTC supports union punning (it is how CUDA's own headers reinterpret bits).
-        let name = format!("kiln_bitcast_{}_{}", ft.replace(' ', "_"), tt.replace(' ', "_"));
-        p.need(&name, |_| {
-            format!(
-                "static __device__ __forceinline__ {tt} {name}({ft} x) {{ union {{ {ft} a; {tt} b; }} u; u.a = x; return u.b; }}"
-            )
-        });
-        Ok(format!("{name}({e})"))
+        gpu::bitcast(self, e, from, to, p)
     }
 
     fn float_const(&self, v: f64, s: Scalar, _p: &mut Prelude) -> String {
@@ -305,7 +239,7 @@ impl Dialect for CudaDialect {
             args.push(format!("{t}* {}", kp.name));
         }
         for v in vars {
-            let t = self.type_of(v.dtype, p);
+            let t = value_type(self, v.dtype, p);
             args.push(format!("{t} {}", v.name));
         }
         format!("extern \"C\" __global__ void {name}({}) {{", args.join(", "))
@@ -319,7 +253,7 @@ impl Dialect for CudaDialect {
         const XYZ: [&str; 3] = ["x", "y", "z"];
         let mut lines = Vec::new();
         for ix in indices {
-            let (t, n, a) = (self.type_of(ix.dtype, p), &ix.name, XYZ[ix.axis]);
+            let (t, n, a) = (value_type(self, ix.dtype, p), &ix.name, XYZ[ix.axis]);
             match ix.kind {
                 'l' => lines.push(format!("const {t} {n} = ({t})threadIdx.{a};")),
                 'i' => {
@@ -340,7 +274,7 @@ impl Dialect for CudaDialect {
         let at = |k: u8| element(addr, k);
         match dtype {
             DType::Vector(_, w) => {
-                let ty = self.type_of(dtype, p);
+                let ty = value_type(self, dtype, p);
                 let lanes: Vec<String> = (0..w).map(at).collect();
                 format!("{ty}{{{{{}}}}}", lanes.join(", "))
             }
@@ -350,14 +284,7 @@ impl Dialect for CudaDialect {
     }
 
     fn store(&self, addr: &Address, value: &str, dtype: DType, _p: &mut Prelude) -> String {
-        let at = |k: u8| element(addr, k);
-        match dtype {
-            DType::Vector(_, w) => {
-                let parts: Vec<String> = (0..w).map(|k| format!("{} = ({value}).v[{k}];", at(k))).collect();
-                format!("{{ {} }}", parts.join(" "))
-            }
-            _ => format!("{} = {value}", at(0)),
-        }
+        store_elements(addr, value, dtype)
     }
 
     /// Block-shared memory; loads and stores index it like global memory.
@@ -370,11 +297,6 @@ impl Dialect for CudaDialect {
     fn barrier(&self, _p: &mut Prelude) -> Result<String> {
         Ok("__syncthreads()".into())
     }
-}
-
-/// Element `k` after `addr` as an lvalue/rvalue.
-fn element(addr: &Address, k: u8) -> String {
-    if k == 0 { format!("({})[{}]", addr.base, addr.index) } else { format!("({})[({}) + {k}]", addr.base, addr.index) }
 }
 
 /// Renders kernels as CUDA C++. The source does not depend on the GPU: the architecture is

@@ -46,6 +46,8 @@
 //!   BITCAST reinterprets bytes without aliasing tricks (dialects use unions or builtins).
 //! - Bool values are 0/1; NEG of a bool is NOT.
 
+pub mod gpu;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 

@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 
+use kiln_device::cstyle::gpu::{self, HalfBits, HelperSpelling, element, store_elements, value_type};
 use kiln_device::cstyle::{
     Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, bf16_bits, c_float_literal,
     f16_bits,
@@ -76,28 +77,37 @@ fn need_f16(p: &mut Prelude) {
     });
 }
 
-fn need_bf16(p: &mut Prelude) {
-    p.need("bf16", |_| {
-        "static inline float kiln_bf16_to_f32(ushort b) { return as_float((uint)b << 16); }\n\
-         static inline ushort kiln_f32_to_bf16(float f) {\n\
-         \x20 uint u = as_uint(f);\n\
-         \x20 if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 0x40u);\n\
-         \x20 return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n\
-         }"
-        .into()
-    });
+impl HalfBits for OpenClDialect {
+    const HELPERS: HelperSpelling = HelperSpelling {
+        function: "static inline",
+        u16: "ushort",
+        u32: "uint",
+        float_from_bits: "as_float",
+        bits_of_float: "as_uint",
+    };
+
+    fn need_f16(&self, p: &mut Prelude) {
+        need_f16(p);
+    }
+
+    fn f64_to_f16(&self, e: &str, p: &mut Prelude) -> String {
+        p.need("f64_to_f16", |p| {
+            need_fp64(p);
+            "static inline ushort kiln_f64_to_f16(double d) { ushort h; vstore_half_rte(d, 0, (__private half*)&h); return h; }".into()
+        });
+        format!("kiln_f64_to_f16({e})")
+    }
+
+    fn float_to_int(&self, e: &str, _from: Scalar, to: Scalar, p: &mut Prelude) -> String {
+        format!("convert_{}_sat({e})", self.scalar_type(to, p))
+    }
+
+    fn native_bitcast(&self, e: &str, from: DType, to: DType, tt: &str) -> Option<String> {
+        (Self::as_type_ok(from) && Self::as_type_ok(to)).then(|| format!("as_{tt}({e})"))
+    }
 }
 
 impl OpenClDialect {
-    /// The OpenCL C type of a value dtype, registering what it needs.
-    fn type_of(&self, dt: DType, p: &mut Prelude) -> String {
-        match dt {
-            DType::Vector(s, w) => self.vector_type(s, w, p),
-            DType::Scalar(s) => self.scalar_type(s, p),
-            _ => "void".into(),
-        }
-    }
-
     /// Whether `as_T` can reinterpret between OpenCL types of this dtype.
     fn as_type_ok(dt: DType) -> bool {
         match dt {
@@ -147,7 +157,7 @@ impl Dialect for OpenClDialect {
     }
 
     fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String {
-        let ty = self.type_of(dtype, p);
+        let ty = value_type(self, dtype, p);
         if native_width(dtype.width()) {
             format!("(({ty})({}))", lanes.join(", "))
         } else {
@@ -195,36 +205,11 @@ impl Dialect for OpenClDialect {
     }
 
     fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
-        match s {
-            Scalar::F32 => e.to_string(),
-            Scalar::F16 => {
-                need_f16(p);
-                format!("kiln_f16_to_f32({e})")
-            }
-            Scalar::BF16 => {
-                need_bf16(p);
-                format!("kiln_bf16_to_f32({e})")
-            }
-            _ => format!("((float)({e}))"),
-        }
+        gpu::to_f32(self, e, s, p)
     }
 
     fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
-        match s {
-            Scalar::F32 => e.to_string(),
-            Scalar::F16 => {
-                need_f16(p);
-                format!("kiln_f32_to_f16({e})")
-            }
-            Scalar::BF16 => {
-                need_bf16(p);
-                format!("kiln_f32_to_bf16({e})")
-            }
-            other => {
-                let t = self.scalar_type(other, p);
-                format!("(({t})({e}))")
-            }
-        }
+        gpu::from_f32(self, e, s, p)
     }
 
     fn math(&self, f: MathFn, s: Scalar, args: &[String], p: &mut Prelude) -> String {
@@ -236,58 +221,13 @@ impl Dialect for OpenClDialect {
     }
 
     fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
-        let half = |s: Scalar| matches!(s, Scalar::F16 | Scalar::BF16);
-        if from == to {
-            return e.to_string();
-        }
-        if half(from) {
-            let f = self.to_f32(e, from, p);
-            return if to == Scalar::Bool { format!("({f} != 0.0f)") } else { self.cast(&f, Scalar::F32, to, p) };
-        }
-        if to == Scalar::Bool {
-            return format!("(({e}) != 0)");
-        }
-        if half(to) {
-            if to == Scalar::F16 && from == Scalar::F64 {
-                // One rounding from double (a detour through float could round twice).
-                p.need("f64_to_f16", |p| {
-                    need_fp64(p);
-                    "static inline ushort kiln_f64_to_f16(double d) { ushort h; vstore_half_rte(d, 0, (__private half*)&h); return h; }".into()
-                });
-                return format!("kiln_f64_to_f16({e})");
-            }
-            let f = self.cast(e, from, Scalar::F32, p);
-            return self.from_f32(&f, to, p);
-        }
-        let t = self.scalar_type(to, p);
-        if from.is_float() && to.is_int() {
-            return format!("convert_{t}_sat({e})");
-        }
-        format!("(({t})({e}))")
+        gpu::cast(self, e, from, to, p)
     }
 
+    /// `as_T` where OpenCL C allows it; 3-lane vectors, struct vectors and bool vectors go
+    /// through a union.
     fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String> {
-        if from.size() != to.size() {
-            return Err(Error::Render(format!("bitcast {from} -> {to} changes the size")));
-        }
-        let (ft, tt) = (self.type_of(from, p), self.type_of(to, p));
-        if ft == tt {
-            return Ok(e.to_string());
-        }
-        match (from, to) {
-            (_, DType::Scalar(Scalar::Bool)) => return Ok(format!("(({e}) != 0)")),
-            (DType::Scalar(Scalar::Bool), DType::Scalar(_)) => return Ok(format!("(({tt})({e}))")),
-            _ => {}
-        }
-        if Self::as_type_ok(from) && Self::as_type_ok(to) {
-            return Ok(format!("as_{tt}({e})"));
-        }
-        // Anything else (3-lane vectors, struct vectors, bool vectors) goes through a union.
-        let name = format!("kiln_bitcast_{ft}_{tt}");
-        p.need(&name, |_| {
-            format!("static inline {tt} {name}({ft} x) {{ union {{ {ft} a; {tt} b; }} u; u.a = x; return u.b; }}")
-        });
-        Ok(format!("{name}({e})"))
+        gpu::bitcast(self, e, from, to, p)
     }
 
     fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String {
@@ -328,7 +268,7 @@ impl Dialect for OpenClDialect {
             args.push(format!("ulong {}_off", kp.name));
         }
         for v in vars {
-            let t = self.type_of(v.dtype, p);
+            let t = value_type(self, v.dtype, p);
             args.push(format!("{t} {}", v.name));
         }
         format!("__kernel void {name}({}) {{", args.join(", "))
@@ -354,7 +294,7 @@ impl Dialect for OpenClDialect {
                     'i' => "get_global_id",
                     _ => "get_group_id",
                 };
-                let t = self.type_of(ix.dtype, p);
+                let t = value_type(self, ix.dtype, p);
                 Ok(format!("const {t} {} = ({t}){f}({});", ix.name, ix.axis))
             })
             .collect()
@@ -365,7 +305,7 @@ impl Dialect for OpenClDialect {
         match dtype {
             DType::Vector(_, w) if native_width(w) => format!("vload{w}(0, {})", addr.pointer()),
             DType::Vector(_, w) => {
-                let ty = self.type_of(dtype, p);
+                let ty = value_type(self, dtype, p);
                 let lanes: Vec<String> = (0..w).map(at).collect();
                 format!("(({ty}){{{{{}}}}})", lanes.join(", "))
             }
@@ -375,14 +315,9 @@ impl Dialect for OpenClDialect {
     }
 
     fn store(&self, addr: &Address, value: &str, dtype: DType, _p: &mut Prelude) -> String {
-        let at = |k: u8| element(addr, k);
         match dtype {
             DType::Vector(_, w) if native_width(w) => format!("vstore{w}({value}, 0, {})", addr.pointer()),
-            DType::Vector(_, w) => {
-                let parts: Vec<String> = (0..w).map(|k| format!("{} = ({value}).v[{k}];", at(k))).collect();
-                format!("{{ {} }}", parts.join(" "))
-            }
-            _ => format!("{} = {value}", at(0)),
+            _ => store_elements(addr, value, dtype),
         }
     }
 
@@ -432,11 +367,6 @@ impl Renderer for OpenClRenderer {
     fn cache_key(&self) -> String {
         format!("opencl-c v2 fp64={}", self.fp64)
     }
-}
-
-/// Element `k` after `addr` as an lvalue/rvalue.
-fn element(addr: &Address, k: u8) -> String {
-    if k == 0 { format!("({})[{}]", addr.base, addr.index) } else { format!("({})[({}) + {k}]", addr.base, addr.index) }
 }
 
 #[cfg(test)]
