@@ -14,6 +14,7 @@
 //! - [`queue`]: one CUDA stream per queue: the native operations of the shared stream-queue
 //!   skeleton.
 //! - [`signal`]: timeline signals backed by CUDA events (the generic event ring).
+//! - `blas` (feature `cublas`): cuBLAS sgemm, the matmul baseline of `kiln bench`.
 //!
 //! # Contexts and threads
 //! Each device is used through its *primary context*, retained once per process
@@ -24,6 +25,8 @@
 //! calling thread's per-thread default stream, so two threads never wait for each other's work.
 
 pub mod allocator;
+#[cfg(feature = "cublas")]
+pub mod blas;
 pub mod compiler;
 pub mod program;
 pub mod queue;

@@ -5,6 +5,9 @@
 //! Ratios are always "higher is better": kiln / baseline for throughputs, baseline / kiln
 //! for times. Nothing here is hard-coded: each figure comes from this run's clocks.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+mod gpu;
 pub mod kernels;
 
 use std::fmt::Write as _;
@@ -212,7 +215,7 @@ impl Bench {
     }
 
     fn entry(&self, name: &'static str, args: &BenchArgs) -> Result<BenchResult, CliError> {
-        match name {
+        let result = match name {
             "add_f32_16m" => self.add(),
             "sum_f32_16m" => self.sum(),
             "matmul_f32_1024" => self.matmul(),
@@ -227,7 +230,10 @@ impl Bench {
             "alloc_cached" => self.alloc_cached(),
             "device_reset" => self.device_reset(),
             other => Err(CliError::Usage(format!("unknown bench entry `{other}`"))),
-        }
+        }?;
+        #[cfg(feature = "cuda")]
+        let result = self.cuda_baseline(result)?;
+        Ok(result)
     }
 
     fn add(&self) -> Result<BenchResult, CliError> {
@@ -263,10 +269,16 @@ impl Bench {
     }
 
     fn sum(&self) -> Result<BenchResult, CliError> {
-        let (n, chunks) = (1usize << 24, 64);
+        let n = 1usize << 24;
         let a: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1024) as f32 / 1024.0 - 0.5).collect();
-        let partial = self.compile(kernels::sum_partials_f32(self.axis(), n, chunks), "sum_partials_f32")?;
-        let finish = self.compile(kernels::sum_finish_f32(chunks), "sum_finish_f32")?;
+        let (partial, finish, chunks) = match self.gpu_sum_kernels(n)? {
+            Some(gpu) => gpu,
+            None => {
+                let chunks = 64;
+                let partial = self.compile(kernels::sum_partials_f32(self.axis(), n, chunks), "sum_partials_f32")?;
+                (partial, self.compile(kernels::sum_finish_f32(chunks), "sum_finish_f32")?, chunks)
+            }
+        };
         let (ba, bp, bo) = (self.upload(&a)?, self.zeros(chunks)?, self.zeros(1)?);
         let run = || -> Result<(), CliError> {
             self.launch(&partial, &[&ba, &bp])?;

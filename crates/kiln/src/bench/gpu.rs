@@ -1,0 +1,163 @@
+//! Benchmark kernels shaped for GPUs: many work groups of many items, coalesced loads, and
+//! work-group local memory with barriers. The CPU backend has no work groups (it refuses
+//! DEFINE_LOCAL and BARRIER), and PoCL, OpenCL on the CPU, runs them slower than the
+//! CPU-shaped kernels (the group sum: ~0.8 GB/s against 5-8 GB/s for the partial sums, on a
+//! loaded 2-core machine), so the bench uses them on CUDA only; the tests run them on OpenCL.
+
+use std::sync::Arc;
+
+use kiln_device::Kernel;
+use kiln_device::kiln_ir::{DeviceSpec, IrError, UOp, parse_kernel};
+
+use super::{Bench, CliError};
+
+/// Work items per group in [`sum_groups_f32`].
+pub const GROUP: usize = 256;
+/// Elements each item adds before the group's tree reduction.
+pub const PER_ITEM: usize = 16;
+
+/// `out[g] = sum(a[g·4096 .. (g+1)·4096])` for `n / 4096` groups of [`GROUP`] items.
+///
+/// Item `l` of group `g` first adds `a[g·4096 + k·256 + l]` for `k` in 0..16: in every step
+/// the group's items read 256 consecutive floats (coalesced). Then the 256 partial sums are
+/// reduced in local memory, halving eight times with a barrier after each step, and item 0
+/// writes the group's sum. Two launches sum 16M floats: n = 2^24 gives 4096 partial sums,
+/// and the same kernel with n = 4096 sums those.
+///
+/// # Errors
+/// [`IrError`] when `n` is not a positive multiple of 4096 below 2^31.
+pub fn sum_groups_f32(n: usize) -> Result<Arc<UOp>, IrError> {
+    let span = GROUP * PER_ITEM;
+    if n == 0 || !n.is_multiple_of(span) || n > i32::MAX as usize {
+        return Err(IrError::Invalid(format!(
+            "sum_groups_f32 needs a positive multiple of {span} below 2^31, got {n}"
+        )));
+    }
+    let (groups, half) = (n / span, GROUP / 2);
+    let steps = GROUP.trailing_zeros();
+    parse_kernel(&format!(
+        r#"
+%n    = CONST i32 {n}
+%gs   = CONST i32 {groups}
+%cl   = CONST i32 {GROUP}
+%span = CONST i32 {span}
+%per  = CONST i32 {PER_ITEM}
+%a    = PARAM ptr<f32> 0 (%n)
+%out  = PARAM ptr<f32> 1 (%gs)
+%g    = SPECIAL i32 "gidx0" (%gs)
+%l    = SPECIAL i32 "lidx0" (%cl)
+%tmp  = DEFINE_LOCAL lptr<f32> 0 (%cl)
+%base = MUL i32 (%g, %span)
+%bl   = ADD i32 (%base, %l)
+%k    = RANGE i32 0 (%per)
+%zero = CONST f32 0.0
+%acc  = DEFINE_ACC f32 0 (%zero, %k)
+%kl   = MUL i32 (%k, %cl)
+%ai   = ADD i32 (%bl, %kl)
+%pa   = INDEX ptr<f32> (%a, %ai)
+%x    = LOAD f32 (%pa)
+%next = ADD f32 (%acc, %x)
+%upd  = ASSIGN f32 (%acc, %next)
+%part = END f32 (%k, %upd)
+%pt   = INDEX lptr<f32> (%tmp, %l)
+%st   = STORE void (%pt, %part)
+%bar0 = BARRIER void (%st)
+%cs   = CONST i32 {steps}
+%r    = RANGE i32 0 (%cs)
+%ch   = CONST i32 {half}
+%s    = SHR i32 (%ch, %r)
+%lt   = CMPLT bool (%l, %s)
+%if   = IF void (%lt, %bar0)
+%t1   = AFTER lptr<f32> (%tmp, %if)
+%ls   = ADD i32 (%l, %s)
+%p1   = INDEX lptr<f32> (%t1, %ls)
+%p0   = INDEX lptr<f32> (%t1, %l)
+%y    = LOAD f32 (%p1)
+%z    = LOAD f32 (%p0)
+%sum  = ADD f32 (%z, %y)
+%st1  = STORE void (%p0, %sum)
+%eif  = ENDIF void (%if, %st1)
+%bar  = BARRIER void (%eif)
+%end  = END void (%r, %bar)
+%c0   = CONST i32 0
+%is0  = CMPEQ bool (%l, %c0)
+%if0  = IF void (%is0, %end)
+%t2   = AFTER lptr<f32> (%tmp, %if0)
+%pr   = INDEX lptr<f32> (%t2, %c0)
+%res  = LOAD f32 (%pr)
+%o1   = AFTER ptr<f32> (%out, %if0)
+%po   = INDEX ptr<f32> (%o1, %g)
+%st2  = STORE void (%po, %res)
+%e0   = ENDIF void (%if0, %st2)
+SINK void (%e0)
+"#
+    ))
+}
+
+impl Bench {
+    /// The two kernels of `sum_f32_16m` on a GPU (the group sum over `n`, then over its
+    /// partial sums) and the number of partial sums; `None` on devices that keep the
+    /// CPU-shaped partial sums.
+    pub(super) fn gpu_sum_kernels(&self, n: usize) -> Result<Option<(Kernel, Kernel, usize)>, CliError> {
+        if !matches!(self.device.spec(), DeviceSpec::Cuda { .. }) {
+            return Ok(None);
+        }
+        let partials = n / (GROUP * PER_ITEM);
+        let first = self.compile(sum_groups_f32(n), "sum_groups_f32")?;
+        Ok(Some((first, self.compile(sum_groups_f32(partials), "sum_groups_finish_f32")?, partials)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_device::Buffer;
+
+    /// Two launches of the group sum add 2^20 floats exactly (small integers: exact in any
+    /// order) on OpenCL when present; the CPU refuses the kernel with a typed error; sizes
+    /// that do not tile are refused when the kernel is built.
+    #[test]
+    fn two_launches_sum_exactly_where_there_are_work_groups() {
+        crate::session::register_backends();
+        assert!(sum_groups_f32(4095).is_err() && sum_groups_f32(0).is_err());
+        let n = 1usize << 24;
+        let first = sum_groups_f32(n).unwrap();
+        let cpu = kiln_device::open_device("CPU").unwrap();
+        assert!(cpu.compile(&first, Some("sum_groups")).is_err(), "the CPU has no work groups");
+        let dev = match kiln_device::open_device("OPENCL:0") {
+            Ok(d) => d,
+            Err(e) if !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+                return println!("skipped OPENCL:0: {e}");
+            }
+            Err(e) => panic!("OPENCL:0: {e}"),
+        };
+        let a: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
+        let chunks = n / (GROUP * PER_ITEM);
+        let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
+        let (ba, bp, bo) = (buf(&a), buf(&vec![f32::NAN; chunks]), buf(&[f32::NAN]));
+        dev.compile(&first, Some("sum_groups")).unwrap().launch(&[&ba, &bp], &[]).unwrap();
+        let second = dev.compile(&sum_groups_f32(chunks).unwrap(), Some("sum_groups_finish")).unwrap();
+        second.launch(&[&bp, &bo], &[]).unwrap();
+        let partials: Vec<f32> = a.chunks(GROUP * PER_ITEM).map(|c| c.iter().sum()).collect();
+        assert_eq!(bp.to_vec::<f32>().unwrap(), partials);
+        assert_eq!(bo.to_vec::<f32>().unwrap(), vec![partials.iter().sum::<f32>()]);
+    }
+
+    /// The group sum compiles to an sm_90 cubin (H100) where NVRTC is installed.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn group_sum_compiles_for_sm_90() {
+        use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
+        use kiln_device::Renderer as _;
+        let compiler = match CudaCompiler::new(Arch { major: 9, minor: 0 }, Output::Cubin) {
+            Ok(c) => c,
+            Err(e) => return println!("skipped: {e}"),
+        };
+        let spec = CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 })
+            .render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups"))
+            .unwrap();
+        assert!(spec.src.contains("__shared__ float") && spec.src.contains("__syncthreads()"), "{}", spec.src);
+        let (ptx, cubin) = compiler.ptx_and_cubin(&spec.src, &spec.name).unwrap();
+        assert!(!ptx.is_empty() && !cubin.is_empty());
+    }
+}
