@@ -30,6 +30,7 @@ use kiln_ir::DeviceSpec;
 
 use crate::buffer::{Allocator, AllocatorStats, RawPtr, RawView};
 use crate::error::{Error, Result};
+use crate::graph::{GraphLaunch, LaunchGraph};
 use crate::program::{CompiledSpec, LaunchDims, Program, RuntimeFactory};
 use crate::queue::{DynQueue, DynQueueFactory};
 use crate::signal::TimelineSignal;
@@ -283,6 +284,25 @@ impl Allocator for ContextAllocator {
     }
 }
 
+/// A launch graph captured under one generation (see [`StampedProgram::capture_graph`]).
+struct StampedGraph {
+    inner: Box<dyn LaunchGraph>,
+    stamp: Stamp,
+}
+
+impl LaunchGraph for StampedGraph {
+    fn update(&mut self, launches: &[GraphLaunch]) -> Result<bool> {
+        self.stamp.check("a kernel graph")?;
+        self.stamp.observe(self.inner.update(launches))
+    }
+
+    unsafe fn launch(&mut self) -> Result<()> {
+        self.stamp.check("a kernel graph")?;
+        // SAFETY: forwarded from this function's contract.
+        self.stamp.observe(unsafe { self.inner.launch() })
+    }
+}
+
 /// A program loaded under one generation: refuses to run once the device was reset or lost,
 /// marks the device lost when it fails fatally, and keeps its compiled form so a reset
 /// device reloads it without compiling.
@@ -320,6 +340,14 @@ impl Program for StampedProgram {
 
     fn check_current(&self) -> Result<()> {
         self.stamp.check("a kernel")
+    }
+
+    /// The backend's graph, guarded like the program: refused once the generation ended, and
+    /// a fatal failure while it runs marks the device lost.
+    fn capture_graph(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
+        self.stamp.check("a kernel graph")?;
+        let graph = self.stamp.observe(self.inner.capture_graph(launches))?;
+        Ok(graph.map(|inner| Box::new(StampedGraph { inner, stamp: self.stamp.clone() }) as Box<dyn LaunchGraph>))
     }
 
     fn compiled(&self) -> Option<&CompiledSpec> {

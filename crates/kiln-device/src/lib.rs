@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+pub mod graph;
 pub mod program;
 pub mod queue;
 pub mod ring;
@@ -28,6 +29,7 @@ pub use device::{
     CompilerPair, Device, DeviceOpener, DeviceParts, Kernel, PartsBuilder, open_device, register_backend,
 };
 pub use error::{Error, ErrorClass, Result};
+pub use graph::{GraphLaunch, LaunchGraph};
 pub use kiln_ir;
 pub use program::{
     CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,

@@ -11,6 +11,7 @@ use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, vali
 use crate::buffer::RawView;
 use crate::context::Stamp;
 use crate::error::{Error, Result};
+use crate::graph::{GraphLaunch, LaunchGraph};
 
 /// A runtime integer variable of a kernel with its inclusive bounds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -422,6 +423,17 @@ pub trait Program: Send + Sync {
     /// (checked downcast). `None` (the default) when the program does not offer it.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
+    }
+
+    /// Captures `launches` (programs of this program's device, in order, this one among
+    /// them) as a [`LaunchGraph`] the device replays with one call; see [`crate::graph`].
+    /// `Ok(None)`, the default, when the backend has no graphs or cannot take these
+    /// launches: the caller runs them one by one.
+    ///
+    /// # Errors
+    /// The backend's error when capturing fails; the caller then runs the launches one by one.
+    fn capture_graph(&self, _launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
+        Ok(None)
     }
 
     /// Whether the program may still run: [`Error::DeviceLost`] once its device was reset

@@ -24,6 +24,9 @@ use crate::hazard::{Access, Dependency, HazardTracker};
 use crate::profile::{self, Profile, ProfileEvent, Stamps};
 use crate::schedule::{Lane, QueueLayout, Schedule, schedule};
 
+mod graph;
+use graph::GraphState;
+
 /// How many queues a plan spreads its nodes over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -39,12 +42,22 @@ pub struct PlanOptions {
     /// kernels instead of one argument check and recording per kernel. Failure is the same:
     /// the first failing kernel's error fails the queue's signal and the rest do not run.
     pub fuse: bool,
+    /// Replay a plan of kernel launches as one device-side graph where the backend offers
+    /// one (CUDA graphs; see [`kiln_device::graph`]): a synchronous run is then one graph
+    /// launch. Backends without graphs replay through the queues either way.
+    pub graph: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        PlanOptions { compute_queues: cores.clamp(2, 4), use_copy_queue: true, timeout: Duration::MAX, fuse: true }
+        PlanOptions {
+            compute_queues: cores.clamp(2, 4),
+            use_copy_queue: true,
+            timeout: Duration::MAX,
+            fuse: true,
+            graph: true,
+        }
     }
 }
 
@@ -121,6 +134,8 @@ pub struct ExecutionPlan {
     base: Vec<u64>,
     /// The clock profiled runs measure against.
     epoch: Instant,
+    /// Replay as a device graph (see [`graph`]).
+    graph: GraphState,
 }
 
 impl std::fmt::Debug for ExecutionPlan {
@@ -172,6 +187,7 @@ impl ExecutionPlan {
             lanes: None,
             base: Vec::new(),
             epoch: Instant::now(),
+            graph: GraphState::Untried,
         }
     }
 
@@ -306,6 +322,7 @@ impl ExecutionPlan {
         self.nodes.push(Node { kind, deps, cost, stamps: Arc::new(Stamps::default()) });
         self.schedule = None;
         self.checked = None;
+        self.graph = GraphState::Untried;
         index
     }
 
@@ -371,7 +388,7 @@ impl ExecutionPlan {
     /// [`PlanOptions::timeout`].
     pub fn run(&mut self, vars: &[(&str, i64)]) -> Result<()> {
         let vals = self.resolve(vars)?;
-        self.submit_vals(&vals, false)?.wait()
+        self.run_vals(&vals)
     }
 
     /// [`ExecutionPlan::run`] with every plan variable positional, in
@@ -381,6 +398,9 @@ impl ExecutionPlan {
     /// As [`ExecutionPlan::run`], and [`Error::Launch`] when `vals` does not hold one value
     /// per plan variable.
     pub fn run_vals(&mut self, vals: &[i64]) -> Result<()> {
+        if self.graph_run(vals)? {
+            return Ok(());
+        }
         self.submit_vals(vals, false)?.wait()
     }
 
@@ -514,14 +534,7 @@ impl ExecutionPlan {
     /// (bounds, launch sizes, buffer sizes) and builds the fused segments, unless these exact
     /// values were bound before (for the same kind of run).
     fn bind(&mut self, vals: &[i64], profiled: bool) -> Result<()> {
-        if vals.len() != self.var_names.len() {
-            return Err(Error::Launch(format!(
-                "the plan takes {} variable value(s) ({}), got {}",
-                self.var_names.len(),
-                self.var_names.join(", "),
-                vals.len()
-            )));
-        }
+        self.check_vals_len(vals)?;
         if self.checked.as_ref().is_some_and(|(v, p)| v == vals && *p == profiled) {
             return Ok(());
         }
@@ -557,6 +570,19 @@ impl ExecutionPlan {
             g.kernel = Some(fused_kernel(&device, launches, keep));
         }
         self.checked = Some((vals.to_vec(), profiled));
+        Ok(())
+    }
+
+    /// Refuses `vals` unless it holds one value per plan variable.
+    fn check_vals_len(&self, vals: &[i64]) -> Result<()> {
+        if vals.len() != self.var_names.len() {
+            return Err(Error::Launch(format!(
+                "the plan takes {} variable value(s) ({}), got {}",
+                self.var_names.len(),
+                self.var_names.join(", "),
+                vals.len()
+            )));
+        }
         Ok(())
     }
 

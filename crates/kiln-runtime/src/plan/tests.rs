@@ -137,7 +137,8 @@ fn plan(compute_queues: usize) -> ExecutionPlan {
 }
 
 fn plan_with(compute_queues: usize, fuse: bool) -> ExecutionPlan {
-    let options = PlanOptions { compute_queues, use_copy_queue: true, timeout: Duration::from_secs(60), fuse };
+    let options =
+        PlanOptions { compute_queues, use_copy_queue: true, timeout: Duration::from_secs(60), fuse, graph: true };
     ExecutionPlan::on_queues(queue_factory(), options)
 }
 
@@ -636,3 +637,5 @@ mod opencl_backend {
         assert!(profile.events.iter().all(|e| e.queue == queues[e.node]));
     }
 }
+
+mod graph_replay;

@@ -1,0 +1,86 @@
+//! Replay as one device-side graph ([`kiln_device::graph`]), where the backend offers one.
+//!
+//! A synchronous run ([`ExecutionPlan::run`], [`ExecutionPlan::run_vals`]) of a plan whose
+//! nodes are all kernel launches first tries the graph: the first such run asks the first
+//! node's program to capture every launch in record order (a valid order: dependencies only
+//! point backwards), and later runs launch the captured graph, updating its launches'
+//! arguments when the variable values changed. A backend without graphs (or whose capture
+//! fails) marks the plan "unsupported" and every run replays through the queues, as before.
+//! Recording a node drops the graph. Graph runs do not advance the queues' timelines.
+
+use kiln_device::{GraphLaunch, LaunchGraph, Result};
+
+use super::{ExecutionPlan, NodeKind};
+
+/// Where a plan stands with graph replay.
+#[derive(Default)]
+pub(super) enum GraphState {
+    /// Not tried since the last recording.
+    #[default]
+    Untried,
+    /// The backend has no graph for this plan: runs go through the queues.
+    Unsupported,
+    /// A captured graph and the plan values its launches were last bound to.
+    Ready(Box<dyn LaunchGraph>, Vec<i64>),
+}
+
+impl ExecutionPlan {
+    /// Runs the plan as a graph with `vals` and returns `Ok(true)`, or `Ok(false)` when the
+    /// plan does not replay as a graph (the caller runs it through the queues).
+    ///
+    /// # Errors
+    /// The launch checks' errors for these values (as a queued run reports them), and the
+    /// graph's own failure while it runs; the graph is then captured again on the next run.
+    pub(super) fn graph_run(&mut self, vals: &[i64]) -> Result<bool> {
+        if !self.options.graph || matches!(self.graph, GraphState::Unsupported) {
+            return Ok(false);
+        }
+        if self.nodes.is_empty() || self.nodes.iter().any(|n| !matches!(n.kind, NodeKind::Exec { .. })) {
+            self.graph = GraphState::Unsupported;
+            return Ok(false);
+        }
+        // A leaked handle's queued run must finish before the graph touches the buffers.
+        let _ = self.drain();
+        let launches = self.graph_launches(vals)?;
+        // An update error (like `Ok(false)`) is answered by capturing again.
+        let reused = match std::mem::take(&mut self.graph) {
+            GraphState::Ready(g, old) if old == vals => Some(g),
+            GraphState::Ready(mut g, _) => g.update(&launches).unwrap_or(false).then_some(g),
+            _ => None,
+        };
+        let mut graph = match reused {
+            Some(g) => g,
+            None => match launches[0].program.capture_graph(&launches) {
+                Ok(Some(g)) => g,
+                Ok(None) | Err(_) => {
+                    self.graph = GraphState::Unsupported;
+                    return Ok(false);
+                }
+            },
+        };
+        // SAFETY: every launch was checked for these values by `Kernel::check` (slots,
+        // sizes, launch dims, bounds of every access); the plan holds every buffer it
+        // recorded, and no queued run of this plan is in flight (drained above).
+        unsafe { graph.launch() }?;
+        self.graph = GraphState::Ready(graph, vals.to_vec());
+        Ok(true)
+    }
+
+    /// Every node's launch with its arguments checked for the plan values `vals`.
+    fn graph_launches(&mut self, vals: &[i64]) -> Result<Vec<GraphLaunch>> {
+        self.check_vals_len(vals)?;
+        let mut launches = Vec::with_capacity(self.nodes.len());
+        let mut scratch = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            if let NodeKind::Exec { kernel, bufs, var_index, .. } = &node.kind {
+                let node_vals: Vec<i64> = var_index.iter().map(|&v| vals[v]).collect();
+                scratch.clear();
+                scratch.extend(bufs.iter());
+                let (views, dims) =
+                    kernel.check(&scratch, &node_vals).map_err(|e| super::with_node(e, i, &kernel.spec.name))?;
+                launches.push(GraphLaunch { program: kernel.program.clone(), views, vals: node_vals, dims });
+            }
+        }
+        Ok(launches)
+    }
+}
