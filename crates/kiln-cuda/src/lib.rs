@@ -14,6 +14,7 @@
 //! - [`queue`]: one CUDA stream per queue: the native operations of the shared stream-queue
 //!   skeleton.
 //! - [`signal`]: timeline signals backed by CUDA events (the generic event ring).
+//! - [`graph`]: CUDA graphs, which an execution plan replays as one launch.
 //! - `blas` (feature `cublas`): cuBLAS sgemm, the matmul baseline of `kiln bench`.
 //!
 //! # Contexts and threads
@@ -28,6 +29,7 @@ pub mod allocator;
 #[cfg(feature = "cublas")]
 pub mod blas;
 pub mod compiler;
+pub mod graph;
 pub mod program;
 pub mod queue;
 pub mod renderer;

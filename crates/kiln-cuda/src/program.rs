@@ -15,9 +15,10 @@ use std::sync::Arc;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUfunction_attribute as FnAttr};
 use kiln_device::kiln_ir::{Arg, DType, Scalar, variables};
-use kiln_device::{CompiledSpec, Error, LaunchDims, Program, RawView, Result};
+use kiln_device::{CompiledSpec, Error, GraphLaunch, LaunchDims, LaunchGraph, Program, RawView, Result};
 
 use crate::allocator::address;
+use crate::graph::CudaGraph;
 use crate::{CudaDevice, PER_THREAD_STREAM, driver};
 
 /// The most threads the backend puts in one block of a direct (`idxN`) launch.
@@ -162,19 +163,12 @@ impl CudaProgram {
         Ok((grid.map(|g| g as u32), block.map(|b| b as u32)))
     }
 
-    /// Enqueues one launch on `stream`. Does not wait.
+    /// The checked shape and argument slots of one launch (see the module docs for the ABI).
     ///
-    /// # Safety
-    /// As [`Program::execute`], except that the launch runs asynchronously: the memory must
-    /// stay valid and unraced until the stream has finished it. `stream` belongs to this
-    /// program's context, which is current on the calling thread.
-    pub unsafe fn enqueue_raw(
-        &self,
-        stream: sys::CUstream,
-        bufs: &[RawView],
-        vals: &[i64],
-        launch: &LaunchDims,
-    ) -> Result<()> {
+    /// # Errors
+    /// [`Error::Launch`] when the counts of buffers or values are wrong, a value does not fit
+    /// its variable's dtype, or the shape exceeds a limit.
+    pub(crate) fn arguments(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<Arguments> {
         if bufs.len() != self.params || vals.len() != self.vars.len() {
             return Err(Error::Launch(format!(
                 "`{}` takes {} buffer(s) and {} variable(s), got {} and {}",
@@ -197,7 +191,25 @@ impl CudaProgram {
                 ))
             })?);
         }
-        let mut args: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let pointers = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        Ok(Arguments { function: self.function, grid, block, _slots: slots, pointers })
+    }
+
+    /// Enqueues one launch on `stream`. Does not wait.
+    ///
+    /// # Safety
+    /// As [`Program::execute`], except that the launch runs asynchronously: the memory must
+    /// stay valid and unraced until the stream has finished it. `stream` belongs to this
+    /// program's context, which is current on the calling thread.
+    pub unsafe fn enqueue_raw(
+        &self,
+        stream: sys::CUstream,
+        bufs: &[RawView],
+        vals: &[i64],
+        launch: &LaunchDims,
+    ) -> Result<()> {
+        let mut args = self.arguments(bufs, vals, launch)?;
+        let (grid, block) = (args.grid, args.block);
         // SAFETY: `args` points at one live slot per kernel parameter, in the order and with
         // the sizes (≤ 8 bytes, little-endian) of the signature the renderer emitted; the
         // caller guarantees the buffers; grid and block were checked against the limits.
@@ -208,10 +220,43 @@ impl CudaProgram {
                 (block[0], block[1], block[2]),
                 0,
                 stream,
-                &mut args,
+                &mut args.pointers,
             )
         }
         .map_err(|e| driver(&format!("cuLaunchKernel of `{}` (grid {grid:?}, block {block:?})", self.name), e))
+    }
+}
+
+/// One launch's function, shape and arguments: the argument slots and a pointer to each,
+/// as `cuLaunchKernel` and kernel graph nodes take them. The pointers stay valid while this
+/// value lives (they point into the slots' heap buffer, which moving the value does not move).
+pub(crate) struct Arguments {
+    pub function: sys::CUfunction,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    _slots: Vec<u64>,
+    pub pointers: Vec<*mut c_void>,
+}
+
+impl Arguments {
+    /// The parameters of a kernel graph node for this launch; valid while `self` lives.
+    pub fn node_params(&mut self) -> sys::CUDA_KERNEL_NODE_PARAMS {
+        let [gx, gy, gz] = self.grid;
+        let [bx, by, bz] = self.block;
+        sys::CUDA_KERNEL_NODE_PARAMS {
+            func: self.function,
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: gz,
+            blockDimX: bx,
+            blockDimY: by,
+            blockDimZ: bz,
+            sharedMemBytes: 0,
+            kernelParams: self.pointers.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        }
     }
 }
 
@@ -254,6 +299,10 @@ impl Program for CudaProgram {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+
+    fn capture_graph(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
+        Ok(CudaGraph::capture(&self.cu, launches)?.map(|g| Box::new(g) as Box<dyn LaunchGraph>))
     }
 }
 
