@@ -5,8 +5,8 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use libloading::Library;
 
@@ -140,9 +140,7 @@ impl MemfdImage {
         if stale.is_ok() {
             return None;
         }
-        // SAFETY: the library is one kiln compiled from its own C source: it has no
-        // initialisers besides the C runtime's, and loading it has no other side effects.
-        unsafe { Library::new(&path) }.ok()
+        load_kernel_library(&path).ok()
     }
 }
 
@@ -167,8 +165,26 @@ fn open_from_private_file(bytes: &[u8]) -> std::result::Result<Library, String> 
             .write_all(bytes)
     };
     write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    // SAFETY: as in `MemfdImage::open`: a library kiln compiled from its own C source.
-    unsafe { Library::new(&path) }.map_err(|e| format!("not a loadable library: {e}"))
+    load_kernel_library(&path).map_err(|e| format!("not a loadable library: {e}"))
+}
+
+/// Loads a kernel's library with every symbol bound now. Kernel libraries link no C library
+/// (see [`crate::compiler`]): the libm functions the compiler does not inline (`expf`, `sinf`,
+/// `powf`, ...) are bound here, from the libraries loaded globally, so libm is made one of
+/// them first (once per process; the Rust standard library usually links it already). Where
+/// there is no `libm.so.6` (a libc with the math functions inside) nothing is needed. Binding
+/// now turns a symbol that cannot be found into a load error instead of a crash at its first call.
+fn load_kernel_library(path: impl AsRef<std::ffi::OsStr>) -> std::result::Result<Library, libloading::Error> {
+    use libloading::os::unix::Library as UnixLibrary;
+    static LIBM: OnceLock<Option<UnixLibrary>> = OnceLock::new();
+    LIBM.get_or_init(|| {
+        // SAFETY: libm is the system math library, loaded into most processes at start: its
+        // initialisers have no effect on kiln or its caller; the handle is never closed.
+        unsafe { UnixLibrary::open(Some("libm.so.6"), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.ok()
+    });
+    // SAFETY: the library is one kiln compiled from its own C source: it has no
+    // initialisers, and loading it has no other side effects.
+    unsafe { UnixLibrary::open(Some(path.as_ref()), libc::RTLD_NOW | libc::RTLD_LOCAL) }.map(Library::from)
 }
 
 impl CpuProgram {
@@ -315,5 +331,29 @@ mod tests {
         // Through the private-file fallback as well.
         assert_eq!(call_k(&open_from_private_file(&library(4)).unwrap()), 4);
         assert!(open_from_private_file(b"not a library").is_err());
+    }
+
+    #[test]
+    fn a_symbol_nothing_defines_is_a_load_error_and_libm_functions_bind() {
+        // Kernel libraries link no C library: their undefined symbols are bound at load.
+        let cc = CCompiler::detect().unwrap();
+        let src = "float kiln_nowhere(float);\nfloat k(float x) { return kiln_nowhere(x); }\n";
+        let compiled = |bytes| CompiledSpec {
+            name: "k".into(),
+            src: None,
+            bytes,
+            spec: Arc::new(crate::CpuRenderer::new().render(&tiny_kernel(), Some("k")).unwrap()),
+        };
+        match CpuProgram::load(&compiled(cc.compile_source("k", src).unwrap())) {
+            Err(Error::Load(m)) => assert!(m.contains("kiln_nowhere"), "{m}"),
+            other => panic!("expected a load error naming the symbol, got {other:?}"),
+        }
+        let src = "float expf(float); float sinf(float); float powf(float, float);\n\
+                   float k(float x) { return expf(x) + sinf(x) + powf(x, x); }\n";
+        let lib = open_library(&cc.compile_source("k", src).unwrap()).unwrap().0;
+        // SAFETY: `k` is `float k(float)` as compiled above; `lib` outlives the call.
+        let k = unsafe { lib.get::<unsafe extern "C" fn(f32) -> f32>(b"k").unwrap() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { k(0.5) }, 0.5f32.exp() + 0.5f32.sin() + 0.5f32.powf(0.5));
     }
 }

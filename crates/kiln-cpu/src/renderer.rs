@@ -42,7 +42,7 @@ use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
 
 /// Bumped whenever the generated C changes: it is part of every cache key.
-const RENDERER_VERSION: u32 = 3;
+const RENDERER_VERSION: u32 = 4;
 
 /// Renders kernels to C for [`crate::CCompiler`].
 #[derive(Debug, Clone)]
@@ -265,6 +265,40 @@ fn subst(template: &str, v: &str, i: &str, u: &str, t: &str) -> String {
     template.replace("$V", v).replace("$I", i).replace("$U", u).replace("$T", t)
 }
 
+/// What kernels use of `<stdbool.h>`, `<stdint.h>`, `<string.h>` and `<math.h>`, declared
+/// here instead of included: parsing those headers costs more than compiling a small kernel
+/// (see [`crate::compiler`]). The declarations match glibc's (the integer types come from the
+/// compiler's own `__INT*_TYPE__`, as its `<stdint.h>` does), so a header included later (e.g.
+/// through `<immintrin.h>`) redeclares them compatibly. gcc and clang know these functions as
+/// builtins, so the calls are inlined wherever they would be with the headers; the rest are
+/// libm calls resolved when the kernel's library is loaded (see [`crate::program`]).
+const PRELUDE: &str = "#define bool _Bool
+#define true 1
+#define false 0
+typedef __INT8_TYPE__ int8_t;
+typedef __INT16_TYPE__ int16_t;
+typedef __INT32_TYPE__ int32_t;
+typedef __INT64_TYPE__ int64_t;
+typedef __UINT8_TYPE__ uint8_t;
+typedef __UINT16_TYPE__ uint16_t;
+typedef __UINT32_TYPE__ uint32_t;
+typedef __UINT64_TYPE__ uint64_t;
+void *memcpy(void *, const void *, __SIZE_TYPE__);
+float sqrtf(float); double sqrt(double);
+float expf(float); double exp(double);
+float exp2f(float); double exp2(double);
+float logf(float); double log(double);
+float log2f(float); double log2(double);
+float sinf(float); double sin(double);
+float cosf(float); double cos(double);
+float truncf(float); double trunc(double);
+float fabsf(float); double fabs(double);
+float powf(float, float); double pow(double, double);
+float fmaxf(float, float); double fmax(double, double);
+float fminf(float, float); double fmin(double, double);
+float fmaf(float, float, float); double fma(double, double, double);
+";
+
 const IMMINTRIN: &str = "#if defined(__SSE2__)\n#include <immintrin.h>\n#endif\n";
 
 /// Where the vector math templates replace the libm lane loop: targets with float SIMD (on
@@ -442,7 +476,7 @@ const LOG_SPECIALS: &str = "  y = kiln_sel_$T(($I)(x == 0.0), z - __builtin_inf(
 
 impl Dialect for CpuDialect {
     fn header(&self) -> String {
-        "#include <stdbool.h>\n#include <stdint.h>\n#include <string.h>\n#include <math.h>\n".into()
+        PRELUDE.into()
     }
 
     fn scalar_type(&self, s: Scalar, _p: &mut Prelude) -> String {

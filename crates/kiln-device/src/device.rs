@@ -2,6 +2,7 @@
 //! [`Kernel`] handle and the process-wide device registry.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use kiln_ir::{DeviceSpec, Scalar, UOp};
@@ -324,6 +325,69 @@ impl Device {
         self.cache.get_or_compile(sink, name, self.spec(), toolchain)
     }
 
+    /// [`Device::compile`] for a batch: one result per `(sink, name)` of `kernels`, in their
+    /// order, the compiles spread over up to `available_parallelism` threads (a search that
+    /// compiles many candidate kernels, or a plan whose kernels are not cached yet, pays
+    /// about one compile per core instead of one per kernel).
+    ///
+    /// The contract, kernel by kernel, is that of [`Device::compile`]: each goes through the
+    /// kernel cache, so a cached kernel is not compiled again, and a kernel given twice (the
+    /// same graph and name) is compiled once and both results share its program. One
+    /// kernel's error is its own result and does not stop the others. Blocks until every
+    /// kernel is done; the calling thread compiles too. Threads are started only for two or
+    /// more distinct kernels and live only during the call.
+    pub fn compile_many(&self, kernels: &[(Arc<UOp>, Option<&str>)]) -> Vec<Result<Kernel>> {
+        // Index of each kernel's first occurrence: hash-consed graphs are equal iff the same node.
+        let mut first: HashMap<(*const UOp, Option<&str>), usize> = HashMap::new();
+        let firsts: Vec<usize> = kernels
+            .iter()
+            .enumerate()
+            .map(|(i, (sink, name))| *first.entry((Arc::as_ptr(sink), *name)).or_insert(i))
+            .collect();
+        let distinct: Vec<usize> = firsts.iter().enumerate().filter(|&(i, &f)| i == f).map(|(i, _)| i).collect();
+        let compile = |i: usize| self.compile(&kernels[i].0, kernels[i].1);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(distinct.len());
+        let mut done: Vec<Option<Result<Kernel>>> = (0..kernels.len()).map(|_| None).collect();
+        if threads <= 1 {
+            for &i in &distinct {
+                done[i] = Some(compile(i));
+            }
+        } else {
+            let next = AtomicUsize::new(0);
+            let work = || {
+                let mut mine = Vec::new();
+                while let Some(&i) = distinct.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    mine.push((i, compile(i)));
+                }
+                mine
+            };
+            let results = std::thread::scope(|s| {
+                let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+                let mut all = work();
+                for h in helpers {
+                    // A compile does not panic; if one did, its kernels are reported below.
+                    all.extend(h.join().unwrap_or_default());
+                }
+                all
+            });
+            for (i, r) in results {
+                done[i] = Some(r);
+            }
+        }
+        firsts
+            .iter()
+            .map(|&f| {
+                done[f].clone().unwrap_or_else(|| {
+                    Err(Error::Compile {
+                        message: format!("compiling kernel {f} of the batch panicked; see the message above"),
+                        log: String::new(),
+                        line: None,
+                    })
+                })
+            })
+            .collect()
+    }
+
     /// Tears down the backend state and builds a new generation: new allocator pools,
     /// queues and program loader; the generation is bumped. Every object of the old
     /// generation (buffers, kernels, queues, signals, plans bound to them) then fails with
@@ -463,6 +527,51 @@ mod tests {
             (1, 0)
         );
         assert_eq!(allocators[1].frees.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn compile_many_answers_in_order_compiles_each_kernel_once_and_keeps_errors_per_kernel() {
+        let mut compiler = MockCompiler::new("fp");
+        // Slow compiles keep the batch's threads busy at once.
+        compiler.delay = std::time::Duration::from_millis(30);
+        let r = rig(compiler);
+        let dev = mock_device(&r, &Arc::new(Mutex::new(Vec::new())));
+        let (a, b, c) = (kernel(1.0), kernel(2.0), kernel(3.0));
+        // Launch index axis 7 does not exist: this kernel fails to render.
+        let mut k = kiln_ir::KernelBuilder::new();
+        let p = k.param(0, Scalar::F32, 16);
+        let i = k.special("gidx7", 16);
+        k.store(&p.at(&i), &(p.at(&i).load() * 2.0));
+        let bad = k.finish().unwrap();
+        dev.compile(&c, Some("c")).unwrap();
+        assert_eq!(r.compiles(), 1);
+        let batch = [
+            (a.clone(), Some("a")),
+            (b.clone(), Some("b")),
+            (a.clone(), Some("a")),
+            (bad.clone(), Some("bad")),
+            (c.clone(), Some("c")),
+            (b.clone(), Some("b2")),
+        ];
+        let got = dev.compile_many(&batch);
+        assert_eq!(got.len(), batch.len());
+        for ((sink, name), result) in batch.iter().zip(&got) {
+            if Arc::ptr_eq(sink, &bad) {
+                assert!(matches!(result, Err(Error::Render(m)) if m.contains("gidx7")), "{result:?}");
+                continue;
+            }
+            let k = result.as_ref().unwrap();
+            assert_eq!(k.spec.name, name.unwrap());
+            assert_eq!(k.spec.src, format!("// kernel {}", sink.content_hash().to_hex()));
+        }
+        let program = |i: usize| got[i].as_ref().unwrap().program.clone();
+        assert!(Arc::ptr_eq(&program(0), &program(2)), "a duplicate shares the first one's program");
+        // a, b and b2 compiled; the duplicate of a and the cached c were not.
+        assert_eq!(r.compiles(), 4);
+        let again = dev.compile_many(&batch);
+        assert_eq!(r.compiles(), 4, "a batch of cached kernels compiles nothing");
+        assert!(again[3].is_err() && again.iter().filter(|r| r.is_ok()).count() == 5);
+        assert!(dev.compile_many(&[]).is_empty());
     }
 
     #[test]

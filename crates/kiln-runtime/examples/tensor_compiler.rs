@@ -248,14 +248,19 @@ struct Compiled {
     slots: Vec<Tensor>,
 }
 
+/// Lowers every step, then compiles the kernels together on all cores (those the cache holds
+/// are only loaded).
 fn compile(device: &Device, program: &Program) -> Result<Vec<Compiled>> {
-    let mut out = Vec::new();
-    for (n, (t, step)) in program.steps.iter().enumerate() {
-        let (sink, slots) = Lowering::new(program).step(*t, step)?;
-        let kernel = device.compile(&sink, Some(format!("step{n}").as_str()))?; // render, compile, cache
-        out.push(Compiled { kernel, slots });
-    }
-    Ok(out)
+    let lowered = program
+        .steps
+        .iter()
+        .map(|(t, step)| Lowering::new(program).step(*t, step))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let names: Vec<String> = (0..lowered.len()).map(|n| format!("step{n}")).collect();
+    let batch: Vec<_> =
+        lowered.iter().zip(&names).map(|((sink, _), name)| (sink.clone(), Some(name.as_str()))).collect();
+    let kernels = device.compile_many(&batch); // render, compile, cache
+    lowered.into_iter().zip(kernels).map(|((_, slots), kernel)| Ok(Compiled { kernel: kernel?, slots })).collect()
 }
 
 // ------------------------------------------------------------------------- the host reference

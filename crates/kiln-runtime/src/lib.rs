@@ -44,5 +44,5 @@ mod profile;
 pub mod schedule;
 
 pub use hazard::{Dependency, Hazard};
-pub use plan::{ExecutionPlan, PlanOptions, PlanRun};
+pub use plan::{ExecutionPlan, KernelLaunch, PlanOptions, PlanRun};
 pub use profile::{Profile, ProfileEvent};

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln_device::kiln_ir::UOp;
 use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory};
 use kiln_device::{Buffer, Device, Error, Kernel, Result, TimelineSignal};
 
@@ -59,6 +60,21 @@ impl Default for PlanOptions {
             graph: true,
         }
     }
+}
+
+/// A launch of a kernel not compiled yet, for [`ExecutionPlan::exec_many`]: the kernel's graph
+/// and entry-point name (as [`Device::compile`] takes them) with the arguments of
+/// [`ExecutionPlan::exec`].
+#[derive(Clone, Copy, Debug)]
+pub struct KernelLaunch<'a> {
+    /// The kernel (a SINK).
+    pub sink: &'a Arc<UOp>,
+    /// Its entry-point name; the renderer's default when `None`.
+    pub name: Option<&'a str>,
+    /// One buffer per parameter slot.
+    pub bufs: &'a [&'a Buffer],
+    /// The values of the kernel's variables, by name.
+    pub vars: &'a [(&'a str, i64)],
 }
 
 enum NodeKind {
@@ -224,6 +240,22 @@ impl ExecutionPlan {
             })
             .collect::<Result<Vec<i64>>>()?;
         self.exec_vals(kernel, bufs, &vals)
+    }
+
+    /// Records launches of kernels given as graphs: first compiles them all on `device` (the
+    /// plan's device) with [`Device::compile_many`], so the kernels the cache does not hold
+    /// compile together on all cores and a kernel launched several times compiles once;
+    /// then records each launch in order, as [`ExecutionPlan::exec`] does. Returns the node
+    /// indices, in `launches` order.
+    ///
+    /// # Errors
+    /// The compile error of the first launch (in order) whose kernel fails, before anything
+    /// is recorded; then the errors of [`ExecutionPlan::exec`] for the first launch that
+    /// cannot be recorded (the launches before it stay recorded).
+    pub fn exec_many(&mut self, device: &Device, launches: &[KernelLaunch<'_>]) -> Result<Vec<usize>> {
+        let batch: Vec<_> = launches.iter().map(|l| (l.sink.clone(), l.name)).collect();
+        let kernels = device.compile_many(&batch).into_iter().collect::<Result<Vec<Kernel>>>()?;
+        launches.iter().zip(&kernels).map(|(l, k)| self.exec(k, l.bufs, l.vars)).collect()
     }
 
     /// [`ExecutionPlan::exec`] with the values positional, in the kernel's `var_names` order.

@@ -563,6 +563,58 @@ mod cpu_backend {
     }
 
     #[test]
+    fn exec_many_compiles_the_plans_kernels_once_each_and_records_them_in_order() {
+        let Some(dev) = device() else { return };
+        let (triple, dec) = (scale(3.0, 0.5), scale(1.0, -1.0));
+        const N: usize = 64;
+        let x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+        let bufs: Vec<Buffer> = (0..4).map(|_| Buffer::from_slice(dev.allocator(), &x).expect("buffer")).collect();
+        let vars = [("n", N as i64)];
+        fn launch<'a>(
+            sink: &'a Arc<UOp>,
+            name: &'a str,
+            bufs: &'a [&'a Buffer],
+            vars: &'a [(&'a str, i64)],
+        ) -> KernelLaunch<'a> {
+            KernelLaunch { sink, name: Some(name), bufs, vars }
+        }
+        let slots = |a: usize, b: usize| [&bufs[a], &bufs[b]];
+        let (s01, s12, s23) = (slots(0, 1), slots(1, 2), slots(2, 3));
+        let mut p = ExecutionPlan::new(&dev).expect("plan");
+        let before = dev.cache().stats();
+        // b1 = 3·b0 + 0.5 → b2 = b1 - 1 → b3 = 3·b2 + 0.5: `triple` is launched twice.
+        let nodes = p
+            .exec_many(
+                &dev,
+                &[
+                    launch(&triple, "triple", &s01, &vars),
+                    launch(&dec, "dec", &s12, &vars),
+                    launch(&triple, "triple", &s23, &vars),
+                ],
+            )
+            .expect("record");
+        assert_eq!(nodes, [0, 1, 2]);
+        let after = dev.cache().stats();
+        // This device's memory cache was empty: each distinct kernel came from below it once.
+        assert_eq!((after.misses + after.disk_hits) - (before.misses + before.disk_hits), 2);
+        p.run(&[]).expect("plan run");
+        let want: Vec<f32> = x.iter().map(|v| ((v * 3.0 + 0.5) - 1.0) * 3.0 + 0.5).collect();
+        assert_eq!(bufs[3].to_vec::<f32>().expect("read"), want);
+
+        // A kernel that does not compile fails the batch before anything is recorded.
+        let mut k = KernelBuilder::new();
+        let out = k.param(0, Scalar::F32, 4);
+        let i = k.special("gidx7", 4);
+        k.store(&out.at(&i), &(out.at(&i).load() + 1.0));
+        let bad = k.finish().expect("valid graph");
+        let mut q = ExecutionPlan::new(&dev).expect("plan");
+        let s0 = [&bufs[0]];
+        let err = q.exec_many(&dev, &[launch(&dec, "dec", &s01, &vars), launch(&bad, "bad", &s0, &[])]).unwrap_err();
+        assert!(matches!(&err, Error::Render(m) if m.contains("gidx7")), "{err}");
+        assert!(q.is_empty());
+    }
+
+    #[test]
     fn compiled_profile_shows_both_branches() {
         let Some(dev) = device() else { return };
         let k = dev.compile(&scale(0.5, 1.0), Some("halve_inc")).expect("compile");

@@ -31,7 +31,9 @@ use crate::session;
 #[command(
     long_about = "Runs kiln's benchmark suite on one device. Each entry verifies its result against a host \
 reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
-loops on all cores, the matrixmultiply crate).",
+loops on all cores, the matrixmultiply crate). compile_cold times one small kernel rendered, compiled and \
+loaded without the cache; compile_throughput counts kernels per second for 64 new small kernels compiled as \
+one batch on all cores (Device::compile_many), against the same number compiled one by one.",
     after_help = "On a terminal, progress is shown on stderr (not with --json). Quote medians: these machines \
 are shared and noisy."
 )]
@@ -64,6 +66,7 @@ pub const ENTRIES: &[&str] = &[
     "signal_wake",
     "two_queue_overlap",
     "compile_cold",
+    "compile_throughput",
     "cache_mem_hit",
     "cache_disk_hit",
     "alloc_cached",
@@ -225,6 +228,7 @@ impl Bench {
             "signal_wake" => self.signal_wake(),
             "two_queue_overlap" => self.two_queue_overlap(),
             "compile_cold" => self.compile_cold(),
+            "compile_throughput" => self.compile_throughput(),
             "cache_mem_hit" => self.cache_mem_hit(),
             "cache_disk_hit" => self.cache_disk_hit(args),
             "alloc_cached" => self.alloc_cached(),
@@ -583,6 +587,78 @@ impl Bench {
         })
     }
 
+    /// Kernels compiled per second, cold: a batch of [`THROUGHPUT_KERNELS`] distinct small
+    /// kernels through `Device::compile_many` (all cores), against the baseline of as many
+    /// other ones compiled one after another with `Device::compile`, alternately in one run.
+    /// Every kernel is new to the cache (its constant comes from the clock and the sample's
+    /// index), and every one is launched once and checked.
+    fn compile_throughput(&self) -> Result<BenchResult, CliError> {
+        let nonce =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let n = THROUGHPUT_KERNELS;
+        // Distinct integers below 2^24, exact in f32 (also plus 1 and 2).
+        let mut next = (nonce % 60_000) as usize * 4 * n;
+        let mut fresh = || -> Result<Vec<(f32, Arc<UOp>)>, CliError> {
+            (0..n)
+                .map(|_| {
+                    next += 1;
+                    let c = next as f32;
+                    add_const_kernel(c).map(|k| (c, k)).map_err(|e| kiln_err("building a compile kernel", e.into()))
+                })
+                .collect()
+        };
+        // Every kernel was compiled (none came from a cache) and computes x + c.
+        let check = |compiled: Vec<Kernel>, kernels: &[(f32, Arc<UOp>)], misses: u64| -> Result<(), CliError> {
+            let compiles = self.device.cache().stats().misses - misses;
+            if compiles != n as u64 {
+                return Err(wrong(
+                    "compile_throughput",
+                    format!("{compiles} of {n} kernels were compiled, the rest cached"),
+                ));
+            }
+            for (k, &(c, _)) in compiled.iter().zip(kernels) {
+                let x = self.upload(&[1.0, 2.0])?;
+                self.launch(k, &[&x])?;
+                if self.read(&x)? != [1.0 + c, 2.0 + c] {
+                    return Err(wrong("compile_throughput", format!("kernel {} computed a wrong result", k.spec.name)));
+                }
+            }
+            Ok(())
+        };
+        let (mut batch, mut one_by_one) = (Vec::new(), Vec::new());
+        for _ in 0..self.reps.min(3) {
+            let kernels = fresh()?;
+            let names: Vec<String> = (0..n).map(|i| format!("throughput{i}")).collect();
+            let jobs: Vec<(Arc<UOp>, Option<&str>)> =
+                kernels.iter().zip(&names).map(|((_, k), name)| (k.clone(), Some(name.as_str()))).collect();
+            let misses = self.device.cache().stats().misses;
+            let t = Instant::now();
+            let compiled = self.device.compile_many(&jobs).into_iter().collect::<Result<Vec<_>, _>>();
+            batch.push(n as f64 / t.elapsed().as_secs_f64());
+            check(compiled.map_err(|e| kiln_err("compiling a batch", e))?, &kernels, misses)?;
+
+            let kernels = fresh()?;
+            let misses = self.device.cache().stats().misses;
+            let t = Instant::now();
+            let compiled = jobs
+                .iter()
+                .zip(&kernels)
+                .map(|((_, name), (_, k))| self.device.compile(k, *name))
+                .collect::<Result<Vec<_>, _>>();
+            one_by_one.push(n as f64 / t.elapsed().as_secs_f64());
+            check(compiled.map_err(|e| kiln_err("compiling", e))?, &kernels, misses)?;
+        }
+        Ok(BenchResult {
+            name: "compile_throughput",
+            unit: "kernels/s",
+            higher_is_better: true,
+            verified: true,
+            kiln: Stats::of(batch)?,
+            baseline: Some(Stats::of(one_by_one)?),
+            baseline_name: "one by one (Device::compile)",
+        })
+    }
+
     fn cache_mem_hit(&self) -> Result<BenchResult, CliError> {
         let sink = add_const_kernel(3.0).map_err(|e| kiln_err("building the cache kernel", e.into()))?;
         let first = self.device.compile(&sink, Some("cache_probe")).map_err(|e| kiln_err("compiling", e))?;
@@ -756,6 +832,9 @@ impl Bench {
 }
 
 /// `x[i] += c` over two elements: a kernel whose identity changes with `c`.
+/// Kernels per sample of `compile_throughput`.
+const THROUGHPUT_KERNELS: usize = 64;
+
 fn add_const_kernel(c: f32) -> Result<Arc<UOp>, kiln_device::kiln_ir::IrError> {
     let mut k = kiln_device::kiln_ir::KernelBuilder::new();
     let x = k.param(0, Scalar::F32, 2usize);
