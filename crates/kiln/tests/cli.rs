@@ -558,6 +558,27 @@ fn unwritable_destinations_are_refused_before_the_run() {
     assert!(json["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{json}");
 }
 
+#[test]
+fn existing_destinations_are_replaced_whatever_their_old_length() {
+    let s = Scratch::new("replace");
+    let (c, trace) = (s.path("c.npy"), s.path("t.json"));
+    let (out, trace_arg) = (format!("2={}", c.display()), trace.display().to_string());
+    let args = ["run", &example("add.kiln"), "--var", "n=4", "--out", &out, "--trace", &trace_arg];
+    // Longer old contents (the new bytes are written over them, then the file is cut), the
+    // same length (a kernel run again) and shorter ones all leave exactly the new output.
+    for old in [vec![b'#'; 10_000], Vec::new(), b"x".to_vec()] {
+        std::fs::write(&c, &old).unwrap();
+        std::fs::write(&trace, &old).unwrap();
+        ok(s.kiln(&args, &[]));
+        assert_eq!(s.read_f32s("c.npy"), [0.0; 4]);
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+        assert!(json["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{json}");
+        let again = std::fs::read(&c).unwrap();
+        ok(s.kiln(&args, &[]));
+        assert_eq!(std::fs::read(&c).unwrap(), again, "a rerun rewrites the same bytes");
+    }
+}
+
 // ---------------------------------------------------------------- the C toolchain
 
 /// Writes an executable shell script.
