@@ -364,7 +364,7 @@ fn sweep_stale_scratch(base: &Path) {
 
 /// The CPU the binaries are built for: model name and a hash of the feature flags.
 fn cpu_target() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let info = crate::cpuinfo();
     let field = |key: &str| {
         info.lines()
             .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))

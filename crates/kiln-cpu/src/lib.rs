@@ -18,7 +18,7 @@ pub mod queue;
 pub mod renderer;
 pub mod signal;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
@@ -88,13 +88,32 @@ pub fn register() {
 
 /// The CPU model name from `/proc/cpuinfo` (or the architecture when unavailable).
 pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
+    cpuinfo()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// `/proc/cpuinfo` (empty when it cannot be read), read once per process: the kernel formats
+/// every CPU's entry on each read (about 50 µs on 2 cores, more on big machines), and opening
+/// the device needs it twice, for its description and for the compiler's fingerprint.
+pub(crate) fn cpuinfo() -> &'static str {
+    static INFO: OnceLock<String> = OnceLock::new();
+    INFO.get_or_init(|| std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpuinfo_is_read_once_and_gives_the_model() {
+        assert!(std::ptr::eq(super::cpuinfo(), super::cpuinfo()), "one read per process");
+        if let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") {
+            let model = info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':'));
+            if let Some((_, model)) = model {
+                assert_eq!(super::cpu_model(), model.trim());
+            }
+        }
+    }
 }

@@ -5,8 +5,9 @@
 //! so a busy pool never blocks a launch (the caller then simply runs every chunk itself), and
 //! launches from several threads at once proceed independently.
 //!
-//! Workers spin briefly after their last chunk (a launch that follows soon finds them awake)
-//! and then sleep on a condition variable.
+//! Workers start at the first launch with chunks to share (a process whose launches are all
+//! small starts none), spin briefly after their last chunk (a launch that follows soon finds
+//! them awake) and then sleep on a condition variable.
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -125,12 +126,16 @@ impl Shared {
 /// A fixed set of worker threads plus the calling thread.
 pub struct Pool {
     shared: Arc<Shared>,
-    workers: Vec<JoinHandle<()>>,
+    threads: usize,
+    /// Started by the first [`Pool::run`] with chunks to share: a process whose launches are
+    /// all small (a warm `kiln run` of a few elements) never pays for starting them.
+    workers: OnceLock<Vec<JoinHandle<()>>>,
 }
 
 impl Pool {
     /// A pool that runs up to `threads` chunks at once (the caller counts as one, so it
-    /// starts `threads - 1` workers). A worker that cannot be started only lowers that number.
+    /// has `threads - 1` workers, started when first needed). A worker that cannot be started
+    /// leaves its chunks to the others.
     pub fn new(threads: usize) -> Pool {
         let shared = Arc::new(Shared {
             state: Mutex::new(State { queue: VecDeque::new(), sleepers: 0 }),
@@ -138,20 +143,26 @@ impl Pool {
             queued: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
         });
-        let workers = (1..threads.max(1))
-            .filter_map(|i| {
-                let shared = shared.clone();
-                thread::Builder::new()
-                    .name(format!("kiln-cpu-{i}"))
-                    .spawn(move || {
-                        while let Some(job) = shared.next_job() {
-                            job.work();
-                        }
-                    })
-                    .ok()
-            })
-            .collect();
-        Pool { shared, workers }
+        Pool { shared, threads: threads.max(1), workers: OnceLock::new() }
+    }
+
+    /// The workers, started now if this is the first call.
+    fn workers(&self) -> &[JoinHandle<()>] {
+        self.workers.get_or_init(|| {
+            (1..self.threads)
+                .filter_map(|i| {
+                    let shared = self.shared.clone();
+                    thread::Builder::new()
+                        .name(format!("kiln-cpu-{i}"))
+                        .spawn(move || {
+                            while let Some(job) = shared.next_job() {
+                                job.work();
+                            }
+                        })
+                        .ok()
+                })
+                .collect()
+        })
     }
 
     /// The process-wide pool: `KILN_CPU_THREADS` threads, else one per available core.
@@ -167,14 +178,14 @@ impl Pool {
 
     /// How many chunks can run at once (workers + the caller).
     pub fn threads(&self) -> usize {
-        self.workers.len() + 1
+        self.threads
     }
 
     /// Runs `f(i)` for every `i` in `0..chunks`, each exactly once, on the caller and idle
     /// workers, and returns when all have returned. A panic in any chunk is re-raised here
     /// after every chunk has finished.
     pub fn run(&self, chunks: usize, f: &(dyn Fn(usize) + Sync)) {
-        if chunks <= 1 || self.workers.is_empty() {
+        if chunks <= 1 || self.workers().is_empty() {
             (0..chunks).for_each(f);
             return;
         }
@@ -228,7 +239,7 @@ impl Drop for Pool {
             let _st = lock(&self.shared.state);
             self.shared.wake.notify_all();
         }
-        for w in self.workers.drain(..) {
+        for w in self.workers.take().into_iter().flatten() {
             let _ = w.join();
         }
     }
@@ -293,6 +304,22 @@ mod tests {
             n.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(n.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn workers_start_at_the_first_run_with_chunks_to_share() {
+        let pool = Pool::new(3);
+        assert_eq!(pool.threads(), 3);
+        let n = AtomicU64::new(0);
+        pool.run(1, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(pool.workers.get().is_none(), "a one-chunk run starts no thread");
+        pool.run(6, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(pool.workers.get().map(Vec::len), Some(2));
+        assert_eq!(n.load(Ordering::Relaxed), 7);
     }
 
     #[test]

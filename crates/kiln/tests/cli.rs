@@ -558,6 +558,27 @@ fn unwritable_destinations_are_refused_before_the_run() {
     assert!(json["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{json}");
 }
 
+#[test]
+fn existing_destinations_are_replaced_whatever_their_old_length() {
+    let s = Scratch::new("replace");
+    let (c, trace) = (s.path("c.npy"), s.path("t.json"));
+    let (out, trace_arg) = (format!("2={}", c.display()), trace.display().to_string());
+    let args = ["run", &example("add.kiln"), "--var", "n=4", "--out", &out, "--trace", &trace_arg];
+    // Longer old contents (the new bytes are written over them, then the file is cut), the
+    // same length (a kernel run again) and shorter ones all leave exactly the new output.
+    for old in [vec![b'#'; 10_000], Vec::new(), b"x".to_vec()] {
+        std::fs::write(&c, &old).unwrap();
+        std::fs::write(&trace, &old).unwrap();
+        ok(s.kiln(&args, &[]));
+        assert_eq!(s.read_f32s("c.npy"), [0.0; 4]);
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+        assert!(json["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{json}");
+        let again = std::fs::read(&c).unwrap();
+        ok(s.kiln(&args, &[]));
+        assert_eq!(std::fs::read(&c).unwrap(), again, "a rerun rewrites the same bytes");
+    }
+}
+
 // ---------------------------------------------------------------- the C toolchain
 
 /// Writes an executable shell script.
@@ -608,12 +629,17 @@ fn a_library_without_the_kernel_symbol_is_reported() {
 
 /// A C compiler wrapper that logs every kernel it builds (not `--version` probes), then
 /// runs the real compiler.
+/// The system C compiler the wrapper scripts below run.
+fn real_cc() -> &'static str {
+    ["clang", "cc"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .expect("a C compiler for the test")
+}
+
 fn logging_cc(s: &Scratch) -> (String, PathBuf) {
     let log = s.path("cc.log");
-    let real = ["clang", "cc"]
-        .iter()
-        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
-        .expect("a C compiler for the test");
+    let real = real_cc();
     let cc = script(
         s,
         "logging-cc",
@@ -642,6 +668,43 @@ fn a_second_process_loads_the_kernel_without_the_c_compiler() {
     assert_eq!(compiles(&log), 1, "the first run compiles once");
     assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
     assert_eq!(compiles(&log), 1, "the second process must load from the disk cache");
+}
+
+/// A C compiler that logs every time it is started, `--version` included.
+fn counting_cc(s: &Scratch) -> (String, PathBuf) {
+    let log = s.path("starts.log");
+    let cc = script(s, "counting-cc", &format!("echo \"$@\" >> '{}'\nexec {} \"$@\"", log.display(), real_cc()));
+    (cc, log)
+}
+
+#[test]
+fn a_warm_run_starts_no_compiler_process_at_all() {
+    let s = Scratch::new("warm-run");
+    let (cc, log) = counting_cc(&s);
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    let cold = compiles(&log);
+    assert!(cold >= 1, "the first run compiles");
+    assert_eq!(run_add(&s, &cc), [11.0, 22.0, 33.0, 44.0]);
+    assert_eq!(compiles(&log), cold, "a warm run must not start the compiler, not even for --version");
+}
+
+#[test]
+fn the_warm_run_bench_entry_is_verified_and_starts_no_compiler() {
+    let s = Scratch::new("warm-bench");
+    let (cc, log) = counting_cc(&s);
+    let json = ok(s.kiln(&["bench", "--only", "warm_run_process", "--quick", "--json"], &[("KILN_CC", &cc)]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let r = &v["results"][0];
+    assert_eq!(
+        (r["name"].as_str(), r["verified"].as_bool(), r["unit"].as_str()),
+        (Some("warm_run_process"), Some(true), Some("ms")),
+        "{json}"
+    );
+    assert!(
+        r["median"].as_f64().is_some_and(|m| m > 0.0) && r["baseline_median"].as_f64().is_some_and(|m| m > 0.0),
+        "{json}"
+    );
+    assert_eq!(compiles(&log), 1, "only the warm-up run starts the compiler, once");
 }
 
 #[test]

@@ -11,7 +11,7 @@ mod gpu;
 pub mod kernels;
 
 use std::fmt::Write as _;
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::Command as Process;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ use kiln_runtime::{ExecutionPlan, PlanOptions};
 use serde::Serialize;
 
 use crate::error::CliError;
+use crate::npy::{self, NpyArray};
 use crate::session;
 
 /// `kiln bench [--device D] [--json] [--quick] [--only NAME[,NAME...]]`.
@@ -33,7 +34,8 @@ use crate::session;
 reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
 loops on all cores, the matrixmultiply crate). compile_cold times one small kernel rendered, compiled and \
 loaded without the cache; compile_throughput counts kernels per second for 64 new small kernels compiled as \
-one batch on all cores (Device::compile_many), against the same number compiled one by one.",
+one batch on all cores (Device::compile_many), against the same number compiled one by one. warm_run_process is the wall time of a whole `kiln run` \
+process (an 8-element add on a warm kernel cache), against a bare `kiln --version` process.",
     after_help = "On a terminal, progress is shown on stderr (not with --json). Quote medians: these machines \
 are shared and noisy."
 )]
@@ -69,6 +71,7 @@ pub const ENTRIES: &[&str] = &[
     "compile_throughput",
     "cache_mem_hit",
     "cache_disk_hit",
+    "warm_run_process",
     "alloc_cached",
     "device_reset",
 ];
@@ -231,6 +234,7 @@ impl Bench {
             "compile_throughput" => self.compile_throughput(),
             "cache_mem_hit" => self.cache_mem_hit(),
             "cache_disk_hit" => self.cache_disk_hit(args),
+            "warm_run_process" => self.warm_run_process(args),
             "alloc_cached" => self.alloc_cached(),
             "device_reset" => self.device_reset(),
             other => Err(CliError::Usage(format!("unknown bench entry `{other}`"))),
@@ -786,6 +790,110 @@ impl Bench {
             kiln: Stats::of(result?)?,
             baseline: None,
             baseline_name: "",
+        })
+    }
+
+    /// The wall time of a whole `kiln run` process of an 8-element add on a warm kernel cache
+    /// (a private `KILN_CACHE_DIR` filled by one run first): process start, parsing, opening
+    /// the device, the disk-cache hit, the `.npy` inputs and output. Every run's output file is
+    /// checked. The baseline, timed alternately with it, is a bare `kiln --version` process:
+    /// the difference is what `kiln run` itself costs.
+    fn warm_run_process(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
+        let name = "warm_run_process";
+        let exe = std::env::current_exe().map_err(|e| CliError::Io {
+            action: "finding",
+            path: "the kiln executable".into(),
+            source: e,
+        })?;
+        // A private folder with an unpredictable name, removed when `dir` drops.
+        let dir = tempfile::Builder::new()
+            .prefix("kiln-bench-warm-")
+            .tempdir()
+            .map_err(|e| CliError::io("creating a folder in", &std::env::temp_dir(), e))?;
+        let path = |file: &str| dir.path().join(file);
+        let n = 8;
+        let (a, b): (Vec<f32>, Vec<f32>) = ((0..n).map(|i| i as f32).collect(), vec![1.0; n]);
+        let npy_of = |file: &str, data: &[f32]| {
+            let array = NpyArray::from_bytes(Scalar::F32, data.iter().flat_map(|x| x.to_le_bytes()).collect());
+            array.and_then(|a| npy::write(&a)).map_err(|source| CliError::Npy { path: path(file), source })
+        };
+        // Written over in place (as `kiln run` writes its outputs), not truncated first.
+        let write = |file: &str, bytes: &[u8]| {
+            let p = path(file);
+            std::fs::File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&p)
+                .and_then(|mut f| f.write_all(bytes).and_then(|()| f.set_len(bytes.len() as u64)))
+                .map_err(|e| CliError::io("writing", &p, e))
+        };
+        write("add.kiln", include_str!("../../../../examples/kernels/add.kiln").as_bytes())?;
+        write("a.npy", &npy_of("a.npy", &a)?)?;
+        write("b.npy", &npy_of("b.npy", &b)?)?;
+        // Each run's output replaces this, so a run that wrote nothing is caught.
+        let poison = npy_of("c.npy", &[f32::NAN; 8])?;
+        let slot = |i: usize, file: &str| format!("{i}={}", path(file).display());
+        let run_args = [
+            "run".into(),
+            path("add.kiln").display().to_string(),
+            "--device".into(),
+            args.device.to_string(),
+            "--var".into(),
+            format!("n={n}"),
+            "--in".into(),
+            slot(0, "a.npy"),
+            "--in".into(),
+            slot(1, "b.npy"),
+            "--out".into(),
+            slot(2, "c.npy"),
+        ];
+        // Times one child process (started, run to its end); its stdout is dropped.
+        let timed = |args: &[String]| -> Result<f64, CliError> {
+            let mut cmd = Process::new(&exe);
+            cmd.args(args).env("KILN_CACHE_DIR", path("cache")).env_remove("KILN_CACHE");
+            let t = Instant::now();
+            let done = cmd.stdout(std::process::Stdio::null()).output();
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let done = done.map_err(|e| CliError::Io { action: "starting", path: exe.clone(), source: e })?;
+            if !done.status.success() {
+                let why = String::from_utf8_lossy(&done.stderr);
+                return Err(wrong(name, format!("`kiln {}` failed ({}): {}", args.join(" "), done.status, why.trim())));
+            }
+            Ok(ms)
+        };
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        let out = path("c.npy");
+        // Checks the output of the run just made, then poisons it for the next one.
+        let check = || -> Result<(), CliError> {
+            let bytes = std::fs::read(&out).map_err(|e| CliError::io("reading", &out, e))?;
+            let got = npy::read(&bytes).map_err(|source| CliError::Npy { path: out.clone(), source })?;
+            let got: Vec<f32> =
+                got.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            if got != want {
+                return Err(wrong(name, format!("`kiln run` wrote {got:?}, expected {want:?}")));
+            }
+            write("c.npy", &poison)
+        };
+        // The first run compiles and fills the cache; the timed ones load from it.
+        timed(&run_args)?;
+        check()?;
+        let version = ["--version".to_string()];
+        let reps = self.reps * 2 - 1;
+        let (mut samples, mut bare) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+        for _ in 0..reps {
+            samples.push(timed(&run_args)?);
+            check()?;
+            bare.push(timed(&version)?);
+        }
+        Ok(BenchResult {
+            name,
+            unit: "ms",
+            higher_is_better: false,
+            verified: true,
+            kiln: Stats::of(samples)?,
+            baseline: Some(Stats::of(bare)?),
+            baseline_name: "`kiln --version` process",
         })
     }
 
