@@ -8,6 +8,8 @@
 //!   every instruction it has. The binary is then only valid for this CPU: the
 //!   [`Compiler::fingerprint`] includes the CPU model and a hash of its feature flags, so a
 //!   cache shared between machines never serves a binary built for another CPU.
+//!   `KILN_CPU_ISA` replaces `-march=native` with an older level ([`crate::isa`]); those
+//!   flags are in the fingerprint too.
 //! - `-fwrapv`: signed integer arithmetic wraps, as the IR says (no UB on overflow).
 //! - `-fno-strict-aliasing`: two parameters may be views of one allocation with different
 //!   element types.
@@ -45,6 +47,8 @@ use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
 use kiln_device::{CompiledSpec, Compiler, Error, ProgramSpec, Result};
+
+use crate::isa::IsaTarget;
 use rustix::process::{Pid, Signal};
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
@@ -64,7 +68,6 @@ const MAX_LOG_BYTES: u64 = 1 << 20;
 const FLAGS: &[&str] = &[
     "-std=gnu11",
     "-O3",
-    "-march=native",
     "-fPIC",
     "-shared",
     "-fwrapv",
@@ -82,6 +85,8 @@ pub struct CCompiler {
     /// The path with the file's size, mtime, device and inode.
     identity: String,
     target: String,
+    /// The instruction set kernels are compiled for (its `-march` flags).
+    isa: IsaTarget,
     timeout: Duration,
     /// The first line of `--version`, read on first use.
     version: OnceLock<String>,
@@ -89,9 +94,11 @@ pub struct CCompiler {
 
 impl CCompiler {
     /// Finds the compiler as described in the module docs, with the timeout from
-    /// `KILN_COMPILE_TIMEOUT`. A malformed timeout is an [`Error::Invalid`].
+    /// `KILN_COMPILE_TIMEOUT` and the instruction set from `KILN_CPU_ISA`. A malformed timeout
+    /// is an [`Error::Invalid`], a bad or unsupported instruction set an [`Error::Config`].
     pub fn detect() -> Result<CCompiler> {
         let timeout = compile_timeout(std::env::var(COMPILE_TIMEOUT_ENV).ok().as_deref())?;
+        let isa = IsaTarget::from_env()?;
         let cc = match std::env::var_os(CC_ENV) {
             Some(cc) if !cc.is_empty() => Self::with_path(PathBuf::from(cc)),
             _ => match find_on_path("clang") {
@@ -99,7 +106,7 @@ impl CCompiler {
                 None => Self::with_path("cc"),
             },
         }?;
-        Ok(cc.with_timeout(timeout))
+        Ok(cc.with_timeout(timeout).with_isa(isa))
     }
 
     /// Uses the compiler `program` (a path, or a name looked up on `PATH`) with the default
@@ -131,6 +138,7 @@ impl CCompiler {
             path,
             identity,
             target: cpu_target(),
+            isa: IsaTarget::native(),
             timeout: DEFAULT_COMPILE_TIMEOUT,
             version: OnceLock::new(),
         })
@@ -140,6 +148,17 @@ impl CCompiler {
     pub fn with_timeout(mut self, timeout: Duration) -> CCompiler {
         self.timeout = timeout;
         self
+    }
+
+    /// This compiler building kernels for `isa` (by default the host's, `-march=native`).
+    pub fn with_isa(mut self, isa: IsaTarget) -> CCompiler {
+        self.isa = isa;
+        self
+    }
+
+    /// The instruction set kernels are compiled for.
+    pub fn isa(&self) -> IsaTarget {
+        self.isa
     }
 
     /// The resolved (canonical) path of the compiler.
@@ -173,7 +192,7 @@ impl CCompiler {
         let so_file = dir.path().join(format!("{stem}.so"));
         fs::write(&c_file, src).map_err(|e| scratch_err(format!("writing {}", c_file.display()), e))?;
         let mut cmd = Command::new(&self.path);
-        cmd.args(FLAGS).arg("-o").arg(&so_file).arg(&c_file).arg("-lm");
+        cmd.args(FLAGS).args(self.isa.march_flags()).arg("-o").arg(&so_file).arg(&c_file).arg("-lm");
         let out = self.run(&mut cmd, &format!("compiling kernel `{name}`"))?;
         if !out.status.success() {
             let log = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -256,7 +275,7 @@ impl Compiler for CCompiler {
     }
 
     fn fingerprint(&self) -> String {
-        format!("{} | {} | {}", self.identity, FLAGS.join(" "), self.target)
+        format!("{} | {} {} | {}", self.identity, FLAGS.join(" "), self.isa.march_flags().join(" "), self.target)
     }
 }
 
