@@ -191,8 +191,8 @@ impl CCompiler {
         let c_file = dir.path().join(format!("{stem}.c"));
         let so_file = dir.path().join(format!("{stem}.so"));
         fs::write(&c_file, src).map_err(|e| scratch_err(format!("writing {}", c_file.display()), e))?;
-        let mut cmd = Command::new(&self.path);
-        cmd.args(FLAGS).args(self.isa.march_flags()).arg("-o").arg(&so_file).arg(&c_file).arg("-lm");
+        let mut cmd = self.command();
+        cmd.arg("-o").arg(&so_file).arg(&c_file).arg("-lm");
         let out = self.run(&mut cmd, &format!("compiling kernel `{name}`"))?;
         if !out.status.success() {
             let log = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -213,6 +213,14 @@ impl CCompiler {
             log: String::from_utf8_lossy(&out.stderr).into_owned(),
             line: None,
         })
+    }
+
+    /// The compiler with the flags of every kernel compile: [`FLAGS`] and the instruction
+    /// set's `-march` flags.
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.path);
+        cmd.args(FLAGS).args(self.isa.march_flags());
+        cmd
     }
 
     /// Runs the compiler as `cmd` (doing `what`) to completion, or until the timeout, when it
@@ -416,6 +424,49 @@ mod tests {
         assert_eq!(&bytes[..4], b"\x7fELF");
         assert!(cc.fingerprint().contains(&cc.path().display().to_string()));
         assert!(["gcc", "clang", "cc"].contains(&cc.cache_key()));
+    }
+
+    /// The assembly `cc` makes of `src` with the flags of a real compile (`-S`).
+    fn assembly(cc: &CCompiler, src: &str) -> String {
+        let dir = test_dir();
+        let c_file = dir.path().join("k.c");
+        fs::write(&c_file, src).unwrap();
+        let out = cc.command().arg("-S").arg("-o").arg("-").arg(&c_file).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// With `KILN_CPU_ISA=avx2` a 16-lane kernel (FMA, MAX, EXP: what AVX-512 would run in
+    /// zmm registers) compiles to AVX2 code only: no zmm and no mask register. Forced AVX-512
+    /// on a CPU that has it does use zmm (so the check can see them), and the two targets
+    /// have different fingerprints.
+    #[test]
+    fn forced_avx2_emits_no_avx512_instruction() {
+        use crate::isa::{Isa, IsaTarget};
+        use kiln_device::Renderer;
+        use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar};
+        let Ok(avx2) = IsaTarget::force(Isa::Avx2) else {
+            println!("skipped: this CPU has no AVX2");
+            return;
+        };
+        let mut b = KernelBuilder::new();
+        let (x, y) = (b.param(0, Scalar::F32, 1024), b.param(1, Scalar::F32, 1024));
+        let i = b.special("gidx0", 64);
+        let v = x.at_vec(&(&i * 16), 16).load();
+        let r = v.mul_acc(&v, &v).max(&v.exp()).min(&v.lt(&v.gep(3).broadcast(16)).select(&v, &(&v * 2.0)));
+        assert_eq!(r.dtype(), DType::vec(Scalar::F32, 16));
+        b.store(&y.at_vec(&(&i * 16), 16), &r);
+        let src = crate::CpuRenderer::new().render(&b.finish().unwrap(), Some("wide")).unwrap().src;
+        let cc = CCompiler::detect().unwrap();
+        let asm = assembly(&cc.clone().with_isa(avx2), &src);
+        assert!(asm.contains("ymm"), "the AVX2 build uses 32-byte vectors");
+        for avx512 in ["zmm", "%k1", "{%k"] {
+            assert!(!asm.contains(avx512), "`{avx512}` in the forced-AVX2 assembly");
+        }
+        if let Ok(avx512) = IsaTarget::force(Isa::Avx512) {
+            assert!(assembly(&cc.clone().with_isa(avx512), &src).contains("zmm"), "AVX-512 builds use zmm");
+            assert_ne!(cc.clone().with_isa(avx2).fingerprint(), cc.with_isa(avx512).fingerprint());
+        }
     }
 
     #[test]

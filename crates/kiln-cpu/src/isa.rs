@@ -151,6 +151,14 @@ impl IsaTarget {
         IsaTarget { isa: Isa::host(), forced: false }
     }
 
+    /// `isa` forced (compiled for that level), as `KILN_CPU_ISA` would force it.
+    ///
+    /// # Errors
+    /// Those of [`IsaTarget::parse`]: [`Error::Config`] when this CPU cannot run `isa`.
+    pub fn force(isa: Isa) -> Result<IsaTarget> {
+        IsaTarget::parse(Some(isa.env_name()))
+    }
+
     /// The target [`CPU_ISA_ENV`] asks for (see [`IsaTarget::parse`]).
     pub fn from_env() -> Result<IsaTarget> {
         IsaTarget::parse(std::env::var(CPU_ISA_ENV).ok().as_deref())

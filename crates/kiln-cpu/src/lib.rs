@@ -46,7 +46,17 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
-    open_with(|| Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(CCompiler::detect()?, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+}
+
+/// Opens a CPU device (as [`open`]) whose kernels are compiled for `isa` whatever
+/// `KILN_CPU_ISA` says, e.g. `IsaTarget::force(Isa::Avx2)?` to build and check the AVX2 code
+/// path on a CPU with AVX-512 in a process that also uses the native device. Its kernel
+/// cache keys differ from the native device's (the compiler flags are in the fingerprint).
+pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
+    open_with(CCompiler::detect()?.with_isa(isa), || {
+        Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
+    })
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
@@ -62,12 +72,16 @@ pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>>
             allocator.is_host()
         )));
     }
-    open_with(move || Ok(allocator.clone()))
+    open_with(CCompiler::detect()?, move || Ok(allocator.clone()))
 }
 
-/// The CPU device whose every generation allocates through `make_allocator()`.
-fn open_with(make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static) -> Result<Arc<Device>> {
-    let compiler = Arc::new(CCompiler::detect()?);
+/// The CPU device compiling with `compiler`, whose every generation allocates through
+/// `make_allocator()`.
+fn open_with(
+    compiler: CCompiler,
+    make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static,
+) -> Result<Arc<Device>> {
+    let compiler = Arc::new(compiler);
     let caches = CacheSizes::host();
     let description = format!(
         "{} ({} threads), C compiler {}, {}",
