@@ -453,7 +453,7 @@ mod tests {
         let (x, y) = (b.param(0, Scalar::F32, 1024), b.param(1, Scalar::F32, 1024));
         let i = b.special("gidx0", 64);
         let v = x.at_vec(&(&i * 16), 16).load();
-        let r = v.mul_acc(&v, &v).max(&v.exp()).min(&v.lt(&v.gep(3).broadcast(16)).select(&v, &(&v * 2.0)));
+        let r = v.mul_acc(&v, &v).max(v.exp()).min(v.lt(v.gep(3).broadcast(16)).select(&v, &(&v * 2.0)));
         assert_eq!(r.dtype(), DType::vec(Scalar::F32, 16));
         b.store(&y.at_vec(&(&i * 16), 16), &r);
         let src = crate::CpuRenderer::new().render(&b.finish().unwrap(), Some("wide")).unwrap().src;

@@ -7,6 +7,9 @@ use std::time::Instant;
 use kiln::bench::kernels::{self, WIDTHS};
 use kiln_device::{Buffer, Kernel};
 
+/// One run of an entry at one width: its kernels, each with its buffers.
+type Launches<'a> = Vec<(Kernel, Vec<&'a Buffer>)>;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     kiln::session::register_backends();
     let name = std::env::args().nth(1).unwrap_or_else(|| "CPU".into());
@@ -17,12 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (n, chunks, rows, cols) = (1usize << 24, 64, 4096, 1024);
     let buf = |len: usize| Buffer::from_slice(dev.allocator(), &vec![1f32; len]);
     let (a, b, c, partial, out) = (buf(n)?, buf(n)?, buf(n)?, buf(chunks)?, buf(1)?);
-    // (entry, GB moved per run, the kernels and their buffers for each width)
-    let mut entries: Vec<(&str, f64, Vec<Vec<(Kernel, Vec<&Buffer>)>>)> = Vec::new();
     let compile = |sink| dev.compile(&sink, None);
-    let mut add = Vec::new();
-    let mut sum = Vec::new();
-    let mut softmax = Vec::new();
+    let (mut add, mut sum, mut softmax): (Vec<Launches>, Vec<Launches>, Vec<Launches>) = Default::default();
     for w in WIDTHS {
         add.push(vec![(compile(kernels::add_f32(axis, n, w)?)?, vec![&a, &b, &c])]);
         sum.push(vec![
@@ -31,9 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ]);
         softmax.push(vec![(compile(kernels::softmax_f32(axis, rows, cols, w)?)?, vec![&a, &c])]);
     }
-    entries.push(("add_f32_16m", 12.0 * n as f64 / 1e9, add));
-    entries.push(("sum_f32_16m", 4.0 * n as f64 / 1e9, sum));
-    entries.push(("softmax_f32_4096x1024", 8.0 * (rows * cols) as f64 / 1e9, softmax));
+    // (entry, GB moved per run, the launches of each width)
+    let entries = [
+        ("add_f32_16m", 12.0 * n as f64 / 1e9, add),
+        ("sum_f32_16m", 4.0 * n as f64 / 1e9, sum),
+        ("softmax_f32_4096x1024", 8.0 * (rows * cols) as f64 / 1e9, softmax),
+    ];
     for (entry, gb, per_width) in &entries {
         let mut times = vec![Vec::new(); WIDTHS.len()];
         for rep in 0..12 {

@@ -31,7 +31,7 @@ pub fn width_for(lanes: Option<usize>) -> u8 {
 /// Refuses a `width` that is not one of [`WIDTHS`] or does not divide `step` (the elements
 /// one loop iteration covers), instead of building a kernel that skips elements.
 fn check_width(width: u8, step: usize) -> Result<(), IrError> {
-    if !WIDTHS.contains(&width) || step % width as usize != 0 {
+    if !WIDTHS.contains(&width) || !step.is_multiple_of(width as usize) {
         return Err(IrError::Invalid(format!(
             "bench kernels take a vector width of {WIDTHS:?} lanes that divides {step}, not {width}"
         )));
