@@ -109,6 +109,7 @@ macro_rules! suite {
             bitcasts_half => programs::bitcasts_half,
             bitcasts_f64 => programs::bitcasts_f64,
             vectors => programs::vectors,
+            vectors_wide => programs::vectors_wide,
             variables => programs::variables,
             launch_dims => programs::launch_dims,
             odd_launch_sizes => programs::odd_launch_sizes,

@@ -8,6 +8,8 @@
 //!   every instruction it has. The binary is then only valid for this CPU: the
 //!   [`Compiler::fingerprint`] includes the CPU model and a hash of its feature flags, so a
 //!   cache shared between machines never serves a binary built for another CPU.
+//!   `KILN_CPU_ISA` replaces `-march=native` with an older level ([`crate::isa`]); those
+//!   flags are in the fingerprint too.
 //! - `-fwrapv`: signed integer arithmetic wraps, as the IR says (no UB on overflow).
 //! - `-fno-strict-aliasing`: two parameters may be views of one allocation with different
 //!   element types.
@@ -63,6 +65,8 @@ use std::sync::{Arc, Once, OnceLock};
 use std::time::Duration;
 
 use kiln_device::{CompiledSpec, Compiler, Error, ProgramSpec, Result};
+
+use crate::isa::IsaTarget;
 use rustix::process::{Pid, Signal};
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
@@ -82,7 +86,6 @@ const MAX_LOG_BYTES: u64 = 1 << 20;
 const FLAGS: &[&str] = &[
     "-std=gnu11",
     "-O3",
-    "-march=native",
     "-fPIC",
     "-shared",
     "-nostdlib",
@@ -106,6 +109,8 @@ pub struct CCompiler {
     /// The path with the file's size, mtime, device and inode.
     identity: String,
     target: String,
+    /// The instruction set kernels are compiled for (its `-march` flags).
+    isa: IsaTarget,
     timeout: Duration,
     /// The first line of `--version`, read on first use.
     version: OnceLock<String>,
@@ -113,9 +118,11 @@ pub struct CCompiler {
 
 impl CCompiler {
     /// Finds the compiler as described in the module docs, with the timeout from
-    /// `KILN_COMPILE_TIMEOUT`. A malformed timeout is an [`Error::Invalid`].
+    /// `KILN_COMPILE_TIMEOUT` and the instruction set from `KILN_CPU_ISA`. A malformed timeout
+    /// is an [`Error::Invalid`], a bad or unsupported instruction set an [`Error::Config`].
     pub fn detect() -> Result<CCompiler> {
         let timeout = compile_timeout(std::env::var(COMPILE_TIMEOUT_ENV).ok().as_deref())?;
+        let isa = IsaTarget::from_env()?;
         let cc = match std::env::var_os(CC_ENV) {
             Some(cc) if !cc.is_empty() => Self::with_path(PathBuf::from(cc)),
             _ => match find_on_path("clang") {
@@ -123,7 +130,7 @@ impl CCompiler {
                 None => Self::with_path("cc"),
             },
         }?;
-        Ok(cc.with_timeout(timeout))
+        Ok(cc.with_timeout(timeout).with_isa(isa))
     }
 
     /// Uses the compiler `program` (a path, or a name looked up on `PATH`) with the default
@@ -155,6 +162,7 @@ impl CCompiler {
             path,
             identity,
             target: cpu_target(),
+            isa: IsaTarget::native(),
             timeout: DEFAULT_COMPILE_TIMEOUT,
             version: OnceLock::new(),
         })
@@ -164,6 +172,17 @@ impl CCompiler {
     pub fn with_timeout(mut self, timeout: Duration) -> CCompiler {
         self.timeout = timeout;
         self
+    }
+
+    /// This compiler building kernels for `isa` (by default the host's, `-march=native`).
+    pub fn with_isa(mut self, isa: IsaTarget) -> CCompiler {
+        self.isa = isa;
+        self
+    }
+
+    /// The instruction set kernels are compiled for.
+    pub fn isa(&self) -> IsaTarget {
+        self.isa
     }
 
     /// The resolved (canonical) path of the compiler.
@@ -196,8 +215,8 @@ impl CCompiler {
         let c_file = dir.path().join(format!("{stem}.c"));
         let so_file = dir.path().join(format!("{stem}.so"));
         fs::write(&c_file, src).map_err(|e| scratch_err(format!("writing {}", c_file.display()), e))?;
-        let mut cmd = Command::new(&self.path);
-        cmd.args(FLAGS).arg("-o").arg(&so_file).arg(&c_file).args(LIBS);
+        let mut cmd = self.command();
+        cmd.arg("-o").arg(&so_file).arg(&c_file).args(LIBS);
         let out = self.run(&mut cmd, &format!("compiling kernel `{name}`"))?;
         if !out.status.success() {
             let log = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -218,6 +237,14 @@ impl CCompiler {
             log: String::from_utf8_lossy(&out.stderr).into_owned(),
             line: None,
         })
+    }
+
+    /// The compiler with the flags of every kernel compile: [`FLAGS`] and the instruction
+    /// set's `-march` flags.
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.path);
+        cmd.args(FLAGS).args(self.isa.march_flags());
+        cmd
     }
 
     /// Runs the compiler as `cmd` (doing `what`) to completion, or until the timeout, when it
@@ -280,7 +307,7 @@ impl Compiler for CCompiler {
     }
 
     fn fingerprint(&self) -> String {
-        format!("{} | {} {} | {}", self.identity, FLAGS.join(" "), LIBS.join(" "), self.target)
+        format!("{} | {} {} {} | {}", self.identity, FLAGS.join(" "), self.isa.march_flags().join(" "), LIBS.join(" "), self.target)
     }
 }
 
@@ -421,6 +448,49 @@ mod tests {
         assert_eq!(&bytes[..4], b"\x7fELF");
         assert!(cc.fingerprint().contains(&cc.path().display().to_string()));
         assert!(["gcc", "clang", "cc"].contains(&cc.cache_key()));
+    }
+
+    /// The assembly `cc` makes of `src` with the flags of a real compile (`-S`).
+    fn assembly(cc: &CCompiler, src: &str) -> String {
+        let dir = test_dir();
+        let c_file = dir.path().join("k.c");
+        fs::write(&c_file, src).unwrap();
+        let out = cc.command().arg("-S").arg("-o").arg("-").arg(&c_file).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// With `KILN_CPU_ISA=avx2` a 16-lane kernel (FMA, MAX, EXP: what AVX-512 would run in
+    /// zmm registers) compiles to AVX2 code only: no zmm and no mask register. Forced AVX-512
+    /// on a CPU that has it does use zmm (so the check can see them), and the two targets
+    /// have different fingerprints.
+    #[test]
+    fn forced_avx2_emits_no_avx512_instruction() {
+        use crate::isa::{Isa, IsaTarget};
+        use kiln_device::Renderer;
+        use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar};
+        let Ok(avx2) = IsaTarget::force(Isa::Avx2) else {
+            println!("skipped: this CPU has no AVX2");
+            return;
+        };
+        let mut b = KernelBuilder::new();
+        let (x, y) = (b.param(0, Scalar::F32, 1024), b.param(1, Scalar::F32, 1024));
+        let i = b.special("gidx0", 64);
+        let v = x.at_vec(&(&i * 16), 16).load();
+        let r = v.mul_acc(&v, &v).max(v.exp()).min(v.lt(v.gep(3).broadcast(16)).select(&v, &(&v * 2.0)));
+        assert_eq!(r.dtype(), DType::vec(Scalar::F32, 16));
+        b.store(&y.at_vec(&(&i * 16), 16), &r);
+        let src = crate::CpuRenderer::new().render(&b.finish().unwrap(), Some("wide")).unwrap().src;
+        let cc = CCompiler::detect().unwrap();
+        let asm = assembly(&cc.clone().with_isa(avx2), &src);
+        assert!(asm.contains("ymm"), "the AVX2 build uses 32-byte vectors");
+        for avx512 in ["zmm", "%k1", "{%k"] {
+            assert!(!asm.contains(avx512), "`{avx512}` in the forced-AVX2 assembly");
+        }
+        if let Ok(avx512) = IsaTarget::force(Isa::Avx512) {
+            assert!(assembly(&cc.clone().with_isa(avx512), &src).contains("zmm"), "AVX-512 builds use zmm");
+            assert_ne!(cc.clone().with_isa(avx2).fingerprint(), cc.with_isa(avx512).fingerprint());
+        }
     }
 
     #[test]

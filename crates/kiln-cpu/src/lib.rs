@@ -4,6 +4,7 @@
 //! The rooms, read top to bottom:
 //! - [`renderer`]: the C dialect of the shared C-family core and the kernel entry ABI.
 //! - [`compiler`]: finding the C compiler, its flags, compiling to `.so` bytes.
+//! - [`isa`]: the instruction set kernels are compiled for (`KILN_CPU_ISA`) and the caches.
 //! - [`program`]: loading the bytes and running a launch over the core pool.
 //! - [`pool`]: the persistent thread pool that runs the chunks of one launch.
 //! - [`allocator`]: 64-byte aligned host memory.
@@ -12,6 +13,7 @@
 pub mod allocator;
 pub mod compiler;
 pub mod guard;
+pub mod isa;
 pub mod pool;
 pub mod program;
 pub mod queue;
@@ -28,6 +30,7 @@ use kiln_device::{
 pub use allocator::CpuAllocator;
 pub use compiler::{CC_ENV, CCompiler, COMPILE_TIMEOUT_ENV, DEFAULT_COMPILE_TIMEOUT};
 pub use guard::GuardPageAllocator;
+pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
@@ -35,13 +38,25 @@ pub use renderer::{CpuDialect, CpuRenderer};
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
 /// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
-/// C compiler is found. Starts no process: the description names the compiler by path (its
-/// version is [`CCompiler::version`], which runs it).
+/// C compiler is found, and with [`Error::Config`] when `KILN_CPU_ISA` is malformed or names
+/// an instruction set this CPU lacks. Starts no process: the description names the compiler by
+/// path (its version is [`CCompiler::version`], which runs it). The device's
+/// [`Device::properties`] give the instruction set, its vector width and the cache sizes.
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
-    open_with(|| Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(CCompiler::detect()?, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+}
+
+/// Opens a CPU device (as [`open`]) whose kernels are compiled for `isa` whatever
+/// `KILN_CPU_ISA` says, e.g. `IsaTarget::force(Isa::Avx2)?` to build and check the AVX2 code
+/// path on a CPU with AVX-512 in a process that also uses the native device. Its kernel
+/// cache keys differ from the native device's (the compiler flags are in the fingerprint).
+pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
+    open_with(CCompiler::detect()?.with_isa(isa), || {
+        Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
+    })
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
@@ -57,15 +72,26 @@ pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>>
             allocator.is_host()
         )));
     }
-    open_with(move || Ok(allocator.clone()))
+    open_with(CCompiler::detect()?, move || Ok(allocator.clone()))
 }
 
-/// The CPU device whose every generation allocates through `make_allocator()`.
-fn open_with(make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static) -> Result<Arc<Device>> {
-    let compiler = Arc::new(CCompiler::detect()?);
-    let description =
-        format!("{} ({} threads), C compiler {}", cpu_model(), Pool::global().threads(), compiler.path().display());
+/// The CPU device compiling with `compiler`, whose every generation allocates through
+/// `make_allocator()`.
+fn open_with(
+    compiler: CCompiler,
+    make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static,
+) -> Result<Arc<Device>> {
+    let compiler = Arc::new(compiler);
+    let caches = CacheSizes::host();
+    let description = format!(
+        "{} ({} threads), C compiler {}, {}",
+        cpu_model(),
+        Pool::global().threads(),
+        compiler.path().display(),
+        isa::describe(compiler.isa(), caches)
+    );
     let renderer = Arc::new(CpuRenderer::new());
+    let compiler_isa = compiler.isa();
     // The renderer and compiler hold no device state and survive a reset; memory, queues and
     // loaded programs are built anew for every generation.
     let device = Device::new(DeviceSpec::Cpu, description, move |_| {
@@ -77,7 +103,8 @@ fn open_with(make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sy
             runtime,
             queues: Some(Arc::new(CpuQueueFactory::new())),
         })
-    })?;
+    })?
+    .with_properties(isa::properties(compiler_isa, caches));
     Ok(Arc::new(device))
 }
 

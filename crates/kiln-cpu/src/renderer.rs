@@ -544,7 +544,7 @@ impl Dialect for CpuDialect {
         }
     }
 
-    /// Float vector FMA, MAX and MIN as AVX/FMA intrinsics where the target has them (the
+    /// Float vector FMA, MAX and MIN as SSE/AVX/FMA/AVX-512 intrinsics where the target has them (the
     /// compiler does not turn lane-by-lane `fmaf`/`fmaxf` into vector instructions), with a
     /// lane loop as the portable fallback. MAX/MIN keep `fmax`/`fmin` NaN semantics.
     fn vector_alu(&self, op: Op, dtype: DType, args: &[String], p: &mut Prelude) -> Option<String> {
@@ -571,6 +571,7 @@ impl Dialect for CpuDialect {
         let intr = match bits {
             128 => Some(("__m128", "_mm", if s == Scalar::F32 { "__m128" } else { "__m128d" })),
             256 => Some(("__m256", "_mm256", if s == Scalar::F32 { "__m256" } else { "__m256d" })),
+            512 => Some(("__m512", "_mm512", if s == Scalar::F32 { "__m512" } else { "__m512d" })),
             _ => None,
         };
         let name = format!("kiln_{fname}_{t}");
@@ -585,10 +586,14 @@ impl Dialect for CpuDialect {
                 (format!("{ty} a, {ty} b"), "a[i], b[i]")
             };
             let fast = intr.map(|(_, pre, vt)| {
-                let guard = if bits == 256 { "__AVX__" } else { "__SSE2__" };
+                let guard = match bits {
+                    512 => "__AVX512F__",
+                    256 => "__AVX__",
+                    _ => "__SSE2__",
+                };
                 let (guard, body) = match op {
                     Op::MulAcc => (
-                        "__FMA__".to_string(),
+                        if bits == 512 { guard } else { "__FMA__" }.to_string(),
                         format!("return ({ty}){pre}_fmadd_{suffix}(({vt})a, ({vt})b, ({vt})c);"),
                     ),
                     _ => {
@@ -596,7 +601,12 @@ impl Dialect for CpuDialect {
                         // The NaN test is on `b` so that in `acc = max(acc, x)` the loop-carried
                         // chain through `a` is just the max and the blend.
                         let m = format!("{pre}_{fname}_{suffix}(({vt})a, ({vt})b)");
-                        let body = if bits == 256 {
+                        let body = if bits == 512 {
+                            // AVX-512 compares into a lane mask register; blend by it.
+                            format!(
+                                "{vt} m = {m}; return ({ty}){pre}_mask_blend_{suffix}({pre}_cmp_{suffix}_mask(({vt})b, ({vt})b, _CMP_UNORD_Q), m, ({vt})a);"
+                            )
+                        } else if bits == 256 {
                             format!(
                                 "{vt} m = {m}; return ({ty}){pre}_blendv_{suffix}(m, ({vt})a, {pre}_cmp_{suffix}(({vt})b, ({vt})b, _CMP_UNORD_Q));"
                             )

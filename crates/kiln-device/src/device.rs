@@ -109,6 +109,31 @@ impl Kernel {
     }
 }
 
+/// What a device offers to the code that generates its kernels: the sizes to choose vector
+/// widths and tiles from. Every field is optional: a backend fills what it knows, and a
+/// generator falls back to its own default for the rest. Describes the hardware (and any
+/// forced instruction set), not a generation: it survives [`Device::reset`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// The instruction set kernels are compiled for (`AVX-512`, `AVX2`, `NEON`, `SSE2`).
+    pub isa: Option<String>,
+    /// The widest vector register that instruction set has, in bytes (64 for AVX-512).
+    pub vector_bytes: Option<usize>,
+    /// Per-core level-1 data cache, in bytes.
+    pub l1d_bytes: Option<usize>,
+    /// Level-2 cache (per core on most CPUs), in bytes.
+    pub l2_bytes: Option<usize>,
+    /// Last-level (L3) cache, shared by the cores that see it, in bytes.
+    pub l3_bytes: Option<usize>,
+}
+
+impl DeviceProperties {
+    /// How many f32 lanes fill the widest vector ([`DeviceProperties::vector_bytes`] / 4), when known.
+    pub fn f32_lanes(&self) -> Option<usize> {
+        self.vector_bytes.map(|b| b / 4).filter(|&l| l > 0)
+    }
+}
+
 /// What a backend builds for one device generation: memory, compilers, the program loader
 /// and (optionally) hardware queues.
 pub struct DeviceParts {
@@ -165,6 +190,8 @@ pub struct Device {
     context: Arc<DeviceContext>,
     /// A human-readable description (model, driver) for `kiln devices`.
     description: String,
+    /// What kernel generators may rely on ([`Device::with_properties`]).
+    properties: DeviceProperties,
     build: PartsBuilder,
     current: RwLock<Arc<Generation>>,
     /// Loaded and compiled kernels; [`Device::compile`] goes through it.
@@ -204,13 +231,27 @@ impl Device {
         let first = Generation::new(build(&context)?, context.stamp())?;
         // A malformed KILN_CACHE* variable is reported here rather than silently ignored.
         let cache = Arc::new(KernelCache::from_env()?);
-        Ok(Device { context, description, build, current: RwLock::new(Arc::new(first)), cache })
+        Ok(Device {
+            context,
+            description,
+            properties: DeviceProperties::default(),
+            build,
+            current: RwLock::new(Arc::new(first)),
+            cache,
+        })
     }
 
     /// This device with `cache` instead of the one configured from the environment (e.g. a
     /// memory-only cache, or one shared between devices whose programs are interchangeable).
     pub fn with_cache(mut self, cache: Arc<KernelCache>) -> Device {
         self.cache = cache;
+        self
+    }
+
+    /// This device described by `properties` (instruction set, vector width, caches) instead of
+    /// the empty [`DeviceProperties`] a device opens with.
+    pub fn with_properties(mut self, properties: DeviceProperties) -> Device {
+        self.properties = properties;
         self
     }
 
@@ -224,7 +265,7 @@ impl Device {
     #[cfg(feature = "fault-injection")]
     pub fn with_faults(&self, plan: Arc<crate::faults::FaultPlan>) -> Result<Device> {
         let build = crate::faults::injecting(self.build.clone(), plan);
-        Device::open(self.spec().clone(), self.description.clone(), build)
+        Ok(Device::open(self.spec().clone(), self.description.clone(), build)?.with_properties(self.properties.clone()))
     }
 
     fn current(&self) -> Arc<Generation> {
@@ -240,6 +281,11 @@ impl Device {
     /// A human-readable description (model, driver), for listings; not an identity.
     pub fn description(&self) -> &str {
         &self.description
+    }
+
+    /// What the device offers kernel generators (vector width, caches); see [`DeviceProperties`].
+    pub fn properties(&self) -> &DeviceProperties {
+        &self.properties
     }
 
     /// The device's identity, generation and health.

@@ -26,7 +26,8 @@ pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
 pub use device::{
-    CompilerPair, Device, DeviceOpener, DeviceParts, Kernel, PartsBuilder, open_device, register_backend,
+    CompilerPair, Device, DeviceOpener, DeviceParts, DeviceProperties, Kernel, PartsBuilder, open_device,
+    register_backend,
 };
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphLaunch, LaunchGraph};

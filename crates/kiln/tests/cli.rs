@@ -276,6 +276,24 @@ fn devices_lists_every_backend() {
     }
 }
 
+/// The CPU row names the instruction set and vector width; `KILN_CPU_ISA` forces an older
+/// set (kernels still run) and a bad value is a clean configuration error.
+#[test]
+fn devices_show_the_cpu_isa_and_kiln_cpu_isa_forces_it() {
+    let s = Scratch::new("isa");
+    let out = ok(s.kiln(&["devices"], &[]));
+    let cpu = out.lines().find(|l| l.starts_with("CPU")).unwrap_or_default();
+    assert!(cpu.contains("-byte vectors") || cpu.contains("generic"), "{out}");
+    let add = example("add.kiln");
+    let run = ["run", add.as_str(), "--var", "n=4"];
+    let forced = ok(s.kiln(&["devices"], &[("KILN_CPU_ISA", "sse2")]));
+    if cfg!(target_arch = "x86_64") {
+        assert!(forced.contains("SSE2 (16-byte vectors, forced by KILN_CPU_ISA)"), "{forced}");
+        ok(s.kiln(&run[..], &[("KILN_CPU_ISA", "sse2")]));
+    }
+    fails(s.kiln(&run[..], &[("KILN_CPU_ISA", "avx9")]), 1, &["KILN_CPU_ISA=`avx9`", "native, avx512, avx2"]);
+}
+
 #[test]
 fn cache_stats_and_clear_see_compiled_kernels() {
     let s = Scratch::new("cache");

@@ -546,6 +546,140 @@ pub fn vectors(dev: &Arc<Device>) -> Outcome {
     bad.finish(&format!("{} vector ops", dev.spec()))
 }
 
+/// 16-lane f32 vectors (64 bytes: one AVX-512 register) and their masks: loads and stores,
+/// arithmetic, FMA, MAX/MIN (NaN lanes included), comparisons stored as bool vectors and used
+/// by WHERE, a mask loaded from memory, GEP, VECTORIZE, broadcast and lane reductions (sum and
+/// max, as the bench kernels reduce).
+pub fn vectors_wide(dev: &Arc<Device>) -> Outcome {
+    const W: usize = 16;
+    let mut k = KernelBuilder::new();
+    let (pa, pb) = (k.param(0, Scalar::F32, W * N), k.param(1, Scalar::F32, W * N));
+    let outs: Vec<Val> = (2..10).map(|slot| k.param(slot, Scalar::F32, W * N)).collect();
+    let masks: Vec<Val> = (10..12).map(|slot| k.param(slot, Scalar::Bool, W * N)).collect();
+    let mask_in = k.param(12, Scalar::Bool, W * N);
+    let (sum_out, max_out) = (k.param(13, Scalar::F32, N), k.param(14, Scalar::F32, N));
+    let i = k.global(0, N);
+    let at = &i * W as i64;
+    let (va, vb) = (pa.at_vec(&at, W as u8).load(), pb.at_vec(&at, W as u8).load());
+    ensure!(va.dtype() == DType::vec(Scalar::F32, W as u8), "a 16-wide load has dtype {}", va.dtype());
+    let lt = va.lt(&vb);
+    let results = [
+        &va + &vb,
+        &va * &vb,
+        va.mul_acc(&vb, &va),
+        va.max(&vb),
+        va.min(&vb),
+        lt.select(&va, &vb),
+        mask_in.at_vec(&at, W as u8).load().select(&vb, &(&va - &vb)),
+        Val::vectorize(&(0..W as u8).rev().map(|l| va.gep(l)).collect::<Vec<_>>()) + va.gep(5).broadcast(W as u8),
+    ];
+    for (o, r) in outs.iter().zip(&results) {
+        k.store(&o.at_vec(&at, W as u8), r);
+    }
+    k.store(&masks[0].at_vec(&at, W as u8), &lt);
+    k.store(&masks[1].at_vec(&at, W as u8), &va.ne(&vb));
+    let (mut sum, mut max) = (vb.gep(0), vb.gep(0));
+    for l in 1..W as u8 {
+        sum = sum + vb.gep(l);
+        max = max.max(vb.gep(l));
+    }
+    k.store(&sum_out.at(&i), &sum);
+    k.store(&max_out.at(&i), &max);
+    let kernel = compile(dev, &k.finish()?, "conf_vectors_wide")?;
+
+    // NaN lanes in a and b (never both) and equal lanes (every 5th) exercise MAX/MIN and the
+    // comparisons; b is exact in eighths, so lane sums are exact in any order.
+    let a: Vec<f32> = (0..W * N)
+        .map(|j| {
+            if j % 7 == 3 {
+                f32::NAN
+            } else if j % 5 == 0 {
+                1.5
+            } else {
+                j as f32 * 0.5 - 40.0
+            }
+        })
+        .collect();
+    let b: Vec<f32> = (0..W * N)
+        .map(|j| match j {
+            _ if j % 5 == 0 => 1.5,
+            _ if j % 11 == 4 && j % 7 != 3 => f32::NAN,
+            _ => 30.0 - ((j * 37) % 64) as f32 * 0.125,
+        })
+        .collect();
+    let m: Vec<bool> = (0..W * N).map(|j| (j * 11) % 3 == 1).collect();
+    let alloc = || dev.allocator();
+    let bools = |v: &[bool]| -> Result<Buffer, Failure> {
+        let buf = dev.buffer(Scalar::Bool, v.len())?;
+        buf.copyin(&v.iter().map(|&x| x as u8).collect::<Vec<u8>>())?;
+        Ok(buf)
+    };
+    let (ba, bb, bm) = (Buffer::from_slice(alloc(), &a)?, Buffer::from_slice(alloc(), &b)?, bools(&m)?);
+    let bouts: Vec<Buffer> =
+        (0..8).map(|_| Buffer::from_slice(alloc(), &vec![0f32; W * N])).collect::<Result<_, _>>()?;
+    let bmasks: Vec<Buffer> = (0..2).map(|_| bools(&[false; W * N])).collect::<Result<_, _>>()?;
+    let (bsum, bmax) = (Buffer::from_slice(alloc(), &[0f32; N])?, Buffer::from_slice(alloc(), &[0f32; N])?);
+    let mut bufs: Vec<&Buffer> = vec![&ba, &bb];
+    bufs.extend(bouts.iter().chain(&bmasks));
+    bufs.extend([&bm, &bsum, &bmax]);
+    kernel.launch(&bufs, &[])?;
+
+    let same = |g: f32, w: f32| (g.is_nan() && w.is_nan()) || g == w;
+    let mut bad = Mismatches::new();
+    let names =
+        ["ADD", "MUL", "MULACC", "MAX", "MIN", "WHERE(CMPLT)", "WHERE(mask from memory)", "VECTORIZE + broadcast"];
+    for (r, (name, buf)) in names.iter().zip(&bouts).enumerate() {
+        let got = buf.to_vec::<f32>()?;
+        for j in 0..W * N {
+            let (base, lane) = (j - j % W, j % W);
+            let want = match r {
+                0 => a[j] + b[j],
+                1 => a[j] * b[j],
+                2 => a[j].mul_add(b[j], a[j]),
+                3 => a[j].max(b[j]),
+                4 => a[j].min(b[j]),
+                5 => {
+                    if a[j] < b[j] {
+                        a[j]
+                    } else {
+                        b[j]
+                    }
+                }
+                6 => {
+                    if m[j] {
+                        b[j]
+                    } else {
+                        a[j] - b[j]
+                    }
+                }
+                _ => a[base + W - 1 - lane] + a[base + 5],
+            };
+            if !same(got[j], want) {
+                bad.push(format!("f32x16 {name} element {j}: {} want {want}", got[j]));
+            }
+        }
+    }
+    for (name, buf, cmp) in [("CMPLT", &bmasks[0], f32::lt as fn(&f32, &f32) -> bool), ("CMPNE", &bmasks[1], f32::ne)] {
+        let mut got = vec![0u8; W * N];
+        buf.copyout(&mut got)?;
+        for (j, g) in got.iter().enumerate() {
+            let want = cmp(&a[j], &b[j]);
+            if *g != want as u8 {
+                bad.push(format!("boolx16 {name} element {j}: {g} want {want}"));
+            }
+        }
+    }
+    let (sums, maxes) = (bsum.to_vec::<f32>()?, bmax.to_vec::<f32>()?);
+    for g in 0..N {
+        let lanes = &b[g * W..(g + 1) * W];
+        let (sum, max) = (lanes.iter().sum::<f32>(), lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)));
+        if !same(sums[g], sum) || !same(maxes[g], max) {
+            bad.push(format!("lane reductions of vector {g}: sum {} max {}, want {sum} {max}", sums[g], maxes[g]));
+        }
+    }
+    bad.finish(&format!("{} 16-wide vector ops", dev.spec()))
+}
+
 /// Symbolic sizes: buffer lengths, launch extents and loop bounds that are expressions over
 /// variables, bound per launch (including a loop that runs zero times); variables are
 /// positional in name order.

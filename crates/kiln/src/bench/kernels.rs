@@ -11,37 +11,68 @@ pub type Axis = &'static str;
 
 const W: u8 = 8; // f32x8: one AVX2 register
 
-/// `c[i] = a[i] + b[i]` for `n` elements (n a multiple of 8·block), vectorized 8 wide.
-pub fn add_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+/// The f32 lanes the bench kernels use when the device does not report its vector width:
+/// one AVX2 register (also the width of the shipped kernel files).
+pub const DEFAULT_WIDTH: u8 = 8;
+
+/// The widths the bench kernels are built for: the f32 lanes of one vector register of SSE2
+/// or NEON (4), AVX2 (8) and AVX-512 (16).
+pub const WIDTHS: [u8; 3] = [4, 8, 16];
+
+/// The vector width for a device whose widest vector holds `lanes` f32s: the widest of
+/// [`WIDTHS`] that fits, else [`DEFAULT_WIDTH`] when the device does not say.
+pub fn width_for(lanes: Option<usize>) -> u8 {
+    match lanes {
+        Some(l) => WIDTHS.iter().rev().copied().find(|&w| w as usize <= l).unwrap_or(WIDTHS[0]),
+        None => DEFAULT_WIDTH,
+    }
+}
+
+/// Refuses a `width` that is not one of [`WIDTHS`] or does not divide `step` (the elements
+/// one loop iteration covers), instead of building a kernel that skips elements.
+fn check_width(width: u8, step: usize) -> Result<(), IrError> {
+    if !WIDTHS.contains(&width) || !step.is_multiple_of(width as usize) {
+        return Err(IrError::Invalid(format!(
+            "bench kernels take a vector width of {WIDTHS:?} lanes that divides {step}, not {width}"
+        )));
+    }
+    Ok(())
+}
+
+/// `c[i] = a[i] + b[i]` for `n` elements (n a multiple of the 4096-element block),
+/// vectorized `w` lanes wide.
+pub fn add_f32(axis: Axis, n: usize, w: u8) -> Result<Arc<UOp>, IrError> {
     let block = 4096usize; // elements per work item
+    check_width(w, block)?;
     let mut k = KernelBuilder::new();
     let (a, b, c) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n), k.param(2, Scalar::F32, n));
     let g = k.special(axis, (n / block) as i64);
-    let r = k.range((block / W as usize) as i64);
-    let idx = &g * block as i64 + &r * W as i64;
-    let v = a.at_vec(&idx, W).load() + b.at_vec(&idx, W).load();
-    let st = k.store(&c.at_vec(&idx, W), &v);
+    let r = k.range((block / w as usize) as i64);
+    let idx = &g * block as i64 + &r * w as i64;
+    let v = a.at_vec(&idx, w).load() + b.at_vec(&idx, w).load();
+    let st = k.store(&c.at_vec(&idx, w), &v);
     k.end(&r, &[&st]);
     k.finish()
 }
 
-/// Partial sums: `partial[g] = sum(a[g·chunk .. (g+1)·chunk])` with 4 independent f32x8
-/// accumulators to hide add latency, then a horizontal sum.
-pub fn sum_partials_f32(axis: Axis, n: usize, chunks: usize) -> Result<Arc<UOp>, IrError> {
+/// Partial sums: `partial[g] = sum(a[g·chunk .. (g+1)·chunk])` with 4 independent
+/// accumulators of `w` lanes to hide add latency, then a horizontal sum.
+pub fn sum_partials_f32(axis: Axis, n: usize, chunks: usize, w: u8) -> Result<Arc<UOp>, IrError> {
     let chunk = n / chunks;
     let unroll = 4usize;
-    let step = W as usize * unroll;
+    check_width(w, chunk / unroll)?;
+    let step = w as usize * unroll;
     let mut k = KernelBuilder::new();
     let a = k.param(0, Scalar::F32, n);
     let out = k.param(1, Scalar::F32, chunks);
     let g = k.special(axis, chunks as i64);
     let r = k.range((chunk / step) as i64);
-    let zero = Val::constant(DType::vec(Scalar::F32, W), 0.0);
+    let zero = Val::constant(DType::vec(Scalar::F32, w), 0.0);
     let mut finals = Vec::new();
     for u in 0..unroll {
         let acc = k.acc(&zero, &[&r]);
-        let idx = &g * chunk as i64 + &r * step as i64 + (u * W as usize) as i64;
-        let v = a.at_vec(&idx, W).load();
+        let idx = &g * chunk as i64 + &r * step as i64 + (u * w as usize) as i64;
+        let v = a.at_vec(&idx, w).load();
         finals.push(acc.update(&(acc.get() + v)));
     }
     let mut total = finals[0].clone();
@@ -49,7 +80,7 @@ pub fn sum_partials_f32(axis: Axis, n: usize, chunks: usize) -> Result<Arc<UOp>,
         total = total + f;
     }
     let mut s = total.gep(0);
-    for l in 1..W {
+    for l in 1..w {
         s = s + total.gep(l);
     }
     k.store(&out.at(&g), &s);
@@ -138,59 +169,67 @@ pub fn pack_b_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
     k.finish()
 }
 
-/// Row-wise softmax of a rows×cols matrix: max, exp(x - max) summed, then scaled.
-pub fn softmax_f32(axis: Axis, rows: usize, cols: usize) -> Result<Arc<UOp>, IrError> {
+/// Row-wise softmax of a rows×cols matrix, `w` lanes at a time: max, exp(x - max)
+/// summed, then scaled.
+pub fn softmax_f32(axis: Axis, rows: usize, cols: usize, w: u8) -> Result<Arc<UOp>, IrError> {
+    check_width(w, cols)?;
     let mut k = KernelBuilder::new();
     let total = (rows * cols) as i64;
     let (x, y) = (k.param(0, Scalar::F32, total), k.param(1, Scalar::F32, total));
     let row = k.special(axis, rows as i64);
     let base = &row * cols as i64;
-    let vw = W as i64;
+    let vw = w as i64;
     let vecs = cols as i64 / vw;
-    let dt = DType::vec(Scalar::F32, W);
+    let dt = DType::vec(Scalar::F32, w);
     // Pass 1: max.
     let r1 = k.range(vecs);
     let m = k.acc(&Val::constant(dt, f64::NEG_INFINITY), &[&r1]);
-    let mv = m.update(&m.get().max(x.at_vec(&(&base + &r1 * vw), W).load()));
+    let mv = m.update(&m.get().max(x.at_vec(&(&base + &r1 * vw), w).load()));
     let mut mx = mv.gep(0);
-    for l in 1..W {
+    for l in 1..w {
         mx = mx.max(mv.gep(l));
     }
-    let mxv = mx.broadcast(W);
+    let mxv = mx.broadcast(w);
     // Pass 2: exp(x - max) written out and summed.
     let r2 = k.range(vecs);
     let s = k.acc(&Val::constant(dt, 0.0), &[&r2]);
     let addr2 = &base + &r2 * vw;
-    let e = (x.at_vec(&addr2, W).load() - &mxv).exp();
-    let st = k.store(&y.at_vec(&addr2, W), &e);
+    let e = (x.at_vec(&addr2, w).load() - &mxv).exp();
+    let st = k.store(&y.at_vec(&addr2, w), &e);
     let sv = s.update(&(s.get() + &e));
     let e2 = k.end(&r2, &[&st]);
     let mut sum = sv.gep(0);
-    for l in 1..W {
+    for l in 1..w {
         sum = sum + sv.gep(l);
     }
     let inv = sum.recip();
     // Pass 3: scale (after pass 2's stores: AFTER orders the reload behind them).
     let r3 = k.range(vecs);
     let addr3 = &base + &r3 * vw;
-    let ptr = y.at_vec(&addr3, W);
+    let ptr = y.at_vec(&addr3, w);
     let after = ptr.after(&[&e2]);
-    let st3 = k.store(&ptr, &(after.load() * inv.broadcast(W)));
+    let st3 = k.store(&ptr, &(after.load() * inv.broadcast(w)));
     k.end(&r3, &[&st3]);
     k.finish()
 }
 
 /// Every benchmark kernel for the CPU, with the file name it is shipped under in
 /// `examples/kernels/bench/` (regenerate with `cargo run -p kiln --example bench_kernels`).
+/// The plain names are built [`DEFAULT_WIDTH`] (AVX2) wide; `_x16` names are the 16-lane
+/// (AVX-512) kernels that the bench runs on a CPU reporting 64-byte vectors.
 pub fn shipped() -> Result<Vec<(&'static str, Arc<UOp>)>, IrError> {
     let cpu = "gidx0";
+    let w = DEFAULT_WIDTH;
     Ok(vec![
-        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24)?),
-        ("sum_partials_f32_16m.kiln", sum_partials_f32(cpu, 1 << 24, 64)?),
+        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24, w)?),
+        ("sum_partials_f32_16m.kiln", sum_partials_f32(cpu, 1 << 24, 64, w)?),
         ("sum_finish_f32_64.kiln", sum_finish_f32(64)?),
         ("pack_b_f32_1024.kiln", pack_b_f32(cpu, 1024)?),
         ("matmul_f32_1024.kiln", matmul_f32(cpu, 1024)?),
-        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024)?),
+        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024, w)?),
+        ("add_f32_16m_x16.kiln", add_f32(cpu, 1 << 24, 16)?),
+        ("sum_partials_f32_16m_x16.kiln", sum_partials_f32(cpu, 1 << 24, 64, 16)?),
+        ("softmax_f32_4096x1024_x16.kiln", softmax_f32(cpu, 4096, 1024, 16)?),
     ])
 }
 
@@ -206,6 +245,104 @@ mod tests {
             let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
             let parsed = kiln_device::kiln_ir::parse_kernel(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
             assert!(Arc::ptr_eq(&parsed, &sink), "{file} is stale: run `cargo run -p kiln --example bench_kernels`");
+        }
+    }
+
+    /// Runs add, sum and softmax `w` lanes wide on `dev` and compares them with a host reference.
+    fn check_bandwidth_kernels(dev: &kiln_device::Device, axis: Axis, w: u8) -> Result<(), String> {
+        use kiln_device::Buffer;
+        let at = format!("{} at width {w}", dev.spec());
+        let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).map_err(|e| format!("{at}: {e}"));
+        let run = |sink: Result<Arc<UOp>, IrError>, bufs: &[&Buffer]| -> Result<(), String> {
+            let sink = sink.map_err(|e| format!("{at}: {e}"))?;
+            let k = dev.compile(&sink, Some("bench_kernel")).map_err(|e| format!("{at}: {e}"))?;
+            k.launch(bufs, &[]).map_err(|e| format!("{at}: {e}"))
+        };
+        let read = |b: &Buffer| b.to_vec::<f32>().map_err(|e| format!("{at}: {e}"));
+
+        let n = 4096 * 8;
+        let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25).collect();
+        let b: Vec<f32> = (0..n).map(|i| (i % 777) as f32 * 0.5).collect();
+        let (ba, bb, bc) = (buf(&a)?, buf(&b)?, buf(&vec![0f32; n])?);
+        run(add_f32(axis, n, w), &[&ba, &bb, &bc])?;
+        if let Some(i) = read(&bc)?.iter().zip(a.iter().zip(&b)).position(|(c, (x, y))| *c != x + y) {
+            return Err(format!("{at}: add is wrong at element {i}"));
+        }
+
+        let chunks = 8;
+        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1024) as f32 / 1024.0 - 0.5).collect();
+        let (bx, bp, bo) = (buf(&x)?, buf(&[0f32; 8])?, buf(&[0f32])?);
+        run(sum_partials_f32(axis, n, chunks, w), &[&bx, &bp])?;
+        run(sum_finish_f32(chunks), &[&bp, &bo])?;
+        let (got, want) = (read(&bo)?[0] as f64, x.iter().map(|&v| v as f64).sum::<f64>());
+        if (got - want).abs() > 1e-6 * x.iter().map(|&v| (v as f64).abs()).sum::<f64>() {
+            return Err(format!("{at}: sum = {got}, reference {want}"));
+        }
+
+        let (rows, cols) = (4, 256);
+        let (bx, by) = (buf(&x[..rows * cols])?, buf(&vec![0f32; rows * cols])?);
+        run(softmax_f32(axis, rows, cols, w), &[&bx, &by])?;
+        let y = read(&by)?;
+        for (row, got) in x[..rows * cols].chunks(cols).zip(y.chunks(cols)) {
+            let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+            let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+            for (v, g) in row.iter().zip(got) {
+                let want = (*v as f64 - m).exp() / s;
+                if (*g as f64 - want).abs() > 1e-5 * want.max(1e-3) + 1e-7 {
+                    return Err(format!("{at}: softmax gives {g}, reference {want}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The add, sum and softmax kernels are correct at every width on the CPU and on OpenCL
+    /// when a device is present, and the CPU picks the width its instruction set reports.
+    #[test]
+    fn bandwidth_kernels_are_correct_at_every_width() {
+        crate::session::register_backends();
+        let cpu = kiln_device::open_device("CPU").unwrap();
+        let lanes = cpu.properties().f32_lanes();
+        assert!(lanes.is_some(), "the CPU reports its vector width: {:?}", cpu.properties());
+        assert!(WIDTHS.contains(&width_for(lanes)) && width_for(lanes) as usize <= lanes.unwrap_or(0));
+        for w in WIDTHS {
+            check_bandwidth_kernels(&cpu, "gidx0", w).unwrap();
+        }
+        match kiln_device::open_device("OPENCL:0") {
+            Ok(dev) => {
+                for w in WIDTHS {
+                    check_bandwidth_kernels(&dev, "idx0", w).unwrap();
+                }
+            }
+            Err(e) if !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+                println!("skipped OPENCL:0: {e}")
+            }
+            Err(e) => panic!("OPENCL:0: {e}"),
+        }
+        for bad in [0, 3, 32] {
+            assert!(matches!(add_f32("gidx0", 4096, bad), Err(IrError::Invalid(_))), "width {bad}");
+        }
+    }
+
+    /// The AVX2 code path on any CPU that has AVX2: the device forced to AVX2 reports 32-byte
+    /// vectors, so the bench picks 8 lanes, and its kernels (compiled with `-march=x86-64-v3`,
+    /// no AVX-512 instruction) are correct at that width and at 16.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn bandwidth_kernels_are_correct_on_a_cpu_forced_to_avx2() {
+        use kiln_cpu::{Isa, IsaTarget};
+        let Ok(avx2) = IsaTarget::force(Isa::Avx2) else {
+            println!("skipped: this CPU has no AVX2");
+            return;
+        };
+        let dev = kiln_cpu::open_with_isa(avx2).unwrap();
+        let props = dev.properties();
+        assert_eq!((props.isa.as_deref(), props.vector_bytes), (Some("AVX2"), Some(32)));
+        assert!(dev.description().contains("forced by KILN_CPU_ISA"), "{}", dev.description());
+        let w = width_for(props.f32_lanes());
+        assert_eq!(w, 8);
+        for w in [w, 16] {
+            check_bandwidth_kernels(&dev, "gidx0", w).unwrap();
         }
     }
 

@@ -197,6 +197,11 @@ impl Bench {
         if *self.device.spec() == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
     }
 
+    /// The f32 lanes of the add, sum and softmax kernels: the device's widest vector.
+    fn width(&self) -> u8 {
+        kernels::width_for(self.device.properties().f32_lanes())
+    }
+
     fn compile<E: Into<kiln_device::Error>>(&self, sink: Result<Arc<UOp>, E>, name: &str) -> Result<Kernel, CliError> {
         let sink = sink.map_err(|e| kiln_err(&format!("building the {name} kernel"), e.into()))?;
         self.device.compile(&sink, Some(name)).map_err(|e| kiln_err(&format!("compiling the {name} kernel"), e))
@@ -248,7 +253,7 @@ impl Bench {
         let n = 1usize << 24;
         let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25).collect();
         let b: Vec<f32> = (0..n).map(|i| (i % 777) as f32 * 0.5).collect();
-        let k = self.compile(kernels::add_f32(self.axis(), n), "add_f32")?;
+        let k = self.compile(kernels::add_f32(self.axis(), n, self.width()), "add_f32")?;
         let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n)?);
         self.launch(&k, &[&ba, &bb, &bc])?;
         let c = self.read(&bc)?;
@@ -283,7 +288,7 @@ impl Bench {
             Some(gpu) => gpu,
             None => {
                 let chunks = 64;
-                let partial = self.compile(kernels::sum_partials_f32(self.axis(), n, chunks), "sum_partials_f32")?;
+                let partial = self.compile(kernels::sum_partials_f32(self.axis(), n, chunks, self.width()), "sum_partials_f32")?;
                 (partial, self.compile(kernels::sum_finish_f32(chunks), "sum_finish_f32")?, chunks)
             }
         };
@@ -370,7 +375,7 @@ impl Bench {
     fn softmax(&self) -> Result<BenchResult, CliError> {
         let (rows, cols) = (4096usize, 1024usize);
         let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 31) % 97) as f32 * 0.05 - 2.0).collect();
-        let k = self.compile(kernels::softmax_f32(self.axis(), rows, cols), "softmax_f32")?;
+        let k = self.compile(kernels::softmax_f32(self.axis(), rows, cols, self.width()), "softmax_f32")?;
         let (bx, by) = (self.upload(&x)?, self.zeros(rows * cols)?);
         self.launch(&k, &[&bx, &by])?;
         let y = self.read(&by)?;
