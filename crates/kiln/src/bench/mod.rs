@@ -6,6 +6,7 @@
 //! for times. Nothing here is hard-coded: each figure comes from this run's clocks.
 
 pub mod kernels;
+pub mod openblas;
 
 use std::fmt::Write as _;
 use std::io::IsTerminal as _;
@@ -302,6 +303,8 @@ impl Bench {
     }
 
     fn matmul(&self) -> Result<BenchResult, CliError> {
+        let chosen = openblas::MatmulBaseline::select(kiln_threads())
+            .map_err(|e| kiln_err("choosing the matmul baseline", kiln_device::Error::Invalid(e)))?;
         let n = 1024usize;
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
@@ -332,10 +335,24 @@ impl Bench {
         }
         let flops = 2.0 * (n * n * n) as f64 / 1e9;
         let t = time_reps(self.reps, run)?;
+        let mut out = vec![f32::NAN; n * n];
         let base = time_reps(self.reps, || {
-            baseline::matmul(&a, &b, &mut reference, n);
+            chosen.matmul(&a, &b, &mut out, n);
             Ok(())
         })?;
+        if let Some(i) = (0..n * n).find(|&i| out[i] != reference[i]) {
+            return Err(wrong(
+                "matmul_f32_1024",
+                format!(
+                    "the baseline ({}) gives C[{}, {}] = {}, the reference {}",
+                    chosen.name(),
+                    i / n,
+                    i % n,
+                    out[i],
+                    reference[i]
+                ),
+            ));
+        }
         Ok(BenchResult {
             name: "matmul_f32_1024",
             unit: "GFLOP/s",
@@ -343,7 +360,7 @@ impl Bench {
             verified: true,
             kiln: Stats::of(per_sec(&t, flops))?,
             baseline: Some(Stats::of(per_sec(&base, flops))?),
-            baseline_name: "matrixmultiply, threaded",
+            baseline_name: chosen.name(),
         })
     }
 
@@ -771,7 +788,8 @@ fn disk_hit_child(device: &Device) -> Result<String, CliError> {
 }
 
 /// The `--json` report: `{"device": ..., "results": [{"name", "verified", "unit", "median",
-/// "min", "max", "baseline_median", "ratio"}, ...]}`; a missing or non-finite number is `null`.
+/// "min", "max", "baseline", "baseline_median", "ratio"}, ...]}`; a missing or non-finite number
+/// is `null`, and so is `baseline` (what the baseline is) for an entry without one.
 #[derive(Debug, Serialize)]
 struct JsonReport<'a> {
     device: String,
@@ -786,6 +804,7 @@ struct JsonResult<'a> {
     median: f64,
     min: f64,
     max: f64,
+    baseline: Option<&'a str>,
     baseline_median: Option<f64>,
     ratio: Option<f64>,
 }
@@ -802,6 +821,7 @@ fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<String, CliEr
                 median: r.kiln.median,
                 min: r.kiln.min,
                 max: r.kiln.max,
+                baseline: r.baseline.map(|_| r.baseline_name),
                 baseline_median: r.baseline.map(|b| b.median),
                 ratio: r.ratio(),
             })
@@ -843,9 +863,17 @@ fn to_table(device: &Device, results: &[BenchResult]) -> String {
     s
 }
 
-/// The baselines: plain Rust on all cores, and the matrixmultiply crate.
+/// The threads kiln's CPU kernels run on (its core pool): the OpenBLAS baseline gets as many.
+fn kiln_threads() -> usize {
+    #[cfg(feature = "cpu")]
+    return kiln_cpu::Pool::global().threads();
+    #[cfg(not(feature = "cpu"))]
+    baseline::threads()
+}
+
+/// The baselines: plain Rust on all cores, and the matrixmultiply crate (OpenBLAS: [`openblas`]).
 mod baseline {
-    fn threads() -> usize {
+    pub fn threads() -> usize {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     }
 
@@ -929,7 +957,7 @@ mod tests {
             verified: true,
             kiln: stats,
             baseline,
-            baseline_name: "",
+            baseline_name: "OpenBLAS 0.3 \"x\", 2 threads",
         };
         let odd = "q\"uote\\back\nslash";
         let results = [result(odd, Some(Stats { median: 4.0, ..stats })), result("plain", None)];
@@ -941,14 +969,16 @@ mod tests {
         assert_eq!(
             first.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()),
             Some(
-                ["baseline_median", "max", "median", "min", "name", "ratio", "unit", "verified"]
+                ["baseline", "baseline_median", "max", "median", "min", "name", "ratio", "unit", "verified"]
                     .map(String::from)
                     .to_vec()
             )
         );
         assert_eq!((first["median"].as_f64(), first["baseline_median"].as_f64()), (Some(2.0), Some(4.0)));
         assert_eq!(first["ratio"].as_f64(), Some(0.5));
-        assert!(v["results"][1]["baseline_median"].is_null() && v["results"][1]["ratio"].is_null());
+        assert_eq!(first["baseline"], "OpenBLAS 0.3 \"x\", 2 threads", "the JSON names the baseline");
+        let second = &v["results"][1];
+        assert!(second["baseline"].is_null() && second["baseline_median"].is_null() && second["ratio"].is_null());
         let nan = [BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) }];
         let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::Cpu, &nan).unwrap()).unwrap();
         assert!(v["results"][0]["median"].is_null(), "a non-finite figure is null, as before");
