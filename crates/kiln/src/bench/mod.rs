@@ -308,12 +308,13 @@ impl Bench {
         let n = 1024usize;
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
-        let pack = self.compile(kernels::pack_b_f32(self.axis(), n), "pack_b_f32")?;
-        // The CPU backend splits the 64 strips over its cores; elsewhere, one tile per item.
+        let tile = kernels::MatmulTile::for_width(cpu_vector_width());
+        let pack = self.compile(kernels::pack_b_f32(self.axis(), n, tile), "pack_b_f32")?;
+        // The CPU backend splits the strips over its cores; elsewhere, one tile per item.
         let sink = if *self.device.spec() == DeviceSpec::Cpu {
-            kernels::matmul_f32(self.axis(), n)
+            kernels::matmul_f32(self.axis(), n, tile)
         } else {
-            kernels::matmul_tile_f32(n)
+            kernels::matmul_tile_f32(n, tile)
         };
         let mm = self.compile(sink, "matmul_f32")?;
         let (ba, bb, bp, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?, self.zeros(n * n)?);
@@ -861,6 +862,17 @@ fn to_table(device: &Device, results: &[BenchResult]) -> String {
     s.push_str("\nEvery entry was verified against a host reference before it was timed.\n");
     s.push_str("ratio: kiln / baseline for throughputs, baseline / kiln for times (higher is better).\n");
     s
+}
+
+/// PROVISIONAL, until the CPU device reports its ISA: the f32 lanes of the widest vector
+/// register this host has (16 with AVX-512F, else 8), which sizes the matmul tile. The
+/// coordinator replaces this with the device's report (and OpenCL's preferred width).
+fn cpu_vector_width() -> u8 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return 16;
+    }
+    8
 }
 
 /// The threads kiln's CPU kernels run on (its core pool): the OpenBLAS baseline gets as many.
