@@ -95,9 +95,11 @@ impl MatmulTile {
         self.vecs * self.width as usize
     }
 
-    /// n must be a multiple of the tile's rows and columns: the kernels have no edge tiles.
+    /// n must be a positive multiple of the tile's rows and columns: the kernels have no
+    /// edge tiles.
     fn check(self, n: usize) -> Result<(), IrError> {
-        if self.rows == 0 || self.vecs == 0 || self.width == 0 || n % self.rows != 0 || n % self.cols() != 0 {
+        let splits = self.rows > 0 && self.cols() > 0 && n > 0;
+        if !splits || !n.is_multiple_of(self.rows) || !n.is_multiple_of(self.cols()) {
             return Err(IrError::Structure(format!(
                 "a {n}×{n} matmul does not split into {}×{} tiles: use a multiple of both",
                 self.rows,
@@ -306,10 +308,12 @@ mod tests {
     #[test]
     fn a_size_the_tile_does_not_divide_is_refused() {
         let tile = MatmulTile::for_width(16);
-        for n in [100, 1000, 8] {
-            let e = matmul_f32("gidx0", n, tile).err().expect("refused");
+        for n in [100, 1000, 8, 0] {
+            let Err(e) = matmul_f32("gidx0", n, tile) else { panic!("n = {n} was accepted") };
             assert!(e.to_string().contains("does not split into"), "{e}");
             assert!(pack_b_f32("gidx0", n, tile).is_err() && matmul_tile_f32(n, tile).is_err());
         }
+        let empty = MatmulTile { vecs: 0, ..tile };
+        assert!(matmul_f32("gidx0", 64, empty).is_err(), "a tile without columns is refused");
     }
 }

@@ -29,7 +29,8 @@ use crate::session;
 #[command(
     long_about = "Runs kiln's benchmark suite on one device. Each entry verifies its result against a host \
 reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
-loops on all cores, the matrixmultiply crate).",
+loops on all cores; for matmul OpenBLAS's cblas_sgemm on kiln's thread count when libopenblas.so.0 loads, \
+else the matrixmultiply crate, or as KILN_BENCH_MATMUL_BASELINE=auto|openblas|matrixmultiply says).",
     after_help = "On a terminal, progress is shown on stderr (not with --json). Quote medians: these machines \
 are shared and noisy."
 )]

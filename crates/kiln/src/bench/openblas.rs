@@ -217,7 +217,7 @@ mod tests {
     /// matrixmultiply: see `matmul_baseline_falls_back_without_openblas` in the bench).
     #[test]
     fn a_missing_library_is_an_error() {
-        let e = OpenBlas::load(&["libkiln-no-such-blas.so.0"], 2).err().expect("must not load");
+        let Err(e) = OpenBlas::load(&["libkiln-no-such-blas.so.0"], 2) else { panic!("a missing library loaded") };
         assert!(e.contains("OpenBLAS not found") && e.contains("libkiln-no-such-blas.so.0"), "{e}");
     }
 }
