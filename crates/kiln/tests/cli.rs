@@ -819,3 +819,36 @@ fn cuda_targets_compile_offline() {
         &["KILN_NVRTC"],
     );
 }
+
+/// The matmul entry names its baseline in the JSON: OpenBLAS where it loads (and the
+/// fallback, matrixmultiply, where it does not or when asked for), verified like kiln.
+#[test]
+fn bench_matmul_names_its_verified_baseline() {
+    use kiln::bench::openblas::{BASELINE_ENV, LIBRARY_NAMES, OpenBlas};
+    let s = Scratch::new("bench-baseline");
+    let baseline = |mode: &str| {
+        let out = ok(s.kiln(&["bench", "--quick", "--json", "--only", "matmul_f32_1024"], &[(BASELINE_ENV, mode)]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let entry = &v["results"][0];
+        assert_eq!((entry["verified"].as_bool(), entry["baseline_median"].is_f64()), (Some(true), true), "{out}");
+        entry["baseline"].as_str().unwrap_or_default().to_string()
+    };
+    let fallback = baseline("matrixmultiply");
+    assert!(fallback.starts_with("matrixmultiply"), "{fallback}");
+    let auto = baseline("auto");
+    if OpenBlas::load(LIBRARY_NAMES, 1).is_ok() {
+        assert!(auto.starts_with("OpenBLAS") && auto.contains("cblas_sgemm"), "{auto}");
+    } else {
+        assert_eq!(auto, fallback, "without OpenBLAS the baseline is matrixmultiply");
+        fails(
+            s.kiln(&["bench", "--only", "matmul_f32_1024"], &[(BASELINE_ENV, "openblas")]),
+            1,
+            &["OpenBLAS not found"],
+        );
+    }
+    fails(
+        s.kiln(&["bench", "--only", "matmul_f32_1024"], &[(BASELINE_ENV, "mkl")]),
+        1,
+        &["KILN_BENCH_MATMUL_BASELINE=\"mkl\"", "expected auto, openblas or matrixmultiply"],
+    );
+}

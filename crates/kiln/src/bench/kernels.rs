@@ -9,8 +9,6 @@ use kiln_device::kiln_ir::{DType, IrError, KernelBuilder, Scalar, UOp, Val};
 /// renderer), `idx0` elsewhere (one work item each; the driver picks the group size).
 pub type Axis = &'static str;
 
-const W: u8 = 8; // f32x8: one AVX2 register
-
 /// The f32 lanes the bench kernels use when the device does not report its vector width:
 /// one AVX2 register (also the width of the shipped kernel files).
 pub const DEFAULT_WIDTH: u8 = 8;
@@ -99,49 +97,89 @@ pub fn sum_finish_f32(chunks: usize) -> Result<Arc<UOp>, IrError> {
     k.finish()
 }
 
-/// `C = A·B` for n×n row-major matrices. Work item g owns a 16-column strip of C; inside,
-/// a loop over 4-row blocks keeps a 4×16 tile in 8 f32x8 accumulators across the k loop,
-/// so each k step is 2 vector loads of B, 4 broadcasts of A and 8 FMAs.
-pub fn matmul_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
-    matmul_tiles(axis, None, n)
+/// The register tile of a matmul: `rows` rows × `vecs` vectors of `width` f32 lanes of C,
+/// held in rows·vecs accumulators across the whole k loop. Each k step loads `vecs` vectors
+/// of packed B, broadcasts `rows` elements of A and issues rows·vecs FMAs, so a larger tile
+/// needs fewer loads per FMA and hides the FMA latency behind more independent chains, as
+/// long as the accumulators, the B vectors and a broadcast fit the vector registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulTile {
+    pub rows: usize,
+    pub vecs: usize,
+    /// f32 lanes per vector: 8 (AVX2, one ymm) or 16 (AVX-512, one zmm).
+    pub width: u8,
 }
 
-/// [`matmul_f32`] with one 4×16 tile per work item: strips on `idx0`, 4-row blocks on
-/// `idx1`, so the device gets n²/64 independent work items instead of n/16 that each loop
+impl MatmulTile {
+    /// The tile for vectors of `width` f32 lanes. 16 (AVX-512): 8×32, 16 zmm accumulators
+    /// of 32 registers, no spills (on a Zen 4 core ~1.3× the 4×16 ymm tile, ~1.1× OpenBLAS).
+    /// Otherwise 8 (AVX2): 4×16, 8 ymm accumulators, the largest power-of-two tile whose
+    /// accumulators, B vectors and broadcast fit AVX2's 16 registers (8×16 and 4×32 spill).
+    pub fn for_width(width: u8) -> MatmulTile {
+        if width >= 16 { MatmulTile { rows: 8, vecs: 2, width: 16 } } else { MatmulTile { rows: 4, vecs: 2, width: 8 } }
+    }
+
+    /// Columns of C (and of a packed strip of B) per tile.
+    pub fn cols(self) -> usize {
+        self.vecs * self.width as usize
+    }
+
+    /// n must be a positive multiple of the tile's rows and columns: the kernels have no
+    /// edge tiles.
+    fn check(self, n: usize) -> Result<(), IrError> {
+        let splits = self.rows > 0 && self.cols() > 0 && n > 0;
+        if !splits || !n.is_multiple_of(self.rows) || !n.is_multiple_of(self.cols()) {
+            return Err(IrError::Structure(format!(
+                "a {n}×{n} matmul does not split into {}×{} tiles: use a multiple of both",
+                self.rows,
+                self.cols()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `C = A·B` for n×n row-major matrices, B packed by [`pack_b_f32`] for the same tile. Work
+/// item g owns a strip of `tile.cols()` columns of C; inside, a loop over blocks of
+/// `tile.rows` rows keeps one tile in registers across the k loop.
+pub fn matmul_f32(axis: Axis, n: usize, tile: MatmulTile) -> Result<Arc<UOp>, IrError> {
+    matmul_tiles(axis, None, n, tile)
+}
+
+/// [`matmul_f32`] with one tile per work item: strips on `idx0`, row blocks on `idx1`, so
+/// the device gets n²/(rows·cols) independent work items instead of n/cols that each loop
 /// over every row block (on PoCL: ~1.3× the strip shape, which leaves cores idle).
-pub fn matmul_tile_f32(n: usize) -> Result<Arc<UOp>, IrError> {
-    matmul_tiles("idx0", Some("idx1"), n)
+pub fn matmul_tile_f32(n: usize, tile: MatmulTile) -> Result<Arc<UOp>, IrError> {
+    matmul_tiles("idx0", Some("idx1"), n, tile)
 }
 
 /// The matmul of [`matmul_f32`]; `rows_axis` launches the row blocks instead of looping.
-fn matmul_tiles(axis: Axis, rows_axis: Option<Axis>, n: usize) -> Result<Arc<UOp>, IrError> {
-    const ROWS: usize = 4;
-    const COLS: usize = 16;
-    let halves = COLS / W as usize;
+fn matmul_tiles(axis: Axis, rows_axis: Option<Axis>, n: usize, tile: MatmulTile) -> Result<Arc<UOp>, IrError> {
+    tile.check(n)?;
+    let (w, cols) = (tile.width, tile.cols() as i64);
     let nn = (n * n) as i64;
     let ni = n as i64;
     let mut k = KernelBuilder::new();
     let (a, b, c) = (k.param(0, Scalar::F32, nn), k.param(1, Scalar::F32, nn), k.param(2, Scalar::F32, nn));
-    let strip = k.special(axis, (n / COLS) as i64);
+    let strip = k.special(axis, ni / cols);
     let rb = match rows_axis {
-        Some(name) => k.special(name, (n / ROWS) as i64),
-        None => k.range((n / ROWS) as i64),
+        Some(name) => k.special(name, (n / tile.rows) as i64),
+        None => k.range((n / tile.rows) as i64),
     };
     let kk = k.range(ni);
-    let zero = Val::constant(DType::vec(Scalar::F32, W), 0.0);
-    let col0 = &strip * COLS as i64;
+    let zero = Val::constant(DType::vec(Scalar::F32, w), 0.0);
+    let col0 = &strip * cols;
     // B is read from its packed form: strip-major, so one strip's k rows are contiguous.
-    let packed = &(&strip * ni + &kk) * COLS as i64;
-    let bvec: Vec<Val> = (0..halves).map(|h| b.at_vec(&(&packed + (h * W as usize) as i64), W).load()).collect();
+    let packed = &(&strip * ni + &kk) * cols;
+    let bvec: Vec<Val> = (0..tile.vecs as i64).map(|v| b.at_vec(&(&packed + v * w as i64), w).load()).collect();
     let mut stores = Vec::new();
-    for row in 0..ROWS {
-        let i = &rb * ROWS as i64 + row as i64;
-        let aval = a.at(&(&i * ni + &kk)).load().broadcast(W);
-        for (h, bv) in bvec.iter().enumerate() {
+    for row in 0..tile.rows as i64 {
+        let i = &rb * tile.rows as i64 + row;
+        let aval = a.at(&(&i * ni + &kk)).load().broadcast(w);
+        for (v, bv) in (0i64..).zip(&bvec) {
             let acc = k.acc(&zero, &[&kk]);
-            let tile = acc.update(&aval.mul_acc(bv, &acc.get()));
-            let addr = c.at_vec(&(&i * ni + &col0 + (h * W as usize) as i64), W);
-            stores.push(k.store(&addr, &tile));
+            let sum = acc.update(&aval.mul_acc(bv, &acc.get()));
+            stores.push(k.store(&c.at_vec(&(&i * ni + &col0 + v * w as i64), w), &sum));
         }
     }
     if rows_axis.is_none() {
@@ -151,21 +189,26 @@ fn matmul_tiles(axis: Axis, rows_axis: Option<Axis>, n: usize) -> Result<Arc<UOp
     k.finish()
 }
 
-/// Packs B (n×n) into 16-column strips: `bp[(s·n + k)·16 + c] = b[k·n + 16·s + c]`, so the
-/// matmul streams each strip contiguously instead of at a 4 KiB stride (which aliases cache sets).
-pub fn pack_b_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+/// Packs B (n×n) into strips of `tile.cols()` columns, `bp[(s·n + k)·cols + c] = b[k·n +
+/// cols·s + c]`, so the matmul streams each strip contiguously instead of at a 4 KiB stride
+/// (which aliases cache sets).
+pub fn pack_b_f32(axis: Axis, n: usize, tile: MatmulTile) -> Result<Arc<UOp>, IrError> {
+    tile.check(n)?;
+    let (w, cols) = (tile.width, tile.cols() as i64);
     let nn = (n * n) as i64;
     let ni = n as i64;
     let mut k = KernelBuilder::new();
     let (b, bp) = (k.param(0, Scalar::F32, nn), k.param(1, Scalar::F32, nn));
-    let strip = k.special(axis, ni / 16);
+    let strip = k.special(axis, ni / cols);
     let kk = k.range(ni);
-    let mut stores = Vec::new();
-    for h in 0..2i64 {
-        let v = b.at_vec(&(&kk * ni + &strip * 16 + h * 8), W).load();
-        stores.push(k.store(&bp.at_vec(&(&(&strip * ni + &kk) * 16 + h * 8), W), &v));
-    }
-    k.end(&kk, &[&stores[0], &stores[1]]);
+    let stores: Vec<Val> = (0..tile.vecs as i64)
+        .map(|v| {
+            let x = b.at_vec(&(&kk * ni + &strip * cols + v * w as i64), w).load();
+            k.store(&bp.at_vec(&(&(&strip * ni + &kk) * cols + v * w as i64), w), &x)
+        })
+        .collect();
+    let refs: Vec<&Val> = stores.iter().collect();
+    k.end(&kk, &refs);
     k.finish()
 }
 
@@ -224,11 +267,13 @@ pub fn shipped() -> Result<Vec<(&'static str, Arc<UOp>)>, IrError> {
         ("add_f32_16m.kiln", add_f32(cpu, 1 << 24, w)?),
         ("sum_partials_f32_16m.kiln", sum_partials_f32(cpu, 1 << 24, 64, w)?),
         ("sum_finish_f32_64.kiln", sum_finish_f32(64)?),
-        ("pack_b_f32_1024.kiln", pack_b_f32(cpu, 1024)?),
-        ("matmul_f32_1024.kiln", matmul_f32(cpu, 1024)?),
+        ("pack_b_f32_1024.kiln", pack_b_f32(cpu, 1024, MatmulTile::for_width(w))?),
+        ("matmul_f32_1024.kiln", matmul_f32(cpu, 1024, MatmulTile::for_width(w))?),
         ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024, w)?),
         ("add_f32_16m_x16.kiln", add_f32(cpu, 1 << 24, 16)?),
         ("sum_partials_f32_16m_x16.kiln", sum_partials_f32(cpu, 1 << 24, 64, 16)?),
+        ("pack_b_f32_1024_x16.kiln", pack_b_f32(cpu, 1024, MatmulTile::for_width(16))?),
+        ("matmul_f32_1024_x16.kiln", matmul_f32(cpu, 1024, MatmulTile::for_width(16))?),
         ("softmax_f32_4096x1024_x16.kiln", softmax_f32(cpu, 4096, 1024, 16)?),
     ])
 }
@@ -346,13 +391,20 @@ mod tests {
         }
     }
 
-    /// Both matmul shapes compute the exact product (inputs in 1/8 steps, so any order of
-    /// summation is exact), on the CPU and on OpenCL when a device is present.
+    /// Both matmul shapes compute the exact product for every tile (each width's own and
+    /// odd shapes; inputs in 1/8 steps, so any order of summation is exact), on the CPU and
+    /// on OpenCL when a device is present.
     #[test]
     fn tile_and_strip_matmuls_compute_the_product() {
         use kiln_device::Buffer;
         crate::session::register_backends();
-        let n = 64usize;
+        let n = 96usize;
+        let tiles = [
+            MatmulTile::for_width(8),
+            MatmulTile::for_width(16),
+            MatmulTile { rows: 6, vecs: 3, width: 8 },
+            MatmulTile { rows: 3, vecs: 1, width: 16 },
+        ];
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
         let mut want = vec![0f32; n * n];
@@ -372,13 +424,31 @@ mod tests {
             };
             let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
             let (ba, bb, bp) = (buf(&a), buf(&b), buf(&vec![0f32; n * n]));
-            dev.compile(&pack_b_f32(axis, n).unwrap(), Some("pack_b")).unwrap().launch(&[&bb, &bp], &[]).unwrap();
-            for (shape, sink) in [("strip", matmul_f32(axis, n)), ("tile", matmul_tile_f32(n))] {
-                let c = buf(&vec![0f32; n * n]);
-                let k = dev.compile(&sink.unwrap(), Some("mm")).unwrap();
-                k.launch(&[&ba, &bp, &c], &[]).unwrap();
-                assert_eq!(c.to_vec::<f32>().unwrap(), want, "{shape} matmul on {name}");
+            for tile in tiles {
+                dev.compile(&pack_b_f32(axis, n, tile).unwrap(), Some("pack_b"))
+                    .unwrap()
+                    .launch(&[&bb, &bp], &[])
+                    .unwrap();
+                for (shape, sink) in [("strip", matmul_f32(axis, n, tile)), ("tile", matmul_tile_f32(n, tile))] {
+                    let c = buf(&vec![0f32; n * n]);
+                    let k = dev.compile(&sink.unwrap(), Some("mm")).unwrap();
+                    k.launch(&[&ba, &bp, &c], &[]).unwrap();
+                    assert_eq!(c.to_vec::<f32>().unwrap(), want, "{shape} matmul with {tile:?} on {name}");
+                }
             }
         }
+    }
+
+    /// A size the tile does not divide is a typed error, not a wrong or out-of-bounds kernel.
+    #[test]
+    fn a_size_the_tile_does_not_divide_is_refused() {
+        let tile = MatmulTile::for_width(16);
+        for n in [100, 1000, 8, 0] {
+            let Err(e) = matmul_f32("gidx0", n, tile) else { panic!("n = {n} was accepted") };
+            assert!(e.to_string().contains("does not split into"), "{e}");
+            assert!(pack_b_f32("gidx0", n, tile).is_err() && matmul_tile_f32(n, tile).is_err());
+        }
+        let empty = MatmulTile { vecs: 0, ..tile };
+        assert!(matmul_f32("gidx0", 64, empty).is_err(), "a tile without columns is refused");
     }
 }

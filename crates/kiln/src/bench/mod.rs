@@ -9,6 +9,7 @@
 mod cuda;
 mod gpu;
 pub mod kernels;
+pub mod openblas;
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal as _, Write as _};
@@ -32,7 +33,8 @@ use crate::session;
 #[command(
     long_about = "Runs kiln's benchmark suite on one device. Each entry verifies its result against a host \
 reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
-loops on all cores, the matrixmultiply crate). compile_cold times one small kernel rendered, compiled and \
+loops on all cores; for matmul OpenBLAS's cblas_sgemm on kiln's thread count when libopenblas.so.0 loads, \
+else the matrixmultiply crate, or as KILN_BENCH_MATMUL_BASELINE=auto|openblas|matrixmultiply says). compile_cold times one small kernel rendered, compiled and \
 loaded without the cache; compile_throughput counts kernels per second for 64 new small kernels compiled as \
 one batch on all cores (Device::compile_many), against the same number compiled one by one. warm_run_process is the wall time of a whole `kiln run` \
 process (an 8-element add on a warm kernel cache), against a bare `kiln --version` process.",
@@ -327,15 +329,18 @@ impl Bench {
     }
 
     fn matmul(&self) -> Result<BenchResult, CliError> {
+        let chosen = openblas::MatmulBaseline::select(kiln_threads())
+            .map_err(|e| kiln_err("choosing the matmul baseline", kiln_device::Error::Invalid(e)))?;
         let n = 1024usize;
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
         let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
-        let pack = self.compile(kernels::pack_b_f32(self.axis(), n), "pack_b_f32")?;
-        // The CPU backend splits the 64 strips over its cores; elsewhere, one tile per item.
+        let tile = kernels::MatmulTile::for_width(self.width());
+        let pack = self.compile(kernels::pack_b_f32(self.axis(), n, tile), "pack_b_f32")?;
+        // The CPU backend splits the strips over its cores; elsewhere, one tile per item.
         let sink = if *self.device.spec() == DeviceSpec::Cpu {
-            kernels::matmul_f32(self.axis(), n)
+            kernels::matmul_f32(self.axis(), n, tile)
         } else {
-            kernels::matmul_tile_f32(n)
+            kernels::matmul_tile_f32(n, tile)
         };
         let mm = self.compile(sink, "matmul_f32")?;
         let (ba, bb, bp, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?, self.zeros(n * n)?);
@@ -357,10 +362,24 @@ impl Bench {
         }
         let flops = 2.0 * (n * n * n) as f64 / 1e9;
         let t = time_reps(self.reps, run)?;
+        let mut out = vec![f32::NAN; n * n];
         let base = time_reps(self.reps, || {
-            baseline::matmul(&a, &b, &mut reference, n);
+            chosen.matmul(&a, &b, &mut out, n);
             Ok(())
         })?;
+        if let Some(i) = (0..n * n).find(|&i| out[i] != reference[i]) {
+            return Err(wrong(
+                "matmul_f32_1024",
+                format!(
+                    "the baseline ({}) gives C[{}, {}] = {}, the reference {}",
+                    chosen.name(),
+                    i / n,
+                    i % n,
+                    out[i],
+                    reference[i]
+                ),
+            ));
+        }
         Ok(BenchResult {
             name: "matmul_f32_1024",
             unit: "GFLOP/s",
@@ -368,7 +387,7 @@ impl Bench {
             verified: true,
             kiln: Stats::of(per_sec(&t, flops))?,
             baseline: Some(Stats::of(per_sec(&base, flops))?),
-            baseline_name: "matrixmultiply, threaded",
+            baseline_name: chosen.name(),
         })
     }
 
@@ -975,7 +994,8 @@ fn disk_hit_child(device: &Device) -> Result<String, CliError> {
 }
 
 /// The `--json` report: `{"device": ..., "results": [{"name", "verified", "unit", "median",
-/// "min", "max", "baseline_median", "ratio"}, ...]}`; a missing or non-finite number is `null`.
+/// "min", "max", "baseline", "baseline_median", "ratio"}, ...]}`; a missing or non-finite number
+/// is `null`, and so is `baseline` (what the baseline is) for an entry without one.
 #[derive(Debug, Serialize)]
 struct JsonReport<'a> {
     device: String,
@@ -990,6 +1010,7 @@ struct JsonResult<'a> {
     median: f64,
     min: f64,
     max: f64,
+    baseline: Option<&'a str>,
     baseline_median: Option<f64>,
     ratio: Option<f64>,
 }
@@ -1006,6 +1027,7 @@ fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<String, CliEr
                 median: r.kiln.median,
                 min: r.kiln.min,
                 max: r.kiln.max,
+                baseline: r.baseline.map(|_| r.baseline_name),
                 baseline_median: r.baseline.map(|b| b.median),
                 ratio: r.ratio(),
             })
@@ -1047,9 +1069,17 @@ fn to_table(device: &Device, results: &[BenchResult]) -> String {
     s
 }
 
-/// The baselines: plain Rust on all cores, and the matrixmultiply crate.
+/// The threads kiln's CPU kernels run on (its core pool): the OpenBLAS baseline gets as many.
+fn kiln_threads() -> usize {
+    #[cfg(feature = "cpu")]
+    return kiln_cpu::Pool::global().threads();
+    #[cfg(not(feature = "cpu"))]
+    baseline::threads()
+}
+
+/// The baselines: plain Rust on all cores, and the matrixmultiply crate (OpenBLAS: [`openblas`]).
 mod baseline {
-    fn threads() -> usize {
+    pub fn threads() -> usize {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     }
 
@@ -1133,7 +1163,7 @@ mod tests {
             verified: true,
             kiln: stats,
             baseline,
-            baseline_name: "",
+            baseline_name: "OpenBLAS 0.3 \"x\", 2 threads",
         };
         let odd = "q\"uote\\back\nslash";
         let results = [result(odd, Some(Stats { median: 4.0, ..stats })), result("plain", None)];
@@ -1145,14 +1175,16 @@ mod tests {
         assert_eq!(
             first.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()),
             Some(
-                ["baseline_median", "max", "median", "min", "name", "ratio", "unit", "verified"]
+                ["baseline", "baseline_median", "max", "median", "min", "name", "ratio", "unit", "verified"]
                     .map(String::from)
                     .to_vec()
             )
         );
         assert_eq!((first["median"].as_f64(), first["baseline_median"].as_f64()), (Some(2.0), Some(4.0)));
         assert_eq!(first["ratio"].as_f64(), Some(0.5));
-        assert!(v["results"][1]["baseline_median"].is_null() && v["results"][1]["ratio"].is_null());
+        assert_eq!(first["baseline"], "OpenBLAS 0.3 \"x\", 2 threads", "the JSON names the baseline");
+        let second = &v["results"][1];
+        assert!(second["baseline"].is_null() && second["baseline_median"].is_null() && second["ratio"].is_null());
         let nan = [BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) }];
         let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::Cpu, &nan).unwrap()).unwrap();
         assert!(v["results"][0]["median"].is_null(), "a non-finite figure is null, as before");
