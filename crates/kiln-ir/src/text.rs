@@ -1089,7 +1089,9 @@ mod tests {
         assert_eq!(plain.src()[0].store_hint(), crate::StoreHint::Normal);
         let bad = text.replace("\"nontemporal\"", "\"streaming\"");
         match parse_kernel(&bad) {
-            Err(IrError::Parse { message, .. }) => assert!(message.contains("a store hint is \"nontemporal\""), "{message}"),
+            Err(IrError::Parse { message, .. }) => {
+                assert!(message.contains("a store hint is \"nontemporal\""), "{message}")
+            }
             other => panic!("{other:?}"),
         }
         let int_hint = text.replace("\"nontemporal\"", "1");
