@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kiln_device::kiln_ir::{DType, IrError, KernelBuilder, Scalar, UOp, Val};
+use kiln_device::kiln_ir::{DType, IrError, KernelBuilder, Scalar, StoreHint, UOp, Val};
 
 /// The launch index that spreads work: `gidx0` on the CPU (split over its cores by the
 /// renderer), `idx0` elsewhere (one work item each; the driver picks the group size).
@@ -11,8 +11,16 @@ pub type Axis = &'static str;
 
 const W: u8 = 8; // f32x8: one AVX2 register
 
-/// `c[i] = a[i] + b[i]` for `n` elements (n a multiple of 8·block), vectorized 8 wide.
-pub fn add_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
+/// The store hint for an output that is written once: non-temporal when the caller found
+/// that the kernel's data does not fit in the device's cache (then caching the output only
+/// evicts the inputs and costs a read of every output line before it is written).
+fn output_hint(nontemporal: bool) -> StoreHint {
+    if nontemporal { StoreHint::NonTemporal } else { StoreHint::Normal }
+}
+
+/// `c[i] = a[i] + b[i]` for `n` elements (n a multiple of 8·block), vectorized 8 wide;
+/// `nontemporal` stores `c` with non-temporal stores (for data larger than the cache).
+pub fn add_f32(axis: Axis, n: usize, nontemporal: bool) -> Result<Arc<UOp>, IrError> {
     let block = 4096usize; // elements per work item
     let mut k = KernelBuilder::new();
     let (a, b, c) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n), k.param(2, Scalar::F32, n));
@@ -20,7 +28,7 @@ pub fn add_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
     let r = k.range((block / W as usize) as i64);
     let idx = &g * block as i64 + &r * W as i64;
     let v = a.at_vec(&idx, W).load() + b.at_vec(&idx, W).load();
-    let st = k.store(&c.at_vec(&idx, W), &v);
+    let st = k.store_hinted(&c.at_vec(&idx, W), &v, output_hint(nontemporal));
     k.end(&r, &[&st]);
     k.finish()
 }
@@ -138,8 +146,14 @@ pub fn pack_b_f32(axis: Axis, n: usize) -> Result<Arc<UOp>, IrError> {
     k.finish()
 }
 
-/// Row-wise softmax of a rows×cols matrix: max, exp(x - max) summed, then scaled.
-pub fn softmax_f32(axis: Axis, rows: usize, cols: usize) -> Result<Arc<UOp>, IrError> {
+/// Row-wise softmax of a rows×cols matrix: max, exp(x - max) summed, then scaled. Plain,
+/// pass 2 writes exp(x - max) to `y` and pass 3 scales it in place (the row is in L1). With
+/// `nontemporal`, pass 2 only sums and pass 3 recomputes exp(x - max) before its one
+/// non-temporal store of `y` (a non-temporal store to a line that pass 2 left dirty in the
+/// cache would write that line to memory twice): 8 bytes of memory traffic per element
+/// instead of 12, for a second exp per element, so it pays only where softmax is memory
+/// bound (measured on a 2-core Zen 4 with 4096×1024: compute bound, half the speed).
+pub fn softmax_f32(axis: Axis, rows: usize, cols: usize, nontemporal: bool) -> Result<Arc<UOp>, IrError> {
     let mut k = KernelBuilder::new();
     let total = (rows * cols) as i64;
     let (x, y) = (k.param(0, Scalar::F32, total), k.param(1, Scalar::F32, total));
@@ -157,40 +171,48 @@ pub fn softmax_f32(axis: Axis, rows: usize, cols: usize) -> Result<Arc<UOp>, IrE
         mx = mx.max(mv.gep(l));
     }
     let mxv = mx.broadcast(W);
-    // Pass 2: exp(x - max) written out and summed.
+    // Pass 2: exp(x - max) summed (and written out, unless pass 3 recomputes it).
     let r2 = k.range(vecs);
     let s = k.acc(&Val::constant(dt, 0.0), &[&r2]);
     let addr2 = &base + &r2 * vw;
     let e = (x.at_vec(&addr2, W).load() - &mxv).exp();
-    let st = k.store(&y.at_vec(&addr2, W), &e);
     let sv = s.update(&(s.get() + &e));
-    let e2 = k.end(&r2, &[&st]);
+    let stored = (!nontemporal).then(|| {
+        let st = k.store(&y.at_vec(&addr2, W), &e);
+        k.end(&r2, &[&st])
+    });
     let mut sum = sv.gep(0);
     for l in 1..W {
         sum = sum + sv.gep(l);
     }
-    let inv = sum.recip();
-    // Pass 3: scale (after pass 2's stores: AFTER orders the reload behind them).
+    let inv = sum.recip().broadcast(W);
+    // Pass 3: scale, reloading pass 2's stores (AFTER orders the reload behind them), or
+    // recomputing exp(x - max) from the row of x that is still in L1.
     let r3 = k.range(vecs);
     let addr3 = &base + &r3 * vw;
     let ptr = y.at_vec(&addr3, W);
-    let after = ptr.after(&[&e2]);
-    let st3 = k.store(&ptr, &(after.load() * inv.broadcast(W)));
+    let e3 = match &stored {
+        Some(e2) => ptr.after(&[e2]).load(),
+        None => (x.at_vec(&addr3, W).load() - &mxv).exp(),
+    };
+    let st3 = k.store_hinted(&ptr, &(e3 * inv), output_hint(nontemporal));
     k.end(&r3, &[&st3]);
     k.finish()
 }
 
-/// Every benchmark kernel for the CPU, with the file name it is shipped under in
+/// Every benchmark kernel for the CPU as the bench runs them where `add`'s 64 MiB output
+/// exceeds the cache and `softmax`'s 16 MiB does not (so only `add` stores non-temporally),
+/// with the file name it is shipped under in
 /// `examples/kernels/bench/` (regenerate with `cargo run -p kiln --example bench_kernels`).
 pub fn shipped() -> Result<Vec<(&'static str, Arc<UOp>)>, IrError> {
     let cpu = "gidx0";
     Ok(vec![
-        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24)?),
+        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24, true)?),
         ("sum_partials_f32_16m.kiln", sum_partials_f32(cpu, 1 << 24, 64)?),
         ("sum_finish_f32_64.kiln", sum_finish_f32(64)?),
         ("pack_b_f32_1024.kiln", pack_b_f32(cpu, 1024)?),
         ("matmul_f32_1024.kiln", matmul_f32(cpu, 1024)?),
-        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024)?),
+        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024, false)?),
     ])
 }
 
@@ -206,6 +228,37 @@ mod tests {
             let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
             let parsed = kiln_device::kiln_ir::parse_kernel(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
             assert!(Arc::ptr_eq(&parsed, &sink), "{file} is stale: run `cargo run -p kiln --example bench_kernels`");
+        }
+    }
+
+    /// `add` and `softmax` compute the same with non-temporal output stores as without (add
+    /// exactly; softmax, whose non-temporal shape recomputes exp, to a few ulps), on the CPU.
+    #[test]
+    fn nontemporal_add_and_softmax_match_the_plain_kernels() {
+        use kiln_device::Buffer;
+        crate::session::register_backends();
+        let dev = kiln_device::open_device("CPU").unwrap();
+        let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
+        let n = 2 * 4096 * 8;
+        let (a, b): (Vec<f32>, Vec<f32>) =
+            ((0..n).map(|i| i as f32 * 0.5).collect(), (0..n).map(|i| (i % 7) as f32).collect());
+        let (rows, cols) = (64, 1024);
+        let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 31) % 97) as f32 * 0.05 - 2.0).collect();
+        let mut outs = Vec::new();
+        for nt in [false, true] {
+            let (c, y) = (buf(&vec![0.0; n]), buf(&vec![0.0; rows * cols]));
+            dev.compile(&add_f32("gidx0", n, nt).unwrap(), Some("add"))
+                .unwrap()
+                .launch(&[&buf(&a), &buf(&b), &c], &[])
+                .unwrap();
+            let sm = dev.compile(&softmax_f32("gidx0", rows, cols, nt).unwrap(), Some("softmax")).unwrap();
+            sm.launch(&[&buf(&x), &y], &[]).unwrap();
+            outs.push((c.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap()));
+        }
+        let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+        assert!(outs[0].0 == want && outs[1].0 == want);
+        for (p, q) in outs[0].1.iter().zip(&outs[1].1) {
+            assert!((p - q).abs() <= 4.0 * f32::EPSILON * p.abs(), "softmax: {p} plain, {q} non-temporal");
         }
     }
 
