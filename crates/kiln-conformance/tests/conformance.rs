@@ -114,6 +114,7 @@ macro_rules! suite {
             launch_dims => programs::launch_dims,
             odd_launch_sizes => programs::odd_launch_sizes,
             launch_on_views => programs::launch_on_views,
+            nontemporal_stores => programs::nontemporal_stores,
             concurrent_launches => programs::concurrent_launches,
             gated_access => programs::gated_access,
 

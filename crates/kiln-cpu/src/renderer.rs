@@ -25,6 +25,13 @@
 //! power of two and only their first lanes are read or written. Vector loads and stores go
 //! through `memcpy`, so any element-aligned address works.
 //!
+//! # Non-temporal stores
+//! A STORE hinted non-temporal becomes `kiln_stnt_T` on x86: `movntdq`/`vmovntdq` for 16-,
+//! 32- and 64-byte vectors, `movnti` for 4- and 8-byte scalars, behind a runtime check that
+//! the address is aligned for the instruction (else a plain store); other types and ISAs store
+//! plainly. A kernel with such stores ends every call with `sfence`, so the stores are
+//! visible before the call returns.
+//!
 //! # Vector math
 //! EXP, EXP2, LOG and LOG2 on f32/f64 vectors are computed in vector registers (range
 //! reduction and a minimax polynomial, with AVX/FMA where the target has them) instead of a
@@ -32,6 +39,7 @@
 //! for ±0, ±inf, NaN, overflow and underflow (subnormal results rounded once). Targets without
 //! SSE2 or NEON keep the libm lane loop.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use kiln_device::cstyle::{
@@ -42,7 +50,7 @@ use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
 
 /// Bumped whenever the generated C changes: it is part of every cache key.
-const RENDERER_VERSION: u32 = 4;
+const RENDERER_VERSION: u32 = 5;
 
 /// Renders kernels to C for [`crate::CCompiler`].
 #[derive(Debug, Clone)]
@@ -795,6 +803,47 @@ impl Dialect for CpuDialect {
         }
     }
 
+    /// On x86, `kiln_stnt_T`: a non-temporal store (`movntdq`/`vmovntdq` of 16/32/64 bytes,
+    /// `movnti` of a 4- or 8-byte scalar) where the address is aligned for it, else the plain
+    /// store, so any element-aligned address stays valid (views may start anywhere). A
+    /// vector wider than the target's registers goes in register-sized parts. Everything
+    /// else, and every other ISA, stores plainly. Inline assembly, not intrinsics: no
+    /// header and no compiler-version-specific builtin is needed.
+    fn store_nontemporal(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String {
+        let Some(s) = dtype.scalar() else { return self.store(addr, value, dtype, p) };
+        let w = dtype.width();
+        let bytes = w as usize * s.size();
+        let vector = w > 1 && (w as usize).is_power_of_two() && matches!(bytes, 16 | 32 | 64);
+        let scalar = w == 1 && s != Scalar::Bool && matches!(bytes, 4 | 8);
+        if !vector && !scalar {
+            return self.store(addr, value, dtype, p);
+        }
+        let vt = if vector { self.vector_type(s, w, p) } else { self.scalar_type(s, p) };
+        let mt = self.memory_type(s, p);
+        let name = format!("kiln_stnt_{}", tag(s, w));
+        let def = name.clone();
+        p.need(KILN_SFENCE, |_| SFENCE_DEF.to_string());
+        p.need(&name, move |_| {
+            let body = if vector { nt_vector_body(bytes) } else { nt_scalar_body(bytes) };
+            format!(
+                "/* A non-temporal store of {bytes} bytes where p is aligned for it, else a plain one. */\n\
+                 static inline void {def}({mt} *p, {vt} v) {{\n{body}  __builtin_memcpy(p, &v, {bytes});\n}}\n"
+            )
+        });
+        format!("{name}({}, {value})", addr.pointer())
+    }
+
+    /// Non-temporal stores are weakly ordered: a store fence at the end of every call makes
+    /// them visible before the call returns, so the pool's (and the queue's) completion
+    /// signal publishes them like every other store.
+    fn kernel_end(&self, p: &mut Prelude) -> Vec<String> {
+        if p.contains(KILN_SFENCE) {
+            vec![format!("{KILN_SFENCE}(); /* publish the non-temporal stores */")]
+        } else {
+            Vec::new()
+        }
+    }
+
     fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<String> {
         Err(no_work_groups("work-group local memory (DEFINE_LOCAL)"))
     }
@@ -802,6 +851,56 @@ impl Dialect for CpuDialect {
     fn barrier(&self, _p: &mut Prelude) -> Result<String> {
         Err(no_work_groups("a work-group barrier (BARRIER)"))
     }
+}
+
+/// The store fence that publishes non-temporal stores (see [`Dialect::kernel_end`]).
+const KILN_SFENCE: &str = "kiln_sfence";
+const SFENCE_DEF: &str = "static inline void kiln_sfence(void) {\n#if defined(__SSE2__)\n  __asm__ __volatile__(\"sfence\" ::: \"memory\");\n#endif\n}\n";
+
+/// The non-temporal part of `kiln_stnt_T` for a `bytes`-byte vector `v` at `p`: the widest
+/// register the target has (zmm with AVX-512F, ymm with AVX, else xmm; VEX-encoded where AVX
+/// is on, to avoid SSE/AVX transitions), in as many parts as `bytes` needs, when `p` is
+/// aligned to that register's size; it returns, else falls through to the plain store. The
+/// `"=m"` operand names the bytes written, so the compiler orders the store with the
+/// kernel's other accesses.
+fn nt_vector_body(bytes: usize) -> String {
+    let targets =
+        [(64, "__AVX512F__", "v", "vmovntdq"), (32, "__AVX__", "x", "vmovntdq"), (16, "__AVX__", "x", "vmovntdq")];
+    let mut out = String::new();
+    let mut guards = Vec::new();
+    for (reg, guard, constraint, insn) in targets.into_iter().chain([(16, "__SSE2__", "x", "movntdq")]) {
+        if reg > bytes || guards.contains(&guard) {
+            continue;
+        }
+        let part = |off: usize| {
+            format!(
+                "    __builtin_memcpy(&r, (const char *)&v + {off}, {reg});\n    \
+                 __asm__ __volatile__(\"{insn} %1, %0\" : \"=m\"(*(char (*)[{reg}])((char *)p + {off})) : \"{constraint}\"(r));\n"
+            )
+        };
+        let parts: String = (0..bytes).step_by(reg).map(part).collect();
+        let _ = write!(
+            out,
+            "#{} defined({guard})\n  if (((__UINTPTR_TYPE__)p & {}) == 0) {{\n    \
+             long long r __attribute__((vector_size({reg})));\n{parts}    return;\n  }}\n",
+            if guards.is_empty() { "if" } else { "elif" },
+            reg - 1
+        );
+        guards.push(guard);
+    }
+    out.push_str("#endif\n");
+    out
+}
+
+/// The non-temporal part of `kiln_stnt_T` for a 4- or 8-byte scalar: `movnti` from a general
+/// register where `p` is naturally aligned.
+fn nt_scalar_body(bytes: usize) -> String {
+    let it = if bytes == 8 { "long long" } else { "int" };
+    format!(
+        "#if defined(__SSE2__)\n  if (((__UINTPTR_TYPE__)p & {}) == 0) {{\n    {it} r;\n    __builtin_memcpy(&r, &v, {bytes});\n    \
+         __asm__ __volatile__(\"movnti %1, %0\" : \"=m\"(*(char (*)[{bytes}])p) : \"r\"(r));\n    return;\n  }}\n#endif\n",
+        bytes - 1
+    )
 }
 
 /// The refusal of a work-group construct (see the module docs).

@@ -266,6 +266,73 @@ fn odd_vector_widths_are_padded_but_touch_only_their_lanes() {
     assert_eq!(got[3 * n], 42.0);
 }
 
+/// Non-temporal stores: on x86 the hinted vector and 4/8-byte scalar stores render to
+/// `movnt*` behind an alignment check, other widths and types to plain stores, and the
+/// kernel ends every call with a store fence (a kernel without hinted stores has none). All
+/// of them store exactly, including a gated one, a padded f32x3 and a bf16.
+#[test]
+fn nontemporal_stores_render_per_width_and_fence_each_call() {
+    use kiln_device::kiln_ir::StoreHint::NonTemporal;
+    let n = 64usize;
+    let mut k = KernelBuilder::new();
+    let (x, out, o3, oh) = (
+        k.param(0, Scalar::F32, n as i64),
+        k.param(1, Scalar::F32, (2 * n) as i64),
+        k.param(2, Scalar::F32, (3 * n / 8 + 1) as i64),
+        k.param(3, Scalar::BF16, n as i64),
+    );
+    let i = k.special("gidx0", (n / 8) as i64);
+    let store = |addr: Val, v: Val, gate: Option<&Val>| {
+        let mut src = vec![addr.0, v.0];
+        src.extend(gate.map(|g| g.0.clone()));
+        UOp::new(Op::Store, DType::Void, NonTemporal.arg(), src)
+    };
+    let (v8, s) = (x.at_vec(&(&i * 8), 8).load(), x.at(&(&i * 8)).load());
+    let effects = vec![
+        store(out.at_vec(&(&i * 8), 8), &v8 + 1.0, None),
+        store(out.at(&(&i + n as i64)), &s * 2.0, Some(&i.lt((n / 16) as i64))),
+        store(o3.at_vec(&(&i * 3), 3), x.at_vec(&(&i * 8), 3).load(), None),
+        store(oh.at(&(&i * 8)), s.cast(DType::Scalar(Scalar::BF16)), None),
+    ];
+    let sink = UOp::new(Op::Sink, DType::Void, Arg::None, effects);
+    let src = CpuRenderer::new().render(&sink, Some("nt")).unwrap().src;
+    if cfg!(target_arch = "x86_64") {
+        for needle in ["kiln_stnt_f32x8(", "kiln_stnt_f32(", "vmovntdq %1, %0", "movnti %1, %0", "& 31) == 0"] {
+            assert!(src.contains(needle), "{needle}\n{src}");
+        }
+    }
+    assert!(!src.contains("kiln_stnt_f32x3") && !src.contains("kiln_stnt_bf16"), "{src}");
+    assert!(src.ends_with("  }\n  kiln_sfence(); /* publish the non-temporal stores */\n}\n"), "{src}");
+    let mut k = KernelBuilder::new();
+    let y = k.param(0, Scalar::F32, 8i64);
+    let j = k.special("gidx0", 8i64);
+    k.store(&y.at(&j), &Val::f32(1.0));
+    let plain = CpuRenderer::new().render(&k.finish().unwrap(), Some("plain")).unwrap().src;
+    assert!(!plain.contains("sfence") && !plain.contains("movnt"), "{plain}");
+
+    let kernel = compile(&sink, "nt");
+    let data = randf(n, 11);
+    let (bx, bo, b3, bh) = (
+        from_f32s(&data),
+        from_f32s(&vec![-1.0; 2 * n]),
+        from_f32s(&vec![-1.0; 3 * n / 8 + 1]),
+        device().buffer(Scalar::BF16, n).unwrap(),
+    );
+    bh.copyin(&vec![0u8; 2 * n]).unwrap();
+    kernel.launch(&[&bx, &bo, &b3, &bh], &[]).unwrap();
+    let (got, got3, goth) = (f32s(&bo), f32s(&b3), bytes_of(&bh));
+    for g in 0..n / 8 {
+        for l in 0..8 {
+            assert_eq!(got[8 * g + l], data[8 * g + l] + 1.0);
+        }
+        assert_eq!(got[n + g], if g < n / 16 { data[8 * g] * 2.0 } else { -1.0 }, "gated store {g}");
+        assert_eq!(&got3[3 * g..3 * g + 3], &data[8 * g..8 * g + 3]);
+        let h = u16::from_le_bytes([goth[16 * g], goth[16 * g + 1]]);
+        assert_eq!(h, bf16_bits(data[8 * g] as f64));
+    }
+    assert_eq!(got3[3 * n / 8], -1.0, "the padded f32x3 store wrote past its lanes");
+}
+
 #[test]
 fn grouped_and_multi_axis_launch_indices() {
     // gidx0 x lidx0 over 16 elements, gidx1 over 3 rows: out[row, g*4+l] = row * 100 + g*4+l.

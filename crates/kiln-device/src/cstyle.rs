@@ -20,6 +20,9 @@
 //!   declarations only at kernel function scope). BARRIER is one statement
 //!   ([`Dialect::barrier`]). Both need work groups: a kernel with direct launch indices
 //!   (`idxN`) cannot use them, and a dialect without work groups refuses them.
+//! - A STORE hinted non-temporal ([`kiln_ir::StoreHint`]) to global memory is spelled by
+//!   [`Dialect::store_nontemporal`] (a plain store by default); [`Dialect::kernel_end`]
+//!   closes the body (e.g. with the store fence such stores need).
 //! - DEFINE_ACC declares a mutable variable before its loops. ASSIGN evaluates to its new value;
 //!   the write-back to the accumulator is deferred to the end of the enclosing block, so every
 //!   read of the accumulator inside one iteration sees the value from the iteration's start,
@@ -51,7 +54,7 @@ pub mod gpu;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use kiln_ir::{AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, UOp, linearize, validate};
+use kiln_ir::{AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, StoreHint, UOp, linearize, validate};
 
 use crate::error::{Error, Result};
 use crate::program::{ProgramSpec, special_axis};
@@ -290,6 +293,23 @@ pub trait Dialect {
 
     /// A statement (without the final `;`) storing `value` of `dtype` at `addr`.
     fn store(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String;
+
+    /// A statement like [`Dialect::store`] for a STORE hinted [`StoreHint::NonTemporal`]: it
+    /// may bypass the caches, and must store exactly the same bytes at any address `store`
+    /// accepts (an address the non-temporal instruction cannot take gets a plain store).
+    /// Such stores may be weakly ordered: a dialect that emits them makes them visible
+    /// before the kernel (each of its calls) returns, with [`Dialect::kernel_end`]. The
+    /// default is the plain store: backends without such stores ignore the hint.
+    fn store_nontemporal(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String {
+        self.store(addr, value, dtype, p)
+    }
+
+    /// Statements at the very end of the kernel body, after the launch has closed: the
+    /// place to publish what the body's stores left pending (e.g. a store fence after
+    /// non-temporal stores; `p` says which helpers the body used). Default: none.
+    fn kernel_end(&self, _p: &mut Prelude) -> Vec<String> {
+        Vec::new()
+    }
 
     /// A declaration (without the final `;`) of work-group local memory: an array `name` of
     /// `len` elements of `s` in memory representation ([`Dialect::memory_type`]), shared by
@@ -879,6 +899,9 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             self.indent -= 1;
             self.line("}".into());
         }
+        for line in self.d.kernel_end(&mut self.p) {
+            self.line(line);
+        }
 
         head.push_str(&self.d.header());
         if !head.ends_with('\n') {
@@ -1047,7 +1070,12 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             Op::Store => {
                 let addr = self.address(&src[0])?;
                 let value = self.expr(&src[1])?;
-                let stmt = self.d.store(&addr, &value, src[1].dtype(), &mut self.p);
+                let stmt = match n.store_hint() {
+                    StoreHint::NonTemporal if addr.space == AddrSpace::Global => {
+                        self.d.store_nontemporal(&addr, &value, src[1].dtype(), &mut self.p)
+                    }
+                    _ => self.d.store(&addr, &value, src[1].dtype(), &mut self.p),
+                };
                 if src.len() == 3 {
                     let gate = self.expr(&src[2])?;
                     self.line(format!("if ({gate}) {stmt};"));

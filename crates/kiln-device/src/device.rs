@@ -132,6 +132,11 @@ impl DeviceProperties {
     pub fn f32_lanes(&self) -> Option<usize> {
         self.vector_bytes.map(|b| b / 4).filter(|&l| l > 0)
     }
+
+    /// The largest cache the device reports (usually its L3), in bytes, when known.
+    pub fn largest_cache_bytes(&self) -> Option<usize> {
+        [self.l1d_bytes, self.l2_bytes, self.l3_bytes].into_iter().flatten().max()
+    }
 }
 
 /// What a backend builds for one device generation: memory, compilers, the program loader

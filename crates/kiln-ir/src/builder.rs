@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::IrError;
 use crate::dtype::{AddrSpace, DType, Scalar};
-use crate::uop::{Arg, Op, UOp};
+use crate::uop::{Arg, Op, StoreHint, UOp};
 use crate::validate::validate;
 
 /// A node being built. Cheap to clone (an `Arc`).
@@ -401,7 +401,13 @@ impl KernelBuilder {
     /// Stores `v` at `addr`; returns the store effect (already recorded for the SINK unless
     /// it lies in a loop: close loops with [`KernelBuilder::end`]).
     pub fn store(&mut self, addr: &Val, v: &Val) -> Val {
-        let s = Val(UOp::new(Op::Store, DType::Void, Arg::None, vec![addr.0.clone(), v.0.clone()]));
+        self.store_hinted(addr, v, StoreHint::Normal)
+    }
+
+    /// [`KernelBuilder::store`] with a [`StoreHint`], e.g. a non-temporal store for an output
+    /// that is written once and not read again soon.
+    pub fn store_hinted(&mut self, addr: &Val, v: &Val, hint: StoreHint) -> Val {
+        let s = Val(UOp::new(Op::Store, DType::Void, hint.arg(), vec![addr.0.clone(), v.0.clone()]));
         self.effects.push(s.0.clone());
         s
     }

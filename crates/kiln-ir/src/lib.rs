@@ -21,7 +21,7 @@ pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use linearize::{MAX_LOOPS, linearize};
 pub use symbolic::{eval_int, variables};
 pub use text::{locate_node, parse, parse_kernel, print};
-pub use uop::{Arg, ContentHash, Op, UOp};
+pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};
 pub use validate::{MAX_LOCAL_BYTES, validate};
 
 /// Everything that can be wrong with a kernel or a size expression.

@@ -64,6 +64,7 @@
 //! | DEFINE_LOCAL | local memory id (keeps equal-looking arrays apart) | `DEFINE_LOCAL lptr<f32> 0 (%c256)` |
 //! | DEFINE_VAR | `"name" min max` | `DEFINE_VAR i32 "n" 1 1024` |
 //! | SPECIAL | launch index name | `SPECIAL i32 "gidx0" (%n)` |
+//! | STORE | optional hint: `"nontemporal"` ([`crate::StoreHint`]) | `STORE void "nontemporal" (%p, %v)` |
 //! | SOURCE | source text | `SOURCE void "int x;\n"` |
 //! | PROGRAM | optional kernel name | `PROGRAM void "add" (%sink, %dev, %src)` |
 //! | DEVICE | `device` and a device name | `DEVICE void device CUDA:1` |
@@ -847,6 +848,7 @@ fn accepted(op: Op) -> (&'static [Kind], &'static str) {
         Op::Special => (&[Kind::Str], "its name: `SPECIAL i32 \"gidx0\" (%n)`"),
         Op::Source => (&[Kind::Str], "the source text: `SOURCE void \"...\"`"),
         Op::Program => (&[Kind::None, Kind::Str], "an optional name: `PROGRAM void \"add\" (%sink, %dev, %src)`"),
+        Op::Store => (&[Kind::None, Kind::Str], "an optional hint: `STORE void \"nontemporal\" (%p, %v)`"),
         Op::Device => (&[Kind::Device], "the device: `DEVICE void device CPU`"),
         Op::Binary => (&[Kind::Bytes], "the bytes in hex: `BINARY void 0x7f454c46`"),
         _ => (&[Kind::None], "no argument: constants are separate CONST nodes"),
@@ -1064,6 +1066,36 @@ mod tests {
         let text = round_trip(&sink);
         assert!(text.contains("CMPLT bool"), "{text}");
         assert!(text.contains("CONST f32 -1.0"), "{text}");
+    }
+
+    /// A non-temporal store prints its hint, parses back to the same node, and is a node
+    /// distinct from the plain store of the same value (the hint is part of the identity).
+    #[test]
+    fn nontemporal_store_hint_round_trips_and_is_part_of_the_identity() {
+        let build = |hint| {
+            let mut k = KernelBuilder::new();
+            let (a, c) = (k.param(0, Scalar::F32, 64), k.param(1, Scalar::F32, 64));
+            let i = k.special("gidx0", 16);
+            let v = a.at_vec(&(&i * 4), 4).load();
+            k.store_hinted(&c.at_vec(&(&i * 4), 4), &v, hint);
+            k.finish().unwrap()
+        };
+        let (nt, plain) = (build(crate::StoreHint::NonTemporal), build(crate::StoreHint::Normal));
+        assert_ne!(nt.content_hash(), plain.content_hash());
+        let text = round_trip(&nt);
+        assert!(text.contains("STORE void \"nontemporal\" ("), "{text}");
+        assert!(!round_trip(&plain).contains("nontemporal"));
+        assert_eq!(nt.src()[0].store_hint(), crate::StoreHint::NonTemporal);
+        assert_eq!(plain.src()[0].store_hint(), crate::StoreHint::Normal);
+        let bad = text.replace("\"nontemporal\"", "\"streaming\"");
+        match parse_kernel(&bad) {
+            Err(IrError::Parse { message, .. }) => {
+                assert!(message.contains("a store hint is \"nontemporal\""), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let int_hint = text.replace("\"nontemporal\"", "1");
+        assert!(err_at(&int_hint).2.contains("an optional hint"), "{}", err_at(&int_hint).2);
     }
 
     fn matmul() -> Arc<UOp> {

@@ -54,7 +54,8 @@ pub enum Op {
     /// Read through a pointer. src: `[index]` or `[index, alt, gate]`: when the gate is false the
     /// memory is not touched and the result is `alt`.
     Load,
-    /// Write through a pointer. src: `[index, value]` or `[index, value, gate]`.
+    /// Write through a pointer. src: `[index, value]` or `[index, value, gate]`. arg: a
+    /// [`StoreHint`] (`Arg::None` for a plain store).
     Store,
     /// A local accumulator. arg: its id, unique within the kernel (two accumulators with the
     /// same init and ranges are different variables; without the id hash-consing would merge
@@ -470,6 +471,42 @@ impl Arg {
     }
 }
 
+/// How a STORE may write memory. A hint never changes what a kernel computes: a backend
+/// without the kind of store it asks for writes plainly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StoreHint {
+    /// An ordinary store through the caches (STORE's argument is [`Arg::None`]).
+    #[default]
+    Normal,
+    /// The value will not be read again soon: the store may bypass the caches (a
+    /// non-temporal, write-combining store), so that streaming an output larger than the
+    /// caches neither evicts the inputs nor reads every output line before writing it.
+    /// STORE's argument is `Arg::Str("nontemporal")`, in text `STORE void "nontemporal" (...)`.
+    NonTemporal,
+}
+
+impl StoreHint {
+    /// The STORE argument that carries this hint.
+    pub fn arg(self) -> Arg {
+        match self {
+            StoreHint::Normal => Arg::None,
+            StoreHint::NonTemporal => Arg::Str(Self::NONTEMPORAL.into()),
+        }
+    }
+
+    /// The hint a STORE's argument names; `None` for an argument that names no hint
+    /// ([`crate::validate`] rejects such a STORE).
+    pub fn from_arg(arg: &Arg) -> Option<StoreHint> {
+        match arg {
+            Arg::None => Some(StoreHint::Normal),
+            Arg::Str(s) if s == Self::NONTEMPORAL => Some(StoreHint::NonTemporal),
+            _ => None,
+        }
+    }
+
+    const NONTEMPORAL: &'static str = "nontemporal";
+}
+
 /// A stable 256-bit identity of a UOp graph.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ContentHash(pub [u8; 32]);
@@ -620,6 +657,11 @@ impl UOp {
             Arg::Int(v) => Some(v),
             _ => None,
         }
+    }
+
+    /// The hint of a STORE (plain for any other node, and for an argument that names no hint).
+    pub fn store_hint(&self) -> StoreHint {
+        if self.op == Op::Store { StoreHint::from_arg(&self.arg).unwrap_or_default() } else { StoreHint::Normal }
     }
 
     /// The name of a SPECIAL or DEFINE_VAR.

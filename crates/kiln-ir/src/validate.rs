@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::IrError;
 use crate::dtype::{AddrSpace, DType, Scalar};
-use crate::uop::{Arg, Op, UOp};
+use crate::uop::{Arg, Op, StoreHint, UOp};
 
 /// The most work-group local memory (DEFINE_LOCAL bytes, all arrays together) a kernel may
 /// declare: 32 KiB, the least an OpenCL device (full profile) offers and below CUDA's 48 KiB
@@ -89,6 +89,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             | Op::Device
             | Op::Source
             | Op::Binary
+            | Op::Store
     );
     if !takes_arg && *n.arg() != Arg::None {
         return Err(format!("takes no argument, got {}", n.arg()));
@@ -222,6 +223,9 @@ fn check_node(n: &UOp) -> Result<(), String> {
             same(pointee, src[1].dtype(), "the stored value")?;
             if src.len() == 3 {
                 gate(&src[2])?;
+            }
+            if StoreHint::from_arg(n.arg()).is_none() {
+                return Err(format!("a store hint is \"nontemporal\" or none, got {}", n.arg()));
             }
             void(dt)
         }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use kiln_device::kiln_ir::{Arg, DType, KernelBuilder, Op, Scalar, UOp, Val};
+use kiln_device::kiln_ir::{Arg, DType, KernelBuilder, Op, Scalar, StoreHint, UOp, Val};
 use kiln_device::{Buffer, Device, Kernel};
 
 use crate::host::{Value, decode, download, normalize, upload};
@@ -838,6 +838,79 @@ pub fn launch_on_views(dev: &Arc<Device>) -> Outcome {
         }
     }
     bad.finish(&format!("{} launches on views", dev.spec()))
+}
+
+/// Stores hinted non-temporal ([`StoreHint::NonTemporal`]) store exactly what plain stores
+/// do, for scalars (4 and 8 bytes) and f32 vectors of 4, 8 and 16 lanes, on views that start
+/// aligned and at odd element offsets (where a non-temporal instruction cannot take the
+/// address the backend must fall back to a plain store), over enough work items that the CPU
+/// splits the launch over its cores (each part must publish its stores before the launch
+/// completes). Backends without non-temporal stores ignore the hint: on them the hinted
+/// kernel renders to the very source of the plain one.
+pub fn nontemporal_stores(dev: &Arc<Device>) -> Outcome {
+    const ITEMS: usize = 4096; // × LOOP iterations: enough for the CPU to use every core
+    const LOOP: usize = 8;
+    let kernel = |s: Scalar, w: u8, hint: StoreHint| -> Result<Arc<UOp>, Failure> {
+        let len = ITEMS * LOOP * w as usize;
+        let mut k = KernelBuilder::new();
+        let (x, y) = (k.param(0, s, len), k.param(1, s, len));
+        let g = k.special("gidx0", ITEMS);
+        let r = k.range(LOOP);
+        let idx = (&g * LOOP as i64 + &r) * w as i64;
+        let v = x.at_vec(&idx, w).load();
+        let st = k.store_hinted(&y.at_vec(&idx, w), &(&v * 3 + 1), hint);
+        k.end(&r, &[&st]);
+        Ok(k.finish()?)
+    };
+    let mut bad = Mismatches::new();
+    for (s, w) in [(Scalar::F32, 1u8), (Scalar::I64, 1), (Scalar::F32, 4), (Scalar::F32, 8), (Scalar::F32, 16)] {
+        let nt = kernel(s, w, StoreHint::NonTemporal)?;
+        let name = format!("conf_nt_{}x{w}", s.name());
+        if *dev.spec() != kiln_device::kiln_ir::DeviceSpec::Cpu {
+            let plain = dev.renderer().render(&kernel(s, w, StoreHint::Normal)?, Some(&name))?;
+            let hinted = dev.renderer().render(&nt, Some(&name))?;
+            ensure!(hinted.src == plain.src, "{}: the non-temporal hint changed the {name} source", dev.spec());
+        }
+        let k = compile(dev, &nt, &name)?;
+        let len = ITEMS * LOOP * w as usize;
+        let total = len + 32;
+        for (xo, yo) in [(0usize, 0usize), (16, 16), (1, 3), (5, 2)] {
+            let case = format!("{name} on views x+{xo}, y+{yo}");
+            let run = |x: &Buffer, y: &Buffer| k.launch(&[&x.view(xo, len)?, &y.view(yo, len)?], &[]);
+            if s == Scalar::F32 {
+                let x: Vec<f32> = (0..total).map(|v| (v % 1000) as f32 * 0.5).collect();
+                check_views(dev, &case, &x, -1.0, (xo, yo, len), |v| v * 3.0 + 1.0, run, &mut bad)?;
+            } else {
+                let x: Vec<i64> = (0..total as i64).map(|v| v * 1_000_003 - (1 << 40)).collect();
+                check_views(dev, &case, &x, -1, (xo, yo, len), |v| v * 3 + 1, run, &mut bad)?;
+            }
+        }
+    }
+    bad.finish(&format!("{} non-temporal stores", dev.spec()))
+}
+
+/// Uploads `x` and a `y` of `fill`, runs `run(x, y)` and checks that `y` holds `f(x[e - yo +
+/// xo])` on the `len` elements from `yo` on and `fill` elsewhere (one mismatch per case).
+#[allow(clippy::too_many_arguments)]
+fn check_views<T: kiln_device::Element + PartialEq + Copy + std::fmt::Display>(
+    dev: &Device,
+    case: &str,
+    x: &[T],
+    fill: T,
+    (xo, yo, len): (usize, usize, usize),
+    f: impl Fn(T) -> T,
+    run: impl Fn(&Buffer, &Buffer) -> Result<(), kiln_device::Error>,
+    bad: &mut Mismatches,
+) -> Outcome {
+    let (xb, yb) =
+        (Buffer::from_slice(dev.allocator(), x)?, Buffer::from_slice(dev.allocator(), &vec![fill; x.len()])?);
+    run(&xb, &yb)?;
+    let y = yb.to_vec::<T>()?;
+    let want = |e: usize| if (yo..yo + len).contains(&e) { f(x[e - yo + xo]) } else { fill };
+    if let Some(e) = (0..y.len()).find(|&e| y[e] != want(e)) {
+        bad.push(format!("{case}: y[{e}] = {}, want {}", y[e], want(e)));
+    }
+    Ok(())
 }
 
 /// Launch sizes that do not divide evenly: a direct launch over a prime number of items and a

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kiln_device::kiln_ir::{DType, IrError, KernelBuilder, Scalar, UOp, Val};
+use kiln_device::kiln_ir::{DType, IrError, KernelBuilder, Scalar, StoreHint, UOp, Val};
 
 /// The launch index that spreads work: `gidx0` on the CPU (split over its cores by the
 /// renderer), `idx0` elsewhere (one work item each; the driver picks the group size).
@@ -37,9 +37,17 @@ fn check_width(width: u8, step: usize) -> Result<(), IrError> {
     Ok(())
 }
 
+/// The store hint for an output that is written once: non-temporal when the caller found
+/// that the kernel's data does not fit in the device's cache (then caching the output only
+/// evicts the inputs and costs a read of every output line before it is written).
+fn output_hint(nontemporal: bool) -> StoreHint {
+    if nontemporal { StoreHint::NonTemporal } else { StoreHint::Normal }
+}
+
 /// `c[i] = a[i] + b[i]` for `n` elements (n a multiple of the 4096-element block),
-/// vectorized `w` lanes wide.
-pub fn add_f32(axis: Axis, n: usize, w: u8) -> Result<Arc<UOp>, IrError> {
+/// vectorized `w` lanes wide; `nontemporal` stores `c` with non-temporal stores (for data
+/// larger than the cache).
+pub fn add_f32(axis: Axis, n: usize, w: u8, nontemporal: bool) -> Result<Arc<UOp>, IrError> {
     let block = 4096usize; // elements per work item
     check_width(w, block)?;
     let mut k = KernelBuilder::new();
@@ -48,7 +56,7 @@ pub fn add_f32(axis: Axis, n: usize, w: u8) -> Result<Arc<UOp>, IrError> {
     let r = k.range((block / w as usize) as i64);
     let idx = &g * block as i64 + &r * w as i64;
     let v = a.at_vec(&idx, w).load() + b.at_vec(&idx, w).load();
-    let st = k.store(&c.at_vec(&idx, w), &v);
+    let st = k.store_hinted(&c.at_vec(&idx, w), &v, output_hint(nontemporal));
     k.end(&r, &[&st]);
     k.finish()
 }
@@ -212,9 +220,14 @@ pub fn pack_b_f32(axis: Axis, n: usize, tile: MatmulTile) -> Result<Arc<UOp>, Ir
     k.finish()
 }
 
-/// Row-wise softmax of a rows×cols matrix, `w` lanes at a time: max, exp(x - max)
-/// summed, then scaled.
-pub fn softmax_f32(axis: Axis, rows: usize, cols: usize, w: u8) -> Result<Arc<UOp>, IrError> {
+/// Row-wise softmax of a rows×cols matrix, `w` lanes at a time: max, exp(x - max) summed, then scaled. Plain,
+/// pass 2 writes exp(x - max) to `y` and pass 3 scales it in place (the row is in L1). With
+/// `nontemporal`, pass 2 only sums and pass 3 recomputes exp(x - max) before its one
+/// non-temporal store of `y` (a non-temporal store to a line that pass 2 left dirty in the
+/// cache would write that line to memory twice): 8 bytes of memory traffic per element
+/// instead of 12, for a second exp per element, so it pays only where softmax is memory
+/// bound (measured on a 2-core Zen 4 with 4096×1024: compute bound, half the speed).
+pub fn softmax_f32(axis: Axis, rows: usize, cols: usize, w: u8, nontemporal: bool) -> Result<Arc<UOp>, IrError> {
     check_width(w, cols)?;
     let mut k = KernelBuilder::new();
     let total = (rows * cols) as i64;
@@ -233,30 +246,38 @@ pub fn softmax_f32(axis: Axis, rows: usize, cols: usize, w: u8) -> Result<Arc<UO
         mx = mx.max(mv.gep(l));
     }
     let mxv = mx.broadcast(w);
-    // Pass 2: exp(x - max) written out and summed.
+    // Pass 2: exp(x - max) summed (and written out, unless pass 3 recomputes it).
     let r2 = k.range(vecs);
     let s = k.acc(&Val::constant(dt, 0.0), &[&r2]);
     let addr2 = &base + &r2 * vw;
     let e = (x.at_vec(&addr2, w).load() - &mxv).exp();
-    let st = k.store(&y.at_vec(&addr2, w), &e);
     let sv = s.update(&(s.get() + &e));
-    let e2 = k.end(&r2, &[&st]);
+    let stored = (!nontemporal).then(|| {
+        let st = k.store(&y.at_vec(&addr2, w), &e);
+        k.end(&r2, &[&st])
+    });
     let mut sum = sv.gep(0);
     for l in 1..w {
         sum = sum + sv.gep(l);
     }
-    let inv = sum.recip();
-    // Pass 3: scale (after pass 2's stores: AFTER orders the reload behind them).
+    let inv = sum.recip().broadcast(w);
+    // Pass 3: scale, reloading pass 2's stores (AFTER orders the reload behind them), or
+    // recomputing exp(x - max) from the row of x that is still in L1.
     let r3 = k.range(vecs);
     let addr3 = &base + &r3 * vw;
     let ptr = y.at_vec(&addr3, w);
-    let after = ptr.after(&[&e2]);
-    let st3 = k.store(&ptr, &(after.load() * inv.broadcast(w)));
+    let e3 = match &stored {
+        Some(e2) => ptr.after(&[e2]).load(),
+        None => (x.at_vec(&addr3, w).load() - &mxv).exp(),
+    };
+    let st3 = k.store_hinted(&ptr, &(e3 * inv), output_hint(nontemporal));
     k.end(&r3, &[&st3]);
     k.finish()
 }
 
-/// Every benchmark kernel for the CPU, with the file name it is shipped under in
+/// Every benchmark kernel for the CPU as the bench runs them where `add`'s 64 MiB output
+/// exceeds the cache and `softmax`'s 16 MiB does not (so only `add` stores non-temporally),
+/// with the file name it is shipped under in
 /// `examples/kernels/bench/` (regenerate with `cargo run -p kiln --example bench_kernels`).
 /// The plain names are built [`DEFAULT_WIDTH`] (AVX2) wide; `_x16` names are the 16-lane
 /// (AVX-512) kernels that the bench runs on a CPU reporting 64-byte vectors.
@@ -264,17 +285,17 @@ pub fn shipped() -> Result<Vec<(&'static str, Arc<UOp>)>, IrError> {
     let cpu = "gidx0";
     let w = DEFAULT_WIDTH;
     Ok(vec![
-        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24, w)?),
+        ("add_f32_16m.kiln", add_f32(cpu, 1 << 24, w, true)?),
         ("sum_partials_f32_16m.kiln", sum_partials_f32(cpu, 1 << 24, 64, w)?),
         ("sum_finish_f32_64.kiln", sum_finish_f32(64)?),
         ("pack_b_f32_1024.kiln", pack_b_f32(cpu, 1024, MatmulTile::for_width(w))?),
         ("matmul_f32_1024.kiln", matmul_f32(cpu, 1024, MatmulTile::for_width(w))?),
-        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024, w)?),
-        ("add_f32_16m_x16.kiln", add_f32(cpu, 1 << 24, 16)?),
+        ("softmax_f32_4096x1024.kiln", softmax_f32(cpu, 4096, 1024, w, false)?),
+        ("add_f32_16m_x16.kiln", add_f32(cpu, 1 << 24, 16, true)?),
         ("sum_partials_f32_16m_x16.kiln", sum_partials_f32(cpu, 1 << 24, 64, 16)?),
         ("pack_b_f32_1024_x16.kiln", pack_b_f32(cpu, 1024, MatmulTile::for_width(16))?),
         ("matmul_f32_1024_x16.kiln", matmul_f32(cpu, 1024, MatmulTile::for_width(16))?),
-        ("softmax_f32_4096x1024_x16.kiln", softmax_f32(cpu, 4096, 1024, 16)?),
+        ("softmax_f32_4096x1024_x16.kiln", softmax_f32(cpu, 4096, 1024, 16, false)?),
     ])
 }
 
@@ -309,7 +330,7 @@ mod tests {
         let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.25).collect();
         let b: Vec<f32> = (0..n).map(|i| (i % 777) as f32 * 0.5).collect();
         let (ba, bb, bc) = (buf(&a)?, buf(&b)?, buf(&vec![0f32; n])?);
-        run(add_f32(axis, n, w), &[&ba, &bb, &bc])?;
+        run(add_f32(axis, n, w, false), &[&ba, &bb, &bc])?;
         if let Some(i) = read(&bc)?.iter().zip(a.iter().zip(&b)).position(|(c, (x, y))| *c != x + y) {
             return Err(format!("{at}: add is wrong at element {i}"));
         }
@@ -326,7 +347,7 @@ mod tests {
 
         let (rows, cols) = (4, 256);
         let (bx, by) = (buf(&x[..rows * cols])?, buf(&vec![0f32; rows * cols])?);
-        run(softmax_f32(axis, rows, cols, w), &[&bx, &by])?;
+        run(softmax_f32(axis, rows, cols, w, false), &[&bx, &by])?;
         let y = read(&by)?;
         for (row, got) in x[..rows * cols].chunks(cols).zip(y.chunks(cols)) {
             let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
@@ -365,7 +386,7 @@ mod tests {
             Err(e) => panic!("OPENCL:0: {e}"),
         }
         for bad in [0, 3, 32] {
-            assert!(matches!(add_f32("gidx0", 4096, bad), Err(IrError::Invalid(_))), "width {bad}");
+            assert!(matches!(add_f32("gidx0", 4096, bad, false), Err(IrError::Invalid(_))), "width {bad}");
         }
     }
 
@@ -388,6 +409,37 @@ mod tests {
         assert_eq!(w, 8);
         for w in [w, 16] {
             check_bandwidth_kernels(&dev, "gidx0", w).unwrap();
+        }
+    }
+
+    /// `add` and `softmax` compute the same with non-temporal output stores as without (add
+    /// exactly; softmax, whose non-temporal shape recomputes exp, to a few ulps), on the CPU.
+    #[test]
+    fn nontemporal_add_and_softmax_match_the_plain_kernels() {
+        use kiln_device::Buffer;
+        crate::session::register_backends();
+        let dev = kiln_device::open_device("CPU").unwrap();
+        let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
+        let n = 2 * 4096 * 8;
+        let (a, b): (Vec<f32>, Vec<f32>) =
+            ((0..n).map(|i| i as f32 * 0.5).collect(), (0..n).map(|i| (i % 7) as f32).collect());
+        let (rows, cols) = (64, 1024);
+        let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 31) % 97) as f32 * 0.05 - 2.0).collect();
+        let mut outs = Vec::new();
+        for nt in [false, true] {
+            let (c, y) = (buf(&vec![0.0; n]), buf(&vec![0.0; rows * cols]));
+            dev.compile(&add_f32("gidx0", n, 16, nt).unwrap(), Some("add"))
+                .unwrap()
+                .launch(&[&buf(&a), &buf(&b), &c], &[])
+                .unwrap();
+            let sm = dev.compile(&softmax_f32("gidx0", rows, cols, 16, nt).unwrap(), Some("softmax")).unwrap();
+            sm.launch(&[&buf(&x), &y], &[]).unwrap();
+            outs.push((c.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap()));
+        }
+        let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+        assert!(outs[0].0 == want && outs[1].0 == want);
+        for (p, q) in outs[0].1.iter().zip(&outs[1].1) {
+            assert!((p - q).abs() <= 4.0 * f32::EPSILON * p.abs(), "softmax: {p} plain, {q} non-temporal");
         }
     }
 
