@@ -307,7 +307,14 @@ impl Compiler for CCompiler {
     }
 
     fn fingerprint(&self) -> String {
-        format!("{} | {} {} {} | {}", self.identity, FLAGS.join(" "), self.isa.march_flags().join(" "), LIBS.join(" "), self.target)
+        format!(
+            "{} | {} {} {} | {}",
+            self.identity,
+            FLAGS.join(" "),
+            self.isa.march_flags().join(" "),
+            LIBS.join(" "),
+            self.target
+        )
     }
 }
 

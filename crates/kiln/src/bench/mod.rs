@@ -315,7 +315,8 @@ impl Bench {
             Some(gpu) => gpu,
             None => {
                 let chunks = 64;
-                let partial = self.compile(kernels::sum_partials_f32(self.axis(), n, chunks, self.width()), "sum_partials_f32")?;
+                let partial =
+                    self.compile(kernels::sum_partials_f32(self.axis(), n, chunks, self.width()), "sum_partials_f32")?;
                 (partial, self.compile(kernels::sum_finish_f32(chunks), "sum_finish_f32")?, chunks)
             }
         };
@@ -420,7 +421,8 @@ impl Bench {
         let (rows, cols) = (4096usize, 1024usize);
         let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 31) % 97) as f32 * 0.05 - 2.0).collect();
         let nontemporal = exceeds_cache(self.device.properties(), 4 * rows * cols);
-        let k = self.compile(kernels::softmax_f32(self.axis(), rows, cols, self.width(), nontemporal), "softmax_f32")?;
+        let k =
+            self.compile(kernels::softmax_f32(self.axis(), rows, cols, self.width(), nontemporal), "softmax_f32")?;
         let (bx, by) = (self.upload(&x)?, self.zeros(rows * cols)?);
         self.launch(&k, &[&bx, &by])?;
         let y = self.read(&by)?;
