@@ -277,8 +277,7 @@ impl Bench {
         })
     }
 
-    /// kiln's `add` against [`StreamLimit`], rep by rep interleaved, so that a shared
-    /// machine's load weighs on both alike.
+    /// kiln's `add` against [`StreamLimit`] measured right after it.
     fn add(&self) -> Result<BenchResult, CliError> {
         let n = ADD_N;
         let (a, b) = Self::add_inputs();
@@ -290,10 +289,11 @@ impl Bench {
         if let Some(i) = (0..n).find(|&i| c[i] != a[i] + b[i]) {
             return Err(wrong("add_f32_16m", format!("c[{i}] = {} but a[{i}] + b[{i}] = {}", c[i], a[i] + b[i])));
         }
+        let t = time_reps(self.reps, || self.launch(&k, &[&ba, &bb, &bc]))?;
+        // The limit runs after kiln's reps, not between them: its threads would otherwise
+        // share the cores with kiln's pool workers, which spin for a while after each launch.
         let mut limit = StreamLimit::new(&a, &b);
-        let mut t = Vec::with_capacity(self.reps);
         for _ in 0..self.reps {
-            t.extend(time_reps(1, || self.launch(&k, &[&ba, &bb, &bc]))?);
             limit.rep();
         }
         let base = limit.finish("add_f32_16m")?;
