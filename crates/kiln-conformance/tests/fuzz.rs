@@ -377,7 +377,13 @@ fn races(sink: &Arc<UOp>, vals: &[i64]) -> Option<bool> {
             (Op::Store, 3) => Some(access.src()[2].clone()),
             _ => None,
         };
-        let mut axes: Vec<Arc<UOp>> = Vec::new();
+        // Every work item runs every access, whether or not its address uses the item's
+        // index (a store to a constant address from many items races), so every launch axis
+        // is enumerated, with the loops the address or gate depends on.
+        let mut axes: Vec<Arc<UOp>> = nodes.iter().filter(|n| n.op() == Op::Special).cloned().collect();
+        if axes.iter().any(|a| a.arg_name() == Some("core_id")) {
+            return None;
+        }
         for root in std::iter::once(&index.src()[1]).chain(gate.as_ref()) {
             for n in root.toposort() {
                 match n.op() {
