@@ -53,72 +53,37 @@ pub fn tiled_matmul(dev: &Arc<Device>) -> Outcome {
     Ok(())
 }
 
-/// Per-group sums of 256 elements: each item stores one element in local memory, then
-/// eight halving steps add the upper half onto the lower (`if (l < s)`, a barrier after
-/// each), and item 0 stores the group's sum.
-const GROUP_SUM: &str = r#"
-%g    = DEFINE_VAR i32 "groups" 1 1024
-%c256 = CONST i32 256
-%n    = MUL i32 (%g, %c256)
-%a    = PARAM ptr<f32> 0 (%n)
-%out  = PARAM ptr<f32> 1 (%g)
-%gi   = SPECIAL i32 "gidx0" (%g)
-%l    = SPECIAL i32 "lidx0" (%c256)
-%tmp  = DEFINE_LOCAL lptr<f32> 0 (%c256)
-%base = MUL i32 (%gi, %c256)
-%ai   = ADD i32 (%base, %l)
-%pa   = INDEX ptr<f32> (%a, %ai)
-%x    = LOAD f32 (%pa)
-%pt   = INDEX lptr<f32> (%tmp, %l)
-%st   = STORE void (%pt, %x)
-%bar0 = BARRIER void (%st)
-%c8   = CONST i32 8
-%r    = RANGE i32 0 (%c8)
-%c128 = CONST i32 128
-%s    = SHR i32 (%c128, %r)
-%lt   = CMPLT bool (%l, %s)
-%if   = IF void (%lt, %bar0)
-%t1   = AFTER lptr<f32> (%tmp, %if)
-%ls   = ADD i32 (%l, %s)
-%p1   = INDEX lptr<f32> (%t1, %ls)
-%p0   = INDEX lptr<f32> (%t1, %l)
-%y    = LOAD f32 (%p1)
-%z    = LOAD f32 (%p0)
-%sum  = ADD f32 (%z, %y)
-%st1  = STORE void (%p0, %sum)
-%eif  = ENDIF void (%if, %st1)
-%bar  = BARRIER void (%eif)
-%end  = END void (%r, %bar)
-%zero = CONST i32 0
-%is0  = CMPEQ bool (%l, %zero)
-%if0  = IF void (%is0, %end)
-%t2   = AFTER lptr<f32> (%tmp, %if0)
-%pr   = INDEX lptr<f32> (%t2, %zero)
-%res  = LOAD f32 (%pr)
-%o1   = AFTER ptr<f32> (%out, %if0)
-%po   = INDEX ptr<f32> (%o1, %gi)
-%st2  = STORE void (%po, %res)
-%e0   = ENDIF void (%if0, %st2)
-SINK void (%e0)
-"#;
+/// `examples/kernels/group_sum.kiln`, the group sum `kiln bench` runs on GPUs: each group of
+/// 256 items adds `per` values per item, then reduces the 256 partial sums in local memory
+/// in eight halving steps (`if (l < s)`, a barrier after each), and item 0 stores the sum.
+const GROUP_SUM: &str = include_str!("../../../../examples/kernels/group_sum.kiln");
 
-/// A two-level reduction: 256 groups sum 65536 elements into 256 partial sums in local
-/// memory with a tree reduction, then a second launch of the same kernel (one group) sums
-/// the partials.
+/// A two-level reduction: 256 groups sum 65536 elements into 256 partial sums, then a
+/// second launch of the same kernel (one group) sums the partials; and 16 groups of 16
+/// values per item sum the same elements into 16 partial sums.
 pub fn two_level_reduction(dev: &Arc<Device>) -> Outcome {
     let Some(kernel) = compile_work_group_kernel(dev, GROUP_SUM, "conf_group_sum")? else { return Ok(()) };
     let a: Vec<f32> = (0..256 * 256).map(|i| (i % 17) as f32).collect();
-    let partial_want: Vec<f32> = a.chunks(256).map(|c| c.iter().sum()).collect();
     let ba = Buffer::from_slice(dev.allocator().clone(), &a)?;
-    let partials = Buffer::from_slice(dev.allocator().clone(), &[f32::NAN; 256])?;
-    let total = Buffer::from_slice(dev.allocator().clone(), &[f32::NAN])?;
-    kernel.launch(&[&ba, &partials], &[256])?;
-    kernel.launch(&[&partials, &total], &[1])?;
-    let got = partials.to_vec::<f32>()?;
-    ensure!(got == partial_want, "partial sums {:?}.. differ from {:?}..", &got[..4], &partial_want[..4]);
-    let want: f32 = partial_want.iter().sum();
-    let got = total.to_vec::<f32>()?[0];
-    ensure!(got == want, "total {got}, want {want}");
+    // Variables in name order: groups, per.
+    for (groups, per) in [(256usize, 1usize), (16, 16)] {
+        let partial_want: Vec<f32> = a.chunks(256 * per).map(|c| c.iter().sum()).collect();
+        let partials = Buffer::from_slice(dev.allocator().clone(), &vec![f32::NAN; groups])?;
+        kernel.launch(&[&ba, &partials], &[groups as i64, per as i64])?;
+        let got = partials.to_vec::<f32>()?;
+        ensure!(
+            got == partial_want,
+            "groups={groups} per={per}: partial sums {:?}.. differ from {:?}..",
+            &got[..4],
+            &partial_want[..4]
+        );
+        if groups == 256 {
+            let total = Buffer::from_slice(dev.allocator().clone(), &[f32::NAN])?;
+            kernel.launch(&[&partials, &total], &[1, 1])?;
+            let (got, want) = (total.to_vec::<f32>()?[0], partial_want.iter().sum::<f32>());
+            ensure!(got == want, "total {got}, want {want}");
+        }
+    }
     Ok(())
 }
 

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 
 use kiln_device::Kernel;
-use kiln_device::kiln_ir::{DeviceSpec, IrError, UOp, parse_kernel};
+use kiln_device::kiln_ir::rewrite::RewriteRules;
+use kiln_device::kiln_ir::{DeviceSpec, IrError, Op, UOp, parse_kernel};
 
 use super::{Bench, CliError};
 
@@ -16,7 +17,10 @@ pub const GROUP: usize = 256;
 /// Elements each item adds before the group's tree reduction.
 pub const PER_ITEM: usize = 16;
 
-/// `out[g] = sum(a[g·4096 .. (g+1)·4096])` for `n / 4096` groups of [`GROUP`] items.
+/// `out[g] = sum(a[g·4096 .. (g+1)·4096])` for `n / 4096` groups of [`GROUP`] items: the
+/// shipped `examples/kernels/group_sum.kiln` (which the conformance suite also runs) with its
+/// variables bound as constants, `groups = n / 4096` and `per =` [`PER_ITEM`], so the GPU
+/// compiler sees fixed trip counts.
 ///
 /// Item `l` of group `g` first adds `a[g·4096 + k·256 + l]` for `k` in 0..16: in every step
 /// the group's items read 256 consecutive floats (coalesced). Then the 256 partial sums are
@@ -33,65 +37,14 @@ pub fn sum_groups_f32(n: usize) -> Result<Arc<UOp>, IrError> {
             "sum_groups_f32 needs a positive multiple of {span} below 2^31, got {n}"
         )));
     }
-    let (groups, half) = (n / span, GROUP / 2);
-    let steps = GROUP.trailing_zeros();
-    parse_kernel(&format!(
-        r#"
-%n    = CONST i32 {n}
-%gs   = CONST i32 {groups}
-%cl   = CONST i32 {GROUP}
-%span = CONST i32 {span}
-%per  = CONST i32 {PER_ITEM}
-%a    = PARAM ptr<f32> 0 (%n)
-%out  = PARAM ptr<f32> 1 (%gs)
-%g    = SPECIAL i32 "gidx0" (%gs)
-%l    = SPECIAL i32 "lidx0" (%cl)
-%tmp  = DEFINE_LOCAL lptr<f32> 0 (%cl)
-%base = MUL i32 (%g, %span)
-%bl   = ADD i32 (%base, %l)
-%k    = RANGE i32 0 (%per)
-%zero = CONST f32 0.0
-%acc  = DEFINE_ACC f32 0 (%zero, %k)
-%kl   = MUL i32 (%k, %cl)
-%ai   = ADD i32 (%bl, %kl)
-%pa   = INDEX ptr<f32> (%a, %ai)
-%x    = LOAD f32 (%pa)
-%next = ADD f32 (%acc, %x)
-%upd  = ASSIGN f32 (%acc, %next)
-%part = END f32 (%k, %upd)
-%pt   = INDEX lptr<f32> (%tmp, %l)
-%st   = STORE void (%pt, %part)
-%bar0 = BARRIER void (%st)
-%cs   = CONST i32 {steps}
-%r    = RANGE i32 0 (%cs)
-%ch   = CONST i32 {half}
-%s    = SHR i32 (%ch, %r)
-%lt   = CMPLT bool (%l, %s)
-%if   = IF void (%lt, %bar0)
-%t1   = AFTER lptr<f32> (%tmp, %if)
-%ls   = ADD i32 (%l, %s)
-%p1   = INDEX lptr<f32> (%t1, %ls)
-%p0   = INDEX lptr<f32> (%t1, %l)
-%y    = LOAD f32 (%p1)
-%z    = LOAD f32 (%p0)
-%sum  = ADD f32 (%z, %y)
-%st1  = STORE void (%p0, %sum)
-%eif  = ENDIF void (%if, %st1)
-%bar  = BARRIER void (%eif)
-%end  = END void (%r, %bar)
-%c0   = CONST i32 0
-%is0  = CMPEQ bool (%l, %c0)
-%if0  = IF void (%is0, %end)
-%t2   = AFTER lptr<f32> (%tmp, %if0)
-%pr   = INDEX lptr<f32> (%t2, %c0)
-%res  = LOAD f32 (%pr)
-%o1   = AFTER ptr<f32> (%out, %if0)
-%po   = INDEX ptr<f32> (%o1, %g)
-%st2  = STORE void (%po, %res)
-%e0   = ENDIF void (%if0, %st2)
-SINK void (%e0)
-"#
-    ))
+    let sink = parse_kernel(include_str!("../../../../examples/kernels/group_sum.kiln"))?;
+    let (groups, per) = ((n / span) as i64, PER_ITEM as i64);
+    let bind = RewriteRules::new().with(move |u| match (u.op(), u.arg_name()) {
+        (Op::DefineVar, Some("groups")) => Some(UOp::const_int(u.dtype(), groups)),
+        (Op::DefineVar, Some("per")) => Some(UOp::const_int(u.dtype(), per)),
+        _ => None,
+    });
+    Ok(bind.rewrite(&sink))
 }
 
 impl Bench {
