@@ -354,20 +354,39 @@ fn x86_fma(s: Scalar, bytes: usize) -> Option<(&'static str, String)> {
     }
 }
 
-/// The x86 builtins for `maxp[sd]`/`minp[sd]` (`f`: "max" or "min") on a `bytes`-byte vector
-/// of `s` named `a`, `b`, each with the condition under which it applies: `a > b ? a : b`
-/// (`<` for min) per lane, so `b` when either is NaN. The 64-byte builtin differs between
-/// compilers: clang's takes a rounding operand, gcc's a pass-through vector and a lane mask.
-fn x86_max_min(f: &str, s: Scalar, bytes: usize) -> Vec<(&'static str, String)> {
+/// `fmax`/`fmin` (`f`: "max" or "min") of the `bytes`-byte vectors `a`, `b` of `s` (f32 or
+/// f64, `it` the lane mask type, `t` the vector's tag) through the x86 builtins, each body with
+/// the condition under which it applies. `maxp[sd]`/`minp[sd]` give `a > b ? a : b` (`<` for
+/// min) per lane, so `b` when either is NaN; lanes where `b` is NaN then take `a`. The NaN test
+/// is on `b` so that in `acc = max(acc, x)` the loop-carried chain through `a` is one or two
+/// instructions: AVX-512 merges the max into `a` under the mask of lanes where `b` is a number
+/// (one masked `vmaxps`; its 64-byte builtins differ between gcc and clang), AVX blends with
+/// `vblendvps`, SSE2 by bits.
+fn x86_max_min(f: &str, s: Scalar, bytes: usize, it: &str, t: &str) -> Vec<(&'static str, String)> {
     let pd = if s == Scalar::F32 { "ps" } else { "pd" };
     let mask = if s == Scalar::F32 { "unsigned short" } else { "unsigned char" };
     match bytes {
-        16 => vec![("defined(__SSE2__)", format!("__builtin_ia32_{f}{pd}(a, b)"))],
-        32 => vec![("defined(__AVX__)", format!("__builtin_ia32_{f}{pd}256(a, b)"))],
-        64 => vec![
-            ("defined(__AVX512F__) && defined(__clang__)", format!("__builtin_ia32_{f}{pd}512(a, b, 4)")),
-            ("defined(__AVX512F__)", format!("__builtin_ia32_{f}{pd}512_mask(a, b, a, ({mask})-1, 4)")),
-        ],
+        16 => vec![(
+            "defined(__SSE2__)",
+            format!("return kiln_sel_{t}(({it})(b != b), a, __builtin_ia32_{f}{pd}(a, b));"),
+        )],
+        32 => vec![(
+            "defined(__AVX__)",
+            format!(
+                "return __builtin_ia32_blendv{pd}256(__builtin_ia32_{f}{pd}256(a, b), a, (__typeof__(a))(b != b));"
+            ),
+        )],
+        64 => {
+            // 7: _CMP_ORD_Q (b is a number); 4: _MM_FROUND_CUR_DIRECTION.
+            let number = format!("__builtin_ia32_cmp{pd}512_mask(b, b, 7, ({mask})-1, 4)");
+            vec![
+                (
+                    "defined(__AVX512F__) && defined(__clang__)",
+                    format!("return __builtin_ia32_select{pd}_512({number}, __builtin_ia32_{f}{pd}512(a, b, 4), a);"),
+                ),
+                ("defined(__AVX512F__)", format!("return __builtin_ia32_{f}{pd}512_mask(a, b, a, {number}, 4);")),
+            ]
+        }
         _ => Vec::new(),
     }
 }
@@ -695,8 +714,8 @@ impl Dialect for CpuDialect {
         let libm = format!("{c}{}", if s == Scalar::F32 { "f" } else { "" });
         // Only full vectors: a padded one would compute (and could trap on) unused lanes.
         let bytes = w as usize * s.size();
-        if op != Op::MulAcc {
-            self.sel(s, w, p);
+        if op != Op::MulAcc && bytes == 16 {
+            self.sel(s, w, p); // the SSE2 MAX/MIN blend (see `x86_max_min`)
         }
         p.need(&name, move |_| {
             let (params, lane_args) = if op == Op::MulAcc {
@@ -704,17 +723,10 @@ impl Dialect for CpuDialect {
             } else {
                 (format!("{ty} a, {ty} b"), "a[i], b[i]")
             };
-            let cases: Vec<_> = if op == Op::MulAcc {
+            let cases = if op == Op::MulAcc {
                 x86_fma(s, bytes).into_iter().map(|(g, call)| (g, format!("return {call};"))).collect()
             } else {
-                // max/min(a, b) yields `b` when either is NaN; then take `a` where `b` is NaN.
-                // The NaN test is on `b` so that in `acc = max(acc, x)` the loop-carried
-                // chain through `a` is just the max and the blend.
-                let t = tag(s, w);
-                x86_max_min(fname, s, bytes)
-                    .into_iter()
-                    .map(|(g, call)| (g, format!("{ty} m = {call};\n  return kiln_sel_{t}(({it})(b != b), a, m);")))
-                    .collect()
+                x86_max_min(fname, s, bytes, &it, &tag(s, w))
             };
             let lanes = format!("{ty} r;\n  for (int i = 0; i < {w}; i++) r[i] = {libm}({lane_args});\n  return r;");
             format!("static inline {ty} {def}({params}) {{\n{}}}\n", guarded(&cases, &lanes))

@@ -985,7 +985,7 @@ fn vector_kernels_include_no_header_and_work_on_whole_vectors() {
         let at = &i * w as i64;
         let [a, b, c] = [0, 1, 2].map(|j| ins[j].at_vec(&at, w).load());
         let lt = a.lt(&b);
-        let r = lt.select(&a.mul_acc(&b, &c), &a.max(&b).min(&c)).exp();
+        let r = lt.select(&a.mul_acc(&b, &c), a.max(&b).min(&c)).exp();
         k.store(&out.at_vec(&at, w), &r);
         k.store(&mask.at_vec(&at, w), &a.ne(&c));
         let src = CpuRenderer::new().render(&k.finish().unwrap(), Some("wide")).unwrap().src;
