@@ -218,19 +218,17 @@ impl CpuDialect {
     }
 
     /// `kiln_sel_T` for the f32/f64 vector `s`x`w`: the lanes of `a` where the lane mask `m`
-    /// is all ones, of `b` where it is zero; returns its name.
-    fn sel(&self, s: Scalar, w: u8, p: &mut Prelude) -> String {
-        let name = format!("kiln_sel_{}", tag(s, w));
+    /// is all ones, of `b` where it is zero.
+    fn sel(&self, s: Scalar, w: u8, p: &mut Prelude) {
+        let t = tag(s, w);
         let ty = self.vector_type(s, w, p);
         let it = self.vector_type(if s == Scalar::F32 { Scalar::I32 } else { Scalar::I64 }, w, p);
-        let def = name.clone();
-        p.need(&name, |_| {
+        p.need(&format!("kiln_sel_{t}"), |_| {
             format!(
                 "/* Lanes of a where m is all ones, of b where m is zero. */\n\
-                 static inline {ty} {def}({it} m, {ty} a, {ty} b) {{\n  return ({ty})((m & ({it})a) | (~m & ({it})b));\n}}\n"
+                 static inline {ty} kiln_sel_{t}({it} m, {ty} a, {ty} b) {{\n  return ({ty})((m & ({it})a) | (~m & ({it})b));\n}}\n"
             )
         });
-        name
     }
 
     /// The vector math function `kiln_<f>_<s>x<w>` (f: exp, exp2, log, log2) for a float vector
@@ -669,7 +667,7 @@ impl Dialect for CpuDialect {
         let name = format!("kiln_{fname}_{}", tag(s, w));
         let def = name.clone();
         let libm = format!("{c}{}", if s == Scalar::F32 { "f" } else { "" });
-        // Only full vectors: a padded one would compute (and could trap on) unused lanes.
+        // Padded widths (not a power of two) match no register size and keep the lane loop.
         let bytes = w as usize * s.size();
         if op != Op::MulAcc && bytes == 16 {
             self.sel(s, w, p); // the SSE2 MAX/MIN blend (see `x86_max_min`)
