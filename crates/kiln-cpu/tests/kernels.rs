@@ -829,6 +829,11 @@ impl Lane for bool {
 /// Runs every ALU op valid for `T` on `width`-lane values (scalars when 1) in one kernel and
 /// compares each lane with the Rust reference.
 fn check_alu<T: Lane>(width: u8) {
+    check_alu_on::<T>(&device(), width)
+}
+
+/// [`check_alu`] on `dev`.
+fn check_alu_on<T: Lane>(dev: &Arc<Device>, width: u8) {
     let n = 24usize;
     let len = n * width as usize;
     let ops = ops_for(T::S);
@@ -854,13 +859,22 @@ fn check_alu<T: Lane>(width: u8) {
         k.store(&addr, &r);
     }
     let name = format!("alu_{}x{width}", T::S.name());
-    let kernel = compile(&k.finish().unwrap(), &name);
+    let sink = k.finish().unwrap();
+    let kernel = dev.compile(&sink, Some(&name)).unwrap_or_else(|e| {
+        let src = CpuRenderer::new().render(&sink, Some(&name)).map(|s| s.src).unwrap_or_default();
+        panic!("{} {e}\n--- source ---\n{src}", dev.description())
+    });
+    let what = format!("{name} on {}", dev.description());
     let [xa, xb, xc] = T::inputs(len);
-    let mut bufs =
-        vec![buffer_bytes(T::S, &T::enc(&xa)), buffer_bytes(T::S, &T::enc(&xb)), buffer_bytes(T::S, &T::enc(&xc))];
+    let input = |x: &[T]| {
+        let b = dev.buffer(T::S, len).unwrap();
+        b.copyin(&T::enc(x)).unwrap();
+        b
+    };
+    let mut bufs = vec![input(&xa), input(&xb), input(&xc)];
     for op in &ops {
         let s = if op.is_comparison() { Scalar::Bool } else { T::S };
-        bufs.push(device().buffer(s, len).unwrap());
+        bufs.push(dev.buffer(s, len).unwrap());
     }
     let refs: Vec<&Buffer> = bufs.iter().collect();
     kernel.launch(&refs, &[]).unwrap();
@@ -877,7 +891,7 @@ fn check_alu<T: Lane>(width: u8) {
                         _ => !T::equal(x, y),
                     };
                     let got = <bool as Lane>::dec(&out[e..e + 1])[0];
-                    assert_eq!(got, want, "{name}: {op}({x:?}, {y:?}) lane {e}");
+                    assert_eq!(got, want, "{what}: {op}({x:?}, {y:?}) lane {e}");
                     true
                 }
                 Op::Where => {
@@ -888,11 +902,11 @@ fn check_alu<T: Lane>(width: u8) {
                     let args = [x, y, z];
                     let want = T::alu(*op, &args);
                     let got = T::dec(&out)[e];
-                    assert!(T::same(*op, got, want), "{name}: {op}({x:?}, {y:?}, {z:?}) = {got:?}, want {want:?}");
+                    assert!(T::same(*op, got, want), "{what}: {op}({x:?}, {y:?}, {z:?}) = {got:?}, want {want:?}");
                     true
                 }
             };
-            assert!(ok, "{name}: {op}({x:?}, {y:?}, {z:?}) lane {e}");
+            assert!(ok, "{what}: {op}({x:?}, {y:?}, {z:?}) lane {e}");
         }
     }
 }
@@ -930,6 +944,61 @@ fn alu_ops_on_f16_bf16_and_bool_match_rust() {
     check_alu::<B>(2);
     check_alu::<bool>(1);
     check_alu::<bool>(4);
+}
+
+/// The devices to run vector kernels on: the default one and one forced to each instruction
+/// set this CPU runs (AVX-512, AVX2, SSE2 on x86-64), so every guarded path of the dialect
+/// (and its fallback) is compiled and checked.
+fn devices_at_every_isa() -> Vec<Arc<Device>> {
+    let forced = kiln_cpu::Isa::FORCEABLE.iter().filter_map(|&isa| kiln_cpu::IsaTarget::force(isa).ok());
+    std::iter::once(device()).chain(forced.map(|t| kiln_cpu::open_with_isa(t).unwrap())).collect()
+}
+
+/// 16-, 8-, 4- and 2-lane float and int vectors at every instruction set: FMA, MAX/MIN (NaN
+/// inputs included), comparisons stored as bool vectors, WHERE and the vector math, exact
+/// against Rust (the vector math within its ulp bounds).
+#[test]
+fn alu_ops_on_wide_vectors_match_rust_at_every_isa() {
+    for dev in devices_at_every_isa() {
+        for w in [16, 8, 4] {
+            check_alu_on::<f32>(&dev, w);
+        }
+        for w in [8, 4, 2] {
+            check_alu_on::<f64>(&dev, w);
+        }
+        check_alu_on::<i32>(&dev, 16);
+        check_alu_on::<i8>(&dev, 16);
+        check_alu_on::<i64>(&dev, 8);
+    }
+}
+
+/// Vector kernels include no header (`<immintrin.h>` alone costs more compile time than a
+/// kernel): FMA and MAX/MIN on 16-, 32- and 64-byte vectors are the x86 builtins.
+#[test]
+fn vector_kernels_include_no_header_and_use_the_x86_builtins() {
+    for (s, w) in [(Scalar::F32, 16), (Scalar::F32, 8), (Scalar::F64, 8), (Scalar::F64, 4)] {
+        let mut k = KernelBuilder::new();
+        let ins: Vec<Val> = (0..3).map(|slot| k.param(slot, s, 64)).collect();
+        let (out, mask) = (k.param(3, s, 64), k.param(4, Scalar::Bool, 64));
+        let i = k.global(0, 64 / w as i64);
+        let at = &i * w as i64;
+        let [a, b, c] = [0, 1, 2].map(|j| ins[j].at_vec(&at, w).load());
+        let lt = a.lt(&b);
+        let r = lt.select(&a.mul_acc(&b, &c), a.max(&b).min(&c)).exp();
+        k.store(&out.at_vec(&at, w), &r);
+        k.store(&mask.at_vec(&at, w), &a.ne(&c));
+        let src = CpuRenderer::new().render(&k.finish().unwrap(), Some("wide")).unwrap().src;
+        assert!(!src.contains("#include"), "{s}x{w}:\n{src}");
+        let pd = if s == Scalar::F32 { "ps" } else { "pd" };
+        let suffix = match w as usize * s.size() {
+            64 => "512",
+            32 => "256",
+            _ => "",
+        };
+        for builtin in [format!("__builtin_ia32_vfmadd{pd}{suffix}"), format!("__builtin_ia32_max{pd}{suffix}")] {
+            assert!(src.contains(&builtin), "{s}x{w}: no `{builtin}`:\n{src}");
+        }
+    }
 }
 
 // ---------------------------------------------------------------- vector math
