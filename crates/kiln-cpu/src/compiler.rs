@@ -943,6 +943,16 @@ COLLECT_GCC_OPTIONS='-std=gnu11' '-O3' '-fPIC' '-shared' '-nostdlib' '-pipe' '-m
 COLLECT_GCC_OPTIONS='-std=gnu11' '-O3' '-fPIC' '-shared' '-nostdlib' '-pipe' '-march=native' '-o' '/tmp/kiln-cpu-4242-AbC123/kiln_probe_kernel.so' '-dumpdir' '/tmp/kiln-cpu-4242-AbC123/kiln_probe_kernel.so.'
 "#;
 
+    /// `gcc-12 <FLAGS with -c, not -shared> -o PROBE_SO PROBE_C -###` (an object: no link).
+    const GCC_OBJECT: &str = r#"gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) 
+COLLECT_GCC_OPTIONS='-std=gnu11' '-O3' '-fPIC' '-c' '-pipe' '-o' '/tmp/kiln-cpu-4242-AbC123/kiln_probe_kernel.so' '-dumpdir' '/tmp/kiln-cpu-4242-AbC123/'
+ /usr/lib/gcc/x86_64-linux-gnu/12/cc1 -quiet -imultiarch x86_64-linux-gnu /tmp/kiln-cpu-4242-AbC123/kiln_probe_kernel.c -quiet -dumpdir /tmp/kiln-cpu-4242-AbC123/ -dumpbase kiln_probe_kernel.c -dumpbase-ext .c -O3 "-std=gnu11" -fPIC -fasynchronous-unwind-tables -o - |
+ as --64 -o /tmp/kiln-cpu-4242-AbC123/kiln_probe_kernel.so
+COMPILER_PATH=/usr/lib/gcc/x86_64-linux-gnu/12/:/usr/lib/gcc/x86_64-linux-gnu/
+LIBRARY_PATH=/usr/lib/gcc/x86_64-linux-gnu/12/:/lib/x86_64-linux-gnu/:/usr/lib/
+COLLECT_GCC_OPTIONS='-std=gnu11' '-O3' '-fPIC' '-c' '-pipe' '-o' '/tmp/kiln-cpu-4242-AbC123/kiln_probe_kernel.so' '-dumpdir' '/tmp/kiln-cpu-4242-AbC123/'
+"#;
+
     /// `clang-14 <FLAGS> -march=native -c -o PROBE_SO PROBE_C -###` (an object, no link; long
     /// lines shortened).
     const CLANG_OBJECT: &str = r#"Debian clang version 14.0.6
@@ -989,6 +999,10 @@ InstalledDir: /usr/lib/llvm-14/bin
         assert_eq!(env(&stages[0], "COMPILER_PATH"), None, "set after cc1 and as");
         assert!(env(&stages[2], "COLLECT_GCC_OPTIONS").unwrap().ends_with("kiln_probe_kernel.so.'"));
         assert!(env(&stages[2], "COMPILER_PATH").is_some() && env(&stages[2], "LIBRARY_PATH").is_some());
+        let object = recognise_anything(parse_commands(GCC_OBJECT).unwrap()).unwrap();
+        let programs: Vec<&str> = object.iter().map(|s| s.program.as_str()).collect();
+        assert_eq!(programs, ["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "/usr/bin/as"], "no link with -c");
+        assert_eq!(object[1].args, ["--64", "-o", PROBE_SO]);
         for info in ["Target", "Thread model", "Configured with"] {
             assert!(stages.iter().all(|s| s.env.iter().all(|(n, _)| !n.starts_with(info))), "{info}");
         }
