@@ -1,0 +1,295 @@
+//! Byte-level fuzzing of everything a caller hands kiln as data: kernel text, `.npy` files
+//! and kernel cache entries. Every case must come back as `Ok` or a typed error: a panic
+//! fails the test (each case runs under `catch_unwind`, so the failure names the input), and
+//! a hang, stack overflow or absurd allocation kills the test binary.
+//!
+//! Deterministic (fixed seeds) and bounded by case count, so it runs in seconds in CI.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+
+use kiln_device::Renderer;
+use kiln::npy::{self, NpyArray};
+use kiln_ir::{Scalar, parse, validate};
+
+/// xorshift64*: deterministic, dependency-free randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+/// Runs `f` on `input`; a panic becomes a failure message that shows the input.
+fn no_panic<T>(what: &str, input: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("{what} panicked ({msg}) on:\n{input}\n")
+    })
+}
+
+/// Every example kernel's text.
+fn kernel_files() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
+    let mut files = Vec::new();
+    for dir in [root.clone(), root.join("bench")] {
+        let mut paths: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+        paths.sort();
+        files.extend(paths.into_iter().filter(|p| p.extension().is_some_and(|e| e == "kiln")));
+    }
+    files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect()
+}
+
+/// Extreme values for numeric fields: sizes, slots, lanes, bounds, axes.
+const EXTREMES: &[&str] = &[
+    "0",
+    "-1",
+    "1",
+    "64",
+    "65",
+    "255",
+    "256",
+    "2147483647",
+    "2147483648",
+    "-2147483648",
+    "4294967296",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "9223372036854775808",
+    "18446744073709551615",
+    "18446744073709551616",
+    "1e308",
+    "-0.0",
+    "nan",
+    "inf",
+    "0x7fffffffffffffff",
+];
+const DTYPES: &[&str] =
+    &["f32x64", "f32x65", "i32x2", "ptr<f32x64>", "lptr<f64>", "ptr<ptr<f32>>", "bool", "u64", "void", "f16x3"];
+
+/// One byte-level or token-level mutation of kernel text.
+fn mutate(text: &str, files: &[String], rng: &mut Rng) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let at = rng.below(lines.len());
+    match rng.below(6) {
+        // Flip a byte (kept only if the result is still UTF-8: the parser takes &str).
+        0 => {
+            let mut bytes = text.as_bytes().to_vec();
+            let i = rng.below(bytes.len());
+            bytes[i] ^= 1 << rng.below(8);
+            return String::from_utf8(bytes).unwrap_or_else(|_| text.to_string());
+        }
+        // A line from another kernel spliced in.
+        1 => {
+            let other: Vec<&str> = rng.pick(files).lines().collect();
+            lines.insert(at, rng.pick(&other).to_string());
+        }
+        // A numeric token replaced by an extreme.
+        2 | 3 => {
+            let mut toks: Vec<String> = lines[at].split(' ').map(str::to_string).collect();
+            let numeric: Vec<usize> = (0..toks.len())
+                .filter(|&t| toks[t].trim_matches(|c| "(),".contains(c)).parse::<f64>().is_ok())
+                .collect();
+            if numeric.is_empty() {
+                return text.to_string();
+            }
+            let t = *rng.pick(&numeric);
+            toks[t] = rng.pick(EXTREMES).to_string();
+            lines[at] = toks.join(" ");
+        }
+        // A dtype replaced.
+        4 => {
+            let mut toks: Vec<String> = lines[at].split(' ').map(str::to_string).collect();
+            if let Some(t) = (0..toks.len()).find(|&t| toks[t].contains("ptr<") || toks[t].starts_with('f')) {
+                toks[t] = rng.pick(DTYPES).to_string();
+            }
+            lines[at] = toks.join(" ");
+        }
+        // A line removed or duplicated under a fresh name.
+        _ => {
+            if rng.below(2) == 0 {
+                lines.remove(at);
+            } else {
+                let copy = lines[at].clone();
+                lines.insert(at, copy);
+            }
+        }
+    }
+    lines.join("\n")
+}
+
+/// Parse, then validate, then render for the CPU: each stage may refuse, none may panic.
+/// Returns whether the text rendered.
+fn text_case(text: &str, renderer: &dyn Renderer) -> Result<bool, String> {
+    let Ok(root) = no_panic("parse", text, || parse(text))? else { return Ok(false) };
+    if no_panic("validate", text, || validate(&root))?.is_err() {
+        return Ok(false);
+    }
+    let _ = no_panic("parse_kernel", text, || kiln_ir::parse_kernel(text))?;
+    Ok(no_panic("render", text, || renderer.render(&root, Some("fuzz")))?.is_ok())
+}
+
+#[test]
+fn mutated_kernel_text_parses_validates_and_renders_without_panicking() {
+    let renderer = kiln_cpu::CpuRenderer::new();
+    let files = kernel_files();
+    let mut failures = Vec::new();
+    let mut rendered = 0;
+    // Every truncation of a few files.
+    for f in files.iter().take(3) {
+        for (cut, _) in f.char_indices() {
+            match text_case(&f[..cut], &renderer) {
+                Ok(ok) => rendered += ok as usize,
+                Err(e) => failures.push(e),
+            }
+        }
+    }
+    let mut rng = Rng(std::env::var("KILN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x2545_f491_4f6c_dd1d));
+    let cases: usize = std::env::var("KILN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
+    for _ in 0..cases {
+        let mut text = rng.pick(&files).clone();
+        for _ in 0..1 + rng.below(3) {
+            text = mutate(&text, &files, &mut rng);
+        }
+        match text_case(&text, &renderer) {
+            Ok(ok) => rendered += ok as usize,
+            Err(e) => failures.push(e),
+        }
+        if failures.len() >= 5 {
+            break;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(rendered > 100, "only {rendered} mutants rendered: the fuzz misses the happy path");
+    let add = parse(&files[0]).unwrap();
+    assert!(renderer.render(&add, Some("add")).is_ok());
+}
+
+/// A version-`major` `.npy` file with header `dict` (padded as NumPy pads it) and `data`.
+fn npy_file(major: u8, dict: &str, data: &[u8]) -> Vec<u8> {
+    let mut v = b"\x93NUMPY".to_vec();
+    v.extend_from_slice(&[major, 0]);
+    let len = dict.len() + 1;
+    if major == 1 {
+        v.extend_from_slice(&(len as u16).to_le_bytes());
+    } else {
+        v.extend_from_slice(&(len as u32).to_le_bytes());
+    }
+    v.extend_from_slice(dict.as_bytes());
+    v.push(b'\n');
+    v.extend_from_slice(data);
+    v
+}
+
+/// Header dicts that stress the reader: odd spellings, wrong types, shapes whose product
+/// overflows, nesting, duplicate and missing keys.
+const DICTS: &[&str] = &[
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+    "{\"descr\": \"<i8\", \"fortran_order\": False, \"shape\": [4]}",
+    "{'descr': '<f4', 'fortran_order': True, 'shape': (6,)}",
+    "{'descr': '>f8', 'fortran_order': False, 'shape': (6,)}",
+    "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (6,)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 2)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904,)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 18446744073709551615)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': ((6,),)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (-6,)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': ()}",
+    "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (6,)}",
+    "{'descr': '<f4', 'shape': (6,)}",
+    "{'descr': '', 'fortran_order': False, 'shape': (6,)}",
+    "{'descr': '<\u{e9}', 'fortran_order': False, 'shape': (6,)}",
+    "{'descr': '<f4', 'fortran_order': False, 'shape': (6L,)}",
+    "{",
+    "",
+];
+
+/// Whatever `npy::read` accepts is self-consistent and writes back to the same array.
+fn npy_case(bytes: &[u8]) -> Result<bool, String> {
+    let shown = || format!("{:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(300)]));
+    let Ok(array) = no_panic("npy::read", &shown(), || npy::read(bytes))? else { return Ok(false) };
+    let count = array.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if count != Some(array.len()) || array.data.len() != array.len() * array.scalar.size() {
+        return Err(format!("npy::read accepted an inconsistent array {:?} from {}", array.shape, shown()));
+    }
+    let again = npy::write(&array).and_then(|b| npy::read(&b));
+    if again.as_ref() != Ok(&array) {
+        return Err(format!("npy::read's array does not round-trip ({again:?}) from {}", shown()));
+    }
+    Ok(true)
+}
+
+#[test]
+fn mutated_npy_files_are_read_or_refused_without_panicking() {
+    let six_f32: Vec<u8> = (0..6u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let mut seeds = vec![npy::write(&NpyArray { scalar: Scalar::F32, shape: vec![2, 3], data: six_f32.clone() }).unwrap()];
+    for dict in DICTS {
+        for major in [1, 2, 3] {
+            seeds.push(npy_file(major, dict, &six_f32));
+        }
+    }
+    let mut failures = Vec::new();
+    let mut read = 0;
+    let mut check = |bytes: &[u8], failures: &mut Vec<String>| match npy_case(bytes) {
+        Ok(ok) => read += ok as usize,
+        Err(e) => failures.push(e),
+    };
+    for seed in &seeds {
+        check(seed, &mut failures);
+    }
+    // Every truncation of a file, and every header length field value near the real one and
+    // at the extremes.
+    for cut in 0..seeds[0].len() {
+        check(&seeds[0][..cut], &mut failures);
+    }
+    for len in [0u32, 1, 9, 10, 0x75, 0x77, 0xffff, 0x1_0000, u32::MAX] {
+        for major in [1u8, 2] {
+            let mut b = seeds[3].clone();
+            b[6] = major;
+            b[8..12].copy_from_slice(&len.to_le_bytes());
+            check(&b, &mut failures);
+        }
+    }
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..20_000 {
+        let mut b = rng.pick(&seeds).clone();
+        for _ in 0..1 + rng.below(4) {
+            let i = rng.below(b.len());
+            match rng.below(4) {
+                0 => b[i] ^= 1 << rng.below(8),
+                1 => b[i] = *rng.pick(b"(),:'\" 0123456789L{}[]TrueFalse<>|\n\x00\xff"),
+                2 => b.truncate(i),
+                _ => {
+                    b.remove(i);
+                }
+            }
+            if b.is_empty() {
+                break;
+            }
+        }
+        check(&b, &mut failures);
+        if failures.len() >= 5 {
+            break;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(read > 20, "only {read} mutants read: the fuzz misses the happy path");
+}
