@@ -7,10 +7,11 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
-use kiln_device::Renderer;
 use kiln::npy::{self, NpyArray};
-use kiln_ir::{Scalar, parse, validate};
+use kiln_device::{CacheConfig, KernelCache, Program, Renderer, RuntimeFactory, Toolchain};
+use kiln_ir::{DeviceSpec, Scalar, parse, validate};
 
 /// xorshift64*: deterministic, dependency-free randomness.
 struct Rng(u64);
@@ -160,7 +161,8 @@ fn mutated_kernel_text_parses_validates_and_renders_without_panicking() {
             }
         }
     }
-    let mut rng = Rng(std::env::var("KILN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x2545_f491_4f6c_dd1d));
+    let mut rng =
+        Rng(std::env::var("KILN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x2545_f491_4f6c_dd1d));
     let cases: usize = std::env::var("KILN_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     for _ in 0..cases {
         let mut text = rng.pick(&files).clone();
@@ -240,7 +242,8 @@ fn npy_case(bytes: &[u8]) -> Result<bool, String> {
 #[test]
 fn mutated_npy_files_are_read_or_refused_without_panicking() {
     let six_f32: Vec<u8> = (0..6u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
-    let mut seeds = vec![npy::write(&NpyArray { scalar: Scalar::F32, shape: vec![2, 3], data: six_f32.clone() }).unwrap()];
+    let mut seeds =
+        vec![npy::write(&NpyArray { scalar: Scalar::F32, shape: vec![2, 3], data: six_f32.clone() }).unwrap()];
     for dict in DICTS {
         for major in [1, 2, 3] {
             seeds.push(npy_file(major, dict, &six_f32));
@@ -292,4 +295,62 @@ fn mutated_npy_files_are_read_or_refused_without_panicking() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(read > 20, "only {read} mutants read: the fuzz misses the happy path");
+}
+
+/// A damaged kernel cache entry (bit flips, truncation, appended bytes, anywhere in the header
+/// or the native code it holds) is refused and recompiled: the CPU runtime only ever loads
+/// the bytes the compiler produced, and the fresh entry replaces the damaged one.
+#[test]
+fn damaged_cache_entries_are_recompiled_never_loaded() {
+    let Ok(compiler) = kiln_cpu::CCompiler::detect() else { return };
+    let loaded: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let seen = loaded.clone();
+    let runtime: RuntimeFactory = Arc::new(move |compiled| {
+        seen.lock().unwrap().push(compiled.bytes.clone());
+        Ok(Arc::new(kiln_cpu::CpuProgram::load(compiled)?) as Arc<dyn Program>)
+    });
+    let toolchain = Toolchain::new(Arc::new(kiln_cpu::CpuRenderer::new()), Arc::new(compiler), runtime);
+    let sink = parse(&kernel_files()[0]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let lookup = || {
+        let cache = KernelCache::new(CacheConfig::at(dir.path()));
+        cache.get_or_compile(&sink, Some("add"), &DeviceSpec::Cpu, &toolchain).unwrap();
+        cache.stats()
+    };
+    lookup();
+    let entry = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "kiln-bin"))
+        .expect("the compile wrote a cache entry");
+    let good = std::fs::read(&entry).unwrap();
+    let compiled = loaded.lock().unwrap()[0].clone();
+    let hit = lookup();
+    assert_eq!((hit.disk_hits, hit.misses), (1, 0), "an intact entry is a hit");
+    let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+    // Header fields first (magic, version, key, length, checksum), then the payload.
+    let mut damage: Vec<Vec<u8>> = [0, 9, 20, 45, 60, 84, 85, 90, 100, 200, good.len() / 2, good.len() - 1]
+        .iter()
+        .map(|&i| {
+            let mut b = good.clone();
+            b[i] ^= 1 << rng.below(8);
+            b
+        })
+        .collect();
+    for cut in [0, 8, 83, 84, 85, good.len() / 2, good.len() - 1] {
+        damage.push(good[..cut].to_vec());
+    }
+    damage.push([good.as_slice(), b"\0"].concat());
+    for (case, bytes) in damage.iter().enumerate() {
+        std::fs::write(&entry, bytes).unwrap();
+        let s = lookup();
+        assert_eq!(
+            (s.disk_hits, s.misses, s.disk_rejected),
+            (0, 1, 1),
+            "case {case}: the damaged entry was not refused"
+        );
+        assert_eq!(std::fs::read(&entry).unwrap(), good, "case {case}: the entry was not rewritten");
+    }
+    assert!(loaded.lock().unwrap().iter().all(|b| *b == compiled), "damaged native code was loaded");
 }
