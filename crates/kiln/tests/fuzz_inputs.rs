@@ -143,7 +143,17 @@ fn text_case(text: &str, renderer: &dyn Renderer) -> Result<bool, String> {
         return Ok(false);
     }
     let _ = no_panic("parse_kernel", text, || kiln_ir::parse_kernel(text))?;
-    Ok(no_panic("render", text, || renderer.render(&root, Some("fuzz")))?.is_ok())
+    let Ok(spec) = no_panic("render", text, || renderer.render(&root, Some("fuzz")))? else { return Ok(false) };
+    // The launch arithmetic at the variables' extremes, as `kiln run --var` would reach it.
+    for pick in 0..3 {
+        let vals: Vec<i64> = spec.vars.iter().map(|v| [v.min, v.max, v.min / 2 + v.max / 2][pick]).collect();
+        no_panic("launch sizes", text, || {
+            if let (Ok(dims), Ok(lens)) = (spec.launch_dims(&vals), spec.param_lens(&vals)) {
+                let _ = spec.check_bounds(&vals, &dims, &lens);
+            }
+        })?;
+    }
+    Ok(true)
 }
 
 #[test]
