@@ -488,8 +488,52 @@ fn is_reserved(name: &str) -> bool {
         "blockDim",
         "gridDim",
         "warpSize",
+        // C23 keywords (the default of newer C compilers; GNU C has `typeof` in every mode).
+        "typeof",
+        "typeof_unqual",
+        "alignas",
+        "alignof",
+        "constexpr",
+        "static_assert",
+        "thread_local",
+        // More C++ keywords and alternative tokens, and CUDA's `dim3`.
+        "decltype",
+        "noexcept",
+        "concept",
+        "requires",
+        "consteval",
+        "constinit",
+        "co_await",
+        "co_yield",
+        "co_return",
+        "static_cast",
+        "dynamic_cast",
+        "reinterpret_cast",
+        "const_cast",
+        "typeid",
+        "export",
+        "bitand",
+        "bitor",
+        "compl",
+        "and_eq",
+        "or_eq",
+        "xor_eq",
+        "not_eq",
+        "dim3",
+        // Reserved by OpenCL C.
+        "complex",
+        "imaginary",
+        "quad",
     ];
-    if WORDS.contains(&name) || name.starts_with("kiln_") || name.starts_with("__") || name.ends_with("_t") {
+    // `_` and a capital letter is reserved to C itself: `_Bool`, `_Complex`, `_Atomic`, ...
+    let c_reserved = name.starts_with('_') && name[1..].starts_with(|c: char| c.is_ascii_uppercase());
+    if WORDS.contains(&name)
+        || c_reserved
+        || is_vector_type(name)
+        || name.starts_with("kiln_")
+        || name.starts_with("__")
+        || name.ends_with("_t")
+    {
         return true;
     }
     if is_builtin_function(name) {
@@ -500,6 +544,33 @@ fn is_reserved(name: &str) -> bool {
     PREFIXES
         .iter()
         .any(|p| name.strip_prefix(p).is_some_and(|rest| rest.chars().next().is_none_or(|c| c.is_ascii_digit())))
+}
+
+/// OpenCL C and CUDA vector and matrix type names: `float4`, `uint8`, `half16`, `float4x4`,
+/// `longlong2`.
+fn is_vector_type(name: &str) -> bool {
+    const SCALARS: &[&str] = &[
+        "char",
+        "uchar",
+        "short",
+        "ushort",
+        "int",
+        "uint",
+        "long",
+        "ulong",
+        "longlong",
+        "ulonglong",
+        "float",
+        "double",
+        "half",
+        "bool",
+        "quad",
+    ];
+    SCALARS.iter().any(|s| {
+        name.strip_prefix(s).is_some_and(|rest| {
+            rest.starts_with(|c: char| c.is_ascii_digit()) && rest.chars().all(|c| c.is_ascii_digit() || c == 'x')
+        })
+    })
 }
 
 /// C library and OpenCL C built-in functions: a kernel or variable of that name would clash
@@ -1544,6 +1615,20 @@ mod tests {
         assert_eq!(kernel_name(Some("get_sum"), &ast), "k_get_sum");
         assert_eq!(kernel_name(Some("matmul"), &ast), "matmul");
         assert_eq!(kernel_name(Some("shelf"), &ast), "shelf");
+    }
+
+    /// Names a C, OpenCL C or CUDA compiler reads as a keyword or type: as a kernel name (a
+    /// `.kiln` file's stem) or a variable they made the generated source fail to compile.
+    #[test]
+    fn names_never_clash_with_keywords_or_types() {
+        let ast = UOp::index_const(0);
+        for name in ["_Bool", "_Complex", "_Atomic", "_Generic", "_Float16", "typeof", "alignas", "uint8", "float4x4"] {
+            assert_eq!(kernel_name(Some(name), &ast), format!("k_{name}"));
+            assert_eq!(var_c_name(name, 0), format!("var0_{name}"));
+        }
+        for name in ["_x", "_bool", "intx", "float_4", "integer", "uint8_", "halfway"] {
+            assert_eq!(kernel_name(Some(name), &ast), name);
+        }
     }
 
     #[test]

@@ -150,7 +150,9 @@ fn random_command_lines_exit_with_a_status_never_a_panic() {
                 args.extend(["run".into(), rng.pick(&kernels)]);
                 for _ in 0..rng.below(6) {
                     match rng.below(5) {
-                        0 | 1 => args.extend(["--var".into(), format!("{}={}", rng.pick(VAR_NAMES), rng.pick(VAR_VALUES))]),
+                        0 | 1 => {
+                            args.extend(["--var".into(), format!("{}={}", rng.pick(VAR_NAMES), rng.pick(VAR_VALUES))])
+                        }
                         2 => args.extend(["--in".into(), format!("{}={}", rng.pick(SLOTS), rng.pick(&inputs))]),
                         3 => args.extend(["--out".into(), format!("{}={}", rng.pick(SLOTS), rng.pick(&outputs))]),
                         _ => args.extend(["--trace".into(), rng.pick(&outputs)]),

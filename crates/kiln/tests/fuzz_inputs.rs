@@ -364,3 +364,23 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
     }
     assert!(loaded.lock().unwrap().iter().all(|b| *b == compiled), "damaged native code was loaded");
 }
+
+/// Kernel and variable names that C, OpenCL C or CUDA read as keywords or types (the
+/// command line names a kernel after its file) still make source the compiler accepts.
+#[test]
+fn kernels_and_variables_named_like_keywords_and_types_compile() {
+    kiln::session::register_backends();
+    let add = &kernel_files()[0];
+    // A C keyword of its own, GNU C's and C23's `typeof`, an OpenCL vector type (the unit
+    // tests of `kernel_name` cover the rest of the kinds).
+    let names = ["_Bool", "typeof", "uint8"];
+    for device in ["CPU", "OPENCL"] {
+        let Ok(dev) = kiln_device::open_device(device) else { continue };
+        for name in names {
+            let sink = parse(&add.replace("\"n\"", &format!("\"{name}\""))).unwrap();
+            if let Err(e) = dev.compile(&sink, Some(name)) {
+                panic!("{device}: a kernel and variable named `{name}` did not compile: {e}");
+            }
+        }
+    }
+}
