@@ -540,7 +540,7 @@ fn is_reserved(name: &str) -> bool {
         return true;
     }
     const PREFIXES: &[&str] =
-        &["alu", "val", "cast", "acc", "vec", "gep", "end", "ridx", "data", "gidx", "lidx", "idx", "lmem"];
+        &["alu", "val", "cast", "acc", "vec", "gep", "end", "ridx", "data", "gidx", "lidx", "idx", "lmem", "var"];
     PREFIXES
         .iter()
         .any(|p| name.strip_prefix(p).is_some_and(|rest| rest.chars().next().is_none_or(|c| c.is_ascii_digit())))
@@ -703,6 +703,9 @@ fn is_builtin_function(name: &str) -> bool {
     FUNCTIONS.contains(&base) || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// The C name of the variable `ir_name` at `position`: the name itself when it is a plain,
+/// unreserved identifier, else `var<position>_<name>`, which no variable's own name can be
+/// (`var` and a digit is reserved), so two variables never share a C name.
 fn var_c_name(ir_name: &str, position: usize) -> String {
     let clean = !ir_name.is_empty()
         && ir_name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -1626,7 +1629,10 @@ mod tests {
             assert_eq!(kernel_name(Some(name), &ast), format!("k_{name}"));
             assert_eq!(var_c_name(name, 0), format!("var0_{name}"));
         }
-        for name in ["_x", "_bool", "intx", "float_4", "integer", "uint8_", "halfway"] {
+        // A variable's own name never takes the name made for another (`var<position>_...`).
+        assert_eq!(var_c_name("x!", 1), "var1_x_");
+        assert_eq!(var_c_name("var1_x_", 0), "var0_var1_x_");
+        for name in ["_x", "_bool", "intx", "float_4", "integer", "uint8_", "halfway", "variance"] {
             assert_eq!(kernel_name(Some(name), &ast), name);
         }
     }

@@ -368,12 +368,16 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
 /// Kernel and variable names that C, OpenCL C or CUDA read as keywords or types (the
 /// command line names a kernel after its file) still make source the compiler accepts.
 #[test]
-fn kernels_and_variables_named_like_keywords_and_types_compile() {
+fn kernels_and_variables_named_like_keywords_types_or_each_other_compile() {
     kiln::session::register_backends();
     let add = &kernel_files()[0];
     // A C keyword of its own, GNU C's and C23's `typeof`, an OpenCL vector type (the unit
     // tests of `kernel_name` cover the rest of the kinds).
     let names = ["_Bool", "typeof", "uint8"];
+    // A variable named like the C name made for another variable (`x!` at position 1).
+    let shadow = "%a = DEFINE_VAR i32 \"var1_x_\" 1 16\n%b = DEFINE_VAR i32 \"x!\" 1 16\n\
+                  %n = ADD i32 (%a, %b)\n%c = PARAM ptr<f32> 0 (%n)\n%i = SPECIAL i32 \"idx0\" (%n)\n\
+                  %pc = INDEX ptr<f32> (%c, %i)\n%one = CONST f32 1.0\n%st = STORE void (%pc, %one)\nSINK void (%st)";
     for device in ["CPU", "OPENCL"] {
         let Ok(dev) = kiln_device::open_device(device) else { continue };
         for name in names {
@@ -381,6 +385,9 @@ fn kernels_and_variables_named_like_keywords_and_types_compile() {
             if let Err(e) = dev.compile(&sink, Some(name)) {
                 panic!("{device}: a kernel and variable named `{name}` did not compile: {e}");
             }
+        }
+        if let Err(e) = dev.compile(&parse(shadow).unwrap(), Some("shadow")) {
+            panic!("{device}: variables `var1_x_` and `x!` did not compile: {e}");
         }
     }
 }
