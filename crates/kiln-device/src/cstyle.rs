@@ -524,14 +524,20 @@ fn is_reserved(name: &str) -> bool {
         "complex",
         "imaginary",
         "quad",
+        "MAXFLOAT",
+        // A macro in CUDA.
+        "assert",
     ];
-    // `_` and a capital letter is reserved to C itself: `_Bool`, `_Complex`, `_Atomic`, ...
-    let c_reserved = name.starts_with('_') && name[1..].starts_with(|c: char| c.is_ascii_uppercase());
+    // C reserves names starting with `_` at file scope, where kernels are (`_Bool`,
+    // `_mm256_max_ps`); OpenCL C predefines macros in capitals with an `_` (`M_PI`, `FLT_MAX`).
+    let macro_like = name.starts_with(|c: char| c.is_ascii_uppercase())
+        && name.contains('_')
+        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
     if WORDS.contains(&name)
-        || c_reserved
+        || name.starts_with('_')
+        || macro_like
         || is_vector_type(name)
         || name.starts_with("kiln_")
-        || name.starts_with("__")
         || name.ends_with("_t")
     {
         return true;
@@ -565,6 +571,9 @@ fn is_vector_type(name: &str) -> bool {
         "half",
         "bool",
         "quad",
+        "MAXFLOAT",
+        // A macro in CUDA.
+        "assert",
     ];
     SCALARS.iter().any(|s| {
         name.strip_prefix(s).is_some_and(|rest| {
@@ -1620,19 +1629,33 @@ mod tests {
         assert_eq!(kernel_name(Some("shelf"), &ast), "shelf");
     }
 
-    /// Names a C, OpenCL C or CUDA compiler reads as a keyword or type: as a kernel name (a
-    /// `.kiln` file's stem) or a variable they made the generated source fail to compile.
+    /// Names a C, OpenCL C or CUDA compiler reads as a keyword, type or macro: as a kernel
+    /// name (a `.kiln` file's stem) or a variable they made the generated source fail to compile.
     #[test]
     fn names_never_clash_with_keywords_or_types() {
         let ast = UOp::index_const(0);
-        for name in ["_Bool", "_Complex", "_Atomic", "_Generic", "_Float16", "typeof", "alignas", "uint8", "float4x4"] {
+        for name in [
+            "_Bool",
+            "_Complex",
+            "_Generic",
+            "_mm256_max_ps",
+            "_x",
+            "typeof",
+            "alignas",
+            "uint8",
+            "float4x4",
+            "M_PI",
+            "FLT_MAX",
+            "MAXFLOAT",
+            "assert",
+        ] {
             assert_eq!(kernel_name(Some(name), &ast), format!("k_{name}"));
             assert_eq!(var_c_name(name, 0), format!("var0_{name}"));
         }
         // A variable's own name never takes the name made for another (`var<position>_...`).
         assert_eq!(var_c_name("x!", 1), "var1_x_");
         assert_eq!(var_c_name("var1_x_", 0), "var0_var1_x_");
-        for name in ["_x", "_bool", "intx", "float_4", "integer", "uint8_", "halfway", "variance"] {
+        for name in ["x_", "N", "Mx_1", "intx", "float_4", "integer", "uint8_", "halfway", "variance"] {
             assert_eq!(kernel_name(Some(name), &ast), name);
         }
     }
