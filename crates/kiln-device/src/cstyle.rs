@@ -524,15 +524,25 @@ fn is_reserved(name: &str) -> bool {
         "complex",
         "imaginary",
         "quad",
+        "generic",
+        "read_only",
+        "write_only",
+        "read_write",
+        "vec_step",
         "MAXFLOAT",
+        // A macro PoCL's OpenCL C headers define.
+        "INTTYPE",
         // A macro in CUDA.
         "assert",
     ];
     // C reserves names starting with `_` at file scope, where kernels are (`_Bool`,
-    // `_mm256_max_ps`); OpenCL C predefines macros in capitals with an `_` (`M_PI`, `FLT_MAX`).
-    let macro_like = name.starts_with(|c: char| c.is_ascii_uppercase())
-        && name.contains('_')
-        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    // `_mm256_max_ps`); OpenCL C predefines macros that start with a word in capitals and an
+    // `_` (`M_PI`, `FLT_MAX`, `CLK_RGBx`) or with `cl_` (`cl_khr_fp64`).
+    let macro_like = name.starts_with("cl_")
+        || name.split_once('_').is_some_and(|(head, _)| {
+            head.starts_with(|c: char| c.is_ascii_uppercase())
+                && head.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        });
     if WORDS.contains(&name)
         || name.starts_with('_')
         || macro_like
@@ -571,7 +581,14 @@ fn is_vector_type(name: &str) -> bool {
         "half",
         "bool",
         "quad",
+        "generic",
+        "read_only",
+        "write_only",
+        "read_write",
+        "vec_step",
         "MAXFLOAT",
+        // A macro PoCL's OpenCL C headers define.
+        "INTTYPE",
         // A macro in CUDA.
         "assert",
     ];
@@ -1647,6 +1664,9 @@ mod tests {
             "M_PI",
             "FLT_MAX",
             "MAXFLOAT",
+            "CLK_RGBx",
+            "cl_khr_fp64",
+            "read_only",
             "assert",
         ] {
             assert_eq!(kernel_name(Some(name), &ast), format!("k_{name}"));
