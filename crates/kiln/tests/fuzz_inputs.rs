@@ -371,9 +371,9 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
 fn kernels_and_variables_named_like_keywords_types_or_each_other_compile() {
     kiln::session::register_backends();
     let add = &kernel_files()[0];
-    // A C keyword of its own, GNU C's and C23's `typeof`, an OpenCL vector type and macro (the
-    // unit tests of `kernel_name` cover the rest of the kinds).
-    let names = ["_Bool", "typeof", "uint8", "M_PI"];
+    // A C keyword of its own, GNU C's and C23's `typeof`, an OpenCL vector type, macro and
+    // built-in function (the unit tests of `kernel_name` cover the rest of the kinds).
+    let names = ["_Bool", "typeof", "uint8", "M_PI", "sinpi"];
     // A variable named like the C name made for another variable (`x!` at position 1).
     let shadow = "%a = DEFINE_VAR i32 \"var1_x_\" 1 16\n%b = DEFINE_VAR i32 \"x!\" 1 16\n\
                   %n = ADD i32 (%a, %b)\n%c = PARAM ptr<f32> 0 (%n)\n%i = SPECIAL i32 \"idx0\" (%n)\n\
