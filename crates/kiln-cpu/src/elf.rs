@@ -735,7 +735,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
     }
 
     /// Truncations at every length and a few hundred byte mutations of a real object, aimed
-    /// at the header, the section table and the relocations: each loads or is an error, and
+    /// at the header, the section table, the relocations, the symbols and anywhere: each loads or is an error, and
     /// nothing panics. (A mutant that loads is dropped, never run.)
     #[test]
     fn mutated_objects_never_panic() {
@@ -746,7 +746,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         let shoff = u64_at(&good, 40).unwrap() as usize;
         let rela = u64_at(&good, header_of(&good, b".rela.text") as u64 + 24).unwrap() as usize;
         let symtab = u64_at(&good, header_of(&good, b".symtab") as u64 + 24).unwrap() as usize;
-        let regions = [(0, 64), (shoff, good.len() - shoff), (rela, 24 * 8), (symtab, 24 * 8)];
+        let regions = [(0, 64), (shoff, good.len() - shoff), (rela, 24 * 8), (symtab, 24 * 8), (0, good.len())];
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             seed ^= seed << 13;
