@@ -154,7 +154,10 @@ impl Image {
             // reference into the mapping is alive.
             let rc = unsafe { libc::mprotect(base.as_ptr().add(range.start).cast(), range.len(), prot) };
             if rc != 0 {
-                return Err(Error::Load(format!("cannot protect a kernel's pages: {}", std::io::Error::last_os_error())));
+                return Err(Error::Load(format!(
+                    "cannot protect a kernel's pages: {}",
+                    std::io::Error::last_os_error()
+                )));
             }
         }
         Ok(image)
@@ -258,7 +261,11 @@ impl<'a> Object<'a> {
         }
         match u16_at(b, 16)? {
             1 => {}
-            3 => return Err(bad("a shared library (ET_DYN), not a relocatable object: a cache entry from an older kiln? clear the kernel cache")),
+            3 => {
+                return Err(bad(
+                    "a shared library (ET_DYN), not a relocatable object: a cache entry from an older kiln? clear the kernel cache",
+                ));
+            }
             t => return Err(bad(format!("ELF type {t}, not a relocatable object (ET_REL = 1)"))),
         }
         match u16_at(b, 18)? {
@@ -290,7 +297,11 @@ impl<'a> Object<'a> {
                 info: u32_at(h, 44)?,
                 align: align.max(1),
                 entsize: u64_at(h, 56)?,
-                data: if matches!(kind, 0 | SHT_NOBITS) { &[] } else { span(b, offset, size, &format_args!("section {i}"))? },
+                data: if matches!(kind, 0 | SHT_NOBITS) {
+                    &[]
+                } else {
+                    span(b, offset, size, &format_args!("section {i}"))?
+                },
             });
         }
         let loaded = sections.iter().map(protection).collect::<Result<Vec<_>>>()?;
@@ -306,7 +317,12 @@ impl<'a> Object<'a> {
             .ok_or_else(|| bad("the symbol table's string table is not a string table"))?;
         let symbols = table(symtab, "symbol table")?
             .map(|e| {
-                Ok(Symbol { name: string(strtab.data, u32_at(e, 0)?)?, info: e[4], shndx: u16_at(e, 6)?, value: u64_at(e, 8)? })
+                Ok(Symbol {
+                    name: string(strtab.data, u32_at(e, 0)?)?,
+                    info: e[4],
+                    shndx: u16_at(e, 6)?,
+                    value: u64_at(e, 8)?,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
 
@@ -367,7 +383,7 @@ fn protection(s: &Section) -> Result<Option<i32>> {
 
 /// The 24-byte entries of a symbol or relocation table.
 fn table<'a>(s: &Section<'a>, what: &str) -> Result<impl Iterator<Item = &'a [u8]>> {
-    if s.entsize != 24 || s.data.len() % 24 != 0 {
+    if s.entsize != 24 || !s.data.len().is_multiple_of(24) {
         return Err(bad(format!("{what} `{}`: entry size {}, {} bytes", show(s.name), s.entsize, s.data.len())));
     }
     Ok(s.data.chunks_exact(24))
@@ -395,7 +411,8 @@ impl Plan {
             if r.kind == R_PLT32 && is_external(r.sym) && !stubs.contains(&r.sym) {
                 stubs.push(r.sym);
             }
-            let through_got = matches!(r.kind, R_GOTPCREL | R_GOTPCRELX | R_REX_GOTPCRELX) || (r.kind == R_PLT32 && is_external(r.sym));
+            let through_got = matches!(r.kind, R_GOTPCREL | R_GOTPCRELX | R_REX_GOTPCRELX)
+                || (r.kind == R_PLT32 && is_external(r.sym));
             if through_got && !got.contains(&r.sym) {
                 got.push(r.sym);
             }
@@ -465,9 +482,10 @@ impl Plan {
                     })
                 }
                 SHN_ABS => Ok(s.value),
-                n if n >= SHN_LORESERVE => {
-                    Err(bad(format!("symbol `{}` is in reserved section {n:#x} (e.g. common: use -fno-common)", show(s.name))))
-                }
+                n if n >= SHN_LORESERVE => Err(bad(format!(
+                    "symbol `{}` is in reserved section {n:#x} (e.g. common: use -fno-common)",
+                    show(s.name)
+                ))),
                 n => match (self.place.get(usize::from(n)).copied().flatten(), obj.sections.get(usize::from(n))) {
                     (Some(at), Some(sec)) if s.value <= sec.size => Ok(base + at + s.value),
                     _ => Err(bad(format!("symbol `{}` lies outside any loaded section", show(s.name)))),
@@ -521,7 +539,8 @@ impl Plan {
         }
         let mut functions = Vec::new();
         for (i, s) in obj.symbols.iter().enumerate() {
-            let code = obj.loaded.get(usize::from(s.shndx)).copied().flatten().is_some_and(|p| p & libc::PROT_EXEC != 0);
+            let code =
+                obj.loaded.get(usize::from(s.shndx)).copied().flatten().is_some_and(|p| p & libc::PROT_EXEC != 0);
             if s.info >> 4 == STB_GLOBAL && s.info & 0xf == STT_FUNC && s.shndx != SHN_UNDEF && code {
                 functions.push((s.name.to_vec(), address(i)? as usize));
             }
@@ -533,18 +552,17 @@ impl Plan {
 /// `len` bytes of the mapping at `at` (inside by construction; checked all the same).
 fn span_mut(mem: &mut [u8], at: u64, len: usize) -> Result<&mut [u8]> {
     let start = usize::try_from(at).map_err(|_| bad("internal: offset"))?;
-    start.checked_add(len).and_then(|end| mem.get_mut(start..end)).ok_or_else(|| bad("internal: a write past the image"))
+    start
+        .checked_add(len)
+        .and_then(|end| mem.get_mut(start..end))
+        .ok_or_else(|| bad("internal: a write past the image"))
 }
 
 /// `v` as the 32-bit field of a relocation (`signed`: as `i32`, else as `u32`), or an error
 /// naming the relocation.
 fn fit32(v: i128, signed: bool, what: &str) -> Result<u32> {
     let fits = if signed { i32::try_from(v).is_ok() } else { u32::try_from(v).is_ok() };
-    if fits {
-        Ok(v as u32)
-    } else {
-        Err(Error::Load(format!("{what}: the value {v:#x} does not fit in 32 bits")))
-    }
+    if fits { Ok(v as u32) } else { Err(Error::Load(format!("{what}: the value {v:#x} does not fit in 32 bits"))) }
 }
 
 #[cfg(test)]
@@ -668,7 +686,9 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         let image = load(&bytes).unwrap();
         // SAFETY: `k` is `float k(_Float16 *, float)`; `image` outlives the call.
         let k = unsafe {
-            std::mem::transmute::<*mut c_void, extern "C" fn(*mut u16, f32) -> f32>(image.function("k").unwrap().as_ptr())
+            std::mem::transmute::<*mut c_void, extern "C" fn(*mut u16, f32) -> f32>(
+                image.function("k").unwrap().as_ptr(),
+            )
         };
         let mut h = [half::f16::from_f32(1.5).to_bits(), 0];
         assert_eq!(k(h.as_mut_ptr(), 2.25), 1.5);
