@@ -394,9 +394,12 @@ struct Plan {
     len: usize,
     /// Offset of each loaded section.
     place: Vec<Option<u64>>,
-    /// The symbols with a GOT slot, and those with a stub (external functions called).
+    /// The symbols with a GOT slot, and those with a stub (external functions called), in
+    /// slot order; and by symbol index, its slot and its stub.
     got: Vec<usize>,
     stubs: Vec<usize>,
+    got_of: Vec<Option<usize>>,
+    stub_of: Vec<Option<usize>>,
     got_at: u64,
     stubs_at: u64,
     /// The code, read-only and writable parts with their protection.
@@ -407,13 +410,16 @@ impl Plan {
     fn new(obj: &Object, page: usize) -> Result<Plan> {
         let is_external = |sym: usize| sym != 0 && obj.symbols[sym].shndx == SHN_UNDEF;
         let (mut got, mut stubs) = (Vec::new(), Vec::new());
+        let (mut got_of, mut stub_of) = (vec![None; obj.symbols.len()], vec![None; obj.symbols.len()]);
         for r in &obj.relocs {
-            if r.kind == R_PLT32 && is_external(r.sym) && !stubs.contains(&r.sym) {
+            let stub = r.kind == R_PLT32 && is_external(r.sym);
+            if stub && stub_of[r.sym].is_none() {
+                stub_of[r.sym] = Some(stubs.len());
                 stubs.push(r.sym);
             }
-            let through_got = matches!(r.kind, R_GOTPCREL | R_GOTPCRELX | R_REX_GOTPCRELX)
-                || (r.kind == R_PLT32 && is_external(r.sym));
-            if through_got && !got.contains(&r.sym) {
+            let through_got = matches!(r.kind, R_GOTPCREL | R_GOTPCRELX | R_REX_GOTPCRELX) || stub;
+            if through_got && got_of[r.sym].is_none() {
+                got_of[r.sym] = Some(got.len());
                 got.push(r.sym);
             }
         }
@@ -451,7 +457,7 @@ impl Plan {
         if at == 0 {
             return Err(bad("it has no code"));
         }
-        Ok(Plan { len: at as usize, place, got, stubs, got_at, stubs_at, parts })
+        Ok(Plan { len: at as usize, place, got, stubs, got_of, stub_of, got_at, stubs_at, parts })
     }
 
     /// Copies the sections into `mem` (the mapping, at address `base`), fills the GOT and the
@@ -492,15 +498,12 @@ impl Plan {
                 },
             }
         };
-        let mut slots = Vec::with_capacity(self.got.len());
         for (i, &sym) in self.got.iter().enumerate() {
-            let slot = self.got_at + 8 * i as u64;
-            span_mut(mem, slot, 8)?.copy_from_slice(&address(sym)?.to_le_bytes());
-            slots.push(base + slot);
+            span_mut(mem, self.got_at + 8 * i as u64, 8)?.copy_from_slice(&address(sym)?.to_le_bytes());
         }
         let got_slot = |sym: usize| -> Result<u64> {
-            let i = self.got.iter().position(|&g| g == sym);
-            i.and_then(|i| slots.get(i).copied()).ok_or_else(|| bad("internal: a symbol without a GOT slot"))
+            let i = self.got_of.get(sym).copied().flatten();
+            i.map(|i| base + self.got_at + 8 * i as u64).ok_or_else(|| bad("internal: a symbol without a GOT slot"))
         };
         for (i, &sym) in self.stubs.iter().enumerate() {
             let at = self.stubs_at + (STUB * i) as u64;
@@ -514,9 +517,7 @@ impl Plan {
             let at = self.place[r.target].unwrap_or(0) + r.offset;
             let (p, a) = ((base + at) as i128, r.addend as i128);
             let s = match r.kind {
-                R_PLT32 if let Some(i) = self.stubs.iter().position(|&x| x == r.sym) => {
-                    (base + self.stubs_at + (STUB * i) as u64) as i128
-                }
+                R_PLT32 if let Some(i) = self.stub_of[r.sym] => (base + self.stubs_at + (STUB * i) as u64) as i128,
                 R_GOTPCREL | R_GOTPCRELX | R_REX_GOTPCRELX => got_slot(r.sym)? as i128,
                 _ => address(r.sym)? as i128,
             };
