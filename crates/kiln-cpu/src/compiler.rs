@@ -1,4 +1,5 @@
-//! The system C compiler: C source → a shared library (`.so` bytes).
+//! The system C compiler: C source → a relocatable object (x86-64) or a shared library (`.so`
+//! bytes, elsewhere).
 //!
 //! Which compiler: `KILN_CC` (a name looked up on `PATH`, or a path) when set, else `clang`
 //! when it is on `PATH`, else `cc`.
@@ -16,11 +17,13 @@
 //! - `-ffp-contract=off`: `a*b + c` is rounded twice unless the kernel says MULACC, so results
 //!   are the same at every optimisation level and match a scalar reference exactly.
 //! - `-fno-math-errno`: `sqrt` and friends may be single instructions (errno is never read).
-//! - `-fPIC -shared -nostdlib` and `-lgcc`: a loadable library that links no C library and
-//!   no start files, only libgcc's helpers (e.g. `_Float16` conversions). Kernels include no
-//!   system header either (the renderer declares what they use): the libm functions the
-//!   compiler does not inline (`expf`, `sinf`, `powf`, ...) are bound when the library is
-//!   loaded (see [`crate::program`]).
+//! - `-c` on x86-64: no link at all (it cost 4-7 ms of a cold compile); the object is loaded
+//!   by [`crate::elf`]. Elsewhere `-fPIC -shared -nostdlib` and `-lgcc`: a loadable library
+//!   that links no C library and no start files, only libgcc's helpers (e.g. `_Float16`
+//!   conversions). Kernels include no system header either (the renderer declares what they
+//!   use): the libm functions the compiler does not inline (`expf`, `sinf`, `powf`, ...) are
+//!   bound when the kernel is loaded (see [`crate::program`]).
+//! - `-fno-asynchronous-unwind-tables`: no `.eh_frame`; kernels are never unwound through.
 //! - `-pipe`: the assembler reads the compiler's output from a pipe, not a temporary file
 //!   (also when the commands are replayed: the pipe is made here).
 //! - `-std=gnu11`: GNU vector extensions, `_Float16` (gcc ≥ 12, clang ≥ 15).
@@ -102,12 +105,17 @@ const SCRATCH_PREFIX: &str = "kiln-cpu-";
 /// At most this much of a compiler's output is kept for the error message.
 const MAX_LOG_BYTES: u64 = 1 << 20;
 
+/// Whether kernels are relocatable objects (`-c`: the compiler does not link), loaded by
+/// [`crate::elf`]: on x86-64. Elsewhere they are shared libraries loaded with `dlopen`.
+pub(crate) const OBJECT: bool = cfg!(target_arch = "x86_64");
+
 const FLAGS: &[&str] = &[
     "-std=gnu11",
     "-O3",
     "-fPIC",
-    "-shared",
+    if OBJECT { "-c" } else { "-shared" },
     "-nostdlib",
+    "-fno-asynchronous-unwind-tables",
     "-pipe",
     "-fwrapv",
     "-fno-strict-aliasing",
@@ -116,8 +124,9 @@ const FLAGS: &[&str] = &[
 ];
 
 /// Linked after the source: libgcc (static) for the helpers the compiler may call, e.g. the
-/// `_Float16` conversions on targets without native ones.
-const LIBS: &[&str] = &["-lgcc"];
+/// `_Float16` conversions on targets without native ones. An object links nothing: the loader
+/// binds those helpers to `libgcc_s.so.1` (see [`crate::program`]).
+const LIBS: &[&str] = if OBJECT { &[] } else { &["-lgcc"] };
 
 /// A located C compiler. Locating it starts no process (see the module docs).
 #[derive(Debug, Clone)]
@@ -230,7 +239,7 @@ impl CCompiler {
         })
     }
 
-    /// Compiles `src` into a shared library and returns its bytes. `name` names the
+    /// Compiles `src` into an object or a shared library ([`OBJECT`]) and returns its bytes. `name` names the
     /// temporary files (and appears in diagnostics).
     pub fn compile_source(&self, name: &str, src: &str) -> Result<Vec<u8>> {
         let stem: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
@@ -468,7 +477,7 @@ const PROBE_STEM: &str = "kiln_probe_kernel";
 
 /// A kernel's source and output files in the scratch folder `dir`.
 fn kernel_files(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
-    (dir.join(format!("{stem}.c")), dir.join(format!("{stem}.so")))
+    (dir.join(format!("{stem}.c")), dir.join(format!("{stem}.{}", if OBJECT { "o" } else { "so" })))
 }
 
 fn scratch_err(what: &str, e: std::io::Error) -> Error {

@@ -1,9 +1,11 @@
 //! kiln-cpu: the CPU backend. Kernels are rendered to C, compiled by the system C compiler
-//! into a shared library, loaded with `dlopen` and run on a persistent pool of threads.
+//! into a relocatable object loaded by kiln's own loader (x86-64) or a shared library loaded
+//! with `dlopen` (elsewhere), and run on a persistent pool of threads.
 //!
 //! The rooms, read top to bottom:
 //! - [`renderer`]: the C dialect of the shared C-family core and the kernel entry ABI.
-//! - [`compiler`]: finding the C compiler, its flags, compiling to `.so` bytes.
+//! - [`compiler`]: finding the C compiler, its flags, compiling to object or `.so` bytes.
+//! - [`elf`]: loading an x86-64 relocatable object: layout, relocation, W^X protection.
 //! - [`isa`]: the instruction set kernels are compiled for (`KILN_CPU_ISA`) and the caches.
 //! - [`program`]: loading the bytes and running a launch over the core pool.
 //! - [`pool`]: the persistent thread pool that runs the chunks of one launch.
@@ -12,6 +14,7 @@
 
 pub mod allocator;
 pub mod compiler;
+pub mod elf;
 pub mod guard;
 pub mod isa;
 pub mod pool;

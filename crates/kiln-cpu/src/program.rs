@@ -1,6 +1,7 @@
-//! Loading a compiled kernel (`.so` bytes) and running it over the core pool.
+//! Loading a compiled kernel (an object on x86-64, see [`crate::elf`]; a shared library
+//! elsewhere) and running it over the core pool.
 
-use std::ffi::c_void;
+use std::ffi::{CStr, c_void};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -13,6 +14,7 @@ use libloading::Library;
 use kiln_device::kiln_ir::{Op, UOp};
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, ProgramSpec, RawView, Result};
 
+use crate::elf::Image;
 use crate::pool::Pool;
 
 /// The entry ABI of every CPU kernel (see [`crate::renderer`]).
@@ -34,10 +36,17 @@ pub struct CpuProgram {
     /// those that are: together an upper estimate of the work per launch index.
     loop_exprs: Vec<Arc<UOp>>,
     loop_const: u64,
-    // Keeps the code `entry` points into mapped. Dropped after everything but `_image`.
-    _lib: Library,
-    // The in-memory file the library was loaded from, if it was; closed after the library.
-    _image: Option<MemfdImage>,
+    // Keeps the code `entry` points into mapped.
+    _code: Code,
+}
+
+/// What keeps a kernel's code mapped.
+enum Code {
+    /// An object loaded by [`crate::elf`] (x86-64).
+    Object { _image: Image },
+    /// A shared library, and the in-memory file it was loaded from if it was (closed after
+    /// the library: fields drop in declaration order).
+    Library { _lib: Library, _memfd: Option<MemfdImage> },
 }
 
 impl std::fmt::Debug for CpuProgram {
@@ -47,16 +56,19 @@ impl std::fmt::Debug for CpuProgram {
 }
 
 impl CpuProgram {
-    /// Loads `compiled.bytes` (a shared library) and looks up the entry `compiled.spec.name`.
-    /// The bytes are loaded from memory, or from a private folder (see `open_library`).
+    /// Loads `compiled.bytes` and looks up the entry `compiled.spec.name`. On x86-64 the bytes
+    /// are a relocatable object, loaded by [`crate::elf`]; elsewhere a shared library, loaded
+    /// from memory or from a private folder (see `open_library`). Bytes of the other kind, or
+    /// corrupt ones, are an [`Error::Load`].
     pub fn load(compiled: &CompiledSpec) -> Result<CpuProgram> {
-        let name = compiled.spec.name.clone();
-        let (lib, image) = open_library(&compiled.bytes).map_err(|e| Error::Load(format!("kernel `{name}`: {e}")))?;
-        // SAFETY: the symbol is the entry point the CPU renderer emits with exactly the
-        // `KernelFn` signature; the pointer is used only while `lib` is alive (same struct).
-        let entry: KernelFn = unsafe {
-            *lib.get::<KernelFn>(name.as_bytes())
-                .map_err(|e| Error::Load(format!("symbol `{name}` not found in the compiled library: {e}")))?
+        let name = &compiled.spec.name;
+        let (entry, code) = if crate::compiler::OBJECT {
+            load_object(&compiled.bytes, name).map_err(|e| match e {
+                Error::Load(m) => Error::Load(format!("kernel `{name}`: {m}")),
+                e => e,
+            })?
+        } else {
+            load_library(&compiled.bytes, name)?
         };
         let (mut loop_exprs, mut loop_const) = (Vec::new(), 1u64);
         for node in compiled.spec.ast.toposort() {
@@ -68,7 +80,7 @@ impl CpuProgram {
                 }
             }
         }
-        Ok(CpuProgram { entry, spec: compiled.spec.clone(), loop_exprs, loop_const, _lib: lib, _image: image })
+        Ok(CpuProgram { entry, spec: compiled.spec.clone(), loop_exprs, loop_const, _code: code })
     }
 
     /// How many chunks to split a launch into.
@@ -89,6 +101,37 @@ impl CpuProgram {
         }
         if work < PARALLEL_MIN_WORK { 1 } else { pool.threads().min(axis0) }
     }
+}
+
+/// Loads the object `bytes` and finds its entry `name`, binding its undefined symbols to the
+/// libraries loaded globally (see [`load_global_libraries`]).
+fn load_object(bytes: &[u8], name: &str) -> Result<(KernelFn, Code)> {
+    let image = Image::load(bytes, global_symbol)?;
+    let entry = image.function(name)?;
+    // SAFETY: `name` is the entry point the CPU renderer emits with exactly the `KernelFn`
+    // signature; the pointer is used only while `image` keeps the code mapped (same struct).
+    let entry = unsafe { std::mem::transmute::<*mut c_void, KernelFn>(entry.as_ptr()) };
+    Ok((entry, Code::Object { _image: image }))
+}
+
+/// The address of `symbol` in the libraries loaded globally (see [`load_global_libraries`]).
+pub(crate) fn global_symbol(symbol: &CStr) -> Option<usize> {
+    load_global_libraries();
+    // SAFETY: dlsym only looks a NUL-terminated name up in the globally loaded libraries.
+    let addr = unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) };
+    (!addr.is_null()).then_some(addr as usize)
+}
+
+/// Loads the shared library `bytes` (see [`open_library`]) and finds its entry `name`.
+fn load_library(bytes: &[u8], name: &str) -> Result<(KernelFn, Code)> {
+    let (lib, image) = open_library(bytes).map_err(|e| Error::Load(format!("kernel `{name}`: {e}")))?;
+    // SAFETY: the symbol is the entry point the CPU renderer emits with exactly the
+    // `KernelFn` signature; the pointer is used only while `lib` is alive (same struct).
+    let entry: KernelFn = unsafe {
+        *lib.get::<KernelFn>(name.as_bytes())
+            .map_err(|e| Error::Load(format!("symbol `{name}` not found in the compiled library: {e}")))?
+    };
+    Ok((entry, Code::Library { _lib: lib, _memfd: image }))
 }
 
 /// Loads a shared library from `bytes` without a path that another user could plant or race:
@@ -168,20 +211,33 @@ fn open_from_private_file(bytes: &[u8]) -> std::result::Result<Library, String> 
     load_kernel_library(&path).map_err(|e| format!("not a loadable library: {e}"))
 }
 
-/// Loads a kernel's library with every symbol bound now. Kernel libraries link no C library
-/// (see [`crate::compiler`]): the libm functions the compiler does not inline (`expf`, `sinf`,
-/// `powf`, ...) are bound here, from the libraries loaded globally, so libm is made one of
-/// them first (once per process; the Rust standard library usually links it already). Where
-/// there is no `libm.so.6` (a libc with the math functions inside) nothing is needed. Binding
-/// now turns a symbol that cannot be found into a load error instead of a crash at its first call.
+/// Makes libm and libgcc_s global libraries, once per process. Kernels link no C library (see
+/// [`crate::compiler`]): the libm functions the compiler does not inline (`expf`, `sinf`,
+/// `powf`, ...) and, in an object, libgcc's helpers (`__extendhfsf2` and `__truncsfhf2` for
+/// `_Float16` without F16C, e.g. `KILN_CPU_ISA=sse2`) are bound at load from the libraries
+/// loaded globally. The Rust standard library usually links both already. Where one is
+/// missing (a libc with the math functions inside; a static libgcc) nothing is done, and a
+/// kernel that needs a symbol nobody defines fails to load, naming it.
+fn load_global_libraries() {
+    use libloading::os::unix::Library as UnixLibrary;
+    static GLOBAL: OnceLock<Vec<UnixLibrary>> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        ["libm.so.6", "libgcc_s.so.1"]
+            .into_iter()
+            // SAFETY: the system math library and GCC's runtime support library, loaded into
+            // most processes at start: their initialisers have no effect on kiln or its caller;
+            // the handles are never closed.
+            .filter_map(|name| unsafe { UnixLibrary::open(Some(name), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.ok())
+            .collect()
+    });
+}
+
+/// Loads a kernel's library with every symbol bound now (from the global libraries, see
+/// [`load_global_libraries`]): a symbol that cannot be found is a load error instead of a
+/// crash at its first call.
 fn load_kernel_library(path: impl AsRef<std::ffi::OsStr>) -> std::result::Result<Library, libloading::Error> {
     use libloading::os::unix::Library as UnixLibrary;
-    static LIBM: OnceLock<Option<UnixLibrary>> = OnceLock::new();
-    LIBM.get_or_init(|| {
-        // SAFETY: libm is the system math library, loaded into most processes at start: its
-        // initialisers have no effect on kiln or its caller; the handle is never closed.
-        unsafe { UnixLibrary::open(Some("libm.so.6"), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.ok()
-    });
+    load_global_libraries();
     // SAFETY: the library is one kiln compiled from its own C source: it has no
     // initialisers, and loading it has no other side effects.
     unsafe { UnixLibrary::open(Some(path.as_ref()), libc::RTLD_NOW | libc::RTLD_LOCAL) }.map(Library::from)
@@ -266,7 +322,25 @@ mod tests {
 
     /// A library whose function `k` returns `value`.
     fn library(value: i32) -> Vec<u8> {
-        CCompiler::detect().unwrap().compile_source("k", &format!("int k(void) {{ return {value}; }}\n")).unwrap()
+        shared_library(&format!("int k(void) {{ return {value}; }}\n"))
+    }
+
+    /// `src` built into a shared library, as kernels are where there is no object loader (so
+    /// the dlopen path is tested on x86-64 too).
+    fn shared_library(src: &str) -> Vec<u8> {
+        let dir = tempfile::tempdir().unwrap();
+        let (c, so) = (dir.path().join("k.c"), dir.path().join("k.so"));
+        std::fs::write(&c, src).unwrap();
+        let cc = CCompiler::detect().unwrap();
+        let out = std::process::Command::new(cc.path())
+            .args(["-O2", "-fPIC", "-shared", "-nostdlib", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .arg("-lgcc")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::read(&so).unwrap()
     }
 
     fn call_k(lib: &Library) -> i32 {
@@ -290,14 +364,8 @@ mod tests {
             })
             .collect();
         let bytes = library(7);
-        let compiled = CompiledSpec {
-            name: "k".into(),
-            src: None,
-            bytes: bytes.clone(),
-            spec: Arc::new(crate::CpuRenderer::new().render(&tiny_kernel(), Some("k")).unwrap()),
-        };
-        // The entry `k` of these programs is never run: loading is what is tested.
-        let programs: Vec<_> = (0..4).map(|_| CpuProgram::load(&compiled).unwrap()).collect();
+        // The entry `k` of these libraries is never run: loading is what is tested.
+        let programs: Vec<_> = (0..4).map(|_| open_library(&bytes).unwrap()).collect();
         let fallback = open_from_private_file(&bytes).unwrap();
         assert_eq!(call_k(&fallback), 7);
         drop(programs);
@@ -348,12 +416,30 @@ mod tests {
             Err(Error::Load(m)) => assert!(m.contains("kiln_nowhere"), "{m}"),
             other => panic!("expected a load error naming the symbol, got {other:?}"),
         }
+        assert!(open_library(&shared_library(src)).is_err_and(|m| m.contains("kiln_nowhere")));
         let src = "float expf(float); float sinf(float); float powf(float, float);\n\
                    float k(float x) { return expf(x) + sinf(x) + powf(x, x); }\n";
-        let lib = open_library(&cc.compile_source("k", src).unwrap()).unwrap().0;
+        let lib = open_library(&shared_library(src)).unwrap().0;
         // SAFETY: `k` is `float k(float)` as compiled above; `lib` outlives the call.
         let k = unsafe { lib.get::<unsafe extern "C" fn(f32) -> f32>(b"k").unwrap() };
         // SAFETY: as above.
         assert_eq!(unsafe { k(0.5) }, 0.5f32.exp() + 0.5f32.sin() + 0.5f32.powf(0.5));
+    }
+
+    #[test]
+    fn a_shared_library_given_to_the_object_loader_is_a_load_error() {
+        if !crate::compiler::OBJECT {
+            return;
+        }
+        let compiled = CompiledSpec {
+            name: "k".into(),
+            src: None,
+            bytes: library(1),
+            spec: Arc::new(crate::CpuRenderer::new().render(&tiny_kernel(), Some("k")).unwrap()),
+        };
+        match CpuProgram::load(&compiled) {
+            Err(Error::Load(m)) => assert!(m.contains("kernel `k`") && m.contains("shared library"), "{m}"),
+            other => panic!("expected a load error, got {other:?}"),
+        }
     }
 }
