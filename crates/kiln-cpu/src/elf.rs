@@ -576,7 +576,8 @@ mod tests {
     /// rest through top-level assembly: vector constants in `.rodata.cst32` and a static table
     /// (PC32), libm calls (PLT32 through stubs), a static counter in `.bss` the code writes
     /// (PC32), a global read through the GOT (REX_GOTPCRELX), a pointer table in `.data.rel.ro`
-    /// (64), and a plain GOTPCREL and a PC64 in hand-written code.
+    /// (64, from gcc), and a plain GOTPCREL, a PC64 and a 64 in hand-written code (the same with
+/// every compiler).
     const RICH: &str = r#"
 typedef float f8 __attribute__((vector_size(32)));
 float expf(float); float sinf(float); float powf(float, float);
@@ -597,8 +598,9 @@ void k(void **bufs, const long *vals, long core, long n) {
 long *kiln_g_address(void) { return &kiln_g; }
 __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         " leaq 1f(%rip), %rcx\n movslq (%rcx), %rax\n addq %rcx, %rax\n movq (%rax), %rax\n movq %rax, (%rdi)\n"
-        " leaq 2f(%rip), %rcx\n movq (%rcx), %rax\n addq %rcx, %rax\n movq %rax, 8(%rdi)\n ret\n"
-        "1: .long kiln_g@GOTPCREL\n2: .quad kiln_g - .\n.size asm_relocs, .-asm_relocs\n");
+        " leaq 2f(%rip), %rcx\n movq (%rcx), %rax\n addq %rcx, %rax\n movq %rax, 8(%rdi)\n"
+        " movq 3f(%rip), %rax\n movq %rax, 16(%rdi)\n ret\n"
+        "1: .long kiln_g@GOTPCREL\n2: .quad kiln_g - .\n3: .quad kiln_g\n.size asm_relocs, .-asm_relocs\n");
 "#;
 
     fn compile(src: &str) -> Vec<u8> {
@@ -633,7 +635,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
                 std::mem::transmute::<*mut c_void, extern "C" fn() -> *mut i64>(
                     image.function("kiln_g_address").unwrap().as_ptr(),
                 ),
-                std::mem::transmute::<*mut c_void, extern "C" fn(*mut [usize; 2])>(
+                std::mem::transmute::<*mut c_void, extern "C" fn(*mut [usize; 3])>(
                     image.function("asm_relocs").unwrap().as_ptr(),
                 ),
             )
@@ -657,9 +659,9 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         let g = address();
         // SAFETY: `g` points at `kiln_g`, a `long` in the image's writable part.
         unsafe { *g = 7 };
-        let mut seen = [0usize; 2];
+        let mut seen = [0usize; 3];
         asm(&mut seen);
-        assert_eq!(seen, [g as usize; 2], "GOTPCREL and PC64 reach kiln_g");
+        assert_eq!(seen, [g as usize; 3], "GOTPCREL, PC64 and 64 reach kiln_g");
         // SAFETY: as above.
         unsafe { k(bufs.as_mut_ptr(), [3i64].as_ptr(), 0, 1) };
         assert_eq!(a[10], f32::from(b'd') + 7.0, "the kernel reads the global through its GOT slot");
