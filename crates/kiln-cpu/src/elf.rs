@@ -577,7 +577,7 @@ mod tests {
     /// (PC32), libm calls (PLT32 through stubs), a static counter in `.bss` the code writes
     /// (PC32), a global read through the GOT (REX_GOTPCRELX), a pointer table in `.data.rel.ro`
     /// (64, from gcc), and a plain GOTPCREL, a PC64 and a 64 in hand-written code (the same with
-/// every compiler).
+    /// every compiler).
     const RICH: &str = r#"
 typedef float f8 __attribute__((vector_size(32)));
 float expf(float); float sinf(float); float powf(float, float);

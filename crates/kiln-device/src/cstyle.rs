@@ -580,17 +580,6 @@ fn is_vector_type(name: &str) -> bool {
         "double",
         "half",
         "bool",
-        "quad",
-        "generic",
-        "read_only",
-        "write_only",
-        "read_write",
-        "vec_step",
-        "MAXFLOAT",
-        // A macro PoCL's OpenCL C headers define.
-        "INTTYPE",
-        // A macro in CUDA.
-        "assert",
     ];
     SCALARS.iter().any(|s| {
         name.strip_prefix(s).is_some_and(|rest| {

@@ -6,33 +6,15 @@
 //!
 //! Deterministic (fixed seed) and bounded by case count (`KILN_FUZZ_CASES`, default 200).
 
+mod common;
+use common::Rng;
+
 use std::ffi::OsString;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 use kiln::npy::{self, NpyArray};
 use kiln_ir::Scalar;
-
-/// xorshift64*: deterministic, dependency-free randomness. The state must not be 0 (it
-/// would stay 0): seeds are made odd.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn pick<T: Clone>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())].clone()
-    }
-}
 
 /// A kernel whose variable and buffer sizes span all of i64: `--var n=...` reaches sizes no
 /// machine can allocate.
@@ -133,37 +115,39 @@ fn random_command_lines_exit_with_a_status_never_a_panic() {
     for _ in 0..cases {
         let mut args: Vec<String> = Vec::new();
         match rng.below(10) {
-            0 => args.extend(["bench".into(), "--only".into(), rng.pick(ONLY).into()]),
-            1 => args.extend(["devices".into(), rng.pick(&["--verbose", "-v", "-x", "--json"]).into()]),
-            2 => args.extend(["cache".into(), rng.pick(&["stats", "clear", "", "purge"]).into()]),
+            0 => args.extend(["bench".into(), "--only".into(), rng.pick(ONLY).to_string()]),
+            1 => args.extend(["devices".into(), rng.pick(&["--verbose", "-v", "-x", "--json"]).to_string()]),
+            2 => args.extend(["cache".into(), rng.pick(&["stats", "clear", "", "purge"]).to_string()]),
             3..=5 => {
                 // Output to a file: the in-process kiln writes stdout past the test's capture.
                 let out = dir.join("compiled").display().to_string();
-                args.extend(["compile".into(), rng.pick(&kernels), "-o".into(), out]);
+                args.extend(["compile".into(), rng.pick(&kernels).clone(), "-o".into(), out]);
                 for _ in 0..rng.below(3) {
                     match rng.below(3) {
-                        0 => args.extend(["--emit".into(), rng.pick(EMITS).into()]),
-                        1 => args.extend(["--target".into(), rng.pick(TARGETS).into()]),
+                        0 => args.extend(["--emit".into(), rng.pick(EMITS).to_string()]),
+                        1 => args.extend(["--target".into(), rng.pick(TARGETS).to_string()]),
                         _ => args.push("--check".into()),
                     }
                 }
             }
             _ => {
-                args.extend(["run".into(), rng.pick(&kernels)]);
+                args.extend(["run".into(), rng.pick(&kernels).clone()]);
                 for _ in 0..rng.below(6) {
                     match rng.below(5) {
                         0 | 1 => {
                             args.extend(["--var".into(), format!("{}={}", rng.pick(VAR_NAMES), rng.pick(VAR_VALUES))])
                         }
-                        2 => args.extend(["--in".into(), format!("{}={}", rng.pick(SLOTS), rng.pick(&inputs))]),
-                        3 => args.extend(["--out".into(), format!("{}={}", rng.pick(SLOTS), rng.pick(&outputs))]),
-                        _ => args.extend(["--trace".into(), rng.pick(&outputs)]),
+                        2 => args.extend(["--in".into(), format!("{}={}", rng.pick(SLOTS), rng.pick(&inputs).clone())]),
+                        3 => {
+                            args.extend(["--out".into(), format!("{}={}", rng.pick(SLOTS), rng.pick(&outputs).clone())])
+                        }
+                        _ => args.extend(["--trace".into(), rng.pick(&outputs).clone()]),
                     }
                 }
             }
         }
         if rng.below(3) == 0 && args[0] != "cache" {
-            args.extend(["--device".into(), rng.pick(DEVICES).into()]);
+            args.extend(["--device".into(), rng.pick(DEVICES).to_string()]);
         }
         match kiln(&args) {
             Ok(code) => codes[code as usize] += 1,

@@ -7,6 +7,9 @@
 //! kernel text fuzz takes `KILN_FUZZ_CASES` (default 4000) and `KILN_FUZZ_SEED`, like the
 //! structured fuzzer of `kiln-conformance`.
 
+mod common;
+use common::Rng;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -14,27 +17,6 @@ use std::sync::{Arc, Mutex};
 use kiln::npy::{self, NpyArray};
 use kiln_device::{CacheConfig, KernelCache, Program, Renderer, RuntimeFactory, Toolchain};
 use kiln_ir::{DeviceSpec, Scalar, parse, validate};
-
-/// xorshift64*: deterministic, dependency-free randomness. The state must not be 0 (it
-/// would stay 0): seeds are made odd.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 /// Runs `f` on `input`; a panic becomes a failure message that shows the input.
 fn no_panic<T>(what: &str, input: &str, f: impl FnOnce() -> T) -> Result<T, String> {
