@@ -799,16 +799,7 @@ impl Bench {
 
     /// A new `kiln` process loads a kernel from a disk cache filled by an earlier process.
     fn cache_disk_hit(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
-        let exe = std::env::current_exe().map_err(|e| CliError::Io {
-            action: "finding",
-            path: "the kiln executable".into(),
-            source: e,
-        })?;
-        // A private folder with an unpredictable name, removed when `dir` drops.
-        let dir = tempfile::Builder::new()
-            .prefix("kiln-bench-disk-")
-            .tempdir()
-            .map_err(|e| CliError::io("creating a cache folder in", &std::env::temp_dir(), e))?;
+        let (exe, dir) = exe_and_private_dir("kiln-bench-disk-")?;
         let child = |expect_hit: bool| -> Result<f64, CliError> {
             let out = Process::new(&exe)
                 .args(["bench", "--disk-hit-child", "--device", &args.device.to_string()])
@@ -855,16 +846,7 @@ impl Bench {
     /// the difference is what `kiln run` itself costs.
     fn warm_run_process(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
         let name = "warm_run_process";
-        let exe = std::env::current_exe().map_err(|e| CliError::Io {
-            action: "finding",
-            path: "the kiln executable".into(),
-            source: e,
-        })?;
-        // A private folder with an unpredictable name, removed when `dir` drops.
-        let dir = tempfile::Builder::new()
-            .prefix("kiln-bench-warm-")
-            .tempdir()
-            .map_err(|e| CliError::io("creating a folder in", &std::env::temp_dir(), e))?;
+        let (exe, dir) = exe_and_private_dir("kiln-bench-warm-")?;
         let path = |file: &str| dir.path().join(file);
         let n = 8;
         let (a, b): (Vec<f32>, Vec<f32>) = ((0..n).map(|i| i as f32).collect(), vec![1.0; n]);
@@ -1265,6 +1247,21 @@ mod baseline {
             );
         }
     }
+}
+
+/// This `kiln` executable, for entries that time child processes, and a private folder with an
+/// unpredictable name starting with `prefix` (removed when it drops).
+fn exe_and_private_dir(prefix: &str) -> Result<(std::path::PathBuf, tempfile::TempDir), CliError> {
+    let exe = std::env::current_exe().map_err(|e| CliError::Io {
+        action: "finding",
+        path: "the kiln executable".into(),
+        source: e,
+    })?;
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|e| CliError::io("creating a folder in", &std::env::temp_dir(), e))?;
+    Ok((exe, dir))
 }
 
 #[cfg(test)]
