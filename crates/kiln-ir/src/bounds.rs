@@ -403,6 +403,14 @@ impl Bounds {
         self.pending.len()
     }
 
+    /// The `%N` numbers ([`crate::print`] order) of the accesses left for [`Bounds::check`],
+    /// ascending.
+    pub fn pending_nodes(&self) -> Vec<usize> {
+        let mut nodes: Vec<usize> = self.pending.iter().map(|a| a.node).collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
     /// Decides the accesses [`Bounds::prove`] left open, for one launch: `vals` the variable
     /// values (positional, sorted by name, already checked against their bounds), `launch`
     /// the launch sizes as in `prove` (1 where absent) and `lens[slot]` each slot's element
