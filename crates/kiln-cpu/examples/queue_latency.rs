@@ -142,7 +142,7 @@ fn main() -> Result<()> {
     println!("kiln CPU queue latency ({} hardware threads)", thread::available_parallelism().map_or(1, |n| n.get()));
     let sink = add_one_sink()?;
     let spec = Arc::new(ProgramSpec::from_sink("add_one", String::new(), DeviceSpec::Cpu, &sink)?);
-    let noop = Kernel { spec, program: Arc::new(Noop) };
+    let noop = Kernel::new(spec, Arc::new(Noop));
     let alloc = Arc::new(CpuAllocator::new());
     let (a, b) = (Buffer::from_slice(alloc.clone(), &[1.0f32; 16])?, Buffer::new(alloc, Scalar::F32, 16)?);
 

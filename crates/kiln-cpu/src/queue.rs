@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, HardwareQueue, Kernel, LaunchDims,
-    QueueFactory, RawView, Result, TimelineSignal,
+    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel, LaunchDims,
+    PreparedLaunch, QueueFactory, RawView, Result, TimelineSignal,
 };
 
 /// How long an idle worker polls for the next batch before it parks on the channel.
@@ -47,6 +47,8 @@ enum Command {
         views: Vec<RawView>,
         vals: Vec<i64>,
         dims: LaunchDims,
+        /// A guarded launch's fault record, checked once it ran.
+        faults: Option<FaultWatch>,
     },
     Copy {
         dst: Buffer,
@@ -122,14 +124,8 @@ impl CpuQueue {
                 kernel.spec.name, kernel.spec.device
             )));
         }
-        let (views, dims) = kernel.check(bufs, vals)?;
-        Ok(Command::Exec {
-            kernel: kernel.clone(),
-            _bufs: bufs.iter().map(|b| (*b).clone()).collect(),
-            views,
-            vals: vals.to_vec(),
-            dims,
-        })
+        let PreparedLaunch { kernel, views, dims, faults } = kernel.prepare(bufs, vals)?;
+        Ok(Command::Exec { kernel, _bufs: bufs.iter().map(|b| (*b).clone()).collect(), views, vals: vals.to_vec(), dims, faults })
     }
 
     fn check_copy(dst: &Buffer, src: &Buffer) -> Result<Command> {
@@ -266,11 +262,12 @@ impl Worker {
                 s.set(v);
                 Ok(())
             }
-            Command::Exec { kernel, _bufs, views, vals, dims } => {
+            Command::Exec { kernel, _bufs, views, vals, dims, faults } => {
                 let run = catch_unwind(AssertUnwindSafe(|| {
-                    // SAFETY: `Kernel::check` validated at record time the buffer count,
-                    // device, dtype and size of every view, the variables' bounds and the
-                    // launch sizes; `_bufs` holds the allocations alive until this returns.
+                    // SAFETY: `Kernel::prepare` validated at record time the buffer count,
+                    // device, dtype and size of every view, the variables' bounds, the
+                    // launch sizes and every access's bounds; `_bufs` (and `faults`, the
+                    // guarded form's extra buffer) hold the allocations alive until this returns.
                     // Conflicting accesses from other queues are ordered by the caller's
                     // signals (the HardwareQueue contract); this queue runs one command at a time.
                     unsafe { kernel.program.execute(&views, &vals, &dims) }
@@ -278,6 +275,7 @@ impl Worker {
                 run.unwrap_or_else(|panic| {
                     Err(Error::Launch(format!("kernel `{}` panicked: {}", kernel.spec.name, panic_message(&*panic))))
                 })
+                .and_then(|()| faults.as_ref().map_or(Ok(()), FaultWatch::check))
             }
             Command::Copy { dst, src } => dst.copy_from(&src),
             Command::Barrier => {
@@ -451,7 +449,7 @@ mod tests {
 
     fn kernel(behaviour: Behaviour, log: &Arc<Mutex<Vec<u32>>>) -> Kernel {
         let spec = ProgramSpec::from_sink("add_one", String::new(), DeviceSpec::Cpu, &add_one_sink()).unwrap();
-        Kernel { spec: Arc::new(spec), program: Arc::new(MockProgram { behaviour, log: log.clone() }) }
+        Kernel::new(Arc::new(spec), Arc::new(MockProgram { behaviour, log: log.clone() }))
     }
 
     fn alloc() -> Arc<dyn Allocator> {

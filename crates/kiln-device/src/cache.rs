@@ -410,7 +410,7 @@ impl KernelCache {
                     drop(memory);
                     let leader = Leader { cache: self, key: Some(key), flight: f };
                     let result = match stale.program.compiled() {
-                        Some(c) => (toolchain.runtime)(c).map(|program| Kernel { spec: stale.spec.clone(), program }),
+                        Some(c) => (toolchain.runtime)(c).map(|program| Kernel::new(stale.spec.clone(), program)),
                         None => self.load_or_compile(sink, name, device, toolchain),
                     };
                     leader.finish(&result);
@@ -492,7 +492,7 @@ impl KernelCache {
         {
             self.warn(&e);
         }
-        Ok(Kernel { spec: compiled.spec.clone(), program })
+        Ok(Kernel::new(compiled.spec.clone(), program))
     }
 
     /// Drops the loaded kernels (the disk entries stay). Compiles in flight finish normally.
@@ -629,7 +629,7 @@ impl Entry {
         let compiled =
             CompiledSpec { name: self.compiled_name, src: self.is_source.then_some(src), bytes, spec: spec.clone() };
         let program = (tc.runtime)(&compiled)?;
-        Ok(Kernel { spec, program })
+        Ok(Kernel::new(spec, program))
     }
 }
 

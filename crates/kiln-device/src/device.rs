@@ -11,6 +11,7 @@ use crate::buffer::{Allocator, Buffer, RawView};
 use crate::cache::{KernelCache, Toolchain};
 use crate::context::{ContextAllocator, ContextQueues, DeviceContext, Stamp, StampedProgram};
 use crate::error::{Error, Result};
+use crate::guarded::{BoundsPolicy, Fallback, FaultWatch};
 use crate::program::{Compiler, LaunchDims, Program, ProgramSpec, Renderer, RuntimeFactory};
 use crate::queue::DynQueueFactory;
 
@@ -26,6 +27,10 @@ pub struct Kernel {
     /// The loaded program; shared by every clone and reentrant, so clones may launch from
     /// several threads at once.
     pub program: Arc<dyn Program>,
+    /// The guarded form a launch falls back to when its proof fails
+    /// ([`crate::guarded`]); `None` for kernels proven when built, and under
+    /// [`BoundsPolicy::Refuse`].
+    pub(crate) fallback: Option<Arc<Fallback>>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -35,6 +40,30 @@ impl std::fmt::Debug for Kernel {
 }
 
 impl Kernel {
+    /// A kernel of `spec` loaded as `program`, without a guarded fallback: a launch that
+    /// cannot be proven in bounds is refused.
+    pub fn new(spec: Arc<ProgramSpec>, program: Arc<dyn Program>) -> Kernel {
+        Kernel { spec, program, fallback: None }
+    }
+
+    /// This kernel running `program` instead (a wrapper around its own, such as a timer),
+    /// with the same spec and guarded fallback.
+    pub fn with_program(&self, program: Arc<dyn Program>) -> Kernel {
+        Kernel { program, ..self.clone() }
+    }
+
+    /// Whether a launch that cannot be proven in bounds runs the guarded form
+    /// ([`Kernel::prepare`]) rather than being refused.
+    pub fn has_fallback(&self) -> bool {
+        self.fallback.is_some()
+    }
+
+    /// This kernel without its guarded fallback: every launch that cannot be proven in
+    /// bounds is refused (the strict path, as under [`BoundsPolicy::Refuse`]).
+    pub fn refusing(&self) -> Kernel {
+        Kernel { fallback: None, ..self.clone() }
+    }
+
     /// Checks `bufs` and `vals` against the kernel and returns what `Program::execute` needs:
     /// one buffer per slot, each on this kernel's device, of the parameter's dtype and at
     /// least the parameter's declared size; variables within bounds; launch sizes ≥ 1; and
@@ -95,17 +124,21 @@ impl Kernel {
         Ok((views, dims))
     }
 
-    /// Runs the kernel to completion on the calling thread, after [`Kernel::check`]: a
-    /// launch that could touch memory outside its buffers is refused, never run.
+    /// Runs the kernel to completion on the calling thread, after [`Kernel::prepare`]: a
+    /// launch that could touch memory outside its buffers runs guarded or is refused, and a
+    /// guarded access that tried to leave its buffer fails the launch.
     ///
     /// # Errors
-    /// The errors of [`Kernel::check`], then those of [`Program::execute`].
+    /// The errors of [`Kernel::prepare`], then those of [`Program::execute`] and
+    /// [`crate::FaultWatch::check`].
     pub fn launch(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<()> {
-        let (views, dims) = self.check(bufs, vals)?;
-        // SAFETY: `check` verified count, device, dtype and size of every buffer, the
-        // variables' bounds, the launch sizes and that every access stays in bounds; the
-        // borrowed `bufs` keep the memory alive for the duration of this synchronous call.
-        unsafe { self.program.execute(&views, vals, &dims) }
+        let launch = self.prepare(bufs, vals)?;
+        // SAFETY: `prepare` checked the executed kernel's every buffer (count, device, dtype,
+        // size), the variables' bounds, the launch sizes and that every access stays in
+        // bounds (a guarded form's accesses by their own guards); the borrowed `bufs` and the
+        // launch's fault record keep the memory alive for this synchronous call.
+        unsafe { launch.kernel.program.execute(&launch.views, vals, &launch.dims) }?;
+        launch.faults.as_ref().map_or(Ok(()), FaultWatch::check)
     }
 }
 
@@ -165,7 +198,7 @@ struct Generation {
     runtime: RuntimeFactory,
     queues: Option<Arc<dyn DynQueueFactory>>,
     /// The default pair with its fingerprint, taken at the first compile.
-    toolchain: OnceLock<Toolchain>,
+    toolchain: OnceLock<Arc<Toolchain>>,
 }
 
 impl Generation {
@@ -201,6 +234,8 @@ pub struct Device {
     current: RwLock<Arc<Generation>>,
     /// Loaded and compiled kernels; [`Device::compile`] goes through it.
     cache: Arc<KernelCache>,
+    /// What a launch does with an access no proof reaches.
+    bounds_policy: BoundsPolicy,
 }
 
 impl std::fmt::Debug for Device {
@@ -216,7 +251,7 @@ impl Device {
     /// # Errors
     /// The errors of `build`; [`Error::Invalid`] when it offers no renderer/compiler pair;
     /// [`Error::Config`] for a malformed `KILN_CACHE*` (or, with fault injection,
-    /// `KILN_FAULTS`) variable.
+    /// `KILN_FAULTS`) variable; [`Error::Invalid`] for a malformed `KILN_BOUNDS`.
     pub fn new(
         spec: DeviceSpec,
         description: String,
@@ -243,7 +278,20 @@ impl Device {
             build,
             current: RwLock::new(Arc::new(first)),
             cache,
+            bounds_policy: BoundsPolicy::from_env()?,
         })
+    }
+
+    /// This device with `policy` for launches no proof reaches (the default comes from
+    /// `KILN_BOUNDS`, else [`BoundsPolicy::Guard`]); applies to kernels compiled after.
+    pub fn with_bounds_policy(mut self, policy: BoundsPolicy) -> Device {
+        self.bounds_policy = policy;
+        self
+    }
+
+    /// What a launch does with an access no proof reaches ([`crate::guarded`]).
+    pub fn bounds_policy(&self) -> BoundsPolicy {
+        self.bounds_policy
     }
 
     /// This device with `cache` instead of the one configured from the environment (e.g. a
@@ -371,9 +419,17 @@ impl Device {
         let current = self.current();
         let toolchain = current.toolchain.get_or_init(|| {
             let (renderer, compiler) = current.compilers[0].clone();
-            Toolchain::new(renderer, compiler, current.runtime.clone())
+            Arc::new(Toolchain::new(renderer, compiler, current.runtime.clone()))
         });
-        self.cache.get_or_compile(sink, name, self.spec(), toolchain)
+        let mut kernel = self.cache.get_or_compile(sink, name, self.spec(), toolchain)?;
+        if kernel.spec.bounds.pending() > 0 && self.bounds_policy == BoundsPolicy::Guard {
+            // The guarded form compiles through the same cache and toolchain, on first need.
+            let (cache, toolchain, spec) = (self.cache.clone(), toolchain.clone(), self.spec().clone());
+            let name = kernel.spec.name.clone();
+            let compile = move |guarded: &Arc<UOp>| cache.get_or_compile(guarded, Some(&name), &spec, &toolchain);
+            kernel.fallback = Some(Arc::new(Fallback::new(Box::new(compile), current.allocator.clone())));
+        }
+        Ok(kernel)
     }
 
     /// [`Device::compile`] for a batch: one result per `(sink, name)` of `kernels`, in their

@@ -46,9 +46,11 @@ pub enum Error {
     #[error("launch: {0}")]
     Launch(String),
     /// A launch refused because a LOAD or STORE could not be proven to stay inside its
-    /// buffer for these variable values (see `kiln_ir::bounds`). `access` names the node
-    /// (`%N` in `kiln_ir::print` order), the elements it may touch and the buffer's size.
-    #[error("launch of kernel `{kernel}` refused: {access}")]
+    /// buffer for these variable values (see `kiln_ir::bounds`), or a guarded launch in which
+    /// an access tried to leave its buffer (`access.guarded`; see [`crate::guarded`]).
+    /// `access` names the node (`%N` in `kiln_ir::print` order), the elements it may touch
+    /// (or tried to) and the buffer's size.
+    #[error("{}", out_of_bounds(kernel, access))]
     OutOfBounds {
         /// The refused kernel's name.
         kernel: String,
@@ -233,5 +235,13 @@ mod tests {
         assert!(!Error::driver("CPU", "no thread").is_fatal());
         assert_eq!(Error::Timeout { target: 1, current: 0, waited_ms: 1 }.class(), ErrorClass::Timeout);
         assert_eq!(Error::Config("x".into()).class(), ErrorClass::InvalidArgument);
+    }
+}
+
+fn out_of_bounds(kernel: &str, access: &kiln_ir::bounds::OutOfBounds) -> String {
+    if access.guarded {
+        format!("kernel `{kernel}` ran guarded and faulted: {access}")
+    } else {
+        format!("launch of kernel `{kernel}` refused: {access}")
     }
 }

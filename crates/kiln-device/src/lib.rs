@@ -14,6 +14,7 @@ pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 pub mod graph;
+pub mod guarded;
 pub mod program;
 pub mod queue;
 pub mod ring;
@@ -31,6 +32,7 @@ pub use device::{
 };
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphLaunch, LaunchGraph};
+pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch, PreparedLaunch};
 pub use kiln_ir;
 pub use program::{
     CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,

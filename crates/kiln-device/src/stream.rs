@@ -45,6 +45,7 @@ use kiln_ir::DeviceSpec;
 use crate::buffer::{Buffer, RawView};
 use crate::device::Kernel;
 use crate::error::{Error, Result};
+use crate::guarded::{FaultWatch, PreparedLaunch};
 use crate::program::LaunchDims;
 use crate::queue::{CommandTimer, HardwareQueue};
 use crate::ring::{BackendEvent, RingSignal};
@@ -114,6 +115,8 @@ enum Command<E: BackendEvent> {
         vals: Vec<i64>,
         dims: LaunchDims,
         timer: Option<Arc<dyn CommandTimer>>,
+        /// A guarded launch's fault record: a host step checks it once the kernel ran.
+        faults: Option<FaultWatch>,
     },
     Copy {
         dst: Buffer,
@@ -133,6 +136,9 @@ enum HostStep<E> {
         src: Buffer,
         timer: Option<Arc<dyn CommandTimer>>,
     },
+    /// Once `after` (an event after a guarded kernel) completes: fail the queue if the
+    /// kernel's guards fired.
+    Faults { after: E, faults: FaultWatch },
 }
 
 impl<E: BackendEvent> HostStep<E> {
@@ -149,6 +155,10 @@ impl<E: BackendEvent> HostStep<E> {
                     t.measured(Box::new(move || Ok((start, end))));
                 }
                 Ok(())
+            }
+            HostStep::Faults { after, faults } => {
+                after.wait()?;
+                faults.check()
             }
         }
     }
@@ -206,14 +216,19 @@ impl<B: StreamOps> Inner<B> {
             let step = match cmd {
                 Command::Wait(s, v) => self.wait(s, v),
                 Command::Signal(s, v) => self.ops.record_event().and_then(|e| s.record(v, e)).map(|()| None),
-                Command::Exec { kernel, bufs, views, vals, dims, timer } => {
+                Command::Exec { kernel, bufs, views, vals, dims, timer, faults } => {
                     let r = kernel
                         .program
                         .before_enqueue()
                         .and_then(|()| self.ops.enqueue_kernel(&kernel, &views, &vals, &dims, timer.as_ref()));
                     kernels.push(kernel);
                     buffers.extend(bufs);
-                    r.map(|()| None)
+                    match (r, faults) {
+                        (Ok(()), Some(faults)) => {
+                            self.ops.record_event().map(|after| Some(HostStep::Faults { after, faults }))
+                        }
+                        (r, _) => r.map(|()| None),
+                    }
                 }
                 Command::Copy { dst, src, timer } => {
                     let r = match self.ops.enqueue_copy(&dst, &src, timer.as_ref()) {
@@ -342,16 +357,11 @@ impl<B: StreamOps> StreamQueue<B> {
         if let Some(b) = bufs.iter().find(|b| b.device() != &self.spec) {
             return Err(Error::Launch(format!("{b:?} is not on {}; copy it there first", self.spec)));
         }
-        let (views, dims) = kernel.check(bufs, vals)?;
-        lock(&self.inner).ops.check_kernel(kernel, &dims)?;
-        Ok(Command::Exec {
-            kernel: kernel.clone(),
-            bufs: bufs.iter().map(|b| (*b).clone()).collect(),
-            views,
-            vals: vals.to_vec(),
-            dims,
-            timer,
-        })
+        let PreparedLaunch { kernel, views, dims, faults } = kernel.prepare(bufs, vals)?;
+        lock(&self.inner).ops.check_kernel(&kernel, &dims)?;
+        let mut bufs: Vec<Buffer> = bufs.iter().map(|b| (*b).clone()).collect();
+        bufs.extend(faults.as_ref().map(|f| f.record().clone()));
+        Ok(Command::Exec { kernel, bufs, views, vals: vals.to_vec(), dims, timer, faults })
     }
 
     fn copy_command(

@@ -125,6 +125,10 @@ pub struct OutOfBounds {
     pub last: i128,
     /// The slot's element count for this launch (local memory: its static size).
     pub len: i128,
+    /// The access ran under an inline guard ([`crate::guard`]) and tried to touch element
+    /// `first` (`== last`), which the guard prevented; otherwise the proof could not show
+    /// that it stays inside and the launch was refused.
+    pub guarded: bool,
 }
 
 impl fmt::Display for OutOfBounds {
@@ -141,6 +145,14 @@ impl fmt::Display for OutOfBounds {
                 );
             }
         };
+        if self.guarded {
+            return write!(
+                f,
+                "%{} {} tried to access element {} of {memory}, which holds {} element(s); its guard skipped the access \
+                 (a load read its alternative value); bound the index or declare a larger buffer",
+                self.node, self.op, self.first, self.len
+            );
+        }
         write!(
             f,
             "%{} {} may access elements {}..={} of {memory}, which holds {} element(s); \
@@ -449,7 +461,7 @@ impl Bounds {
 
 /// For each node, the IFs (tape positions) whose blocks it is in: those it depends on
 /// without depending on their ENDIF.
-fn if_blocks(kernel: &[Arc<UOp>], at: &dyn Fn(&Arc<UOp>) -> u32) -> Vec<Vec<u32>> {
+pub(crate) fn if_blocks(kernel: &[Arc<UOp>], at: &dyn Fn(&Arc<UOp>) -> u32) -> Vec<Vec<u32>> {
     let mut blocks: Vec<Vec<u32>> = vec![Vec::new(); kernel.len()];
     if !kernel.iter().any(|n| n.op() == Op::If) {
         return blocks;
@@ -520,6 +532,7 @@ impl Access {
             first: touched.lo,
             last: touched.hi,
             len: len.lo,
+            guarded: false,
         };
         if self.slot.is_none() && self.local.is_none() {
             return Some(error(Interval::ANY));
@@ -1017,7 +1030,7 @@ mod tests {
         }
         let e = c.at(&[5]).unwrap_err();
         let store = c.node(Op::Store);
-        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), local: None, first: 0, last: 4, len: 4 });
+        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), local: None, first: 0, last: 4, len: 4, guarded: false });
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("%{store} STORE")) && msg.contains("0..=4 of buffer 0") && msg.contains("holds 4")

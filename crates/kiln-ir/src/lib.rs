@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod bounds;
+mod guard;
 mod builder;
 mod dtype;
 mod linearize;
@@ -16,6 +17,7 @@ mod text;
 mod uop;
 mod validate;
 
+pub use guard::{Guarded, GuardedAccess, guard};
 pub use builder::{Acc, IntoVal, KernelBuilder, Val};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use linearize::{MAX_LOOPS, linearize};

@@ -348,7 +348,7 @@ mod tests {
         let spec = ProgramSpec::from_sink("add", ADD.into(), dev.spec().clone(), &sink).unwrap();
         let compiled = dev.compiler().compile(&spec).unwrap();
         assert!(!compiled.bytes.is_empty());
-        let kernel = KilnKernel { spec: compiled.spec.clone(), program: (dev.runtime())(&compiled).unwrap() };
+        let kernel = KilnKernel::new(compiled.spec.clone(), (dev.runtime())(&compiled).unwrap());
         let xs: Vec<f32> = (0..103).map(|x| x as f32).collect();
         let a = Buffer::from_slice(dev.allocator(), &xs).unwrap();
         let b = Buffer::from_slice(dev.allocator(), &xs).unwrap();

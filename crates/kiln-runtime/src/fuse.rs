@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, Op, UOp};
-use kiln_device::{Buffer, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result, Stamp};
+use kiln_device::{Buffer, FaultWatch, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result, Stamp};
 
 use crate::schedule::Schedule;
 
@@ -71,6 +71,8 @@ pub(crate) struct Launch {
     pub views: Vec<RawView>,
     pub vals: Vec<i64>,
     pub dims: LaunchDims,
+    /// A guarded form's fault record: cleared before each run, checked after it.
+    pub faults: Option<FaultWatch>,
 }
 
 /// Runs a segment's launches in order on the calling (queue) thread.
@@ -93,7 +95,11 @@ impl Program for FusedProgram {
             // launch sizes verified); the plan orders this segment after every node that
             // conflicts with it (hazard analysis + timeline waits) and never starts a run
             // before the previous one finished, so no other thread writes these bytes now.
-            let r = unsafe { l.program.execute(&l.views, &l.vals, &l.dims) };
+            let r = match &l.faults {
+                None => unsafe { l.program.execute(&l.views, &l.vals, &l.dims) },
+                // SAFETY: as above; the record is one of the views, held by `faults`.
+                Some(f) => f.arm().and_then(|()| unsafe { l.program.execute(&l.views, &l.vals, &l.dims) }).and_then(|()| f.check()),
+            };
             if r.is_err() {
                 return match &self.stamp {
                     Some(s) => s.observe(r),
@@ -116,10 +122,10 @@ impl Program for FusedProgram {
 /// A kernel (no buffers, no variables, one work item) whose program runs `launches`.
 pub(crate) fn fused_kernel(device: &DeviceSpec, launches: Vec<Launch>, keep: Vec<Buffer>) -> Kernel {
     let (stamp, launches) = one_generation(launches);
-    Kernel {
-        spec: Arc::new(bare_spec("plan_segment", device)),
-        program: Arc::new(FusedProgram { stamp, launches, _keep: keep }),
-    }
+    Kernel::new(
+        Arc::new(bare_spec("plan_segment", device)),
+        Arc::new(FusedProgram { stamp, launches, _keep: keep }),
+    )
 }
 
 /// The stamp shared by every launch's program and the launches with the programs it
@@ -189,7 +195,7 @@ mod tests {
         buf.copy_from_slice(&[0.0f32; 4]).unwrap();
         let launch = |k: &Kernel| {
             let (views, dims) = k.check(&[&buf], &[]).unwrap();
-            Launch { program: k.program.clone(), views, vals: vec![], dims }
+            Launch { program: k.program.clone(), views, vals: vec![], dims, faults: None }
         };
         let (stamp, launches) = one_generation(vec![launch(&inc), launch(&inc)]);
         assert_eq!(stamp.map(|s| s.minted()), Some(0), "the launches share generation 0");
@@ -202,10 +208,10 @@ mod tests {
         fused.launch(&[], &[]).unwrap();
         assert_eq!(buf.to_vec::<f32>().unwrap(), [3.0; 4]);
         // A program that is not generation-checked keeps every launch's own check.
-        let foreign = Kernel {
-            spec: inc.spec.clone(),
-            program: Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }),
-        };
+        let foreign = Kernel::new(
+            inc.spec.clone(),
+            Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }),
+        );
         let (stamp, launches) = one_generation(vec![launch(&inc), launch(&foreign)]);
         assert!(stamp.is_none() && launches[0].program.unstamped().is_some());
 

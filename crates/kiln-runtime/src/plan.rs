@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::UOp;
 use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory};
-use kiln_device::{Buffer, Device, Error, Kernel, Result, TimelineSignal};
+use kiln_device::{Buffer, Device, Error, Kernel, PreparedLaunch, Result, TimelineSignal};
 
 use crate::fuse::{Launch, Segment, find_segments, fused_kernel};
 use crate::hazard::{Access, Dependency, HazardTracker};
@@ -271,7 +271,8 @@ impl ExecutionPlan {
                 spec.name, spec.device
             )));
         }
-        let (_, dims) = kernel.check(bufs, vals)?;
+        // A launch that needs the guarded form records the kernel itself; each run prepares it.
+        let dims = kernel.prepare(bufs, vals)?.dims;
         // Bind the kernel's variables to plan variables without changing anything yet.
         let mut var_index = Vec::with_capacity(vals.len());
         let mut new_vars: Vec<(&str, i64)> = Vec::new();
@@ -581,10 +582,11 @@ impl ExecutionPlan {
                 }
                 scratch.clear();
                 scratch.extend(bufs.iter());
-                let (views, dims) = kernel.check(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
+                let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
+                let prepared = k.prepare(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
                 if let Some(g) = self.segment_of.get(i).copied().flatten() {
-                    let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
-                    launches[g].push(Launch { program: k.program.clone(), views, vals: slot.to_vec(), dims });
+                    let PreparedLaunch { kernel, views, dims, faults } = prepared;
+                    launches[g].push(Launch { program: kernel.program.clone(), views, vals: slot.to_vec(), dims, faults });
                 }
             }
         }

@@ -113,10 +113,7 @@ impl Program for TimedProgram {
 
 /// `kernel` with its program wrapped to fill `stamps`.
 pub(crate) fn timed_kernel(kernel: &Kernel, stamps: Arc<Stamps>, epoch: Instant) -> Kernel {
-    Kernel {
-        spec: kernel.spec.clone(),
-        program: Arc::new(TimedProgram { inner: kernel.program.clone(), stamps, epoch }),
-    }
+    kernel.with_program(Arc::new(TimedProgram { inner: kernel.program.clone(), stamps, epoch }))
 }
 
 /// A program with no buffers that stamps the start or the end slot.
@@ -140,10 +137,10 @@ impl Program for MarkerProgram {
 /// Two kernels (start, end) that stamp `stamps` when they run on a queue of `device`.
 pub(crate) fn marker_kernels(device: &DeviceSpec, stamps: Arc<Stamps>, epoch: Instant) -> (Kernel, Kernel) {
     let spec = Arc::new(crate::fuse::bare_spec("copy_marker", device));
-    let mark = |end| Kernel {
-        spec: spec.clone(),
-        program: Arc::new(MarkerProgram { stamps: stamps.clone(), end, epoch }) as Arc<dyn Program>,
-    };
+    let mark = |end| Kernel::new(
+        spec.clone(),
+        Arc::new(MarkerProgram { stamps: stamps.clone(), end, epoch }) as Arc<dyn Program>,
+    );
     (mark(false), mark(true))
 }
 

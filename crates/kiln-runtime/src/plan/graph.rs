@@ -8,7 +8,7 @@
 //! fails) marks the plan "unsupported" and every run replays through the queues, as before.
 //! Recording a node drops the graph. Graph runs do not advance the queues' timelines.
 
-use kiln_device::{GraphLaunch, LaunchGraph, Result};
+use kiln_device::{Error, GraphLaunch, LaunchGraph, Result};
 
 use super::{ExecutionPlan, NodeKind};
 
@@ -41,7 +41,7 @@ impl ExecutionPlan {
         }
         // A leaked handle's queued run must finish before the graph touches the buffers.
         let _ = self.drain();
-        let launches = self.graph_launches(vals)?;
+        let Some(launches) = self.graph_launches(vals)? else { return Ok(false) };
         // An update error (like `Ok(false)`) is answered by capturing again.
         let reused = match std::mem::take(&mut self.graph) {
             GraphState::Ready(g, old) if old == vals => Some(g),
@@ -66,8 +66,9 @@ impl ExecutionPlan {
         Ok(true)
     }
 
-    /// Every node's launch with its arguments checked for the plan values `vals`.
-    fn graph_launches(&mut self, vals: &[i64]) -> Result<Vec<GraphLaunch>> {
+    /// Every node's launch with its arguments checked for the plan values `vals`; `None` when
+    /// a launch needs its kernel's guarded form, whose faults only a queued run checks.
+    fn graph_launches(&mut self, vals: &[i64]) -> Result<Option<Vec<GraphLaunch>>> {
         self.check_vals_len(vals)?;
         let mut launches = Vec::with_capacity(self.nodes.len());
         let mut scratch = Vec::new();
@@ -76,11 +77,14 @@ impl ExecutionPlan {
                 let node_vals: Vec<i64> = var_index.iter().map(|&v| vals[v]).collect();
                 scratch.clear();
                 scratch.extend(bufs.iter());
-                let (views, dims) =
-                    kernel.check(&scratch, &node_vals).map_err(|e| super::with_node(e, i, &kernel.spec.name))?;
+                let (views, dims) = match kernel.check(&scratch, &node_vals) {
+                    Ok(checked) => checked,
+                    Err(Error::OutOfBounds { .. }) if kernel.has_fallback() => return Ok(None),
+                    Err(e) => return Err(super::with_node(e, i, &kernel.spec.name)),
+                };
                 launches.push(GraphLaunch { program: kernel.program.clone(), views, vals: node_vals, dims });
             }
         }
-        Ok(launches)
+        Ok(Some(launches))
     }
 }

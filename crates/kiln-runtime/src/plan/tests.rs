@@ -125,11 +125,11 @@ fn affine_spec(len: Option<usize>) -> Arc<ProgramSpec> {
 }
 
 fn affine(len: Option<usize>, mul: f32, add: f32) -> Kernel {
-    Kernel { spec: affine_spec(len), program: Arc::new(AffineProgram { mul, add }) }
+    Kernel::new(affine_spec(len), Arc::new(AffineProgram { mul, add }))
 }
 
 fn failing(len: usize) -> Kernel {
-    Kernel { spec: affine_spec(Some(len)), program: Arc::new(FailingProgram) }
+    Kernel::new(affine_spec(Some(len)), Arc::new(FailingProgram))
 }
 
 fn plan(compute_queues: usize) -> ExecutionPlan {
@@ -185,7 +185,7 @@ fn recording_checks_arguments() {
     assert!(matches!(p.copy(&a.view(0, 4).expect("view"), &a.view(2, 4).expect("view")), Err(Error::Buffer(_))));
     let mut foreign_spec = (*affine_spec(Some(8))).clone();
     foreign_spec.device = DeviceSpec::OpenCl { ordinal: 0 };
-    let foreign = Kernel { spec: Arc::new(foreign_spec), program: Arc::new(AffineProgram { mul: 1.0, add: 0.0 }) };
+    let foreign = Kernel::new(Arc::new(foreign_spec), Arc::new(AffineProgram { mul: 1.0, add: 0.0 }));
     assert!(matches!(p.exec(&foreign, &[&a, &a], &[]), Err(Error::Launch(m)) if m.contains("OPENCL")));
     assert_eq!(p.len(), 1, "failed recordings add nothing");
     assert!(matches!(p.run(&[("m", 3)]), Err(Error::Launch(_))), "unknown plan variable");
@@ -381,7 +381,7 @@ fn a_failing_node_fails_the_run_and_nothing_hangs() {
     let alloc = HostAllocator::shared();
     let bufs: Vec<Buffer> = (0..5).map(|i| filled(&alloc, 8, i as f32)).collect();
     let flaky = Arc::new(FlakyProgram { armed: true.into() });
-    let bad = Kernel { spec: affine_spec(Some(8)), program: flaky.clone() };
+    let bad = Kernel::new(affine_spec(Some(8)), flaky.clone());
     let ok = affine(Some(8), 1.0, 1.0);
     let mut p = plan(2);
     // Branch A: bad (0 → 1), then 1 → 2. Branch B: 3 → 4. Join: 2 and 4 → 0 (via two nodes).

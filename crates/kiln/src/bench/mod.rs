@@ -625,7 +625,7 @@ impl Bench {
             let compiled = self.device.compiler().compile(&spec).map_err(|e| kiln_err("compiling", e))?;
             let program = (self.device.runtime())(&compiled).map_err(|e| kiln_err("loading", e))?;
             samples.push(t.elapsed().as_secs_f64() * 1e3);
-            let k = Kernel { spec: compiled.spec.clone(), program };
+            let k = Kernel::new(compiled.spec.clone(), program);
             let x = self.upload(&[1.0, 2.0])?;
             self.launch(&k, &[&x])?;
             if self.read(&x)? != [1.0 + c, 2.0 + c] {

@@ -88,7 +88,7 @@ impl LaunchGraph for MockGraph {
 
 fn graph_kernel(mode: Mode, counts: &Arc<Counts>, mul: f32, add: f32) -> Kernel {
     let program = GraphProgram { inner: AffineProgram { mul, add }, mode, counts: counts.clone() };
-    Kernel { spec: affine_spec(None), program: Arc::new(program) }
+    Kernel::new(affine_spec(None), Arc::new(program))
 }
 
 /// A plan `b = 2a + 1; c = b - 3` over the first `n` elements, and its buffers.
