@@ -125,6 +125,10 @@ macro_rules! suite {
             bounds_launch_refuses_out_of_bounds => bounds::launch_refuses_out_of_bounds,
             bounds_queue_exec_refuses_out_of_bounds => bounds::queue_exec_refuses_out_of_bounds,
             bounds_plan_refuses_out_of_bounds => bounds::plan_refuses_out_of_bounds,
+            bounds_launch_guards_out_of_bounds => bounds::launch_guards_out_of_bounds,
+            bounds_queue_guards_out_of_bounds => bounds::queue_guards_out_of_bounds,
+            bounds_plan_guards_out_of_bounds => bounds::plan_guards_out_of_bounds,
+            bounds_unprovable_correct_kernel_runs => bounds::unprovable_correct_kernel_runs,
 
             plan_hazards => plans::hazards,
             plan_independent_nodes => plans::independent_nodes,

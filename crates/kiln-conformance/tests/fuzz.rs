@@ -169,6 +169,8 @@ struct Tally {
     validate_or_render_rejected: u64,
     launch_rejected: u64,
     out_of_bounds_refused: u64,
+    /// Ran guarded, and a guard stopped an access outside its buffer.
+    out_of_bounds_guarded: u64,
     ran_cpu: u64,
     compared: u64,
     not_compared: u64,
@@ -247,8 +249,8 @@ fn one_case(
     let inputs: Vec<Vec<Value>> = spec.params.iter().zip(&lens).map(|(p, &n)| data(p.scalar, n, rng)).collect();
     let cpu_out = match run(cpu, &kernel, &inputs, &vals) {
         Ok(out) => out,
-        Err(Error::OutOfBounds { .. }) => {
-            tally.out_of_bounds_refused += 1;
+        Err(Error::OutOfBounds { access, .. }) => {
+            if access.guarded { tally.out_of_bounds_guarded += 1 } else { tally.out_of_bounds_refused += 1 }
             return Ok(());
         }
         Err(e) => return Err(format!("CPU launch failed after the kernel compiled: {e}")),

@@ -35,7 +35,7 @@ pub use graph::{GraphLaunch, LaunchGraph};
 pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch, PreparedLaunch};
 pub use kiln_ir;
 pub use program::{
-    CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,
+    AccessProof, CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,
     special_axis,
 };
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};

@@ -268,6 +268,26 @@ impl ProgramSpec {
             .map_err(|access| Error::OutOfBounds { kernel: self.name.clone(), access: Box::new(access) })
     }
 
+    /// How the bounds proof settled each LOAD and STORE, in `%N` order: proven for every
+    /// allowed variable value when the kernel was built (no check, no guard in its code), or
+    /// left to each launch, which proves it from the bound values or else (under
+    /// [`crate::BoundsPolicy::Guard`]) runs the kernel's guarded form ([`crate::guarded`]).
+    pub fn access_proofs(&self) -> Vec<AccessProof> {
+        let pending = self.bounds.pending_nodes();
+        self.ast
+            .toposort()
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.op(), Op::Load | Op::Store))
+            .map(|(node, n)| AccessProof {
+                node,
+                op: n.op().name(),
+                slot: param_slot(&n.src()[0]),
+                at_launch: pending.binary_search(&node).is_ok(),
+            })
+            .collect()
+    }
+
     /// The linearized kernel (what renderers walk).
     ///
     /// # Errors
@@ -338,6 +358,20 @@ fn param_slot(index: &Arc<UOp>) -> Option<usize> {
         node = &node.src()[0];
     }
     (node.op() == Op::Param).then(|| node.arg_int().unwrap_or(0) as usize)
+}
+
+/// One LOAD or STORE and where its bounds proof happens ([`ProgramSpec::access_proofs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessProof {
+    /// The access's `%N` number in `kiln_ir::print` order.
+    pub node: usize,
+    /// `LOAD` or `STORE`.
+    pub op: &'static str,
+    /// The buffer slot it addresses (`None`: local memory).
+    pub slot: Option<usize>,
+    /// `false`: proven when the kernel was built. `true`: decided at each launch, and guarded
+    /// in the launches where that fails.
+    pub at_launch: bool,
 }
 
 /// A compiled kernel: source for JIT backends, bytes for AOT backends, plus its spec.

@@ -50,15 +50,15 @@ impl KernelFile {
     }
 
     /// `err` with the line of the kernel file that defines the access it names, when it is an
-    /// access the bounds proof refused (the device layer numbers nodes, the user reads lines).
+    /// access the bounds proof refused or whose guard fired (the device layer numbers nodes,
+    /// the user reads lines).
     pub fn locate(&self, err: CliError) -> CliError {
-        if let CliError::Kiln { context, source: source @ kiln_device::Error::OutOfBounds { access, .. } } = &err
+        if let CliError::Kiln { context, source } = &err
+            && let kiln_device::Error::OutOfBounds { access, .. } = source.root_cause()
             && let Some(at) = kiln_ir::locate_node(&self.text, access.node)
         {
-            return CliError::Kiln {
-                context: format!("{context}: the access at {at} is not proven in bounds"),
-                source: source.clone(),
-            };
+            let what = if access.guarded { "left its buffer (its guard skipped it)" } else { "is not proven in bounds" };
+            return CliError::Kiln { context: format!("{context}: the access at {at} {what}"), source: source.clone() };
         }
         err
     }

@@ -84,6 +84,19 @@ pub fn spec(spec: &ProgramSpec) -> String {
             let _ = writeln!(out, "local size:  chosen by the backend");
         }
     }
+    let proofs = spec.access_proofs();
+    let later = proofs.iter().filter(|p| p.at_launch).count();
+    let _ = writeln!(
+        out,
+        "accesses:    {} ({} proven in bounds when built, {later} proven at each launch or else guarded)",
+        proofs.len(),
+        proofs.len() - later
+    );
+    for p in &proofs {
+        let memory = p.slot.map_or_else(|| "local memory".to_string(), |s| format!("buffer {s}"));
+        let how = if p.at_launch { "at launch, else guarded" } else { "when built" };
+        let _ = writeln!(out, "  %{:<4} {:<5} {memory}: proven {how}", p.node, p.op);
+    }
     out
 }
 

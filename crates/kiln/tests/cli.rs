@@ -757,7 +757,7 @@ fn a_cache_of_garbage_still_gives_correct_results() {
 /// Issue 9's first out-of-bounds kernel: the buffer holds 4 elements, the store runs over
 /// `idx0 < n`. Refused before it runs, naming the store's line; in bounds it runs.
 #[test]
-fn an_unproven_access_is_refused_at_its_line() {
+fn an_unproven_access_is_refused_or_guarded_at_its_line() {
     let s = Scratch::new("oob");
     let text = "\
 %n    = DEFINE_VAR i32 \"n\" 1 100
@@ -772,10 +772,17 @@ SINK void (%st)
     let k = kernel_with(&s, "oob.kiln", text);
     for dev in devices(&s) {
         fails(
-            s.kiln(&["run", &k, "--device", &dev, "--var", "n=64"], &[]),
+            s.kiln(&["run", &k, "--device", &dev, "--var", "n=64"], &[("KILN_BOUNDS", "refuse")]),
             1,
             &["%st (line 7)", "not proven in bounds", "elements 0..=63 of buffer 0, which holds 4"],
         );
+        // Under the default guard the launch runs guarded and fails naming an element it tried.
+        let err = fails(
+            s.kiln(&["run", &k, "--device", &dev, "--var", "n=64"], &[]),
+            1,
+            &["%st (line 7)", "left its buffer", "STORE tried to access element", "of buffer 0, which holds 4"],
+        );
+        assert!(!err.contains("refused"), "{dev}: {err}");
         let out = ok(s.kiln(&["run", &k, "--device", &dev, "--var", "n=4"], &[]));
         assert!(out.contains("[1.0, 1.0, 1.0, 1.0]"), "{dev}: {out}");
     }

@@ -1,13 +1,19 @@
 //! The safe path never runs a kernel that could touch memory outside its buffers:
 //! `Kernel::launch`, a queue's `exec` and an execution plan (when recording, and when a run
-//! binds new values) refuse such a launch with `Error::OutOfBounds` naming the access, and
-//! run the same kernel when the values keep every access inside its buffer.
+//! binds new values) either prove every access in bounds or run the kernel's guarded form,
+//! and never touch memory outside. On the strict path (`Kernel::refusing`, or
+//! `KILN_BOUNDS=refuse`) a launch that cannot be proven is refused with `Error::OutOfBounds`
+//! naming the access; under the default guard it runs guarded, an access that really leaves
+//! its buffer is skipped (a load reads its alternative) and the launch, the queue's signal or
+//! the plan run fails with a guarded `Error::OutOfBounds`. A correct kernel that no proof
+//! reaches runs with the right result either way but refused.
 //!
-//! The two kernels are issue 9's. Every buffer really holds `CAP` elements, more than the
+//! The two overrunning kernels are issue 9's. Every buffer really holds `CAP` elements, more than the
 //! kernels declare, so that without the check an overrun would stay inside the allocation
 //! and the test fails on its assertion instead of corrupting memory.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar, Val};
 use kiln_device::{Buffer, Device, Error, Kernel};
@@ -52,7 +58,7 @@ fn buffers(dev: &Device, count: usize) -> Result<Vec<Buffer>, Failure> {
 
 /// `Kernel::launch` refuses both kernels when n makes them overrun, and runs them otherwise.
 pub fn launch_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
-    let store4 = store_past_a_four_element_param(dev)?;
+    let store4 = store_past_a_four_element_param(dev)?.refusing();
     let b = buffers(dev, 2)?;
     let e = expect_err("storing 8 elements into 4", store4.launch(&[&b[0]], &[8]), is_oob(0, 7, 4))?;
     ensure!(e.to_string().contains("STORE may access elements 0..=7 of buffer 0"), "message: {e}");
@@ -61,7 +67,7 @@ pub fn launch_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
     let got = b[0].to_vec::<f32>()?;
     ensure!(got[..4] == [1.0; 4] && got[4..] == [0.0; CAP - 4], "n = 4 stored {got:?}");
 
-    let copy8 = vector_copy_over_n(dev)?;
+    let copy8 = vector_copy_over_n(dev)?.refusing();
     let src: Vec<f32> = (0..CAP).map(|v| v as f32).collect();
     b[0].copy_from_slice(&src)?;
     expect_err("an 8-wide copy over n = 16", copy8.launch(&[&b[0], &b[1]], &[16]), is_oob(0, 22, 16))?;
@@ -72,7 +78,7 @@ pub fn launch_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
 /// A queue's exec refuses the batch at submit: nothing runs, the signal stays put.
 pub fn queue_exec_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
     let f = queues(dev)?;
-    let (store4, copy8) = (store_past_a_four_element_param(dev)?, vector_copy_over_n(dev)?);
+    let (store4, copy8) = (store_past_a_four_element_param(dev)?.refusing(), vector_copy_over_n(dev)?.refusing());
     let b = buffers(dev, 2)?;
     let s = f.create_dyn_signal()?;
     let mut q = f.create_dyn_compute_queue()?;
@@ -94,7 +100,7 @@ pub fn queue_exec_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
 /// values in bounds still works afterwards.
 pub fn plan_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
     queues(dev)?;
-    let (store4, copy8) = (store_past_a_four_element_param(dev)?, vector_copy_over_n(dev)?);
+    let (store4, copy8) = (store_past_a_four_element_param(dev)?.refusing(), vector_copy_over_n(dev)?.refusing());
     let b = buffers(dev, 3)?;
     let mut plan = ExecutionPlan::new(dev)?;
     expect_err("recording a store of 6 elements into 4", plan.exec(&store4, &[&b[0]], &[("n", 6)]), is_oob(0, 5, 4))?;
@@ -108,5 +114,129 @@ pub fn plan_refuses_out_of_bounds(dev: &Arc<Device>) -> Outcome {
     plan.run(&[("n", 4)])?;
     let got = b[0].to_vec::<f32>()?;
     ensure!(got[..4] == [1.0; 4] && got[4..] == [0.0; CAP - 4], "n = 4 stored {got:?}");
+    Ok(())
+}
+
+/// A guarded `Error::OutOfBounds` for `slot` of `len` elements, naming an element the access
+/// tried to touch in `tried`.
+fn is_fault(slot: usize, len: i128, tried: std::ops::Range<i128>) -> impl Fn(&Error) -> bool {
+    move |e| {
+        matches!(e.root_cause(), Error::OutOfBounds { access, .. }
+            if access.guarded && access.slot == Some(slot) && access.len == len && tried.contains(&access.first))
+    }
+}
+
+/// Under the guard the overrunning launches run: every store inside the declared size lands,
+/// none outside does, and the launch fails naming the access and an element it tried.
+pub fn launch_guards_out_of_bounds(dev: &Arc<Device>) -> Outcome {
+    let store4 = store_past_a_four_element_param(dev)?;
+    ensure!(store4.has_fallback(), "a kernel left to the launch check has no guarded form");
+    let b = buffers(dev, 2)?;
+    let e = expect_err("storing 8 elements into 4", store4.launch(&[&b[0]], &[8]), is_fault(0, 4, 4..8))?;
+    ensure!(e.to_string().contains("ran guarded and faulted") && e.to_string().contains("STORE tried"), "message: {e}");
+    let got = b[0].to_vec::<f32>()?;
+    ensure!(got[..4] == [1.0; 4] && got[4..] == [0.0; CAP - 4], "a guarded n = 8 stored {got:?}");
+
+    let copy8 = vector_copy_over_n(dev)?;
+    let src: Vec<f32> = (0..CAP).map(|v| v as f32).collect();
+    b[0].copy_from_slice(&src)?;
+    expect_err("an 8-wide copy over n = 16", copy8.launch(&[&b[0], &b[1]], &[16]), |e| {
+        matches!(e, Error::OutOfBounds { access, .. } if access.guarded && access.len == 16 && (9..16).contains(&access.first))
+    })?;
+    let got = b[1].to_vec::<f32>()?;
+    ensure!(got[..16] == src[..16] && got[16..] == [0.0; CAP - 16], "a guarded 8-wide copy over 16 stored {got:?}");
+    // A launch the proof settles runs the kernel as compiled, and succeeds.
+    b[0].copy_from_slice(&[0f32; CAP])?;
+    store4.launch(&[&b[0]], &[3])?;
+    let got = b[0].to_vec::<f32>()?;
+    ensure!(got[..3] == [1.0; 3] && got[3..] == [0.0; CAP - 3], "n = 3 stored {got:?}");
+    Ok(())
+}
+
+/// A queue runs the guarded launch and fails its signal with the fault; nothing lands
+/// outside the declared size.
+pub fn queue_guards_out_of_bounds(dev: &Arc<Device>) -> Outcome {
+    let f = queues(dev)?;
+    let store4 = store_past_a_four_element_param(dev)?;
+    let b = buffers(dev, 1)?;
+    let s = f.create_dyn_signal()?;
+    let mut q = f.create_dyn_compute_queue()?;
+    q.exec(&store4, &[&b[0]], &[6]).signal(&s, 1);
+    let _q = submit(q, "a guarded store of 6 elements into 4")?;
+    expect_err("the signal after a guarded overrun", s.wait(1, Duration::from_secs(60)), is_fault(0, 4, 4..6))?;
+    let got = b[0].to_vec::<f32>()?;
+    ensure!(got[..4] == [1.0; 4] && got[4..] == [0.0; CAP - 4], "a guarded n = 6 stored {got:?}");
+    Ok(())
+}
+
+/// A plan records a launch its proof cannot settle, and a run whose values overrun fails
+/// with the fault; runs in bounds work before and after, replayed without the guard.
+pub fn plan_guards_out_of_bounds(dev: &Arc<Device>) -> Outcome {
+    queues(dev)?;
+    let store4 = store_past_a_four_element_param(dev)?;
+    let b = buffers(dev, 1)?;
+    let mut plan = ExecutionPlan::new(dev)?;
+    plan.exec(&store4, &[&b[0]], &[("n", 6)])?;
+    expect_err("a run with n = 6", plan.run(&[]), is_fault(0, 4, 4..6))?;
+    let got = b[0].to_vec::<f32>()?;
+    ensure!(got[..4] == [1.0; 4] && got[4..] == [0.0; CAP - 4], "a guarded plan run stored {got:?}");
+    b[0].copy_from_slice(&[0f32; CAP])?;
+    plan.run(&[("n", 3)])?;
+    let got = b[0].to_vec::<f32>()?;
+    ensure!(got[..3] == [1.0; 3] && got[3..] == [0.0; CAP - 3], "n = 3 stored {got:?}");
+    expect_err("a run with n = 9", plan.run(&[("n", 9)]), is_fault(0, 4, 4..9))?;
+    expect_err("the same run again", plan.run(&[("n", 9)]), is_fault(0, 4, 4..9))?;
+    plan.run(&[("n", 4)])?;
+    Ok(())
+}
+
+/// `b[i] = a[i - (i & 1)]` for `i < 8`, `a` declared as 7: in bounds (the largest index is
+/// 6), but neither intervals nor linear forms relate `i & 1` to `i`.
+const PAIRS: &str = "\
+%c8 = CONST i32 8
+%c7 = CONST i32 7
+%a = PARAM ptr<f32> 0 (%c7)
+%b = PARAM ptr<f32> 1 (%c8)
+%i = SPECIAL i32 \"idx0\" (%c8)
+%one = CONST i32 1
+%m = AND i32 (%i, %one)
+%j = SUB i32 (%i, %m)
+%pa = INDEX ptr<f32> (%a, %j)
+%x = LOAD f32 (%pa)
+%pb = INDEX ptr<f32> (%b, %i)
+%st = STORE void (%pb, %x)
+SINK void (%st)
+";
+
+/// A correct kernel that no proof reaches is never refused: it runs guarded, with the right
+/// result, through `Kernel::launch`, a queue and a plan; the strict path refuses it.
+pub fn unprovable_correct_kernel_runs(dev: &Arc<Device>) -> Outcome {
+    let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(PAIRS)?, "conf_bounds_pairs")?;
+    ensure!(kernel.spec.bounds.pending() == 1, "the load should be left to the launch (pending {})", kernel.spec.bounds.pending());
+    let src: Vec<f32> = (1..=7).map(|v| v as f32 * 10.0).collect();
+    let a = Buffer::from_slice(dev.allocator().clone(), &src)?;
+    let want: Vec<f32> = (0..8).map(|i| src[i - (i & 1)]).collect();
+    let fresh = || Buffer::from_slice(dev.allocator().clone(), &[0f32; 8]);
+
+    let b = fresh()?;
+    kernel.launch(&[&a, &b], &[])?;
+    ensure!(b.to_vec::<f32>()? == want, "launch: {:?}", b.to_vec::<f32>()?);
+
+    let f = queues(dev)?;
+    let (b, s) = (fresh()?, f.create_dyn_signal()?);
+    let mut q = f.create_dyn_compute_queue()?;
+    q.exec(&kernel, &[&a, &b], &[]).signal(&s, 1);
+    let _q = submit(q, "the unprovable kernel")?;
+    host_wait(&s, 1, "the unprovable kernel")?;
+    ensure!(b.to_vec::<f32>()? == want, "queue: {:?}", b.to_vec::<f32>()?);
+
+    let b = fresh()?;
+    let mut plan = ExecutionPlan::new(dev)?;
+    plan.exec(&kernel, &[&a, &b], &[])?;
+    plan.run(&[])?;
+    plan.run(&[])?;
+    ensure!(b.to_vec::<f32>()? == want, "plan: {:?}", b.to_vec::<f32>()?);
+
+    expect_err("the strict path", kernel.refusing().launch(&[&a, &b], &[]), is_oob(0, 7, 7))?;
     Ok(())
 }
