@@ -102,7 +102,7 @@ pub fn run(args: &CompileArgs) -> Result<String, CliError> {
             }
             src.into_bytes()
         }
-        (Emit::Spec, _) => show::spec(&spec).into_bytes(),
+        (Emit::Spec, _) => show::spec(&spec, &kernel_file.text).into_bytes(),
         (Emit::Linear, _) => {
             show::linear(&spec.linear().context(|| format!("cannot linearize {}", file.display()))?).into_bytes()
         }

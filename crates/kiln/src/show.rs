@@ -52,7 +52,7 @@ pub fn expr(e: &Arc<UOp>) -> String {
 }
 
 /// The metadata of a rendered kernel, one fact per line.
-pub fn spec(spec: &ProgramSpec) -> String {
+pub fn spec(spec: &ProgramSpec, text: &str) -> String {
     let mut out = String::new();
     let list = |v: &[usize]| if v.is_empty() { "none".into() } else { join(v.iter()) };
     let _ = writeln!(out, "kernel:      {} on {}", spec.name, spec.device);
@@ -95,7 +95,8 @@ pub fn spec(spec: &ProgramSpec) -> String {
     for p in &proofs {
         let memory = p.slot.map_or_else(|| "local memory".to_string(), |s| format!("buffer {s}"));
         let how = if p.at_launch { "at launch, else guarded" } else { "when built" };
-        let _ = writeln!(out, "  %{:<4} {:<5} {memory}: proven {how}", p.node, p.op);
+        let at = kiln_ir::locate_node(text, p.node).unwrap_or_else(|| format!("%{}", p.node));
+        let _ = writeln!(out, "  {:<5} {at} {memory}: proven {how}", p.op);
     }
     out
 }

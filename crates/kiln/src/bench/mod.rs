@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::builder::PossibleValuesParser;
 use indicatif::{ProgressBar, ProgressStyle};
-use kiln_device::kiln_ir::{DeviceSpec, Scalar, UOp};
+use kiln_device::kiln_ir::{DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{Buffer, Device, Kernel};
 use kiln_runtime::{ExecutionPlan, PlanOptions};
 use serde::Serialize;
@@ -63,6 +63,7 @@ pub struct BenchArgs {
 pub const ENTRIES: &[&str] = &[
     "bandwidth_limit",
     "add_f32_16m",
+    "add_f32_16m_guarded",
     "sum_f32_16m",
     "matmul_f32_1024",
     "softmax_f32_4096x1024",
@@ -232,6 +233,7 @@ impl Bench {
         let result = match name {
             "bandwidth_limit" => self.bandwidth_limit(),
             "add_f32_16m" => self.add(),
+            "add_f32_16m_guarded" => self.add_guarded(),
             "sum_f32_16m" => self.sum(),
             "matmul_f32_1024" => self.matmul(),
             "softmax_f32_4096x1024" => self.softmax(),
@@ -305,6 +307,51 @@ impl Bench {
             kiln: Stats::of(per_sec(&t, ADD_BYTES))?,
             baseline: Some(Stats::of(per_sec(&base, ADD_BYTES))?),
             baseline_name: "bandwidth_limit (Rust streaming add, all cores)",
+        })
+    }
+
+    /// The cost of a guard: `add` with its three accesses compiled as guarded ones (what a
+    /// launch runs when no proof reaches them, [`kiln_ir::guard`]), against the proven `add`
+    /// (no check in its code), each timed on its own.
+    fn add_guarded(&self) -> Result<BenchResult, CliError> {
+        let n = ADD_N;
+        let (a, b) = Self::add_inputs();
+        let nontemporal = exceeds_cache(self.device.properties(), 4 * n);
+        let sink = kernels::add_f32(self.axis(), n, self.width(), nontemporal)
+            .map_err(|e| kiln_err("building the add_f32 kernel", e.into()))?;
+        let accesses: Vec<usize> = sink
+            .toposort()
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.op(), Op::Load | Op::Store))
+            .map(|(i, _)| i)
+            .collect();
+        let guarded = kiln_device::kiln_ir::guard(&sink, &accesses)
+            .map_err(|e| kiln_err("guarding the add_f32 kernel", e.into()))?;
+        let proven = self.compile(Ok::<_, kiln_device::Error>(sink), "add_f32")?;
+        let k = self.compile(Ok::<_, kiln_device::Error>(guarded.sink), "add_f32_guarded")?;
+        let faults = self.device.buffer(Scalar::I64, 2 * accesses.len()).map_err(|e| kiln_err("allocating faults", e))?;
+        faults.copy_from_slice(&vec![0i64; 2 * accesses.len()]).map_err(|e| kiln_err("clearing faults", e))?;
+        let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n)?);
+        self.launch(&k, &[&ba, &bb, &bc, &faults])?;
+        let c = self.read(&bc)?;
+        if let Some(i) = (0..n).find(|&i| c[i] != a[i] + b[i]) {
+            return Err(wrong("add_f32_16m_guarded", format!("c[{i}] = {} but a[{i}] + b[{i}] = {}", c[i], a[i] + b[i])));
+        }
+        let fired = faults.to_vec::<i64>().map_err(|e| kiln_err("reading faults", e))?;
+        if fired.iter().any(|&f| f != 0) {
+            return Err(wrong("add_f32_16m_guarded", format!("a guard fired on an in-bounds add: {fired:?}")));
+        }
+        let t = time_reps(self.reps, || self.launch(&k, &[&ba, &bb, &bc, &faults]))?;
+        let base = time_reps(self.reps, || self.launch(&proven, &[&ba, &bb, &bc]))?;
+        Ok(BenchResult {
+            name: "add_f32_16m_guarded",
+            unit: "GB/s",
+            higher_is_better: true,
+            verified: true,
+            kiln: Stats::of(per_sec(&t, ADD_BYTES))?,
+            baseline: Some(Stats::of(per_sec(&base, ADD_BYTES))?),
+            baseline_name: "add_f32_16m as proven (no check in its code)",
         })
     }
 
