@@ -263,6 +263,22 @@ fn compile_emits_source_spec_and_linear_order() {
     ok(s.kiln(&["compile", &example("sum.kiln"), "--check"], &[]));
 }
 
+/// `--emit linear` looks like kernel text but is not (an accumulator comes before its loop, a
+/// forward reference): the listing says so on its first line, and so does the help.
+#[test]
+fn the_linear_listing_says_it_is_not_kernel_text() {
+    let s = Scratch::new("linear-label");
+    let label = "# kiln linear order listing (not kernel text: it does not parse back)";
+    for kernel in ["add.kiln", "sum.kiln", "matmul.kiln"] {
+        let listing = ok(s.kiln(&["compile", &example(kernel), "--emit", "linear"], &[]));
+        assert_eq!(listing.lines().next(), Some(label), "{kernel}:\n{listing}");
+        let file = kernel_with(&s, kernel, &listing);
+        fails(s.kiln(&["compile", &file], &[]), 1, &["cannot parse kernel"]);
+    }
+    let help = ok(s.kiln(&["compile", "--help"], &[]));
+    assert!(help.contains("not kernel text"), "{help}");
+}
+
 #[test]
 fn devices_lists_every_backend() {
     let s = Scratch::new("devices");
