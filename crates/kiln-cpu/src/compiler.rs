@@ -259,7 +259,7 @@ impl CCompiler {
                 let here = dir.path().to_str().ok_or_else(|| {
                     scratch_err("the scratch folder's path is not UTF-8", std::io::ErrorKind::InvalidInput.into())
                 })?;
-                let fill = |text: &str| text.replace(probe_dir.as_str(), here).replace(PROBE_STEM, stem);
+                let fill = |text: &str| replay_text(text, probe_dir, here, stem);
                 // `parse_commands` accepted no trailing pipe: every pipeline ends.
                 let (mut pipelines, mut pipeline) = (Vec::new(), Vec::new());
                 for stage in stages {
@@ -455,7 +455,7 @@ impl CCompiler {
 #[derive(Debug)]
 enum Plan {
     /// The commands the driver printed for the probe, with the probe's scratch folder and
-    /// file stem replaced by the kernel's in every argument and variable.
+    /// file stem replaced by the kernel's in every argument and variable (see [`replay_text`]).
     Replay { stages: Vec<Stage>, probe_dir: String },
     /// The driver itself, as `$CC <flags> -o <out> <source>`.
     Driver,
@@ -474,6 +474,36 @@ struct Stage {
 
 /// The file stem of the probe's source and output, replaced by each kernel's.
 const PROBE_STEM: &str = "kiln_probe_kernel";
+
+/// What ends a path inside an argument or variable of a `-###` listing (`-o /a/b`,
+/// `-fresolution=/a/b`, `COLLECT_GCC_OPTIONS='-o' '/a/b'`).
+const PATH_ENDS: [char; 5] = [' ', '=', ':', '\'', '"'];
+
+/// `text`, an argument or variable of the probe's commands, for a kernel's compile: the probe's
+/// scratch folder `probe_dir` becomes the kernel's `here`, and the probe's file stem becomes
+/// `stem` where it is a file name (the last component of a path, `kiln_probe_kernel.c`,
+/// `kiln_probe_kernel-a43536.o`), never in a folder's name. One pass, left to right, so that
+/// neither replacement sees the other's output: a `TMPDIR` such as `/tmp/kiln_probe_kernel`
+/// (which both scratch folders lie in) is left alone.
+fn replay_text(text: &str, probe_dir: &str, here: &str, stem: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if let Some(after) = rest.strip_prefix(probe_dir).filter(|_| !probe_dir.is_empty()) {
+            out.push_str(here);
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix(PROBE_STEM)
+            && !after.split(PATH_ENDS).next().is_some_and(|tail| tail.contains('/'))
+        {
+            out.push_str(stem);
+            rest = after;
+        } else {
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
 
 /// A kernel's source and output files in the scratch folder `dir`.
 fn kernel_files(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
@@ -571,7 +601,7 @@ fn recognise(
 ) -> Option<Vec<Stage>> {
     let temp_dirs = [std::env::temp_dir().to_string_lossy().into_owned(), "/tmp".to_string()];
     let invented = |text: &str| {
-        text.split([' ', '=', ':', '\'', '"']).any(|word| {
+        text.split(PATH_ENDS).any(|word| {
             let word = word.strip_prefix("-L").or_else(|| word.strip_prefix("-I")).unwrap_or(word);
             let in_temp = temp_dirs.iter().any(|t| Path::new(word).starts_with(t));
             in_temp && !Path::new(word).starts_with(probe_dir) && !exists(Path::new(word))
@@ -1154,6 +1184,54 @@ InstalledDir: /usr/lib/llvm-14/bin
         let runs: Vec<String> = lines(&log).into_iter().filter(|r| r != "--version").collect();
         assert_eq!(runs.len(), 3, "asked once, then the driver for each kernel: {runs:?}");
         assert!(runs[0].ends_with("-###") && !runs[1].contains("-###") && !runs[2].contains("-###"), "{runs:?}");
+    }
+
+    const TMPDIR_CHILD_ENV: &str = "KILN_CC_TEST_TMPDIR_CHILD";
+
+    /// A `TMPDIR` whose path holds the probe's file stem, in a folder's name: the replayed
+    /// commands keep the folders and give only the file names the kernel's stem. `TMPDIR` is
+    /// read from the process's environment, so the compile runs in a child process (this
+    /// test again, with the variables set).
+    #[test]
+    fn a_tmpdir_named_like_the_probe_is_kept_in_replayed_commands() {
+        if std::env::var_os(TMPDIR_CHILD_ENV).is_some() {
+            assert!(std::env::temp_dir().to_string_lossy().contains(PROBE_STEM), "{:?}", std::env::temp_dir());
+            let cc = CCompiler::detect().unwrap();
+            assert!(matches!(cc.plan().unwrap().as_ref(), Plan::Replay { .. }), "{:?}", cc.plan());
+            let bytes = cc.compile_source("k", "int k(void) { return 1; }\n").unwrap();
+            assert_eq!(&bytes[..4], b"\x7fELF");
+            return;
+        }
+        let here = "/t/kiln_probe_kernel/x_kiln_probe_kernel/kiln-cpu-1-B";
+        for (probe, kernel) in [
+            ("/t/kiln_probe_kernel/x_kiln_probe_kernel/kiln-cpu-1-A/kiln_probe_kernel.c", format!("{here}/add_k.c")),
+            (
+                "'-o' '/t/kiln_probe_kernel/x_kiln_probe_kernel/kiln-cpu-1-A/kiln_probe_kernel.o'",
+                format!("'-o' '{here}/add_k.o'"),
+            ),
+            ("-dumpbase kiln_probe_kernel.c", "-dumpbase add_k.c".into()),
+            (
+                "/t/kiln_probe_kernel/x_kiln_probe_kernel/kiln-cpu-1-A/kiln_probe_kernel-a43536.o",
+                format!("{here}/add_k-a43536.o"),
+            ),
+            ("-L/opt/kiln_probe_kernel/lib", "-L/opt/kiln_probe_kernel/lib".into()),
+        ] {
+            let replayed = replay_text(probe, "/t/kiln_probe_kernel/x_kiln_probe_kernel/kiln-cpu-1-A", here, "add_k");
+            assert_eq!(replayed, kernel);
+        }
+        let dir = test_dir();
+        let tmp = dir.path().join(format!("{PROBE_STEM}/x_{PROBE_STEM}_y"));
+        fs::create_dir_all(&tmp).unwrap();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "compiler::tests::a_tmpdir_named_like_the_probe_is_kept_in_replayed_commands"])
+            .env(TMPDIR_CHILD_ENV, "1")
+            .env("TMPDIR", &tmp)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "the child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("1 passed"), "the child ran the test: {stdout}");
+        assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0, "the child's scratch folders were removed");
     }
 
     /// A replayed pipeline that hangs is killed at the deadline, every command of it.

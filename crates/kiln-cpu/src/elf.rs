@@ -22,8 +22,10 @@
 //! fault in it ends the process by signal).
 //!
 //! **Untrusted bytes.** The object comes from the on-disk kernel cache, so everything is checked:
-//! the header, every section's bounds and alignment, string tables, symbol indices, each
-//! relocation's type, offset and width, and every 32-bit result. Whatever is wrong or
+//! the header, every section's bounds and alignment, string tables, symbol indices, the section
+//! each relocation section patches, each relocation's type, offset and width, every 32-bit
+//! result, that code has bytes (an executable `SHT_NOBITS` would map as zero pages) and that
+//! each global function starts and ends inside its section. Whatever is wrong or
 //! unsupported is an [`Error::Load`] that says what, never a panic.
 
 use std::ffi::{CStr, CString, c_void};
@@ -231,6 +233,8 @@ struct Symbol<'a> {
     info: u8,
     shndx: u16,
     value: u64,
+    /// `st_size`: for a function, the bytes of its code from `value` on.
+    size: u64,
 }
 
 struct Reloc {
@@ -322,15 +326,29 @@ impl<'a> Object<'a> {
                     info: e[4],
                     shndx: u16_at(e, 6)?,
                     value: u64_at(e, 8)?,
+                    size: u64_at(e, 16)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
 
         let mut relocs = Vec::new();
         for s in &sections {
+            if !matches!(s.kind, SHT_RELA | SHT_REL) {
+                continue;
+            }
+            // A relocation section that patches no section would be skipped, and the code it
+            // was meant for would run unrelocated: refuse it rather than guess.
             let target = s.info as usize;
-            let applies = matches!(s.kind, SHT_RELA | SHT_REL) && loaded.get(target).is_some_and(Option::is_some);
-            if !applies {
+            if target == 0 || target >= sections.len() {
+                return Err(bad(format!(
+                    "relocation section `{}` applies to section {target}, which does not exist (sections 1..{})",
+                    show(s.name),
+                    sections.len()
+                )));
+            }
+            // Relocations of sections that are not loaded (`.eh_frame`, debug info) are skipped
+            // with them.
+            if loaded[target].is_none() {
                 continue;
             }
             if s.kind == SHT_REL || s.link as usize != symtab_index {
@@ -370,6 +388,13 @@ fn protection(s: &Section) -> Result<Option<i32>> {
             show(s.name),
             s.kind,
             s.flags
+        )));
+    }
+    if s.kind == SHT_NOBITS && s.flags & SHF_EXECINSTR != 0 {
+        // It would be mapped as zero pages and jumped to.
+        return Err(bad(format!(
+            "section `{}` is executable but has no bytes in the file (SHT_NOBITS): there is no code to run",
+            show(s.name)
         )));
     }
     Ok(Some(if s.flags & SHF_EXECINSTR != 0 {
@@ -543,6 +568,20 @@ impl Plan {
             let code =
                 obj.loaded.get(usize::from(s.shndx)).copied().flatten().is_some_and(|p| p & libc::PROT_EXEC != 0);
             if s.info >> 4 == STB_GLOBAL && s.info & 0xf == STT_FUNC && s.shndx != SHN_UNDEF && code {
+                // An entry point is jumped to: its first byte and all of its code must lie in
+                // its section (`address` allows `value == size`, the end label of a section).
+                let sec = &obj.sections[usize::from(s.shndx)];
+                let inside = s.value < sec.size && s.value.checked_add(s.size).is_some_and(|end| end <= sec.size);
+                if !inside {
+                    return Err(bad(format!(
+                        "function `{}` (offset {:#x}, {:#x} bytes) does not lie inside its section `{}` ({:#x} bytes)",
+                        show(s.name),
+                        s.value,
+                        s.size,
+                        show(sec.name),
+                        sec.size
+                    )));
+                }
                 functions.push((s.name.to_vec(), address(i)? as usize));
             }
         }
@@ -755,6 +794,118 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
             assert!(m.contains(says), "expected `{says}` in: {m}");
         }
         assert!(load(&good).is_ok());
+    }
+
+    /// The offset of symbol `name`'s entry in `bytes`.
+    fn symbol_of(bytes: &[u8], name: &[u8]) -> usize {
+        let obj = Object::parse(bytes).unwrap();
+        let i = obj.symbols.iter().position(|s| s.name == name).unwrap();
+        u64_at(bytes, header_of(bytes, b".symtab") as u64 + 24).unwrap() as usize + 24 * i
+    }
+
+    /// Objects that parse and lay out but would run the wrong bytes: relocations for a section
+    /// that does not exist (the code would run unrelocated), code that has no bytes (zero
+    /// pages) and an entry at or past the end of its code. Each is refused; nothing is run.
+    #[test]
+    fn objects_that_would_run_the_wrong_bytes_are_refused() {
+        let rich = compile(RICH);
+        let rela = header_of(&rich, b".rela.text");
+        for missing in [9999u32, 0, u32::MAX] {
+            let m = load_error(&set(&rich, rela + 44, &missing.to_le_bytes()));
+            assert!(m.contains(&format!("`.rela.text` applies to section {missing}, which does not exist")), "{m}");
+        }
+        // No relocations, so nothing else in it objects to `.text` having no bytes.
+        let plain = compile("int k(void) { return 1; }\n");
+        assert!(Object::parse(&plain).unwrap().relocs.is_empty());
+        let text = header_of(&plain, b".text");
+        let m = load_error(&set(&plain, text + 4, &SHT_NOBITS.to_le_bytes()));
+        assert!(m.contains("`.text` is executable but has no bytes in the file (SHT_NOBITS)"), "{m}");
+        let text_size = u64_at(&plain, text as u64 + 32).unwrap();
+        let k = symbol_of(&plain, b"k");
+        let k_size = u64_at(&plain, k as u64 + 16).unwrap();
+        assert!(k_size > 0 && k_size <= text_size, "`k` is {k_size} of {text_size} bytes");
+        let past_its_code = [
+            (text_size, 0),            // the first byte after the section, with no size
+            (text_size, k_size),       // the same, with its size
+            (1, k_size + text_size),   // starts inside, ends past the end
+            (0, text_size + 1),        // one byte too long
+            (text_size - 1, u64::MAX), // its end overflows
+        ];
+        for (value, size) in past_its_code {
+            let bytes = set(&set(&plain, k + 8, &value.to_le_bytes()), k + 16, &size.to_le_bytes());
+            let m = load_error(&bytes);
+            assert!(m.contains("function `k`") && m.contains("does not lie inside its section `.text`"), "{m}");
+        }
+        let last_byte = set(&set(&plain, k + 8, &(text_size - 1).to_le_bytes()), k + 16, &1u64.to_le_bytes());
+        assert!(load(&last_byte).is_ok(), "a one-byte function in the section's last byte is inside it");
+        assert!(load(&plain).is_ok() && load(&rich).is_ok());
+    }
+
+    /// An object that an older, laxer loader ran and cached is refused by this one when it comes
+    /// back from the disk cache: the cache deletes the entry and compiles the kernel again.
+    #[test]
+    fn a_cached_object_the_loader_refuses_is_deleted_and_compiled_again() {
+        use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar};
+        use kiln_device::{
+            CacheConfig, CompiledSpec, Compiler, KernelCache, LaunchDims, Program, ProgramSpec, RawView, Renderer,
+            RuntimeFactory, Toolchain,
+        };
+        use std::sync::Arc;
+        /// The real compiler, with the entry point moved to the end of its section.
+        struct EntryPastItsCode(CCompiler);
+        impl Compiler for EntryPastItsCode {
+            fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
+                let mut c = self.0.compile(spec)?;
+                let obj = Object::parse(&c.bytes)?;
+                let sym = obj.symbols.iter().find(|s| s.name == spec.name.as_bytes()).unwrap();
+                let end = obj.sections[usize::from(sym.shndx)].size;
+                let at = symbol_of(&c.bytes, spec.name.as_bytes());
+                c.bytes = set(&c.bytes, at + 8, &end.to_le_bytes());
+                Ok(c)
+            }
+            fn cache_key(&self) -> &'static str {
+                self.0.cache_key()
+            }
+            fn fingerprint(&self) -> String {
+                self.0.fingerprint()
+            }
+        }
+        /// What the older loader gave back: a program that is never run here.
+        struct NeverRun;
+        impl Program for NeverRun {
+            unsafe fn execute(&self, _: &[RawView], _: &[i64], _: &LaunchDims) -> Result<()> {
+                Err(Error::Load("the test runs no kernel".into()))
+            }
+            fn name(&self) -> &str {
+                "never run"
+            }
+        }
+        let mut b = KernelBuilder::new();
+        let a = b.param(0, Scalar::F32, 8);
+        let i = b.special("gidx0", 8);
+        let v = a.at(&i).load();
+        b.store(&a.at(&i), &(v * 2.0));
+        let sink = b.finish().unwrap();
+        let dir = tempfile::Builder::new().prefix("kiln-elf-cache-").tempdir().unwrap();
+        let cc = CCompiler::detect().unwrap();
+        let renderer: Arc<dyn Renderer> = Arc::new(crate::CpuRenderer::new());
+        let lax: RuntimeFactory = Arc::new(|_| Ok(Arc::new(NeverRun) as Arc<dyn Program>));
+        let real: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
+        let cached = |compiler: Arc<dyn Compiler>, runtime: &RuntimeFactory| {
+            let cache = KernelCache::new(CacheConfig::at(dir.path()));
+            let toolchain = Toolchain::new(renderer.clone(), compiler, runtime.clone());
+            let kernel =
+                cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).map(|k| k.program.name().to_owned());
+            (kernel, cache.stats())
+        };
+        let (older, stats) = cached(Arc::new(EntryPastItsCode(cc.clone())), &lax);
+        assert_eq!((older.unwrap().as_str(), stats.misses), ("never run", 1), "the bad object is cached");
+        let (kernel, stats) = cached(Arc::new(cc.clone()), &real);
+        assert!(kernel.is_ok(), "{kernel:?}");
+        assert_eq!((stats.disk_hits, stats.disk_rejected, stats.misses), (0, 1, 1), "refused, compiled again");
+        let (kernel, stats) = cached(Arc::new(cc), &real);
+        assert!(kernel.is_ok(), "{kernel:?}");
+        assert_eq!((stats.disk_hits, stats.disk_rejected, stats.misses), (1, 0, 0), "the good object replaced it");
     }
 
     /// Truncations at every length and a few hundred byte mutations of a real object, aimed

@@ -1,5 +1,6 @@
 //! `kiln compile`: render a kernel file for a device and print the source, the metadata
-//! derived from it, or the linear order the renderer walked; or, for a CUDA target
+//! derived from it, or a listing of the linear order the renderer walked (for reading: it is
+//! not kernel text and does not parse back); or, for a CUDA target
 //! (`--target cuda:sm_90`), compile it to PTX or a cubin without opening any device.
 
 use std::path::PathBuf;
@@ -19,7 +20,8 @@ pub enum Emit {
     Source,
     /// The metadata: buffer slots, ins/outs, variables, launch size expressions
     Spec,
-    /// The kernel in the linear order the renderer walks
+    /// A listing of the kernel in the linear order the renderer walks, for reading: not
+    /// kernel text (it does not parse back; the kernel text is the input file)
     Linear,
     /// PTX for the `--target` architecture (CUDA)
     Ptx,

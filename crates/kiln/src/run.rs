@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write as _;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use kiln_device::{Buffer, Device, Kernel, ParamInfo};
@@ -18,7 +19,8 @@ use crate::show;
 /// `kiln run FILE [--device D] [--var NAME=VALUE]... [--in SLOT=FILE.npy]... [--out SLOT=FILE.npy]... [--trace OUT.json]`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Buffers without --in start zeroed. Output slots without --out are summarized on stdout. \
-Every --out and --trace destination is opened before the kernel runs, so an unwritable one costs no run.")]
+Every --out and --trace destination is opened before the kernel runs, so an unwritable one costs no run. \
+Two destinations may not name one file (also through a link): one output would overwrite the other.")]
 pub struct RunArgs {
     /// The kernel text file
     pub file: PathBuf,
@@ -41,7 +43,8 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// What clap cannot check one value at a time: a slot or a variable given twice.
+    /// What clap cannot check one value at a time: a slot or a variable given twice, and two
+    /// destinations that are one file.
     fn check(&self) -> Result<(), CliError> {
         for (flag, list) in [("--in", &self.ins), ("--out", &self.outs)] {
             if let Some(slot) = first_repeat(list.iter().map(|(s, _)| s)) {
@@ -57,7 +60,65 @@ impl RunArgs {
                 values.join(", ")
             )));
         }
+        self.check_destinations()
+    }
+
+    /// Refuses two `--out`s, or an `--out` and the `--trace`, that write one file: each
+    /// destination is committed in turn, so the last would silently replace what the others
+    /// wrote and the run would still succeed. Paths are compared as files ([`FileId`]), so
+    /// `f.npy`, `./sub/../f.npy`, a symbolic or hard link to it are all the same destination.
+    fn check_destinations(&self) -> Result<(), CliError> {
+        let outs = self.outs.iter().map(|(slot, path)| (format!("--out {slot}={}", path.display()), path));
+        let trace = self.trace.iter().map(|path| (format!("--trace {}", path.display()), path));
+        let mut seen: Vec<(FileId, String)> = Vec::new();
+        for (flag, path) in outs.chain(trace) {
+            let Some(id) = FileId::of(path) else { continue };
+            if let Some((_, first)) = seen.iter().find(|(seen, _)| *seen == id) {
+                return Err(CliError::Usage(format!(
+                    "{first} and {flag} name the same file: one output would overwrite the other; \
+                     give each its own file"
+                )));
+            }
+            seen.push((id, flag));
+        }
         Ok(())
+    }
+}
+
+/// The file a destination path names, compared to find two destinations that are one file.
+#[derive(Debug, PartialEq, Eq)]
+enum FileId {
+    /// A regular file that exists: its device and inode, whatever path, link or hard link
+    /// leads to it.
+    Existing { dev: u64, ino: u64 },
+    /// A file the run will create: the canonical path of its folder joined with its name.
+    New(PathBuf),
+}
+
+/// How many symbolic links [`FileId::of`] follows to the file a dangling link would create
+/// (Linux's own limit for a path).
+const MAX_LINKS: usize = 40;
+
+impl FileId {
+    /// The file `path` names. `None` when it is no regular file and none will be created:
+    /// something written to rather than replaced (a device such as `/dev/null` or
+    /// `/dev/stdout`, a pipe), so two destinations there lose nothing, or a path that cannot
+    /// be opened at all (opening it reports that).
+    fn of(path: &Path) -> Option<FileId> {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => return Some(FileId::Existing { dev: m.dev(), ino: m.ino() }),
+            Ok(_) => return None,
+            Err(_) => {}
+        }
+        // Not there yet. A dangling symbolic link creates its target: follow it there.
+        let mut path = path.to_path_buf();
+        for _ in 0..MAX_LINKS {
+            let Ok(target) = std::fs::read_link(&path) else { break };
+            path = path.parent().map_or_else(|| target.clone(), |dir| dir.join(&target));
+        }
+        let name = path.file_name()?;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Some(FileId::New(std::fs::canonicalize(dir).ok()?.join(name)))
     }
 }
 

@@ -101,11 +101,18 @@ pub fn spec(spec: &ProgramSpec, text: &str) -> String {
     out
 }
 
-/// The kernel in linear order, one node per line, indented by loop depth. Node numbers are
-/// positions in this listing.
+/// The first lines of [`linear`]'s listing: it looks like kernel text but is not, and says so.
+pub const LINEAR_HEADER: &str = "# kiln linear order listing (not kernel text: it does not parse back)\n\
+# The nodes in the order the renderer walks them, indented by loop depth; %N is a position in\n\
+# this listing. An accumulator comes before the loop it names, which kernel text cannot say.\n";
+
+/// The kernel in linear order, one node per line, indented by loop depth, under
+/// [`LINEAR_HEADER`]. Node numbers are positions in this listing. It is a listing for
+/// reading, not the text format: the linear order is not a topological one (DEFINE_ACC
+/// precedes its RANGE), and arguments are written for people (`n [1, 16]`).
 pub fn linear(order: &[Arc<UOp>]) -> String {
     let pos: HashMap<*const UOp, usize> = order.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i)).collect();
-    let mut out = String::new();
+    let mut out = String::from(LINEAR_HEADER);
     let mut depth = 0usize;
     for (i, node) in order.iter().enumerate() {
         if node.op() == Op::End && node.src().first().is_some_and(|r| r.op() == Op::Range) {

@@ -263,6 +263,22 @@ fn compile_emits_source_spec_and_linear_order() {
     ok(s.kiln(&["compile", &example("sum.kiln"), "--check"], &[]));
 }
 
+/// `--emit linear` looks like kernel text but is not (an accumulator comes before its loop, a
+/// forward reference): the listing says so on its first line, and so does the help.
+#[test]
+fn the_linear_listing_says_it_is_not_kernel_text() {
+    let s = Scratch::new("linear-label");
+    let label = "# kiln linear order listing (not kernel text: it does not parse back)";
+    for kernel in ["add.kiln", "sum.kiln", "matmul.kiln"] {
+        let listing = ok(s.kiln(&["compile", &example(kernel), "--emit", "linear"], &[]));
+        assert_eq!(listing.lines().next(), Some(label), "{kernel}:\n{listing}");
+        let file = kernel_with(&s, kernel, &listing);
+        fails(s.kiln(&["compile", &file], &[]), 1, &["cannot parse kernel"]);
+    }
+    let help = ok(s.kiln(&["compile", "--help"], &[]));
+    assert!(help.contains("not kernel text"), "{help}");
+}
+
 #[test]
 fn devices_lists_every_backend() {
     let s = Scratch::new("devices");
@@ -574,6 +590,54 @@ fn unwritable_destinations_are_refused_before_the_run() {
     assert_eq!(s.read_f32s("c.npy"), [0.0; 4]);
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     assert!(json["traceEvents"].as_array().is_some_and(|e| !e.is_empty()), "{json}");
+}
+
+/// Two destinations that are one file, written two ways or through a link, whether or not it
+/// exists yet: a usage error before the run (one output would overwrite the other), and the
+/// file is left as it was.
+#[test]
+fn destinations_naming_one_file_are_a_usage_error() {
+    let s = Scratch::new("same-file");
+    let ramp: Vec<f32> = (0..8).map(|x| x as f32).collect();
+    let (in0, in1) = (format!("0={}", s.f32s("ramp.npy", &ramp)), format!("1={}", s.f32s("ones.npy", &[1.0; 8])));
+    let add = example("add.kiln");
+    let run = |cwd: &Path, dests: &[&str]| {
+        let args = [&["run", add.as_str(), "--var", "n=8", "--in", &in0, "--in", &in1][..], dests].concat();
+        let mut cmd = Command::new(KILN);
+        cmd.args(args).current_dir(cwd).env("KILN_CACHE_DIR", s.path("cache")).env_remove("KILN_CACHE");
+        cmd.output().unwrap()
+    };
+    let f = s.path("f.npy");
+    std::fs::create_dir(s.path("sub")).unwrap();
+    let (link, hard) = (s.path("link.npy"), s.path("hard.npy"));
+    std::os::unix::fs::symlink("f.npy", &link).unwrap(); // dangling until f.npy exists
+    for exists in [false, true] {
+        if exists {
+            std::fs::write(&f, "old").unwrap();
+            std::fs::hard_link(&f, &hard).unwrap();
+        }
+        let mut same = vec![f.clone(), s.path("sub/../f.npy"), s.path("./f.npy"), link.clone()];
+        if exists {
+            same.push(hard.clone());
+        }
+        for other in &same {
+            let (first, other) = (format!("2={}", f.display()), other.display().to_string());
+            let second = format!("0={other}");
+            let err = fails(run(s.0.path(), &["--out", &first, "--out", &second]), 2, &["name the same file"]);
+            assert!(err.contains(&format!("--out {first} and --out {second}")), "{err}");
+            fails(run(s.0.path(), &["--out", &first, "--trace", &other]), 2, &[&format!("--trace {other}")]);
+            // Relative to the working directory, as typed on a command line.
+            fails(run(s.0.path(), &["--out", "2=f.npy", "--out", &second]), 2, &["name the same file"]);
+            assert_eq!(std::fs::read(&f).ok(), exists.then(|| b"old".to_vec()), "{other}: the file is untouched");
+        }
+    }
+    // Distinct files, one of them a link to a third: every output is written.
+    let o = run(s.0.path(), &["--out", "2=c.npy", "--out", "0=link.npy", "--trace", "t.json"]);
+    ok(o);
+    assert_eq!(s.read_f32s("c.npy"), ramp.iter().map(|x| x + 1.0).collect::<Vec<_>>());
+    assert_eq!(s.read_f32s("f.npy"), ramp);
+    // Devices are written to, not replaced: two outputs to /dev/null lose nothing.
+    ok(run(s.0.path(), &["--out", "2=/dev/null", "--out", "0=/dev/null"]));
 }
 
 #[test]
