@@ -129,6 +129,7 @@ macro_rules! suite {
             bounds_queue_guards_out_of_bounds => bounds::queue_guards_out_of_bounds,
             bounds_plan_guards_out_of_bounds => bounds::plan_guards_out_of_bounds,
             bounds_unprovable_correct_kernel_runs => bounds::unprovable_correct_kernel_runs,
+            bounds_tinygrad_cumsum_runs => bounds::tinygrad_cumsum_runs,
 
             plan_hazards => plans::hazards,
             plan_independent_nodes => plans::independent_nodes,

@@ -240,3 +240,19 @@ pub fn unprovable_correct_kernel_runs(dev: &Arc<Device>) -> Outcome {
     expect_err("the strict path", kernel.refusing().launch(&[&a, &b], &[]), is_oob(0, 7, 7))?;
     Ok(())
 }
+
+/// Issue 19's kernel: tinygrad's `cumsum(axis=0)` of a 45×20 i32 tensor, whose gate bounds
+/// the sum of two loop indices and whose index is 20 × that sum plus a column. It runs with
+/// the right result on every backend.
+pub fn tinygrad_cumsum_runs(dev: &Arc<Device>) -> Outcome {
+    let text = include_str!("../../../../examples/kernels/cumsum.kiln");
+    let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(text)?, "conf_cumsum")?;
+    let a: Vec<i32> = (0..900).map(|v| (v * 37 % 101) - 50).collect();
+    let want: Vec<i32> =
+        (0..900).map(|o| (0..=o % 45).map(|row| a[20 * row + o / 45]).sum()).collect();
+    let (input, out) =
+        (Buffer::from_slice(dev.allocator().clone(), &a)?, Buffer::from_slice(dev.allocator().clone(), &[0i32; 900])?);
+    kernel.launch(&[&out, &input], &[])?;
+    ensure!(out.to_vec::<i32>()? == want, "cumsum: {:?}", &out.to_vec::<i32>()?[..12]);
+    Ok(())
+}
