@@ -847,6 +847,11 @@ SINK void (%st)
             &["%st (line 7)", "left its buffer", "STORE tried to access element", "of buffer 0, which holds 4"],
         );
         assert!(!err.contains("refused"), "{dev}: {err}");
+        fails(
+            s.kiln(&["run", &k, "--device", &dev, "--var", "n=4"], &[("KILN_BOUNDS", "sometimes")]),
+            1,
+            &["KILN_BOUNDS=sometimes is not a bounds policy; use `guard` or `refuse`"],
+        );
         let out = ok(s.kiln(&["run", &k, "--device", &dev, "--var", "n=4"], &[]));
         assert!(out.contains("[1.0, 1.0, 1.0, 1.0]"), "{dev}: {out}");
     }
@@ -922,4 +927,31 @@ fn bench_matmul_names_its_verified_baseline() {
         1,
         &["KILN_BENCH_MATMUL_BASELINE=\"mkl\"", "expected auto, openblas or matrixmultiply"],
     );
+}
+
+/// `--emit spec` says where each access is proven: issue 19's cumsum load when the kernel is
+/// built (its gate bounds the index's sum), the add example's accesses when built too (the
+/// launch index is below `n`, the buffers hold `n`), and an access that needs the bound
+/// values at launch.
+#[test]
+fn the_spec_says_where_each_access_is_proven() {
+    let s = Scratch::new("spec");
+    let spec = ok(s.kiln(&["compile", &example("cumsum.kiln"), "--emit", "spec"], &[]));
+    assert!(spec.contains("accesses:    2 (2 proven in bounds when built, 0 proven at each launch"), "{spec}");
+    assert!(spec.contains("LOAD  %21 (line 34) buffer 1: proven when built"), "{spec}");
+    let spec = ok(s.kiln(&["compile", &example("add.kiln"), "--emit", "spec"], &[]));
+    assert!(spec.contains("accesses:    3 (3 proven in bounds when built"), "{spec}");
+    let text = "\
+%n    = DEFINE_VAR i32 \"n\" 1 100
+%m    = DEFINE_VAR i32 \"m\" 1 100
+%a    = PARAM ptr<f32> 0 (%m)
+%i    = SPECIAL i32 \"idx0\" (%n)
+%one  = CONST f32 1.0
+%p    = INDEX ptr<f32> (%a, %i)
+%st   = STORE void (%p, %one)
+SINK void (%st)
+";
+    let k = kernel_with(&s, "n_into_m.kiln", text);
+    let spec = ok(s.kiln(&["compile", &k, "--emit", "spec"], &[]));
+    assert!(spec.contains("STORE %st (line 7) buffer 0: proven at launch, else guarded"), "{spec}");
 }
