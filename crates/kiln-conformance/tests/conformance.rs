@@ -121,6 +121,7 @@ macro_rules! suite {
             workgroup_tiled_matmul => workgroups::tiled_matmul,
             workgroup_two_level_reduction => workgroups::two_level_reduction,
             workgroup_if_blocks => workgroups::if_blocks,
+            workgroup_guarded_local_memory => workgroups::guarded_local_memory,
 
             bounds_launch_refuses_out_of_bounds => bounds::launch_refuses_out_of_bounds,
             bounds_queue_exec_refuses_out_of_bounds => bounds::queue_exec_refuses_out_of_bounds,

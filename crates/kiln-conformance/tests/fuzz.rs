@@ -250,7 +250,11 @@ fn one_case(
     let cpu_out = match run(cpu, &kernel, &inputs, &vals) {
         Ok(out) => out,
         Err(Error::OutOfBounds { access, .. }) => {
-            if access.guarded { tally.out_of_bounds_guarded += 1 } else { tally.out_of_bounds_refused += 1 }
+            if access.guarded {
+                tally.out_of_bounds_guarded += 1
+            } else {
+                tally.out_of_bounds_refused += 1
+            }
             return Ok(());
         }
         Err(e) => return Err(format!("CPU launch failed after the kernel compiled: {e}")),

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel, LaunchDims,
-    PreparedLaunch, QueueFactory, RawView, Result, TimelineSignal,
+    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel,
+    LaunchDims, PreparedLaunch, QueueFactory, RawView, Result, TimelineSignal,
 };
 
 /// How long an idle worker polls for the next batch before it parks on the channel.
@@ -125,7 +125,14 @@ impl CpuQueue {
             )));
         }
         let PreparedLaunch { kernel, views, dims, faults } = kernel.prepare(bufs, vals)?;
-        Ok(Command::Exec { kernel, _bufs: bufs.iter().map(|b| (*b).clone()).collect(), views, vals: vals.to_vec(), dims, faults })
+        Ok(Command::Exec {
+            kernel,
+            _bufs: bufs.iter().map(|b| (*b).clone()).collect(),
+            views,
+            vals: vals.to_vec(),
+            dims,
+            faults,
+        })
     }
 
     fn check_copy(dst: &Buffer, src: &Buffer) -> Result<Command> {

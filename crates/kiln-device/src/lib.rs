@@ -35,8 +35,8 @@ pub use graph::{GraphLaunch, LaunchGraph};
 pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch, PreparedLaunch};
 pub use kiln_ir;
 pub use program::{
-    AccessProof, CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory, Variable,
-    special_axis,
+    AccessProof, CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory,
+    Variable, special_axis,
 };
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use ring::{BackendEvent, EventRing, RingSignal};

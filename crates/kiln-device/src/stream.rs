@@ -138,7 +138,10 @@ enum HostStep<E> {
     },
     /// Once `after` (an event after a guarded kernel) completes: fail the queue if the
     /// kernel's guards fired.
-    Faults { after: E, faults: FaultWatch },
+    Faults {
+        after: E,
+        faults: FaultWatch,
+    },
 }
 
 impl<E: BackendEvent> HostStep<E> {

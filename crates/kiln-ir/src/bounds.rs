@@ -1030,7 +1030,19 @@ mod tests {
         }
         let e = c.at(&[5]).unwrap_err();
         let store = c.node(Op::Store);
-        assert_eq!(e, OutOfBounds { node: store, op: "STORE", slot: Some(0), local: None, first: 0, last: 4, len: 4, guarded: false });
+        assert_eq!(
+            e,
+            OutOfBounds {
+                node: store,
+                op: "STORE",
+                slot: Some(0),
+                local: None,
+                first: 0,
+                last: 4,
+                len: 4,
+                guarded: false
+            }
+        );
         let msg = e.to_string();
         assert!(
             msg.contains(&format!("%{store} STORE")) && msg.contains("0..=4 of buffer 0") && msg.contains("holds 4")

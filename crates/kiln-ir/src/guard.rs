@@ -56,12 +56,8 @@ pub fn guard(sink: &Arc<UOp>, nodes: &[usize]) -> Result<Guarded, IrError> {
     let order = sink.toposort();
     let pos: HashMap<*const UOp, u32> = order.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i as u32)).collect();
     let at = |n: &Arc<UOp>| pos.get(&Arc::as_ptr(n)).copied().unwrap_or(0);
-    let fault_slot = order
-        .iter()
-        .filter(|n| n.op() == Op::Param)
-        .filter_map(|n| n.arg_int())
-        .max()
-        .map_or(0, |s| s as usize + 1);
+    let fault_slot =
+        order.iter().filter(|n| n.op() == Op::Param).filter_map(|n| n.arg_int()).max().map_or(0, |s| s as usize + 1);
     let mut wanted: Vec<usize> = nodes.iter().copied().filter(|&i| i < order.len()).collect();
     wanted.sort_unstable();
     wanted.dedup();

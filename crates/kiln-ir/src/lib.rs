@@ -7,9 +7,9 @@
 #![warn(missing_docs)]
 
 pub mod bounds;
-mod guard;
 mod builder;
 mod dtype;
+mod guard;
 mod linearize;
 pub mod rewrite;
 mod symbolic;
@@ -17,9 +17,9 @@ mod text;
 mod uop;
 mod validate;
 
-pub use guard::{Guarded, GuardedAccess, guard};
 pub use builder::{Acc, IntoVal, KernelBuilder, Val};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
+pub use guard::{Guarded, GuardedAccess, guard};
 pub use linearize::{MAX_LOOPS, linearize};
 pub use symbolic::{eval_int, variables};
 pub use text::{locate_node, parse, parse_kernel, print};

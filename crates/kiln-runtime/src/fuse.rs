@@ -98,7 +98,10 @@ impl Program for FusedProgram {
             let r = match &l.faults {
                 None => unsafe { l.program.execute(&l.views, &l.vals, &l.dims) },
                 // SAFETY: as above; the record is one of the views, held by `faults`.
-                Some(f) => f.arm().and_then(|()| unsafe { l.program.execute(&l.views, &l.vals, &l.dims) }).and_then(|()| f.check()),
+                Some(f) => f
+                    .arm()
+                    .and_then(|()| unsafe { l.program.execute(&l.views, &l.vals, &l.dims) })
+                    .and_then(|()| f.check()),
             };
             if r.is_err() {
                 return match &self.stamp {
@@ -122,10 +125,7 @@ impl Program for FusedProgram {
 /// A kernel (no buffers, no variables, one work item) whose program runs `launches`.
 pub(crate) fn fused_kernel(device: &DeviceSpec, launches: Vec<Launch>, keep: Vec<Buffer>) -> Kernel {
     let (stamp, launches) = one_generation(launches);
-    Kernel::new(
-        Arc::new(bare_spec("plan_segment", device)),
-        Arc::new(FusedProgram { stamp, launches, _keep: keep }),
-    )
+    Kernel::new(Arc::new(bare_spec("plan_segment", device)), Arc::new(FusedProgram { stamp, launches, _keep: keep }))
 }
 
 /// The stamp shared by every launch's program and the launches with the programs it
@@ -208,10 +208,8 @@ mod tests {
         fused.launch(&[], &[]).unwrap();
         assert_eq!(buf.to_vec::<f32>().unwrap(), [3.0; 4]);
         // A program that is not generation-checked keeps every launch's own check.
-        let foreign = Kernel::new(
-            inc.spec.clone(),
-            Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }),
-        );
+        let foreign =
+            Kernel::new(inc.spec.clone(), Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }));
         let (stamp, launches) = one_generation(vec![launch(&inc), launch(&foreign)]);
         assert!(stamp.is_none() && launches[0].program.unstamped().is_some());
 

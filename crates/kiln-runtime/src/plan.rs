@@ -586,7 +586,13 @@ impl ExecutionPlan {
                 let prepared = k.prepare(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
                 if let Some(g) = self.segment_of.get(i).copied().flatten() {
                     let PreparedLaunch { kernel, views, dims, faults } = prepared;
-                    launches[g].push(Launch { program: kernel.program.clone(), views, vals: slot.to_vec(), dims, faults });
+                    launches[g].push(Launch {
+                        program: kernel.program.clone(),
+                        views,
+                        vals: slot.to_vec(),
+                        dims,
+                        faults,
+                    });
                 }
             }
         }

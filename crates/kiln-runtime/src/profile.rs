@@ -137,10 +137,9 @@ impl Program for MarkerProgram {
 /// Two kernels (start, end) that stamp `stamps` when they run on a queue of `device`.
 pub(crate) fn marker_kernels(device: &DeviceSpec, stamps: Arc<Stamps>, epoch: Instant) -> (Kernel, Kernel) {
     let spec = Arc::new(crate::fuse::bare_spec("copy_marker", device));
-    let mark = |end| Kernel::new(
-        spec.clone(),
-        Arc::new(MarkerProgram { stamps: stamps.clone(), end, epoch }) as Arc<dyn Program>,
-    );
+    let mark = |end| {
+        Kernel::new(spec.clone(), Arc::new(MarkerProgram { stamps: stamps.clone(), end, epoch }) as Arc<dyn Program>)
+    };
     (mark(false), mark(true))
 }
 

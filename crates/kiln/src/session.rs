@@ -57,7 +57,8 @@ impl KernelFile {
             && let kiln_device::Error::OutOfBounds { access, .. } = source.root_cause()
             && let Some(at) = kiln_ir::locate_node(&self.text, access.node)
         {
-            let what = if access.guarded { "left its buffer (its guard skipped it)" } else { "is not proven in bounds" };
+            let what =
+                if access.guarded { "left its buffer (its guard skipped it)" } else { "is not proven in bounds" };
             return CliError::Kiln { context: format!("{context}: the access at {at} {what}"), source: source.clone() };
         }
         err

@@ -140,9 +140,11 @@ pub fn launch_guards_out_of_bounds(dev: &Arc<Device>) -> Outcome {
     let copy8 = vector_copy_over_n(dev)?;
     let src: Vec<f32> = (0..CAP).map(|v| v as f32).collect();
     b[0].copy_from_slice(&src)?;
-    expect_err("an 8-wide copy over n = 16", copy8.launch(&[&b[0], &b[1]], &[16]), |e| {
-        matches!(e, Error::OutOfBounds { access, .. } if access.guarded && access.len == 16 && (9..16).contains(&access.first))
-    })?;
+    expect_err(
+        "an 8-wide copy over n = 16",
+        copy8.launch(&[&b[0], &b[1]], &[16]),
+        |e| matches!(e, Error::OutOfBounds { access, .. } if access.guarded && access.len == 16 && (9..16).contains(&access.first)),
+    )?;
     let got = b[1].to_vec::<f32>()?;
     ensure!(got[..16] == src[..16] && got[16..] == [0.0; CAP - 16], "a guarded 8-wide copy over 16 stored {got:?}");
     // A launch the proof settles runs the kernel as compiled, and succeeds.
@@ -212,7 +214,11 @@ SINK void (%st)
 /// result, through `Kernel::launch`, a queue and a plan; the strict path refuses it.
 pub fn unprovable_correct_kernel_runs(dev: &Arc<Device>) -> Outcome {
     let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(PAIRS)?, "conf_bounds_pairs")?;
-    ensure!(kernel.spec.bounds.pending() == 1, "the load should be left to the launch (pending {})", kernel.spec.bounds.pending());
+    ensure!(
+        kernel.spec.bounds.pending() == 1,
+        "the load should be left to the launch (pending {})",
+        kernel.spec.bounds.pending()
+    );
     let src: Vec<f32> = (1..=7).map(|v| v as f32 * 10.0).collect();
     let a = Buffer::from_slice(dev.allocator().clone(), &src)?;
     let want: Vec<f32> = (0..8).map(|i| src[i - (i & 1)]).collect();
@@ -248,8 +254,7 @@ pub fn tinygrad_cumsum_runs(dev: &Arc<Device>) -> Outcome {
     let text = include_str!("../../../../examples/kernels/cumsum.kiln");
     let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(text)?, "conf_cumsum")?;
     let a: Vec<i32> = (0..900).map(|v| (v * 37 % 101) - 50).collect();
-    let want: Vec<i32> =
-        (0..900).map(|o| (0..=o % 45).map(|row| a[20 * row + o / 45]).sum()).collect();
+    let want: Vec<i32> = (0..900).map(|o| (0..=o % 45).map(|row| a[20 * row + o / 45]).sum()).collect();
     let (input, out) =
         (Buffer::from_slice(dev.allocator().clone(), &a)?, Buffer::from_slice(dev.allocator().clone(), &[0i32; 900])?);
     kernel.launch(&[&out, &input], &[])?;

@@ -132,3 +132,57 @@ pub fn if_blocks(dev: &Arc<Device>) -> Outcome {
     }
     Ok(())
 }
+
+/// A work group of 8 writes `j = i - (i & 1)` into local memory of 7 at element `j`, then
+/// every item reads element `i - (i & 1)` back: in bounds (at most 6), but no proof relates
+/// `i & 1` to `i`, so both local accesses run guarded, with the right result. Stored one
+/// element further (`j + 1`, 7 for the last pair) the guard skips the store and the launch
+/// fails naming the local memory.
+const LOCAL_PAIRS: &str = "\
+%c8  = CONST i32 8
+%c7  = CONST i32 7
+%out = PARAM ptr<f32> 0 (%c8)
+%l   = DEFINE_LOCAL lptr<f32> 0 (%c7)
+%i   = SPECIAL i32 \"lidx0\" (%c8)
+%one = CONST i32 1
+%odd = AND i32 (%i, %one)
+%j   = SUB i32 (%i, %odd)
+%at  = ADD i32 (%j, %shift)
+%lp  = INDEX lptr<f32> (%l, %at)
+%v   = CAST f32 (%j)
+%ls  = STORE void (%lp, %v)
+%bar = BARRIER void (%ls)
+%la  = AFTER lptr<f32> (%l, %bar)
+%lq  = INDEX lptr<f32> (%la, %j)
+%x   = LOAD f32 (%lq)
+%po  = INDEX ptr<f32> (%out, %i)
+%st  = STORE void (%po, %x)
+SINK void (%st)
+";
+
+/// Local memory is guarded like buffers: a correct kernel runs, an overrun is reported.
+pub fn guarded_local_memory(dev: &Arc<Device>) -> Outcome {
+    for (shift, name) in [(0, "conf_local_pairs"), (1, "conf_local_pairs_over")] {
+        let text = LOCAL_PAIRS.replace("%shift", &format!("%c{shift}")).replace(
+            "%one = CONST i32 1\n",
+            &format!(
+                "%one = CONST i32 1\n{}",
+                if shift == 0 { "%c0  = CONST i32 0\n" } else { "%c1  = CONST i32 1\n" }
+            ),
+        );
+        let Some(kernel) = compile_work_group_kernel(dev, &text, name)? else { return Ok(()) };
+        let out = Buffer::from_slice(dev.allocator().clone(), &[-1f32; 8])?;
+        let result = kernel.launch(&[&out], &[]);
+        if shift == 0 {
+            result?;
+            let want: Vec<f32> = (0..8).map(|i| (i - (i & 1)) as f32).collect();
+            ensure!(out.to_vec::<f32>()? == want, "local pairs: {:?}", out.to_vec::<f32>()?);
+        } else {
+            expect_err("a local store one past the end", result, |e| {
+                matches!(e, Error::OutOfBounds { access, .. }
+                    if access.guarded && access.local.is_some() && access.op == "STORE" && access.first == 7 && access.len == 7)
+            })?;
+        }
+    }
+    Ok(())
+}

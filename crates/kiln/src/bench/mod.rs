@@ -330,13 +330,17 @@ impl Bench {
             .map_err(|e| kiln_err("guarding the add_f32 kernel", e.into()))?;
         let proven = self.compile(Ok::<_, kiln_device::Error>(sink), "add_f32")?;
         let k = self.compile(Ok::<_, kiln_device::Error>(guarded.sink), "add_f32_guarded")?;
-        let faults = self.device.buffer(Scalar::I64, 2 * accesses.len()).map_err(|e| kiln_err("allocating faults", e))?;
+        let faults =
+            self.device.buffer(Scalar::I64, 2 * accesses.len()).map_err(|e| kiln_err("allocating faults", e))?;
         faults.copy_from_slice(&vec![0i64; 2 * accesses.len()]).map_err(|e| kiln_err("clearing faults", e))?;
         let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n)?);
         self.launch(&k, &[&ba, &bb, &bc, &faults])?;
         let c = self.read(&bc)?;
         if let Some(i) = (0..n).find(|&i| c[i] != a[i] + b[i]) {
-            return Err(wrong("add_f32_16m_guarded", format!("c[{i}] = {} but a[{i}] + b[{i}] = {}", c[i], a[i] + b[i])));
+            return Err(wrong(
+                "add_f32_16m_guarded",
+                format!("c[{i}] = {} but a[{i}] + b[{i}] = {}", c[i], a[i] + b[i]),
+            ));
         }
         let fired = faults.to_vec::<i64>().map_err(|e| kiln_err("reading faults", e))?;
         if fired.iter().any(|&f| f != 0) {
