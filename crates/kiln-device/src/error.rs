@@ -219,6 +219,14 @@ impl Error {
     }
 }
 
+fn out_of_bounds(kernel: &str, access: &kiln_ir::bounds::OutOfBounds) -> String {
+    if access.guarded {
+        format!("kernel `{kernel}` ran guarded and faulted: {access}")
+    } else {
+        format!("launch of kernel `{kernel}` refused: {access}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,13 +243,5 @@ mod tests {
         assert!(!Error::driver("CPU", "no thread").is_fatal());
         assert_eq!(Error::Timeout { target: 1, current: 0, waited_ms: 1 }.class(), ErrorClass::Timeout);
         assert_eq!(Error::Config("x".into()).class(), ErrorClass::InvalidArgument);
-    }
-}
-
-fn out_of_bounds(kernel: &str, access: &kiln_ir::bounds::OutOfBounds) -> String {
-    if access.guarded {
-        format!("kernel `{kernel}` ran guarded and faulted: {access}")
-    } else {
-        format!("launch of kernel `{kernel}` refused: {access}")
     }
 }

@@ -11,6 +11,9 @@
 //! How each command is enqueued:
 //! - `exec`: [`StreamOps::enqueue_kernel`] (arguments were checked when recorded), after
 //!   the program's [`crate::Program::before_enqueue`] (the generation check, fault injection).
+//!   A launch that runs a kernel's guarded form ([`crate::guarded`]) is followed by a host
+//!   step that checks its fault record once it finished: a guard that fired fails the queue
+//!   with [`Error::OutOfBounds`], and nothing behind it runs.
 //! - `copy`: [`StreamOps::enqueue_copy`]; when the backend cannot copy natively (another
 //!   device), a host step stages it through host memory once every earlier command finished.
 //! - `wait`: [`StreamOps::wait_event`] on the signal's event for the value; a host step when
@@ -21,7 +24,7 @@
 //! - `memory_barrier`: [`StreamOps::barrier`].
 //!
 //! # Host steps
-//! A host step (a host-side wait, a staged copy) hands the rest of the batch, and every batch
+//! A host step (a host-side wait, a staged copy, a fault check) hands the rest of the batch, and every batch
 //! submitted after it, to the queue's helper thread: it performs the step, then enqueues what
 //! follows, in order, until the next host step or until nothing is left. `submit` therefore
 //! never blocks.

@@ -176,8 +176,9 @@ mod tests {
     #[test]
     fn spec_lists_every_fact() {
         let s = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &kernel()).unwrap();
-        let text = spec(&s);
+        let text = spec(&s, &kiln_ir::print(&kernel()));
         assert!(text.contains("slot 0:    f32 x (n * 4) (in+out)"), "{text}");
+        assert!(text.contains("accesses:    2 (2 proven in bounds when built"), "{text}");
         assert!(text.contains("vars:        n in [1, 64]"), "{text}");
         assert!(text.contains("global size: [1, 1, 1]"), "{text}");
     }
