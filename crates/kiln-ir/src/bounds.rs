@@ -47,6 +47,10 @@ use crate::dtype::{DType, Scalar};
 use crate::symbolic::variables;
 use crate::uop::{Arg, Op, UOp};
 
+mod linear;
+
+use linear::{Bound, HostView, View};
+
 /// A closed integer interval `[lo, hi]`; empty when `lo > hi` (a value that never exists,
 /// such as the index of a loop that runs zero times).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,14 +368,19 @@ impl Bounds {
         eval_tape(&tape, &host_env, &mut host);
         let launch_iv = std::array::from_fn(|k| host[at(&launch[k]) as usize]);
         let len_iv: Vec<Interval> = lens.iter().map(|l| host[at(l) as usize]).collect();
+        let len_pos: Vec<u32> = lens.iter().map(at).collect();
         let env = Env { vars: Vars::Boxes(&boxes), launch: launch_iv, host: false };
         let mut cur = Vec::new();
         eval_tape(&tape, &env, &mut cur);
 
+        let host_view = HostView { iv: &host, vars: &boxes, launch: std::array::from_fn(|k| at(&launch[k])) };
+        let mut work = linear::Work::default();
         let mut saved = Vec::new();
         let mut offsets: Vec<Offset> = Vec::new();
         let mut known: HashMap<(Vec<u32>, Vec<u32>), usize> = HashMap::new();
         let mut ranges: Vec<Option<Interval>> = Vec::new();
+        // Per offset, once needed: `ranges` narrowed by elimination over linear forms.
+        let mut refined: Vec<Option<Option<Interval>>> = Vec::new();
         let mut pending = Vec::new();
         let blocks = if_blocks(&order[..kernel_nodes], &at);
         for (i, node) in order.iter().enumerate().take(kernel_nodes) {
@@ -385,12 +394,37 @@ impl Bounds {
                 let gate = (!conds.is_empty()).then(|| Gate::new(&conds, &at, &terms, &tape));
                 let o = Offset { gate, terms };
                 ranges.push(o.eval(&tape, &mut cur, &env, &mut saved));
+                refined.push(None);
                 offsets.push(o);
                 offsets.len() - 1
             });
             let access = Access { offset, ..access };
             let len = access.len(|s| len_iv.get(s).copied());
-            if access.judge(ranges[offset], len).is_some() {
+            if access.judge(ranges[offset], len).is_none() {
+                continue;
+            }
+            // Intervals alone fail: relate the index to the gate, then to the buffer's
+            // length expression (the same variables on both sides).
+            let o = &offsets[offset];
+            let mut at = Analysis {
+                tape: &tape,
+                cur: &mut cur,
+                env: &env,
+                saved: &mut saved,
+                host: Some(&host_view),
+                work: &mut work,
+            };
+            let range = *refined[offset].get_or_insert_with(|| o.refine(ranges[offset], &mut at));
+            if access.judge(range, len).is_none() {
+                continue;
+            }
+            let fits = range.is_some_and(|r| r.lo >= 0)
+                && access.slot.and_then(|s| len_pos.get(s)).is_some_and(|&l| match o.linear(Some(l), &mut at) {
+                    Some(Bound::Never) => true,
+                    Some(Bound::Within(b)) => b.hi <= -access.width,
+                    None => false,
+                });
+            if !fits {
                 pending.push(access);
             }
         }
@@ -431,15 +465,23 @@ impl Bounds {
     }
 
     fn check_with(&self, env: &Env, lens: &[usize], scratch: &mut Scratch) -> Result<(), OutOfBounds> {
-        let Scratch { cur, saved } = scratch;
+        let Scratch { cur, saved, work } = scratch;
         eval_tape(&self.tape, env, cur);
-        let mut range = (usize::MAX, None);
+        // (offset, its interval, the interval refined by elimination once needed)
+        let mut range = (usize::MAX, None, None);
         for access in &self.pending {
             if range.0 != access.offset {
-                range = (access.offset, self.offsets[access.offset].eval(&self.tape, cur, env, saved));
+                range = (access.offset, self.offsets[access.offset].eval(&self.tape, cur, env, saved), None);
             }
             let len = access.len(|s| lens.get(s).map(|&l| Interval::point(l as i128)));
-            if let Some(e) = access.judge(range.1, len) {
+            if access.judge(range.1, len).is_none() {
+                continue;
+            }
+            let refined = *range.2.get_or_insert_with(|| {
+                let mut at = Analysis { tape: &self.tape, cur, env, saved, host: None, work };
+                self.offsets[access.offset].refine(range.1, &mut at)
+            });
+            if let Some(e) = access.judge(refined, len) {
                 return Err(e);
             }
         }
@@ -541,15 +583,48 @@ impl Offset {
         env: &Env,
         saved: &mut Vec<(u32, Interval)>,
     ) -> Option<Interval> {
+        self.with_gate(tape, cur, env, saved, |cur| self.sum(cur)).flatten()
+    }
+
+    /// `f` of the intervals narrowed to where the gate holds, `None` when it never does.
+    /// `cur` is left as it was.
+    fn with_gate<R>(
+        &self,
+        tape: &[Step],
+        cur: &mut [Interval],
+        env: &Env,
+        saved: &mut Vec<(u32, Interval)>,
+        f: impl FnOnce(&[Interval]) -> R,
+    ) -> Option<R> {
         saved.clear();
-        let range = match &self.gate {
-            None => self.sum(cur),
-            Some(g) => g.narrow(tape, cur, env, saved).and_then(|()| self.sum(cur)),
+        let r = match &self.gate {
+            None => Some(f(cur)),
+            Some(g) => g.narrow(tape, cur, env, saved).map(|()| f(cur)),
         };
         for &(p, v) in saved.iter().rev() {
             cur[p as usize] = v;
         }
-        range
+        r
+    }
+
+    /// `range` (its interval result, `None`: it never runs) intersected with the bounds
+    /// that elimination over linear forms finds; `range` itself when that gives up.
+    fn refine(&self, range: Option<Interval>, at: &mut Analysis) -> Option<Interval> {
+        let range = range?;
+        match self.linear(None, at) {
+            Some(Bound::Never) => None,
+            Some(Bound::Within(b)) => Some(range.intersect(b)).filter(|r| !r.is_empty()),
+            None => Some(range),
+        }
+    }
+
+    /// Bounds of the offset, less the host's value of the node `len` if given, where the
+    /// gate holds ([`linear::bound`]).
+    fn linear(&self, len: Option<u32>, at: &mut Analysis) -> Option<Bound> {
+        let Analysis { tape, cur, env, saved, host, work } = at;
+        let facts = self.gate.as_ref().map_or(&[][..], |g| &g.facts[..]);
+        let bound = |cur: &[Interval]| linear::bound(&View { tape, cur, host: *host }, facts, &self.terms, len, work);
+        self.with_gate(tape, cur, env, saved, bound).unwrap_or(Some(Bound::Never))
     }
 
     fn sum(&self, cur: &[Interval]) -> Option<Interval> {
@@ -662,6 +737,21 @@ struct Scratch {
     cur: Vec<Interval>,
     /// Intervals overwritten while narrowing, to restore afterwards.
     saved: Vec<(u32, Interval)>,
+    /// Forms and rows of an elimination.
+    work: linear::Work,
+}
+
+/// What an elimination over one offset reads, and the buffers it works in.
+struct Analysis<'a, 'e> {
+    tape: &'a [Step],
+    /// Every node's interval: narrowed in place while a gate holds, then restored.
+    cur: &'a mut [Interval],
+    env: &'a Env<'e>,
+    /// The narrowing's undo list.
+    saved: &'a mut Vec<(u32, Interval)>,
+    /// The host's view, only while proving.
+    host: Option<&'a HostView<'a>>,
+    work: &'a mut linear::Work,
 }
 
 thread_local! {
@@ -1189,25 +1279,35 @@ mod tests {
         assert_eq!(c.at(&[]).unwrap_err().first, -128);
     }
 
+    /// `idx0 < n` through 100,000 additions of 0: into `n` elements it is proven when the
+    /// kernel is built (the launch size and the length are the same `n`); into `m` elements
+    /// it is a relation between two variables, decided at each launch.
     #[test]
     fn a_deep_index_expression_is_proven_without_recursion() {
-        let n = UOp::new(Op::DefineVar, DType::I32, Arg::Var { name: "n".into(), min: 1, max: 64 }, vec![]);
+        let var =
+            |name: &str| UOp::new(Op::DefineVar, DType::I32, Arg::Var { name: name.into(), min: 1, max: 64 }, vec![]);
+        let (m, n) = (var("m"), var("n"));
         let i = UOp::new(Op::Special, DType::I32, Arg::Str("idx0".into()), vec![n.clone()]);
         let zero = UOp::const_int(DType::I32, 0);
         let mut at = i;
         for _ in 0..100_000 {
             at = UOp::new(Op::Add, DType::I32, Arg::None, vec![at, zero.clone()]);
         }
-        let a = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Int(0), vec![n.clone()]);
-        let p = UOp::new(Op::Index, DType::ptr(Scalar::F32), Arg::None, vec![a, at]);
-        let st = UOp::new(Op::Store, DType::Void, Arg::None, vec![p, UOp::const_float(DType::F32, 1.0)]);
-        let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![st]);
         let launch: [Arc<UOp>; LAUNCH_SLOTS] =
             std::array::from_fn(|k| if k == 0 { n.clone() } else { UOp::index_const(1) });
-        let bounds = Bounds::prove(&sink, std::slice::from_ref(&n), &launch, &launch_slot);
-        assert_eq!(bounds.pending(), 1); // i < n is a relation: decided at launch
-        bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[64]).unwrap();
-        assert!(bounds.check(&[64], &[64, 1, 1, 1, 1, 1], &[63]).is_err());
+        let prove = |len: &Arc<UOp>| {
+            let a = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Int(0), vec![len.clone()]);
+            let p = UOp::new(Op::Index, DType::ptr(Scalar::F32), Arg::None, vec![a, at.clone()]);
+            let st = UOp::new(Op::Store, DType::Void, Arg::None, vec![p, UOp::const_float(DType::F32, 1.0)]);
+            let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![st]);
+            Bounds::prove(&sink, std::slice::from_ref(len), &launch, &launch_slot)
+        };
+        assert_eq!(prove(&n).pending(), 0);
+        let bounds = prove(&m);
+        assert_eq!(bounds.pending(), 1);
+        // vals sorted by name: m, n
+        bounds.check(&[64, 64], &[64, 1, 1, 1, 1, 1], &[64]).unwrap();
+        assert!(bounds.check(&[63, 64], &[64, 1, 1, 1, 1, 1], &[63]).is_err());
     }
 
     /// `lidx0` over `items` work items stores at `%at` of 64 elements of local memory, under
@@ -1256,5 +1356,97 @@ mod tests {
         let bare = step(false);
         let e = bare.at(&[]).unwrap_err();
         assert_eq!((e.op, e.last, e.len), ("LOAD", 95, 64));
+    }
+
+    /// tinygrad's cumsum: the load reads `20·(r2 + r1) + r0 − 880` under the gate
+    /// `r2 + r1 > 43`; intervals alone see −880, the gate as a row gives 0.
+    fn cumsum(gate: i64, shift: i64) -> Case {
+        case(&format!(
+            "%0  = CONST i32 900\n%1  = PARAM ptr<i32> 0 (%0)\n%2  = PARAM ptr<i32> 1 (%0)\n\
+             %3  = CONST i32 {shift}\n%4  = CONST i32 0\n%5  = CONST i32 20\n%6  = CONST i32 {gate}\n\
+             %7  = CONST i32 45\n%8  = RANGE i32 0 (%5)\n%9  = MUL i32 (%8, %7)\n%10 = RANGE i32 1 (%7)\n\
+             %11 = MUL i32 (%10, %5)\n%12 = RANGE i32 2 (%7)\n%13 = DEFINE_ACC i32 1 (%4, %12)\n\
+             %14 = MUL i32 (%12, %5)\n%15 = ADD i32 (%14, %11)\n%16 = ADD i32 (%15, %8)\n\
+             %17 = ADD i32 (%16, %3)\n%18 = INDEX ptr<i32> (%2, %17)\n%19 = ADD i32 (%12, %10)\n\
+             %20 = CMPLT bool (%6, %19)\n%21 = LOAD i32 (%18, %4, %20)\n%22 = ADD i32 (%13, %21)\n\
+             %23 = ASSIGN i32 (%13, %22)\n%24 = END i32 (%12, %23)\n%25 = ADD i32 (%9, %10)\n\
+             %26 = INDEX ptr<i32> (%1, %25)\n%27 = STORE void (%26, %24)\n%28 = END void (%10, %27)\n\
+             %29 = END void (%8, %28)\nSINK void (%29)\n"
+        ))
+    }
+
+    #[test]
+    fn a_multiple_of_a_gated_sum_is_proven() {
+        assert_eq!(cumsum(43, -880).bounds.pending(), 0);
+        // One more row under the gate reads 20 elements before the buffer; one more to the
+        // left reads element -1.
+        for (gate, shift, first) in [(42, -880, -20), (43, -881, -1)] {
+            let c = cumsum(gate, shift);
+            assert_eq!(c.bounds.pending_nodes(), vec![c.node(Op::Load)]);
+            let e = c.at(&[]).unwrap_err();
+            assert_eq!((e.op, e.first, e.last, e.len), ("LOAD", first, (899 + shift + 880) as i128, 900));
+        }
+    }
+
+    /// `lidx0 + 4·gidx1 − 1` under `0 < gidx1 + lidx0`: `(gidx1 + lidx0) + 3·gidx1 − 1 ≥ 0`
+    /// needs the gate and gidx1's interval together.
+    fn shared_atoms(shift: i64, len: i64) -> Case {
+        case(&format!(
+            "%c8 = CONST i32 8\n%c4 = CONST i32 4\n%c0 = CONST i32 0\n%k = CONST i32 {shift}\n\
+             %len = CONST i32 {len}\n%c32 = CONST i32 32\n\
+             %g = SPECIAL i32 \"gidx1\" (%c8)\n%l = SPECIAL i32 \"lidx0\" (%c4)\n\
+             %a = PARAM ptr<f32> 0 (%len)\n%b = PARAM ptr<f32> 1 (%c32)\n\
+             %g4 = MUL i32 (%g, %c4)\n%s = ADD i32 (%l, %g4)\n%at = ADD i32 (%s, %k)\n\
+             %sum = ADD i32 (%g, %l)\n%gate = CMPLT bool (%c0, %sum)\n\
+             %pa = INDEX ptr<f32> (%a, %at)\n%z = CONST f32 0.0\n%x = LOAD f32 (%pa, %z, %gate)\n\
+             %pb = INDEX ptr<f32> (%b, %s)\n%st = STORE void (%pb, %x)\nSINK void (%st)\n"
+        ))
+    }
+
+    #[test]
+    fn an_index_and_a_gate_over_the_same_atoms_are_related() {
+        assert_eq!(shared_atoms(-1, 32).bounds.pending(), 0);
+        for (shift, len, first, last) in [(-2, 32, -1, 29), (-1, 30, 0, 30)] {
+            let c = shared_atoms(shift, len);
+            assert_eq!(c.bounds.pending_nodes(), vec![c.node(Op::Load)]);
+            let e = c.at(&[]).unwrap_err();
+            assert_eq!((e.first, e.last, e.len), (first, last, len as i128));
+        }
+    }
+
+    /// `idx0 < n` into buffers of `n` is settled when the kernel is built; into a buffer of
+    /// `m` it depends on the launch and is decided there, as before.
+    #[test]
+    fn an_index_below_the_length_variable_is_proven_when_built() {
+        let add = |len: &str| {
+            let m = if len == "%m" { "%m = DEFINE_VAR i32 \"m\" 1 4096\n" } else { "" };
+            case(&format!(
+                "{m}%n = DEFINE_VAR i32 \"n\" 1 16777216\n\
+                 %a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n%c = PARAM ptr<f32> 2 ({len})\n\
+                 %i = SPECIAL i32 \"idx0\" (%n)\n%pa = INDEX ptr<f32> (%a, %i)\n%pb = INDEX ptr<f32> (%b, %i)\n\
+                 %pc = INDEX ptr<f32> (%c, %i)\n%x = LOAD f32 (%pa)\n%y = LOAD f32 (%pb)\n\
+                 %sum = ADD f32 (%x, %y)\n%st = STORE void (%pc, %sum)\nSINK void (%st)\n"
+            ))
+        };
+        assert_eq!(add("%n").bounds.pending(), 0);
+        let c = add("%m");
+        assert_eq!(c.bounds.pending_nodes(), vec![c.node(Op::Store)]);
+        c.at(&[100, 100]).unwrap();
+        c.at(&[4096, 17]).unwrap();
+        let e = c.at(&[99, 100]).unwrap_err();
+        assert_eq!((e.op, e.slot, e.first, e.last, e.len), ("STORE", Some(2), 0, 99, 99));
+    }
+
+    /// An 8-wide copy over `idx0 < n / 8`: `8·i ≤ 8·(n / 8) − 8 ≤ n − 8`, through the exact
+    /// relation of the quotient `n / 8` and `n`, the same in the kernel and on the host.
+    #[test]
+    fn a_quotient_relates_a_launch_size_to_the_length() {
+        let c = case(
+            "%n = DEFINE_VAR i32 \"n\" 8 1024\n%eight = CONST i32 8\n%n8 = IDIV i32 (%n, %eight)\n\
+             %a = PARAM ptr<f32> 0 (%n)\n%b = PARAM ptr<f32> 1 (%n)\n%i = SPECIAL i32 \"idx0\" (%n8)\n\
+             %i8 = MUL i32 (%i, %eight)\n%pa = INDEX ptr<f32x8> (%a, %i8)\n%pb = INDEX ptr<f32x8> (%b, %i8)\n\
+             %x = LOAD f32x8 (%pa)\n%st = STORE void (%pb, %x)\nSINK void (%st)\n",
+        );
+        assert_eq!(c.bounds.pending(), 0);
     }
 }
