@@ -1449,4 +1449,415 @@ mod tests {
         );
         assert_eq!(c.bounds.pending(), 0);
     }
+
+    /// xorshift64*: deterministic, dependency-free randomness for the property test.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        /// Uniform in `lo..=hi`.
+        fn int(&mut self, lo: i64, hi: i64) -> i64 {
+            lo + (self.next() % (hi - lo + 1) as u64) as i64
+        }
+
+        fn one_in(&mut self, n: u64) -> bool {
+            self.next().is_multiple_of(n)
+        }
+    }
+
+    /// `Σ c[i]·x[i] + k` over a kernel's indices.
+    #[derive(Clone, Debug)]
+    struct Affine {
+        c: Vec<i64>,
+        k: i64,
+    }
+
+    impl Affine {
+        fn at(&self, x: &[i64]) -> i64 {
+            self.c.iter().zip(x).map(|(c, x)| c * x).sum::<i64>() + self.k
+        }
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Rel {
+        Lt,
+        Le,
+        Eq,
+        Ne,
+        Ge,
+        Gt,
+    }
+
+    /// `lhs rel rhs`, and whether it is an IF block's condition rather than the store's gate.
+    #[derive(Clone, Debug)]
+    struct Cmp {
+        lhs: Affine,
+        rel: Rel,
+        rhs: Affine,
+        in_if: bool,
+    }
+
+    impl Cmp {
+        fn holds(&self, x: &[i64]) -> bool {
+            let (a, b) = (self.lhs.at(x), self.rhs.at(x));
+            match self.rel {
+                Rel::Lt => a < b,
+                Rel::Le => a <= b,
+                Rel::Eq => a == b,
+                Rel::Ne => a != b,
+                Rel::Ge => a >= b,
+                Rel::Gt => a > b,
+            }
+        }
+    }
+
+    /// A store of 1.0 at `index` (plus `m·sum` when `sum` is set: the gate's sum reused) of a
+    /// buffer of `len_c·n + len_k` elements, over indices `x[i] < extent[i]` (`None`: the
+    /// variable `n`, in `1..=n_max`), where every comparison holds.
+    #[derive(Clone, Debug)]
+    struct Shape {
+        extent: Vec<Option<i64>>,
+        launch: Vec<bool>,
+        n_max: i64,
+        index: Affine,
+        sum: Option<(Affine, i64)>,
+        gate: Vec<Cmp>,
+        len_c: i64,
+        len_k: i64,
+    }
+
+    impl Shape {
+        fn uses_n(&self) -> bool {
+            self.extent.iter().any(Option::is_none) || self.len_c != 0
+        }
+
+        fn offset(&self, x: &[i64]) -> i64 {
+            self.index.at(x) + self.sum.as_ref().map_or(0, |(s, m)| m * s.at(x))
+        }
+
+        /// The offsets the store really touches for `n`: `None` when it never runs.
+        fn touched(&self, n: i64) -> Option<(i64, i64)> {
+            let ext: Vec<i64> = self.extent.iter().map(|e| e.unwrap_or(n)).collect();
+            let mut x = vec![0i64; ext.len()];
+            let mut span: Option<(i64, i64)> = None;
+            'all: loop {
+                if self.gate.iter().all(|g| g.holds(&x)) {
+                    let o = self.offset(&x);
+                    span = Some(span.map_or((o, o), |(lo, hi)| (lo.min(o), hi.max(o))));
+                }
+                for i in 0..x.len() {
+                    x[i] += 1;
+                    if x[i] < ext[i] {
+                        continue 'all;
+                    }
+                    x[i] = 0;
+                }
+                break;
+            }
+            span
+        }
+
+        fn len(&self, n: i64) -> i64 {
+            self.len_c * n + self.len_k
+        }
+
+        fn in_bounds(&self, n: i64) -> bool {
+            self.touched(n).is_none_or(|(lo, hi)| lo >= 0 && hi < self.len(n))
+        }
+
+        fn text(&self, rng: &mut Rng) -> String {
+            let mut t = Text { lines: String::new(), consts: Vec::new(), next: 0 };
+            if self.uses_n() {
+                t.lines += &format!("%n = DEFINE_VAR i32 \"n\" 1 {}\n", self.n_max);
+            }
+            let (mut specials, mut ranges) = (0, Vec::new());
+            let mut x = Vec::new();
+            for (i, (e, &launch)) in self.extent.iter().zip(&self.launch).enumerate() {
+                let extent = e.map_or("%n".to_string(), |v| t.constant(v));
+                let name = format!("%x{i}");
+                if launch {
+                    let kind = if specials < 3 { "gidx" } else { "lidx" };
+                    t.lines += &format!("{name} = SPECIAL i32 \"{kind}{}\" ({extent})\n", specials % 3);
+                    specials += 1;
+                } else {
+                    t.lines += &format!("{name} = RANGE i32 {i} ({extent})\n");
+                    ranges.push(name.clone());
+                }
+                x.push(name);
+            }
+            let sum = self.sum.as_ref().map(|(s, m)| (t.affine(s, &x, rng), *m));
+            let mut conds = [Vec::new(), Vec::new()];
+            for g in &self.gate {
+                let lhs = match (&self.sum, &sum) {
+                    // The substitution shape: the gate compares the very node the index reuses.
+                    (Some((s, _)), Some((node, _))) if s.c == g.lhs.c && s.k == g.lhs.k => node.clone(),
+                    _ => t.affine(&g.lhs, &x, rng),
+                };
+                let rhs = t.affine(&g.rhs, &x, rng);
+                let (op, a, b, not) = match g.rel {
+                    Rel::Lt => ("CMPLT", &lhs, &rhs, false),
+                    Rel::Le => ("CMPLE", &lhs, &rhs, false),
+                    Rel::Eq => ("CMPEQ", &lhs, &rhs, false),
+                    Rel::Ne => ("CMPNE", &lhs, &rhs, false),
+                    Rel::Ge => ("CMPLT", &lhs, &rhs, true),
+                    Rel::Gt if rng.one_in(2) => ("CMPLT", &rhs, &lhs, false),
+                    Rel::Gt => ("CMPLE", &lhs, &rhs, true),
+                };
+                let mut c = t.node(&format!("{op} bool ({a}, {b})"));
+                if not {
+                    c = t.node(&format!("NOT bool ({c})"));
+                }
+                conds[g.in_if as usize].push(c);
+            }
+            if !conds[1].is_empty() {
+                // An IF placed inside every loop: its condition depends on every loop index.
+                for r in &ranges {
+                    let zero = t.constant(0);
+                    let c = t.node(&format!("CMPLE bool ({zero}, {r})"));
+                    conds[1].push(c);
+                }
+            }
+            let [gate, block] = conds.map(|c| c.into_iter().reduce(|a, b| t.node(&format!("AND bool ({a}, {b})"))));
+            let mut at = t.affine(&self.index, &x, rng);
+            if let Some((node, m)) = &sum {
+                let m = t.constant(*m);
+                let scaled = t.node(&format!("MUL i32 ({node}, {m})"));
+                at = t.node(&format!("ADD i32 ({scaled}, {at})"));
+            }
+            let len = if self.len_c == 0 {
+                t.constant(self.len_k)
+            } else {
+                let (c, k) = (t.constant(self.len_c), t.constant(self.len_k));
+                let m = t.node(&format!("MUL i32 (%n, {c})"));
+                t.node(&format!("ADD i32 ({m}, {k})"))
+            };
+            t.lines += &format!("%a = PARAM ptr<f32> 0 ({len})\n%one = CONST f32 1.0\n");
+            let mut buf = "%a".to_string();
+            if let Some(b) = &block {
+                t.lines += &format!("%if = IF void ({b})\n");
+                buf = t.node("AFTER ptr<f32> (%a, %if)");
+            }
+            let p = t.node(&format!("INDEX ptr<f32> ({buf}, {at})"));
+            let mut root = match &gate {
+                Some(g) => t.node(&format!("STORE void ({p}, %one, {g})")),
+                None => t.node(&format!("STORE void ({p}, %one)")),
+            };
+            if block.is_some() {
+                root = t.node(&format!("ENDIF void (%if, {root})"));
+            }
+            for r in ranges.iter().rev() {
+                root = t.node(&format!("END void ({r}, {root})"));
+            }
+            t.lines + &format!("SINK void ({root})\n")
+        }
+    }
+
+    /// Kernel text under construction: constants once each, fresh names for the rest.
+    struct Text {
+        lines: String,
+        consts: Vec<i64>,
+        next: usize,
+    }
+
+    impl Text {
+        fn constant(&mut self, v: i64) -> String {
+            let name = if v < 0 { format!("%cm{}", -v) } else { format!("%c{v}") };
+            if !self.consts.contains(&v) {
+                self.consts.push(v);
+                self.lines += &format!("{name} = CONST i32 {v}\n");
+            }
+            name
+        }
+
+        fn node(&mut self, def: &str) -> String {
+            self.next += 1;
+            let name = format!("%v{}", self.next);
+            self.lines += &format!("{name} = {def}\n");
+            name
+        }
+
+        /// `a` written out, in one of several equivalent ways (MUL, SHL, SUB, MULACC).
+        fn affine(&mut self, a: &Affine, x: &[String], rng: &mut Rng) -> String {
+            let mut acc: Option<String> = None;
+            for (xi, &c) in x.iter().zip(&a.c).filter(|(_, c)| **c != 0) {
+                let term = |t: &mut Text, c: i64, rng: &mut Rng| match c {
+                    1 => xi.clone(),
+                    2 | 4 if rng.one_in(2) => {
+                        let s = t.constant(c / 2);
+                        t.node(&format!("SHL i32 ({xi}, {s})"))
+                    }
+                    _ => {
+                        let k = t.constant(c);
+                        if rng.one_in(2) {
+                            t.node(&format!("MUL i32 ({xi}, {k})"))
+                        } else {
+                            t.node(&format!("MUL i32 ({k}, {xi})"))
+                        }
+                    }
+                };
+                acc = Some(match acc {
+                    None => term(self, c, rng),
+                    Some(acc) if c < 0 && rng.one_in(2) => {
+                        let t = term(self, -c, rng);
+                        self.node(&format!("SUB i32 ({acc}, {t})"))
+                    }
+                    Some(acc) if rng.one_in(4) => {
+                        let k = self.constant(c);
+                        self.node(&format!("MULACC i32 ({xi}, {k}, {acc})"))
+                    }
+                    Some(acc) => {
+                        let t = term(self, c, rng);
+                        self.node(&format!("ADD i32 ({acc}, {t})"))
+                    }
+                });
+            }
+            match acc {
+                None => self.constant(a.k),
+                Some(acc) if a.k == 0 => acc,
+                Some(acc) if a.k < 0 && rng.one_in(2) => {
+                    let k = self.constant(-a.k);
+                    self.node(&format!("SUB i32 ({acc}, {k})"))
+                }
+                Some(acc) => {
+                    let k = self.constant(a.k);
+                    self.node(&format!("ADD i32 ({acc}, {k})"))
+                }
+            }
+        }
+    }
+
+    /// A random shape: 2 to 4 indices with small extents; either the substitution shape
+    /// (one comparison of `Σ ±x` with a constant, the index a multiple of that sum plus
+    /// small terms) or random comparisons; a buffer often exactly as large as needed.
+    fn random_shape(rng: &mut Rng) -> Shape {
+        let dims = rng.int(2, 4) as usize;
+        let with_n = rng.one_in(3);
+        let n_max = rng.int(1, 5);
+        let mut extent: Vec<Option<i64>> = (0..dims).map(|_| Some(rng.int(1, 5))).collect();
+        if with_n {
+            for e in extent.iter_mut() {
+                if rng.one_in(2) {
+                    *e = None;
+                }
+            }
+            extent[rng.int(0, dims as i64 - 1) as usize] = None;
+        }
+        let launch: Vec<bool> = (0..dims).map(|_| rng.one_in(2)).collect();
+        let coeffs = |rng: &mut Rng, lo: i64, hi: i64| (0..dims).map(|_| rng.int(lo, hi)).collect::<Vec<i64>>();
+        let mut index = Affine { c: coeffs(rng, -4, 4), k: rng.int(-10, 10) };
+        let (sum, gate) = if rng.one_in(2) {
+            let mut s = Affine { c: coeffs(rng, -1, 1), k: 0 };
+            if s.c.iter().all(|&c| c == 0) {
+                s.c[0] = 1;
+            }
+            let rel = [Rel::Lt, Rel::Le, Rel::Eq, Rel::Ge, Rel::Gt][rng.int(0, 4) as usize];
+            let reach: i64 = s.c.iter().zip(&extent).map(|(c, e)| c.abs() * (e.unwrap_or(n_max) - 1)).sum();
+            let bound = Affine { c: vec![0; dims], k: rng.int(-reach - 1, reach + 1) };
+            let cmp = Cmp { lhs: s.clone(), rel, rhs: bound, in_if: rng.one_in(3) };
+            (Some((s, rng.int(-20, 20))), vec![cmp])
+        } else {
+            let gate = (0..rng.int(0, 3))
+                .map(|_| {
+                    let lhs = Affine { c: coeffs(rng, -3, 3), k: rng.int(-5, 5) };
+                    let rhs = if rng.one_in(2) {
+                        Affine { c: vec![0; dims], k: rng.int(-5, 5) }
+                    } else {
+                        Affine { c: coeffs(rng, -3, 3), k: rng.int(-5, 5) }
+                    };
+                    let rel = [Rel::Lt, Rel::Le, Rel::Eq, Rel::Ne, Rel::Ge, Rel::Gt][rng.int(0, 5) as usize];
+                    Cmp { lhs, rel, rhs, in_if: rng.one_in(3) }
+                })
+                .collect();
+            (None, gate)
+        };
+        // Every index must be used (a loop the store does not depend on does not enclose it).
+        for i in 0..dims {
+            let used = index.c[i] != 0
+                || sum.as_ref().is_some_and(|(s, m)| *m != 0 && s.c[i] != 0)
+                || gate.iter().any(|g| g.lhs.c[i] != 0 || g.rhs.c[i] != 0);
+            if !used {
+                index.c[i] = 1;
+            }
+        }
+        let mut shape = Shape { extent, launch, n_max, index, sum, gate, len_c: 0, len_k: 0 };
+        // Often start the buffer exactly where the touched range starts, and end it
+        // exactly where it ends (or one element before or after).
+        let spans: Vec<(i64, i64)> = (1..=n_max).filter_map(|n| shape.touched(n)).collect();
+        let jitter = |rng: &mut Rng| if rng.one_in(3) { rng.int(-1, 1) } else { 0 };
+        match (spans.iter().map(|s| s.0).min(), spans.iter().map(|s| s.1).max()) {
+            (Some(lo), Some(hi)) => {
+                let shift = if rng.one_in(4) { 0 } else { lo + jitter(rng) };
+                shape.index.k -= shift;
+                shape.len_k = (hi - shift + 1 + jitter(rng)).max(0);
+            }
+            _ => shape.len_k = rng.int(0, 40),
+        }
+        if shape.uses_n() && rng.one_in(2) {
+            shape.len_c = rng.int(1, 4);
+            shape.len_k = rng.int(0, 20);
+        }
+        shape
+    }
+
+    /// Random affine stores (see [`random_shape`]) against brute force: the proof never
+    /// calls an access in bounds that is not, neither when the kernel is built nor at a
+    /// launch, and a refused launch reports at least the elements really touched. The
+    /// substitution shape in bounds with constant extents is always proven when built (its
+    /// constraint matrix is totally unimodular, so elimination's bounds are exact).
+    /// `KILN_FUZZ_CASES` (default 2000) and `KILN_FUZZ_SEED` set the run.
+    #[test]
+    fn random_affine_kernels_are_never_proven_out_of_bounds() {
+        let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let cases = env("KILN_FUZZ_CASES", 2000);
+        let mut rng = Rng(env("KILN_FUZZ_SEED", 0x9e37_79b9_7f4a_7c15) | 1);
+        let (mut built, mut built_proven, mut shaped, mut launches, mut launches_ok, mut refused_out) =
+            (0, 0, 0, 0, 0, 0);
+        for _ in 0..cases {
+            let shape = random_shape(&mut rng);
+            let text = shape.text(&mut rng);
+            let c = case(&text);
+            let ns = if shape.uses_n() { 1..=shape.n_max } else { 1..=1 };
+            let vals = |n: i64| if shape.uses_n() { vec![n] } else { vec![] };
+            let in_bounds = ns.clone().all(|n| shape.in_bounds(n));
+            let proven = c.bounds.pending() == 0;
+            assert!(in_bounds || !proven, "proven when built, but out of bounds:\n{shape:?}\n{text}");
+            if in_bounds {
+                built += 1;
+                built_proven += proven as usize;
+                if shape.sum.is_some() && !shape.uses_n() {
+                    shaped += 1;
+                    assert!(proven, "the substitution shape in bounds is not proven:\n{shape:?}\n{text}");
+                }
+            }
+            for n in ns {
+                let result = c.at(&vals(n));
+                if shape.in_bounds(n) {
+                    launches += 1;
+                    launches_ok += result.is_ok() as usize;
+                } else {
+                    refused_out += 1;
+                    assert!(result.is_err(), "n = {n}: launch accepted, but out of bounds:\n{shape:?}\n{text}");
+                }
+                if let (Err(e), Some((lo, hi))) = (result, shape.touched(n)) {
+                    assert!(
+                        e.first <= lo as i128 && e.last >= hi as i128,
+                        "n = {n}: refused with {}..={}, but {lo}..={hi} is touched:\n{shape:?}\n{text}",
+                        e.first,
+                        e.last
+                    );
+                }
+            }
+        }
+        eprintln!(
+            "{cases} random kernels: {built_proven}/{built} in bounds proven when built \
+             (all {shaped} of the substitution shape), {launches_ok}/{launches} launches in bounds \
+             accepted, {refused_out}/{refused_out} launches out of bounds refused"
+        );
+    }
 }

@@ -161,7 +161,16 @@ impl View<'_> {
         }
     }
 
+    /// A node known to have one value is that constant, unless it expands: a gate may have
+    /// narrowed `x + y` to one value, and how it relates `x` and `y` is what matters.
     fn plan(&self, k: Key) -> Plan {
+        match self.expansion(k) {
+            Plan::Atom(_) | Plan::Share(..) if self.iv(k).lo == self.iv(k).hi => Plan::Const(self.iv(k).lo),
+            p => p,
+        }
+    }
+
+    fn expansion(&self, k: Key) -> Plan {
         let (view, step) = (k & 3, &self.tape[pos(k)]);
         let host = match (view, self.host) {
             (KERNEL, _) => None,
@@ -172,9 +181,6 @@ impl View<'_> {
         let iv = self.iv(k);
         if !scalar {
             return Plan::Opaque;
-        }
-        if iv.lo == iv.hi {
-            return Plan::Const(iv.lo);
         }
         let ty = if host.is_some() { Ty::of(step.dtype, true) } else { step.ty };
         if ty.is_bool || iv.is_empty() {
