@@ -10,6 +10,15 @@
 //! access inside IF blocks (one that depends on an IF and not on its ENDIF) only runs where
 //! their conditions hold, so they narrow it like a gate.
 //!
+//! # Relations
+//! Intervals forget how values are related: under the gate `r2 + r1 > 43` the index
+//! `20·r2 + 20·r1 + r0 − 880` still starts at −880. Where intervals fail, the index, the
+//! gate's comparisons and the loop and launch extents are read as linear forms over the same
+//! atoms and the atoms eliminated (Fourier–Motzkin, `bounds/linear.rs`); the bounds found are
+//! intersected with the intervals, so the result is never weaker. When the kernel is built
+//! the index is also related to the buffer's length expression, whose variables are the
+//! kernel's: `idx0 < n` into `n` elements needs no launch check.
+//!
 //! # What an access touches
 //! An access goes through a chain of INDEX (and AFTER) nodes ending at a PARAM. Renderers
 //! turn `INDEX(INDEX(p, a), b)` into `p + a + b` in *elements of the buffer's scalar*, and a
@@ -33,10 +42,11 @@
 //!
 //! # Two stages
 //! [`Bounds::prove`] runs once per kernel, with every variable over its declared bounds: an
-//! access proven there is never looked at again. The rest (typically `i < n` against a
-//! buffer of `n`, which intervals alone cannot relate) is kept with the part of the graph it
-//! needs, and [`Bounds::check`] decides it at launch from the bound values, where every
-//! variable and launch size is a single number.
+//! access proven there is never looked at again. The rest (an access whose safety depends
+//! on the launch, such as `idx0 < n` into a buffer of `m`) is kept with the part of the graph
+//! it needs, and [`Bounds::check`] decides it at launch from the bound values, where every
+//! variable and launch size is a single number: intervals first, elimination only for an
+//! access they cannot settle.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -1389,11 +1399,11 @@ mod tests {
     }
 
     /// `lidx0 + 4·gidx1 − 1` under `0 < gidx1 + lidx0`: `(gidx1 + lidx0) + 3·gidx1 − 1 ≥ 0`
-    /// needs the gate and gidx1's interval together.
-    fn shared_atoms(shift: i64, len: i64) -> Case {
+    /// needs the gate and gidx1's interval together. `len` defines `%len`.
+    fn shared_atoms(shift: i64, len: &str) -> Case {
         case(&format!(
             "%c8 = CONST i32 8\n%c4 = CONST i32 4\n%c0 = CONST i32 0\n%k = CONST i32 {shift}\n\
-             %len = CONST i32 {len}\n%c32 = CONST i32 32\n\
+             {len}\n%c32 = CONST i32 32\n\
              %g = SPECIAL i32 \"gidx1\" (%c8)\n%l = SPECIAL i32 \"lidx0\" (%c4)\n\
              %a = PARAM ptr<f32> 0 (%len)\n%b = PARAM ptr<f32> 1 (%c32)\n\
              %g4 = MUL i32 (%g, %c4)\n%s = ADD i32 (%l, %g4)\n%at = ADD i32 (%s, %k)\n\
@@ -1405,13 +1415,26 @@ mod tests {
 
     #[test]
     fn an_index_and_a_gate_over_the_same_atoms_are_related() {
-        assert_eq!(shared_atoms(-1, 32).bounds.pending(), 0);
+        let constant = |len: i64| format!("%len = CONST i32 {len}");
+        assert_eq!(shared_atoms(-1, &constant(32)).bounds.pending(), 0);
         for (shift, len, first, last) in [(-2, 32, -1, 29), (-1, 30, 0, 30)] {
-            let c = shared_atoms(shift, len);
+            let c = shared_atoms(shift, &constant(len));
             assert_eq!(c.bounds.pending_nodes(), vec![c.node(Op::Load)]);
             let e = c.at(&[]).unwrap_err();
             assert_eq!((e.first, e.last, e.len), (first, last, len as i128));
         }
+    }
+
+    /// The same load from a buffer of `m` elements: left for the launch, where elimination
+    /// settles it too (intervals alone would see element −1).
+    #[test]
+    fn a_launch_relates_an_index_and_a_gate_over_the_same_atoms() {
+        let c = shared_atoms(-1, "%len = DEFINE_VAR i32 \"m\" 1 64");
+        assert_eq!(c.bounds.pending_nodes(), vec![c.node(Op::Load)]);
+        c.at(&[31]).unwrap();
+        c.at(&[64]).unwrap();
+        let e = c.at(&[30]).unwrap_err();
+        assert_eq!((e.first, e.last, e.len), (0, 30, 30));
     }
 
     /// `idx0 < n` into buffers of `n` is settled when the kernel is built; into a buffer of
@@ -1517,7 +1540,17 @@ mod tests {
         }
     }
 
-    /// A store of 1.0 at `index` (plus `m·sum` when `sum` is set: the gate's sum reused) of a
+    /// `q·(x / c) + r·(x % c)`, truncating: IDIV and MOD terms of an index.
+    #[derive(Clone, Debug)]
+    struct Division {
+        x: Affine,
+        c: i64,
+        q: i64,
+        r: i64,
+    }
+
+    /// A store of 1.0 at `index` (plus `m·sum` when `sum` is set: the gate's sum reused, plus
+    /// the division terms `div`) of a
     /// buffer of `len_c·n + len_k` elements, over indices `x[i] < extent[i]` (`None`: the
     /// variable `n`, in `1..=n_max`), where every comparison holds.
     #[derive(Clone, Debug)]
@@ -1527,6 +1560,7 @@ mod tests {
         n_max: i64,
         index: Affine,
         sum: Option<(Affine, i64)>,
+        div: Option<Division>,
         gate: Vec<Cmp>,
         len_c: i64,
         len_k: i64,
@@ -1538,7 +1572,8 @@ mod tests {
         }
 
         fn offset(&self, x: &[i64]) -> i64 {
-            self.index.at(x) + self.sum.as_ref().map_or(0, |(s, m)| m * s.at(x))
+            let div = self.div.as_ref().map_or(0, |d| d.q * (d.x.at(x) / d.c) + d.r * (d.x.at(x) % d.c));
+            self.index.at(x) + self.sum.as_ref().map_or(0, |(s, m)| m * s.at(x)) + div
         }
 
         /// The offsets the store really touches for `n`: `None` when it never runs.
@@ -1625,6 +1660,17 @@ mod tests {
             }
             let [gate, block] = conds.map(|c| c.into_iter().reduce(|a, b| t.node(&format!("AND bool ({a}, {b})"))));
             let mut at = t.affine(&self.index, &x, rng);
+            if let Some(d) = self.div.as_ref().filter(|d| d.q != 0 || d.r != 0) {
+                let (dividend, c) = (t.affine(&d.x, &x, rng), t.constant(d.c));
+                for (op, coeff) in [("IDIV", d.q), ("MOD", d.r)] {
+                    if coeff != 0 {
+                        let v = t.node(&format!("{op} i32 ({dividend}, {c})"));
+                        let k = t.constant(coeff);
+                        let term = t.node(&format!("MUL i32 ({v}, {k})"));
+                        at = t.node(&format!("ADD i32 ({at}, {term})"));
+                    }
+                }
+            }
             if let Some((node, m)) = &sum {
                 let m = t.constant(*m);
                 let scaled = t.node(&format!("MUL i32 ({node}, {m})"));
@@ -1785,7 +1831,19 @@ mod tests {
                 index.c[i] = 1;
             }
         }
-        let mut shape = Shape { extent, launch, n_max, index, sum, gate, len_c: 0, len_k: 0 };
+        // Sometimes a quotient and remainder too (both of one dividend: `c·q + r` is exact).
+        let div = (sum.is_none() && rng.one_in(3)).then(|| {
+            let x = Affine { c: coeffs(rng, -2, 2), k: rng.int(-3, 3) };
+            let c = rng.int(1, 4);
+            let (q, r) = if rng.one_in(2) {
+                let m = rng.int(-2, 2);
+                (m * c, m)
+            } else {
+                (rng.int(-3, 3), rng.int(-3, 3))
+            };
+            Division { x, c, q, r }
+        });
+        let mut shape = Shape { extent, launch, n_max, index, sum, div, gate, len_c: 0, len_k: 0 };
         // Often start the buffer exactly where the touched range starts, and end it
         // exactly where it ends (or one element before or after).
         let spans: Vec<(i64, i64)> = (1..=n_max).filter_map(|n| shape.touched(n)).collect();
@@ -1859,5 +1917,24 @@ mod tests {
              (all {shaped} of the substitution shape), {launches_ok}/{launches} launches in bounds \
              accepted, {refused_out}/{refused_out} launches out of bounds refused"
         );
+    }
+
+    /// A launch index is below its extent only when the launch size is that extent: here the
+    /// host launches `n + 1` items over a kernel extent of `n`, and `idx0` reaches `n`.
+    #[test]
+    fn a_launch_larger_than_the_kernel_extent_is_not_assumed_away() {
+        let n = UOp::new(Op::DefineVar, DType::I32, Arg::Var { name: "n".into(), min: 1, max: 64 }, vec![]);
+        let i = UOp::new(Op::Special, DType::I32, Arg::Str("idx0".into()), vec![n.clone()]);
+        let a = UOp::new(Op::Param, DType::ptr(Scalar::F32), Arg::Int(0), vec![n.clone()]);
+        let p = UOp::new(Op::Index, DType::ptr(Scalar::F32), Arg::None, vec![a, i]);
+        let st = UOp::new(Op::Store, DType::Void, Arg::None, vec![p, UOp::const_float(DType::F32, 1.0)]);
+        let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![st]);
+        let more = UOp::new(Op::Add, DType::I32, Arg::None, vec![n.clone(), UOp::const_int(DType::I32, 1)]);
+        let launch: [Arc<UOp>; LAUNCH_SLOTS] =
+            std::array::from_fn(|k| if k == 0 { more.clone() } else { UOp::index_const(1) });
+        let bounds = Bounds::prove(&sink, std::slice::from_ref(&n), &launch, &launch_slot);
+        assert_eq!(bounds.pending(), 1);
+        let e = bounds.check(&[8], &[9, 1, 1, 1, 1, 1], &[8]).unwrap_err();
+        assert_eq!((e.first, e.last, e.len), (0, 8, 8));
     }
 }

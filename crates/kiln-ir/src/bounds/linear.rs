@@ -11,8 +11,9 @@
 //! ADD, SUB, NEG, MUL or SHL by a constant, MULACC with a constant factor, integer CAST,
 //! AFTER and BIND are expanded; every other integer node is an *atom*: an unknown integer
 //! bounded by its current interval (its box). A node is expanded only when its value cannot
-//! wrap for its operands' intervals, so a form always equals the value the node really has.
-//! A node whose interval is one value is that constant.
+//! wrap for its operands' intervals, so a form always equals the value the node really has
+//! (on the host, checked arithmetic fails the launch instead of wrapping). An atom whose
+//! interval is one value is that constant.
 //!
 //! A form has a view: the kernel's, or the host's ([`crate::eval_int`]: checked `i64`,
 //! casts ignored), in which buffer lengths and launch sizes are computed. The two views of
@@ -188,9 +189,12 @@ impl View<'_> {
         }
         let src = |i: usize| step.src.get(i).map_or(k, |&p| key(p, view));
         let arg = |i: usize| self.iv(src(i));
-        let exact = |v: Option<Interval>| v.is_some_and(|v| v.within(ty.lim));
+        // Whether a result equals its mathematical value: the host's checked arithmetic
+        // never wraps (an overflow fails the launch), except its SHL, which drops bits.
+        let fits = |v: Option<Interval>| v.is_some_and(|v| v.within(ty.lim));
+        let exact = |v: Option<Interval>| host.is_some() || fits(v);
         let point = |i: usize| Some(arg(i)).filter(|v| v.lo == v.hi && step.src.len() > i).map(|v| v.lo);
-        let scaled = |i: usize, c: i128| {
+        let scaled = |i: usize, c: i128, exact: &dyn Fn(Option<Interval>) -> bool| {
             if exact(mul(arg(i), Interval::point(c))) { Plan::Sum([(src(i), c), (k, 0)], 1) } else { Plan::Atom(k) }
         };
         let int_source =
@@ -200,14 +204,14 @@ impl View<'_> {
             Op::Sub if exact(add(arg(0), neg(arg(1)))) => Plan::Sum([(src(0), 1), (src(1), -1)], 2),
             Op::Neg if exact(Some(neg(arg(0)))) => Plan::Sum([(src(0), -1), (k, 0)], 1),
             Op::Mul => match (point(0), point(1)) {
-                (_, Some(c)) => scaled(0, c),
-                (Some(c), _) => scaled(1, c),
+                (_, Some(c)) => scaled(0, c, &exact),
+                (Some(c), _) => scaled(1, c, &exact),
                 _ => Plan::Atom(k),
             },
             Op::Shl => {
                 let bits = if host.is_some() { 64 } else { ty.bits as i128 };
                 match point(1) {
-                    Some(s) if (0..bits).contains(&s) => scaled(0, 1 << s),
+                    Some(s) if (0..bits).contains(&s) => scaled(0, 1 << s, &fits),
                     _ => Plan::Atom(k),
                 }
             }
