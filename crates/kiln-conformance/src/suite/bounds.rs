@@ -249,10 +249,11 @@ pub fn unprovable_correct_kernel_runs(dev: &Arc<Device>) -> Outcome {
 
 /// Issue 19's kernel: tinygrad's `cumsum(axis=0)` of a 45×20 i32 tensor, whose gate bounds
 /// the sum of two loop indices and whose index is 20 × that sum plus a column. It runs with
-/// the right result on every backend.
+/// the right result on every backend, proven in bounds when it was built (no guard).
 pub fn tinygrad_cumsum_runs(dev: &Arc<Device>) -> Outcome {
     let text = include_str!("../../../../examples/kernels/cumsum.kiln");
     let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(text)?, "conf_cumsum")?;
+    ensure!(kernel.spec.bounds.pending() == 0 && !kernel.has_fallback(), "cumsum is not proven when built");
     let a: Vec<i32> = (0..900).map(|v| (v * 37 % 101) - 50).collect();
     let want: Vec<i32> = (0..900).map(|o| (0..=o % 45).map(|row| a[20 * row + o / 45]).sum()).collect();
     let (input, out) =
