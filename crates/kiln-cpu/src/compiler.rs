@@ -2,7 +2,9 @@
 //! bytes, elsewhere).
 //!
 //! Which compiler: `KILN_CC` (a name looked up on `PATH`, or a path) when set, else `clang`
-//! when it is on `PATH`, else `cc`.
+//! when it is on `PATH`, else `cc`. Every compiler that accepts GNU C11 with vector
+//! extensions works: gcc ≥ 12 and clang ≥ 14 are tested; kernels need no `_Float16` (see
+//! [`crate::renderer`]), which clang before 15 lacks on x86-64.
 //!
 //! Flags, and why:
 //! - `-O3 -march=native`: kernels are built on the machine that runs them, so they may use
@@ -19,14 +21,14 @@
 //! - `-fno-math-errno`: `sqrt` and friends may be single instructions (errno is never read).
 //! - `-c` on x86-64: no link at all (it cost 4-7 ms of a cold compile); the object is loaded
 //!   by [`crate::elf`]. Elsewhere `-fPIC -shared -nostdlib` and `-lgcc`: a loadable library
-//!   that links no C library and no start files, only libgcc's helpers (e.g. `_Float16`
-//!   conversions). Kernels include no system header either (the renderer declares what they
-//!   use): the libm functions the compiler does not inline (`expf`, `sinf`, `powf`, ...) are
-//!   bound when the kernel is loaded (see [`crate::program`]).
+//!   that links no C library and no start files, only libgcc's helpers (e.g. 128-bit
+//!   division, should a compiler call one). Kernels include no system header either (the
+//!   renderer declares what they use): the libm functions the compiler does not inline
+//!   (`expf`, `sinf`, `powf`, ...) are bound when the kernel is loaded (see [`crate::program`]).
 //! - `-fno-asynchronous-unwind-tables`: no `.eh_frame`; kernels are never unwound through.
 //! - `-pipe`: the assembler reads the compiler's output from a pipe, not a temporary file
 //!   (also when the commands are replayed: the pipe is made here).
-//! - `-std=gnu11`: GNU vector extensions, `_Float16` (gcc ≥ 12, clang ≥ 15).
+//! - `-std=gnu11`: GNU vector extensions (gcc ≥ 12, clang ≥ 14).
 //!
 //! **Where a cold compile's time goes** (gcc 12, the 20-line `add` kernel, CPU time of the
 //! whole process tree, median of 20 interleaved runs on the shared 2-core machine under load,
@@ -123,9 +125,9 @@ const FLAGS: &[&str] = &[
     "-fno-math-errno",
 ];
 
-/// Linked after the source: libgcc (static) for the helpers the compiler may call, e.g. the
-/// `_Float16` conversions on targets without native ones. An object links nothing: the loader
-/// binds those helpers to `libgcc_s.so.1` (see [`crate::program`]).
+/// Linked after the source: libgcc (static) for the helpers the compiler may call (e.g.
+/// 128-bit division). An object links nothing: the loader binds those helpers to
+/// `libgcc_s.so.1` (see [`crate::program`]).
 const LIBS: &[&str] = if OBJECT { &[] } else { &["-lgcc"] };
 
 /// A located C compiler. Locating it starts no process (see the module docs).

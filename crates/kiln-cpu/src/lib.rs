@@ -62,6 +62,14 @@ pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
     })
 }
 
+/// Opens a CPU device (as [`open`]) whose kernels are compiled by `compiler` whatever
+/// `KILN_CC` and `PATH` say, e.g. `CCompiler::with_path("gcc")?` to check kernels with each
+/// compiler installed in one process. Its kernel cache keys differ from those of devices with
+/// another compiler (the compiler's identity is in the fingerprint).
+pub fn open_with_compiler(compiler: CCompiler) -> Result<Arc<Device>> {
+    open_with(compiler, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+}
+
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
 /// ([`Allocator::is_host`]) of the `CPU` device: e.g. a [`GuardPageAllocator`] (used
 /// directly, without an `LruAllocator`) so that tests and fuzzers run kernels on buffers
