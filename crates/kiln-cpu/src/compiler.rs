@@ -2,7 +2,10 @@
 //! bytes, elsewhere).
 //!
 //! Which compiler: `KILN_CC` (a name looked up on `PATH`, or a path) when set, else `clang`
-//! when it is on `PATH`, else `cc`.
+//! when it is on `PATH`, else `cc`. [`CCompiler::choice`] says which rule picked it (the CPU
+//! device's description, and so `kiln devices`, shows it). Every compiler that accepts GNU C11
+//! with vector extensions works: gcc ≥ 12 and clang ≥ 14 are tested; kernels need no
+//! `_Float16` (see [`crate::renderer`]), which clang before 15 lacks on x86-64.
 //!
 //! Flags, and why:
 //! - `-O3 -march=native`: kernels are built on the machine that runs them, so they may use
@@ -19,14 +22,14 @@
 //! - `-fno-math-errno`: `sqrt` and friends may be single instructions (errno is never read).
 //! - `-c` on x86-64: no link at all (it cost 4-7 ms of a cold compile); the object is loaded
 //!   by [`crate::elf`]. Elsewhere `-fPIC -shared -nostdlib` and `-lgcc`: a loadable library
-//!   that links no C library and no start files, only libgcc's helpers (e.g. `_Float16`
-//!   conversions). Kernels include no system header either (the renderer declares what they
-//!   use): the libm functions the compiler does not inline (`expf`, `sinf`, `powf`, ...) are
-//!   bound when the kernel is loaded (see [`crate::program`]).
+//!   that links no C library and no start files, only libgcc's helpers (e.g. 128-bit
+//!   division, should a compiler call one). Kernels include no system header either (the
+//!   renderer declares what they use): the libm functions the compiler does not inline
+//!   (`expf`, `sinf`, `powf`, ...) are bound when the kernel is loaded (see [`crate::program`]).
 //! - `-fno-asynchronous-unwind-tables`: no `.eh_frame`; kernels are never unwound through.
 //! - `-pipe`: the assembler reads the compiler's output from a pipe, not a temporary file
 //!   (also when the commands are replayed: the pipe is made here).
-//! - `-std=gnu11`: GNU vector extensions, `_Float16` (gcc ≥ 12, clang ≥ 15).
+//! - `-std=gnu11`: GNU vector extensions (gcc ≥ 12, clang ≥ 14).
 //!
 //! **Where a cold compile's time goes** (gcc 12, the 20-line `add` kernel, CPU time of the
 //! whole process tree, median of 20 interleaved runs on the shared 2-core machine under load,
@@ -123,9 +126,9 @@ const FLAGS: &[&str] = &[
     "-fno-math-errno",
 ];
 
-/// Linked after the source: libgcc (static) for the helpers the compiler may call, e.g. the
-/// `_Float16` conversions on targets without native ones. An object links nothing: the loader
-/// binds those helpers to `libgcc_s.so.1` (see [`crate::program`]).
+/// Linked after the source: libgcc (static) for the helpers the compiler may call (e.g.
+/// 128-bit division). An object links nothing: the loader binds those helpers to
+/// `libgcc_s.so.1` (see [`crate::program`]).
 const LIBS: &[&str] = if OBJECT { &[] } else { &["-lgcc"] };
 
 /// A located C compiler. Locating it starts no process (see the module docs).
@@ -134,6 +137,8 @@ pub struct CCompiler {
     /// Canonical: the file that actually runs.
     path: PathBuf,
     family: &'static str,
+    /// Why this compiler: which rule of [`CCompiler::detect`] picked it (see [`CCompiler::choice`]).
+    choice: String,
     /// The path with the file's size, mtime, device and inode.
     identity: String,
     target: String,
@@ -154,14 +159,17 @@ impl CCompiler {
     pub fn detect() -> Result<CCompiler> {
         let timeout = compile_timeout(std::env::var(COMPILE_TIMEOUT_ENV).ok().as_deref())?;
         let isa = IsaTarget::from_env()?;
-        let cc = match std::env::var_os(CC_ENV) {
-            Some(cc) if !cc.is_empty() => Self::with_path(PathBuf::from(cc)),
+        let (cc, choice) = match std::env::var_os(CC_ENV) {
+            Some(cc) if !cc.is_empty() => {
+                let choice = format!("{CC_ENV}={}", cc.to_string_lossy());
+                (Self::with_path(PathBuf::from(cc))?, choice)
+            }
             _ => match find_on_path("clang") {
-                Some(clang) => Self::with_path(clang),
-                None => Self::with_path("cc"),
+                Some(clang) => (Self::with_path(clang)?, format!("clang found on PATH; {CC_ENV} unset")),
+                None => (Self::with_path("cc")?, format!("cc found on PATH, no clang; {CC_ENV} unset")),
             },
-        }?;
-        Ok(cc.with_timeout(timeout).with_isa(isa))
+        };
+        Ok(CCompiler { choice, ..cc }.with_timeout(timeout).with_isa(isa))
     }
 
     /// Uses the compiler `program` (a path, or a name looked up on `PATH`) with the default
@@ -169,6 +177,7 @@ impl CCompiler {
     /// whether it works is found out by the first compile.
     pub fn with_path(program: impl Into<PathBuf>) -> Result<CCompiler> {
         let program = program.into();
+        let choice = format!("given as {}", program.display());
         let located = if program.components().count() == 1 {
             find_on_path(&program.to_string_lossy()).ok_or_else(|| missing(&program, "not found on PATH"))?
         } else {
@@ -190,6 +199,7 @@ impl CCompiler {
         );
         Ok(CCompiler {
             family: family(&path),
+            choice,
             path,
             identity,
             target: cpu_target(),
@@ -221,6 +231,14 @@ impl CCompiler {
     /// The resolved (canonical) path of the compiler.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Why this compiler is the one used, for people reading a device description or a
+    /// failure: `KILN_CC=gcc`, `clang found on PATH; KILN_CC unset`, `cc found on PATH, no
+    /// clang; KILN_CC unset`, or `given as PATH` for [`CCompiler::with_path`]. The resolved
+    /// file is [`CCompiler::path`]: `cc` or `clang` is often a link to a versioned compiler.
+    pub fn choice(&self) -> &str {
+        &self.choice
     }
 
     /// The first line of `--version`, or why it could not be read. Runs the compiler on the
@@ -762,6 +780,18 @@ pub fn offending_line(log: &str, file: &str, src: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_choice_of_compiler_is_explained() {
+        let cc = CCompiler::detect().unwrap();
+        match std::env::var_os(CC_ENV).filter(|v| !v.is_empty()) {
+            Some(v) => assert_eq!(cc.choice(), format!("{CC_ENV}={}", v.to_string_lossy())),
+            None if find_on_path("clang").is_some() => assert_eq!(cc.choice(), "clang found on PATH; KILN_CC unset"),
+            None => assert_eq!(cc.choice(), "cc found on PATH, no clang; KILN_CC unset"),
+        }
+        let given = CCompiler::with_path(cc.path()).unwrap();
+        assert_eq!(given.choice(), format!("given as {}", cc.path().display()));
+    }
 
     #[test]
     fn missing_compiler_is_a_typed_error() {

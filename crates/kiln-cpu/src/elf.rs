@@ -718,23 +718,21 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         }
     }
 
+    /// A helper the compiler calls instead of inlining (128-bit division is `__divti3` in gcc
+    /// and clang alike) is left undefined in the object and bound to libgcc_s at load.
     #[test]
-    fn f16_helpers_of_a_target_without_f16c_bind_to_libgcc_s() {
-        use crate::isa::{Isa, IsaTarget};
-        let cc = CCompiler::detect().unwrap().with_isa(IsaTarget::force(Isa::Sse2).unwrap());
-        let src = "float k(_Float16 *h, float f) { h[1] = (_Float16)f; return (float)h[0]; }\n";
-        let bytes = cc.compile_source("k", src).unwrap();
-        assert!(Object::parse(&bytes).unwrap().symbols.iter().any(|s| s.name == b"__extendhfsf2"));
+    fn libgcc_helpers_bind_to_libgcc_s() {
+        let src = "__int128 k(__int128 a, __int128 b) { return a / b; }\n";
+        let bytes = compile(src);
+        assert!(Object::parse(&bytes).unwrap().symbols.iter().any(|s| s.name == b"__divti3"));
         let image = load(&bytes).unwrap();
-        // SAFETY: `k` is `float k(_Float16 *, float)`; `image` outlives the call.
+        // SAFETY: `k` is `__int128 k(__int128, __int128)`, which is Rust's `i128` in the C ABI
+        // on x86-64; `image` outlives the call.
         let k = unsafe {
-            std::mem::transmute::<*mut c_void, extern "C" fn(*mut u16, f32) -> f32>(
-                image.function("k").unwrap().as_ptr(),
-            )
+            std::mem::transmute::<*mut c_void, extern "C" fn(i128, i128) -> i128>(image.function("k").unwrap().as_ptr())
         };
-        let mut h = [half::f16::from_f32(1.5).to_bits(), 0];
-        assert_eq!(k(h.as_mut_ptr(), 2.25), 1.5);
-        assert_eq!(half::f16::from_bits(h[1]).to_f32(), 2.25);
+        let a = -(1i128 << 100) - 12345;
+        assert_eq!(k(a, 7), a / 7);
     }
 
     #[test]

@@ -43,7 +43,8 @@ pub use renderer::{CpuDialect, CpuRenderer};
 /// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
 /// C compiler is found, and with [`Error::Config`] when `KILN_CPU_ISA` is malformed or names
 /// an instruction set this CPU lacks. Starts no process: the description names the compiler by
-/// path (its version is [`CCompiler::version`], which runs it). The device's
+/// path and says why it was chosen ([`CCompiler::choice`]; its version is
+/// [`CCompiler::version`], which runs it). The device's
 /// [`Device::properties`] give the instruction set, its vector width and the cache sizes.
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != DeviceSpec::Cpu {
@@ -60,6 +61,14 @@ pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
     open_with(CCompiler::detect()?.with_isa(isa), || {
         Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
     })
+}
+
+/// Opens a CPU device (as [`open`]) whose kernels are compiled by `compiler` whatever
+/// `KILN_CC` and `PATH` say, e.g. `CCompiler::with_path("gcc")?` to check kernels with each
+/// compiler installed in one process. Its kernel cache keys differ from those of devices with
+/// another compiler (the compiler's identity is in the fingerprint).
+pub fn open_with_compiler(compiler: CCompiler) -> Result<Arc<Device>> {
+    open_with(compiler, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
@@ -87,10 +96,11 @@ fn open_with(
     let compiler = Arc::new(compiler);
     let caches = CacheSizes::host();
     let description = format!(
-        "{} ({} threads), C compiler {}, {}",
+        "{} ({} threads), C compiler {} ({}), {}",
         cpu_model(),
         Pool::global().threads(),
         compiler.path().display(),
+        compiler.choice(),
         isa::describe(compiler.isa(), caches)
     );
     let renderer = Arc::new(CpuRenderer::new());

@@ -213,9 +213,9 @@ fn open_from_private_file(bytes: &[u8]) -> std::result::Result<Library, String> 
 
 /// Makes libm and libgcc_s global libraries, once per process. Kernels link no C library (see
 /// [`crate::compiler`]): the libm functions the compiler does not inline (`expf`, `sinf`,
-/// `powf`, ...) and, in an object, libgcc's helpers (`__extendhfsf2` and `__truncsfhf2` for
-/// `_Float16` without F16C, e.g. `KILN_CPU_ISA=sse2`) are bound at load from the libraries
-/// loaded globally. The Rust standard library usually links both already. Where one is
+/// `powf`, ...) and, in an object, libgcc's helpers (e.g. `__divti3`, should a compiler call
+/// one; kernels spell f16 conversions themselves, see [`crate::renderer`]) are bound at load
+/// from the libraries loaded globally. The Rust standard library usually links both already. Where one is
 /// missing (a libc with the math functions inside; a static libgcc) nothing is done, and a
 /// kernel that needs a symbol nobody defines fails to load, naming it.
 fn load_global_libraries() {

@@ -1,4 +1,4 @@
-//! The CPU dialect of C: GNU C11 as gcc ≥ 12 and clang ≥ 15 accept it.
+//! The CPU dialect of C: GNU C11 as gcc ≥ 12 and clang ≥ 14 accept it.
 //!
 //! # Entry ABI
 //! Every kernel is one exported function
@@ -18,9 +18,15 @@
 //! plain C `if` blocks and run here.
 //!
 //! # Types
-//! bool is `bool` in registers and a byte (0/1) in memory; f16 is `_Float16` (arithmetic in
-//! f32, rounded per op); bf16 is its bit pattern in a `uint16_t` (arithmetic in f32 through
-//! `kiln_bf16_to_f32`/`kiln_f32_to_bf16`). Vectors are GNU vector types `kiln_<dtype>`
+//! bool is `bool` in registers and a byte (0/1) in memory. f16 and bf16 are their bit patterns
+//! in a `uint16_t`, in registers and in memory, with arithmetic in f32 (rounded once per op)
+//! through `kiln_f16_to_f32`/`kiln_f32_to_f16` and `kiln_bf16_to_f32`/`kiln_f32_to_bf16`.
+//! `_Float16` is not the storage type because not every C compiler kiln accepts has it:
+//! clang before 15 rejects it on x86-64 (Debian 12's clang is 14). The f16 conversions are
+//! `_Float16` casts where the compiler has the type and the target converts in hardware
+//! (gcc ≥ 12 with F16C, AArch64), the F16C builtins where only the instructions are there
+//! (clang 14), and portable bit arithmetic otherwise; all three give the same bits (see
+//! [`F16_HELPERS`]). Vectors are GNU vector types `kiln_<dtype>`
 //! (e.g. `kiln_f32x4`) with a power-of-two lane count; other widths are padded to the next
 //! power of two and only their first lanes are read or written. Vector loads and stores go
 //! through `memcpy`, so any element-aligned address works.
@@ -57,7 +63,7 @@ use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
 
 /// Bumped whenever the generated C changes: it is part of every cache key.
-const RENDERER_VERSION: u32 = 6;
+const RENDERER_VERSION: u32 = 7;
 
 /// Renders kernels to C for [`crate::CCompiler`].
 #[derive(Debug, Clone)]
@@ -105,6 +111,16 @@ fn atom(e: &str) -> String {
 }
 
 impl CpuDialect {
+    /// `kiln_f16_to_f32` and `kiln_f32_to_f16` (see [`F16_HELPERS`]).
+    fn f16_helpers(&self, p: &mut Prelude) {
+        p.need("kiln_f16", |_| F16_HELPERS.to_string());
+    }
+
+    /// `kiln_f64_to_f32_odd` (see [`F64_TO_F32_ODD`]).
+    fn f64_to_f32_odd(&self, p: &mut Prelude) {
+        p.need("kiln_f64_to_f32_odd", |_| F64_TO_F32_ODD.to_string());
+    }
+
     fn bf16_helpers(&self, p: &mut Prelude) {
         p.need("kiln_bf16", |_| {
             "static inline float kiln_bf16_to_f32(uint16_t b) {\n\
@@ -151,18 +167,12 @@ impl CpuDialect {
                 "static inline {tt} {def_name}({ft} x) {{\n  return x != x ? 0 : x <= {lo} ? {imin} : x >= {hi} ? {imax} : ({tt})x;\n}}\n"
             )
         });
-        let arg = if from == Scalar::F16 { format!("(float){}", atom(e)) } else { e.to_string() };
-        format!("{name}({arg})")
+        format!("{name}({e})")
     }
 
-    /// A value of `s` with the IEEE bit pattern `bits`.
-    fn float_from_bits(&self, bits: u64, s: Scalar, p: &mut Prelude) -> String {
-        let (ut, ft) = match s {
-            Scalar::F16 => ("uint16_t", "_Float16"),
-            Scalar::F32 => ("uint32_t", "float"),
-            _ => ("uint64_t", "double"),
-        };
-        let _ = p;
+    /// A value of `s` (f32 or f64) with the IEEE bit pattern `bits`.
+    fn float_from_bits(&self, bits: u64, s: Scalar) -> String {
+        let (ut, ft) = if s == Scalar::F32 { ("uint32_t", "float") } else { ("uint64_t", "double") };
         format!("(((union {{ {ut} u; {ft} f; }}){{ .u = 0x{bits:x}u }}).f)")
     }
 
@@ -389,6 +399,90 @@ float fminf(float, float); double fmin(double, double);
 float fmaf(float, float, float); double fma(double, double, double);
 ";
 
+/// `kiln_f16_to_f32` (exact) and `kiln_f32_to_f16` (round to nearest, ties to even; 65520 and
+/// up to infinity; subnormals exact), with a NaN keeping its sign and the top bits of its
+/// payload and becoming quiet, in both directions: what F16C's `vcvtph2ps`/`vcvtps2ph` do, so
+/// the three spellings give the same bits for every input:
+/// - `_Float16` casts where the compiler has the type (it defines `__FLT16_MAX__`: gcc ≥ 12,
+///   clang ≥ 15 on x86-64; AArch64) and the target converts in hardware (F16C, or not x86):
+///   the compiler vectorizes them. On x86 without F16C they would be libgcc calls.
+/// - the F16C builtins (the ones behind `<immintrin.h>`'s `_cvtsh_ss`/`_cvtss_sh`, the same
+///   in gcc and clang ≥ 14) where the target has F16C but the compiler lacks `_Float16`
+///   (clang 14 on x86-64): one instruction each.
+/// - portable bit arithmetic otherwise (x86-64 without F16C, e.g. `KILN_CPU_ISA=sse2`).
+///
+/// The test `f16_conversions_are_exact_with_every_compiler_and_isa` compares every f16 and
+/// the f32 values around every f16 rounding boundary against the `half` crate, for each C
+/// compiler on `PATH` at the native and SSE2 instruction sets.
+const F16_HELPERS: &str =
+    "#if defined(__FLT16_MAX__) && (defined(__F16C__) || !(defined(__x86_64__) || defined(__i386__)))
+static inline float kiln_f16_to_f32(uint16_t b) {
+  _Float16 h;
+  memcpy(&h, &b, 2);
+  return (float)h;
+}
+static inline uint16_t kiln_f32_to_f16(float f) {
+  _Float16 h = (_Float16)f;
+  uint16_t b;
+  memcpy(&b, &h, 2);
+  return b;
+}
+#elif defined(__F16C__)
+typedef short kiln_f16c_v8hi __attribute__((vector_size(16)));
+typedef float kiln_f16c_v4sf __attribute__((vector_size(16)));
+static inline float kiln_f16_to_f32(uint16_t b) {
+  return __builtin_ia32_vcvtph2ps((kiln_f16c_v8hi){(short)b})[0];
+}
+static inline uint16_t kiln_f32_to_f16(float f) {
+  return (uint16_t)__builtin_ia32_vcvtps2ph((kiln_f16c_v4sf){f}, 0 /* to nearest even */)[0];
+}
+#else
+static inline float kiln_f16_to_f32(uint16_t b) {
+  uint32_t em = b & 0x7fffu, u;
+  float f;
+  if (em >= 0x7c00u) u = 0x7f800000u | (em << 13) | (em > 0x7c00u ? 0x400000u : 0u); /* inf; NaN made quiet */
+  else if (em >= 0x400u) u = (em << 13) + 0x38000000u; /* normal: the exponent rebiased by 127 - 15 */
+  else { f = (float)em * 0x1p-24f; memcpy(&u, &f, 4); } /* zero or subnormal: exact */
+  u |= (uint32_t)(b & 0x8000u) << 16;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t kiln_f32_to_f16(float f) {
+  uint32_t u, a, r;
+  memcpy(&u, &f, 4);
+  a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) r = 0x7e00u | ((a >> 13) & 0x3ffu); /* NaN: quiet, the payload's top bits */
+  else if (a >= 0x477ff000u) r = 0x7c00u; /* 65520 and up (the tie above 65504 is odd) */
+  else if (a >= 0x38800000u) r = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13; /* normal, to nearest even */
+  else { /* below 2^-14: adding 0.5 (whose ulp is 2^-24) rounds to a multiple of 2^-24, to nearest even */
+    float t;
+    memcpy(&t, &a, 4);
+    t += 0.5f;
+    memcpy(&r, &t, 4);
+    r -= 0x3f000000u;
+  }
+  return (uint16_t)(((u >> 16) & 0x8000u) | r);
+}
+#endif
+";
+
+/// `kiln_f64_to_f32_odd`: an f64 rounded to f32 by round-to-odd (itself when it is an f32,
+/// else whichever of its two f32 neighbours has an odd last bit). Rounding that once more to
+/// f16 or bf16 gives the f64 correctly rounded, as `kiln_device::cstyle::f16_bits` does for
+/// constants; a plain `(float)` first would round twice (a value just above a tie would end
+/// on the tie and round to even).
+const F64_TO_F32_ODD: &str = "static inline float kiln_f64_to_f32_odd(double d) {
+  float f = (float)d;
+  if (d != d || (double)f == d) return f;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if (fabs((double)f) > fabs(d)) u -= 1u; /* one step toward zero: the bits are sign-magnitude */
+  u |= 1u;
+  memcpy(&f, &u, 4);
+  return f;
+}
+";
+
 /// Where the vector math templates replace the libm lane loop: targets with float SIMD (on
 /// others the lane loop is as fast and the results are libm's).
 const VMATH_GUARD: &str = "defined(__SSE2__) || defined(__ARM_NEON)";
@@ -578,8 +672,7 @@ impl Dialect for CpuDialect {
             Scalar::U16 => "uint16_t",
             Scalar::U32 => "uint32_t",
             Scalar::U64 => "uint64_t",
-            Scalar::F16 => "_Float16",
-            Scalar::BF16 => "uint16_t",
+            Scalar::F16 | Scalar::BF16 => "uint16_t",
             Scalar::F32 => "float",
             Scalar::F64 => "double",
         }
@@ -691,6 +784,10 @@ impl Dialect for CpuDialect {
 
     fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
         match s {
+            Scalar::F16 => {
+                self.f16_helpers(p);
+                format!("kiln_f16_to_f32({e})")
+            }
             Scalar::BF16 => {
                 self.bf16_helpers(p);
                 format!("kiln_bf16_to_f32({e})")
@@ -702,6 +799,10 @@ impl Dialect for CpuDialect {
 
     fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
         match s {
+            Scalar::F16 => {
+                self.f16_helpers(p);
+                format!("kiln_f32_to_f16({e})")
+            }
             Scalar::BF16 => {
                 self.bf16_helpers(p);
                 format!("kiln_f32_to_bf16({e})")
@@ -720,16 +821,28 @@ impl Dialect for CpuDialect {
         if from == to {
             return e.to_string();
         }
+        let half = |s: Scalar| matches!(s, Scalar::F16 | Scalar::BF16);
         if to == Scalar::Bool {
-            let v = if matches!(from, Scalar::F16 | Scalar::BF16) { self.to_f32(e, from, p) } else { e.to_string() };
+            let v = if half(from) { self.to_f32(e, from, p) } else { e.to_string() };
             return format!("({} != 0)", atom(&v));
         }
-        if from == Scalar::BF16 {
+        if half(from) {
             let f = self.to_f32(e, from, p);
             return if to == Scalar::F32 { f } else { self.cast(&f, Scalar::F32, to, p) };
         }
-        if to == Scalar::BF16 {
-            let f = if from == Scalar::F32 { e.to_string() } else { format!("((float){})", atom(e)) };
+        if half(to) {
+            // An f64 is rounded to f32 by round-to-odd, so that rounding it once more to the
+            // half type gives the correctly rounded value (one rounding, as the IR says). An
+            // integer goes through f32 as the reference's does: exact below 2^24, and the
+            // half types overflow or round the same above.
+            let f = match from {
+                Scalar::F32 => e.to_string(),
+                Scalar::F64 => {
+                    self.f64_to_f32_odd(p);
+                    format!("kiln_f64_to_f32_odd({e})")
+                }
+                _ => format!("((float){})", atom(e)),
+            };
             return self.from_f32(&f, to, p);
         }
         if from.is_float() && (to.is_int()) {
@@ -753,18 +866,17 @@ impl Dialect for CpuDialect {
         Ok(format!("(((union {{ {f} f; {t} t; }}){{ .f = {e} }}).t)"))
     }
 
-    fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String {
+    fn float_const(&self, v: f64, s: Scalar, _p: &mut Prelude) -> String {
         match s {
             Scalar::BF16 => format!("((uint16_t)0x{:04x})", bf16_bits(v)),
-            Scalar::F16 if v.is_finite() => format!("((_Float16){})", c_float_literal(v, Scalar::F64)),
-            Scalar::F16 => self.float_from_bits(f16_bits(v) as u64, s, p),
+            Scalar::F16 => format!("((uint16_t)0x{:04x})", f16_bits(v)),
             Scalar::F32 | Scalar::F64 if v.is_finite() => c_float_literal(v, s),
             Scalar::F32 | Scalar::F64 if v.is_infinite() => {
                 let inf = if s == Scalar::F32 { "__builtin_inff()" } else { "__builtin_inf()" };
                 if v < 0.0 { format!("(-{inf})") } else { inf.into() }
             }
-            Scalar::F32 => self.float_from_bits(u64::from((v as f32).to_bits()), s, p), // NaN: the only case left
-            _ => self.float_from_bits(v.to_bits(), Scalar::F64, p),
+            Scalar::F32 => self.float_from_bits(u64::from((v as f32).to_bits()), s), // NaN: the only case left
+            _ => self.float_from_bits(v.to_bits(), Scalar::F64),
         }
     }
 

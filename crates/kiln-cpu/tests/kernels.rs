@@ -946,6 +946,115 @@ fn alu_ops_on_f16_bf16_and_bool_match_rust() {
     check_alu::<bool>(4);
 }
 
+/// One CPU device per C compiler on `PATH` (`gcc`, `clang`, `cc` and the default one, each
+/// resolved file once) at the native instruction set and at SSE2 (x86-64): every spelling of
+/// the f16 conversions (`_Float16`, the F16C builtins, the portable bits; see the renderer's
+/// `F16_HELPERS`) that this machine's compilers produce.
+fn devices_per_compiler() -> Vec<Arc<Device>> {
+    let mut compilers: Vec<CCompiler> = Vec::new();
+    let found = CCompiler::detect()
+        .into_iter()
+        .chain(["gcc", "clang", "cc"].iter().filter_map(|c| CCompiler::with_path(c).ok()));
+    for cc in found {
+        if !compilers.iter().any(|c| c.path() == cc.path()) {
+            compilers.push(cc);
+        }
+    }
+    let sse2 = kiln_cpu::IsaTarget::force(kiln_cpu::Isa::Sse2).ok();
+    let mut devices = Vec::new();
+    for cc in compilers {
+        if let Some(isa) = sse2 {
+            devices.push(kiln_cpu::open_with_compiler(cc.clone().with_isa(isa)).unwrap());
+        }
+        devices.push(kiln_cpu::open_with_compiler(cc).unwrap());
+    }
+    devices
+}
+
+/// CAST of every element of `input` (the bytes of `from` values) to `to` on `dev`, as bytes.
+fn cast_on(dev: &Arc<Device>, from: Scalar, to: Scalar, input: &[u8]) -> Vec<u8> {
+    let n = input.len() / from.size();
+    let mut k = KernelBuilder::new();
+    let (x, y) = (k.param(0, from, n as i64), k.param(1, to, n as i64));
+    let i = k.global(0, n as i64);
+    k.store(&y.at(&i), &x.at(&i).load().cast(DType::Scalar(to)));
+    let name = format!("cast_{}_{}", from.name(), to.name());
+    let kernel =
+        dev.compile(&k.finish().unwrap(), Some(&name)).unwrap_or_else(|e| panic!("{}: {e}", dev.description()));
+    let src = dev.buffer(from, n).unwrap();
+    src.copyin(input).unwrap();
+    let out = dev.buffer(to, n).unwrap();
+    kernel.launch(&[&src, &out], &[]).unwrap();
+    bytes_of(&out)
+}
+
+/// f16 ↔ f32 conversions (CAST), and f64 → f16/bf16 (one rounding, through round-to-odd), give
+/// exactly the `half` crate's bits with every compiler and instruction set: all 65536 f16
+/// values to f32, and to f16 every f16 value as an f32, each midpoint between neighbours and
+/// the f32s on either side of it, the overflow edge, subnormals, and NaNs with payloads.
+#[test]
+fn f16_conversions_are_exact_with_every_compiler_and_isa() {
+    let halves: Vec<u16> = (0..=u16::MAX).collect();
+    let mut f32s: Vec<f32> = Vec::new();
+    let mut f64s: Vec<f64> = Vec::new();
+    for &h in &halves {
+        let (x, next) = (half::f16::from_bits(h), half::f16::from_bits(h.wrapping_add(1)));
+        if !x.is_finite() {
+            continue;
+        }
+        f32s.push(x.to_f32());
+        if next.is_finite() || next.is_infinite() {
+            // The midpoint of two neighbours has 12 significant bits: exact in f32.
+            let mid = (x.to_f32() as f64 + next.to_f32() as f64) / 2.0;
+            let mid = if next.is_infinite() { 65520.0f64.copysign(mid) } else { mid };
+            let m = mid as f32;
+            f32s.extend([m, f32::from_bits(m.to_bits() - 1), f32::from_bits(m.to_bits() + 1)]);
+            let tiny = mid.abs() * f64::EPSILON * 64.0;
+            f64s.extend([mid, mid + tiny, mid - tiny]);
+        }
+    }
+    let nan_bits = [0x7f80_0001u32, 0x7fc0_0000, 0xffbf_ffff, 0x7f80_2000, 0xff80_1fff, 0x7fff_ffff];
+    f32s.extend(nan_bits.map(f32::from_bits));
+    f32s.extend([f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE, 1e-45, -1e-45, 65519.996, 1e-10, -0.0]);
+    // bf16 ties and their neighbours in f64 (a plain f64 → f32 → bf16 would round twice).
+    for e in -10i32..10 {
+        let tie = 2f64.powi(e) * (1.0 + 2f64.powi(-8));
+        f64s.extend([tie, tie + 2f64.powi(e - 40), tie - 2f64.powi(e - 40), -tie - 2f64.powi(e - 40)]);
+    }
+    f64s.extend([f64::NAN, f64::INFINITY, 1e300, -1e-300, 65519.99999999, 65520.0]);
+
+    let le_f32: Vec<u8> = f32s.iter().flat_map(|f| f.to_le_bytes()).collect();
+    let le_f64: Vec<u8> = f64s.iter().flat_map(|f| f.to_le_bytes()).collect();
+    let le_f16: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let want_h: Vec<u32> = halves.iter().map(|h| half::f16::from_bits(*h).to_f32().to_bits()).collect();
+    let want_f: Vec<u16> = f32s.iter().map(|f| half::f16::from_f32(*f).to_bits()).collect();
+    let u16s = |b: Vec<u8>| -> Vec<u16> { b.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect() };
+    for dev in devices_per_compiler() {
+        let what = dev.description().to_string();
+        let got_h: Vec<u32> = cast_on(&dev, Scalar::F16, Scalar::F32, &le_f16)
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        for (e, (g, w)) in got_h.iter().zip(&want_h).enumerate() {
+            assert_eq!(g, w, "{what}: f16 {:#06x} as f32: got {g:#010x}, want {w:#010x}", halves[e]);
+        }
+        for (e, (g, w)) in u16s(cast_on(&dev, Scalar::F32, Scalar::F16, &le_f32)).iter().zip(&want_f).enumerate() {
+            assert_eq!(g, w, "{what}: f32 {:#010x} ({:e}) as f16", f32s[e].to_bits(), f32s[e]);
+        }
+        for (to, name, inf) in [(Scalar::F16, "f16", 0x7c00), (Scalar::BF16, "bf16", 0x7f80)] {
+            let got = u16s(cast_on(&dev, Scalar::F64, to, &le_f64));
+            for (g, d) in got.iter().zip(&f64s) {
+                let w = if to == Scalar::F16 { f16_bits(*d) } else { bf16_bits(*d) };
+                let nan = d.is_nan() && (g & 0x7fff) > inf;
+                assert!(*g == w || nan, "{what}: f64 {d:e} as {name}: got {g:#06x}, want {w:#06x}");
+            }
+        }
+        // Arithmetic goes through the same conversions.
+        check_alu_on::<H>(&dev, 1);
+        check_alu_on::<H>(&dev, 4);
+    }
+}
+
 /// The devices to run vector kernels on: the default one and one forced to each instruction
 /// set this CPU runs (AVX-512, AVX2, SSE2 on x86-64), so every guarded path of the dialect
 /// (and its fallback) is compiled and checked.
@@ -1352,20 +1461,14 @@ fn cast_ref(from: Scalar, to: Scalar, v: f64, iv: i128) -> Vec<u8> {
         return vec![nz as u8];
     }
     if to.is_float() {
-        // Integers convert exactly to f64 first only when the C conversion is direct; the
-        // documented path for half types is through f32 (bf16) or direct (f16 from f64).
+        // Integers go through f32 (`i as f32`, exact below 2^24; the half types overflow or
+        // round the same above); floats round once, straight from their exact value.
         let as_f32 = |v: f64| if int_src { iv as f32 } else { v as f32 };
         return match to {
             Scalar::F32 => as_f32(v).to_le_bytes().to_vec(),
             Scalar::F64 => (if int_src { iv as f64 } else { v }).to_le_bytes().to_vec(),
-            Scalar::F16 => {
-                let exact = if int_src { iv as f64 } else { v };
-                f16_bits(exact).to_le_bytes().to_vec()
-            }
-            _ => {
-                // bf16: from f32 directly; everything else through f32 first.
-                bf16_bits(as_f32(v) as f64).to_le_bytes().to_vec()
-            }
+            Scalar::F16 => f16_bits(if int_src { iv as f32 as f64 } else { v }).to_le_bytes().to_vec(),
+            _ => bf16_bits(if int_src { iv as f32 as f64 } else { v }).to_le_bytes().to_vec(),
         };
     }
     // Integer targets.

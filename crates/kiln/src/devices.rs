@@ -13,7 +13,9 @@ use crate::error::CliError;
 #[derive(Debug, Default, clap::Args)]
 #[command(after_help = "Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present; \
 CUDA:n when the NVIDIA driver is present). \
-A backend that cannot be used is listed as unavailable with the reason.")]
+A backend that cannot be used is listed as unavailable with the reason. \
+The CPU row names the C compiler its kernels are built with and why that one: KILN_CC when set, \
+else clang when it is on PATH, else cc.")]
 pub struct DevicesArgs {
     /// Also open each device and show its allocator counters and the kernel cache
     #[arg(short, long)]

@@ -759,6 +759,25 @@ fn counting_cc(s: &Scratch) -> (String, PathBuf) {
     (cc, log)
 }
 
+/// The CPU row names the C compiler kernels are built with and why: `KILN_CC` when set, else
+/// clang when it is on `PATH`, else `cc`. Saying so starts no compiler.
+#[test]
+fn devices_name_the_c_compiler_and_why() {
+    let s = Scratch::new("cc-choice");
+    let (cc, log) = counting_cc(&s);
+    let cpu_row = |out: &str| out.lines().find(|l| l.starts_with("CPU")).unwrap_or_default().to_string();
+    let out = ok(s.kiln(&["devices"], &[("KILN_CC", &cc)]));
+    assert!(cpu_row(&out).contains(&format!("(KILN_CC={cc})")), "{out}");
+    assert_eq!(compiles(&log), 0, "`kiln devices` starts no compiler");
+    let mut unset = Command::new(KILN);
+    unset.arg("devices").env("KILN_CACHE_DIR", s.path("cache")).env_remove("KILN_CC");
+    let out = ok(unset.output().unwrap());
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let clang = std::env::split_paths(&path).any(|dir| dir.join("clang").is_file());
+    let why = if clang { "clang found on PATH; KILN_CC unset" } else { "cc found on PATH, no clang; KILN_CC unset" };
+    assert!(cpu_row(&out).contains(&format!("({why})")), "{out}");
+}
+
 #[test]
 fn a_warm_run_starts_no_compiler_process_at_all() {
     let s = Scratch::new("warm-run");
