@@ -1668,3 +1668,35 @@ fn a_carried_end_value_of_a_loop_that_never_runs_is_zero() {
     kernel.launch(&[&bx, &bo], &[4]).unwrap();
     assert_eq!(f32s(&bo), vec![3.5]);
 }
+
+/// `a[i] = 1` for `i < n` into a declared 4: under the default policy a launch past 4 runs
+/// guarded and fails with the fault; a device set to refuse compiles kernels without a
+/// guarded form, and refuses the launch before anything runs.
+#[test]
+fn the_bounds_policy_picks_guard_or_refuse() {
+    let dev = kiln_cpu::open(&DeviceSpec::Cpu).unwrap();
+    let store4 = || {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 64);
+        let a = k.param(0, Scalar::F32, 4);
+        let i = k.global(0, &n);
+        k.store(&a.at(&i), &Val::f32(1.0));
+        k.finish().unwrap()
+    };
+    let buf = Buffer::from_slice(dev.allocator(), &[0f32; 64]).unwrap();
+    assert_eq!(dev.bounds_policy(), kiln_device::BoundsPolicy::Guard);
+    let guarded = dev.compile(&store4(), Some("policy_store4")).unwrap();
+    assert!(guarded.has_fallback());
+    let e = guarded.launch(&[&buf], &[8]).unwrap_err();
+    assert!(matches!(&e, Error::OutOfBounds { access, .. } if access.guarded), "{e}");
+    assert_eq!(buf.to_vec::<f32>().unwrap()[..5], [1.0, 1.0, 1.0, 1.0, 0.0]);
+
+    dev.set_bounds_policy(kiln_device::BoundsPolicy::Refuse);
+    let strict = dev.compile(&store4(), Some("policy_store4")).unwrap();
+    assert!(!strict.has_fallback());
+    buf.copy_from_slice(&[0f32; 64]).unwrap();
+    let e = strict.launch(&[&buf], &[8]).unwrap_err();
+    assert!(matches!(&e, Error::OutOfBounds { access, .. } if !access.guarded && access.last == 7), "{e}");
+    assert_eq!(buf.to_vec::<f32>().unwrap(), [0.0; 64], "a refused launch ran");
+    strict.launch(&[&buf], &[4]).unwrap();
+}

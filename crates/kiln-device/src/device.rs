@@ -2,7 +2,7 @@
 //! [`Kernel`] handle and the process-wide device registry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use kiln_ir::{DeviceSpec, Scalar, UOp};
@@ -234,8 +234,8 @@ pub struct Device {
     current: RwLock<Arc<Generation>>,
     /// Loaded and compiled kernels; [`Device::compile`] goes through it.
     cache: Arc<KernelCache>,
-    /// What a launch does with an access no proof reaches.
-    bounds_policy: BoundsPolicy,
+    /// What a launch does with an access no proof reaches: [`BoundsPolicy::Refuse`] when set.
+    refuse_unproven: AtomicBool,
 }
 
 impl std::fmt::Debug for Device {
@@ -278,20 +278,20 @@ impl Device {
             build,
             current: RwLock::new(Arc::new(first)),
             cache,
-            bounds_policy: BoundsPolicy::from_env()?,
+            refuse_unproven: AtomicBool::new(BoundsPolicy::from_env()? == BoundsPolicy::Refuse),
         })
     }
 
-    /// This device with `policy` for launches no proof reaches (the default comes from
-    /// `KILN_BOUNDS`, else [`BoundsPolicy::Guard`]); applies to kernels compiled after.
-    pub fn with_bounds_policy(mut self, policy: BoundsPolicy) -> Device {
-        self.bounds_policy = policy;
-        self
+    /// Sets what launches do with an access no proof reaches, for kernels compiled from now
+    /// on ([`Kernel::refusing`] does it for one kernel). A device opens with the policy of
+    /// `KILN_BOUNDS`, else [`BoundsPolicy::Guard`].
+    pub fn set_bounds_policy(&self, policy: BoundsPolicy) {
+        self.refuse_unproven.store(policy == BoundsPolicy::Refuse, Ordering::Relaxed);
     }
 
     /// What a launch does with an access no proof reaches ([`crate::guarded`]).
     pub fn bounds_policy(&self) -> BoundsPolicy {
-        self.bounds_policy
+        if self.refuse_unproven.load(Ordering::Relaxed) { BoundsPolicy::Refuse } else { BoundsPolicy::Guard }
     }
 
     /// This device with `cache` instead of the one configured from the environment (e.g. a
@@ -422,7 +422,7 @@ impl Device {
             Arc::new(Toolchain::new(renderer, compiler, current.runtime.clone()))
         });
         let mut kernel = self.cache.get_or_compile(sink, name, self.spec(), toolchain)?;
-        if kernel.spec.bounds.pending() > 0 && self.bounds_policy == BoundsPolicy::Guard {
+        if kernel.spec.bounds.pending() > 0 && self.bounds_policy() == BoundsPolicy::Guard {
             // The guarded form compiles through the same cache and toolchain, on first need.
             let (cache, toolchain, spec) = (self.cache.clone(), toolchain.clone(), self.spec().clone());
             let name = kernel.spec.name.clone();

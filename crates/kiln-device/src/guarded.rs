@@ -11,8 +11,9 @@
 //! touches memory outside its buffers and is still reported, and launches that are proven run
 //! the unguarded code, with no check in it.
 //!
-//! Under [`BoundsPolicy::Refuse`] (`KILN_BOUNDS=refuse`) such a launch is refused with the
-//! proof's [`Error::OutOfBounds`], as [`crate::Kernel::check`] always does.
+//! Under [`BoundsPolicy::Refuse`] (`KILN_BOUNDS=refuse`, [`crate::Device::set_bounds_policy`],
+//! or [`Kernel::refusing`] for one kernel) such a launch is refused with the proof's
+//! [`Error::OutOfBounds`], as [`Kernel::check`] always does.
 
 use std::sync::{Arc, OnceLock};
 
@@ -62,11 +63,12 @@ impl BoundsPolicy {
 /// Compiles a kernel of the device a [`Fallback`] belongs to (its cache and toolchain).
 pub(crate) type CompileFn = dyn Fn(&Arc<UOp>) -> Result<Kernel> + Send + Sync;
 
-/// A kernel's guarded form, compiled on first need.
+/// A kernel's guarded form, compiled on first need (an error is not kept: the next launch
+/// that needs the form tries again).
 pub(crate) struct Fallback {
     compile: Box<CompileFn>,
     allocator: Arc<dyn Allocator>,
-    built: OnceLock<Result<(Arc<Guarded>, Kernel)>>,
+    built: OnceLock<(Arc<Guarded>, Kernel)>,
 }
 
 impl Fallback {
@@ -76,14 +78,13 @@ impl Fallback {
 
     /// The guarded form of `kernel`: its accesses left open at build time guard themselves.
     fn get(&self, kernel: &Kernel) -> Result<&(Arc<Guarded>, Kernel)> {
-        self.built
-            .get_or_init(|| {
-                let guarded = kiln_ir::guard(&kernel.spec.ast, &kernel.spec.bounds.pending_nodes())?;
-                let compiled = (self.compile)(&guarded.sink)?;
-                Ok((Arc::new(guarded), compiled))
-            })
-            .as_ref()
-            .map_err(Clone::clone)
+        if let Some(built) = self.built.get() {
+            return Ok(built);
+        }
+        let guarded = kiln_ir::guard(&kernel.spec.ast, &kernel.spec.bounds.pending_nodes())?;
+        let compiled = (self.compile)(&guarded.sink)?;
+        // Two launches racing here compile one kernel (the cache joins them); either wins.
+        Ok(self.built.get_or_init(|| (Arc::new(guarded), compiled)))
     }
 }
 
