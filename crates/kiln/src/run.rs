@@ -306,6 +306,15 @@ fn launch(
     trace: Option<&Path>,
 ) -> Result<Option<Profile>, CliError> {
     let refs: Vec<&Buffer> = buffers.iter().collect();
+    if kernel.has_fallback()
+        && let Err(kiln_device::Error::OutOfBounds { access, .. }) = kernel.check(&refs, vals)
+    {
+        eprintln!(
+            "note: no proof keeps %{} {} inside its buffer for these values (it may touch elements {}..={} of {}): \
+             running the kernel's guarded form",
+            access.node, access.op, access.first, access.last, access.len
+        );
+    }
     match trace {
         None => kernel.launch(&refs, vals).context(|| format!("kernel `{}` failed", kernel.spec.name)).map(|_| None),
         Some(path) => crate::trace::run_traced(device, kernel, &refs, vals, path),
