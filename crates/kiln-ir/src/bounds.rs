@@ -1498,26 +1498,7 @@ mod tests {
         assert_eq!(c.bounds.pending(), 0);
     }
 
-    /// xorshift64*: deterministic, dependency-free randomness for the property test.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        /// Uniform in `lo..=hi`.
-        fn int(&mut self, lo: i64, hi: i64) -> i64 {
-            lo + (self.next() % (hi - lo + 1) as u64) as i64
-        }
-
-        fn one_in(&mut self, n: u64) -> bool {
-            self.next().is_multiple_of(n)
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// `Σ c[i]·x[i] + k` over a kernel's indices.
     #[derive(Clone, Debug)]

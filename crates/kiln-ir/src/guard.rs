@@ -201,21 +201,7 @@ mod tests {
 
     /// `b[i] = a[i - (i & 1)]` for `i < 8` over an `a` of 7: in bounds (the largest index is
     /// 7 - 1 = 6), but no interval or linear bound relates `i & 1` to `i`.
-    const PAIRS: &str = "\
-%c8 = CONST i32 8
-%c7 = CONST i32 7
-%a = PARAM ptr<f32> 0 (%c7)
-%b = PARAM ptr<f32> 1 (%c8)
-%i = SPECIAL i32 \"idx0\" (%c8)
-%one = CONST i32 1
-%m = AND i32 (%i, %one)
-%j = SUB i32 (%i, %m)
-%pa = INDEX ptr<f32> (%a, %j)
-%x = LOAD f32 (%pa)
-%pb = INDEX ptr<f32> (%b, %i)
-%st = STORE void (%pb, %x)
-SINK void (%st)
-";
+    const PAIRS: &str = include_str!("../../../examples/kernels/pairs.kiln");
 
     fn prove(sink: &Arc<UOp>) -> Bounds {
         let mut lens: Vec<Arc<UOp>> = Vec::new();

@@ -13,6 +13,8 @@ mod guard;
 mod linearize;
 pub mod rewrite;
 mod symbolic;
+#[cfg(test)]
+mod test_rng;
 mod text;
 mod uop;
 mod validate;

@@ -1422,19 +1422,7 @@ mod tests {
         }
     }
 
-    /// xorshift64*: deterministic, dependency-free randomness for the fuzz test.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-    }
+    use crate::test_rng::Rng;
 
     /// Whatever `parse` returns for `text` must be sensible: an error with a real position,
     /// or a graph that itself round-trips.

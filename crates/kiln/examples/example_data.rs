@@ -7,6 +7,9 @@
 //! - `ramp8.npy`: f32 `[0, 1, ..., 7]`
 //! - `ones8.npy`: f32 `[1; 8]`
 //! - `two1.npy`:  f32 `[2]`
+//! - `ramp7.npy`: f32 `[0, 1, ..., 6]`
+//! - `ramp256.npy`: f32 `[0, 1, ..., 255]`
+//! - `ones900_i32.npy`: i32 `[1; 900]`
 
 use std::path::PathBuf;
 
@@ -18,13 +21,26 @@ fn f32s(values: &[f32]) -> Result<Vec<u8>, npy::NpyError> {
     npy::write(&NpyArray::from_bytes(Scalar::F32, data)?)
 }
 
+fn i32s(values: &[i32]) -> Result<Vec<u8>, npy::NpyError> {
+    let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    npy::write(&NpyArray::from_bytes(Scalar::I32, data)?)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "examples/data".into()));
     std::fs::create_dir_all(&dir)?;
-    let ramp: Vec<f32> = (0..8).map(|i| i as f32).collect();
-    for (name, values) in [("ramp8.npy", ramp), ("ones8.npy", vec![1.0; 8]), ("two1.npy", vec![2.0])] {
+    let ramp = |n: usize| (0..n).map(|i| i as f32).collect::<Vec<f32>>();
+    let files = [
+        ("ramp8.npy", f32s(&ramp(8))?),
+        ("ones8.npy", f32s(&[1.0; 8])?),
+        ("two1.npy", f32s(&[2.0])?),
+        ("ramp7.npy", f32s(&ramp(7))?),
+        ("ramp256.npy", f32s(&ramp(256))?),
+        ("ones900_i32.npy", i32s(&[1; 900])?),
+    ];
+    for (name, bytes) in files {
         let path = dir.join(name);
-        std::fs::write(&path, f32s(&values)?)?;
+        std::fs::write(&path, bytes)?;
         println!("wrote {}", path.display());
     }
     Ok(())

@@ -194,21 +194,7 @@ pub fn plan_guards_out_of_bounds(dev: &Arc<Device>) -> Outcome {
 
 /// `b[i] = a[i - (i & 1)]` for `i < 8`, `a` declared as 7: in bounds (the largest index is
 /// 6), but neither intervals nor linear forms relate `i & 1` to `i`.
-const PAIRS: &str = "\
-%c8 = CONST i32 8
-%c7 = CONST i32 7
-%a = PARAM ptr<f32> 0 (%c7)
-%b = PARAM ptr<f32> 1 (%c8)
-%i = SPECIAL i32 \"idx0\" (%c8)
-%one = CONST i32 1
-%m = AND i32 (%i, %one)
-%j = SUB i32 (%i, %m)
-%pa = INDEX ptr<f32> (%a, %j)
-%x = LOAD f32 (%pa)
-%pb = INDEX ptr<f32> (%b, %i)
-%st = STORE void (%pb, %x)
-SINK void (%st)
-";
+const PAIRS: &str = include_str!("../../../../examples/kernels/pairs.kiln");
 
 /// A correct kernel that no proof reaches is never refused: it runs guarded, with the right
 /// result, through `Kernel::launch`, a queue and a plan; the strict path refuses it.
