@@ -1546,13 +1546,25 @@ mod tests {
         }
     }
 
-    /// `q·(x / c) + r·(x % c)`, truncating: IDIV and MOD terms of an index.
+    /// `q·(x / c) + r·(x % c)`, truncating: IDIV and MOD terms of an index; with `floor`
+    /// (`c` a power of two) `q·(x >> s) + r·(x & (c − 1))`, SHR and AND terms.
     #[derive(Clone, Debug)]
     struct Division {
         x: Affine,
         c: i64,
         q: i64,
         r: i64,
+        floor: bool,
+    }
+
+    impl Division {
+        fn at(&self, x: &[i64]) -> i64 {
+            let v = self.x.at(x);
+            match self.floor {
+                true => self.q * v.div_euclid(self.c) + self.r * (v & (self.c - 1)),
+                false => self.q * (v / self.c) + self.r * (v % self.c),
+            }
+        }
     }
 
     /// A store of 1.0 at `index` (plus `m·sum` when `sum` is set: the gate's sum reused, plus
@@ -1578,7 +1590,7 @@ mod tests {
         }
 
         fn offset(&self, x: &[i64]) -> i64 {
-            let div = self.div.as_ref().map_or(0, |d| d.q * (d.x.at(x) / d.c) + d.r * (d.x.at(x) % d.c));
+            let div = self.div.as_ref().map_or(0, |d| d.at(x));
             self.index.at(x) + self.sum.as_ref().map_or(0, |(s, m)| m * s.at(x)) + div
         }
 
@@ -1667,9 +1679,14 @@ mod tests {
             let [gate, block] = conds.map(|c| c.into_iter().reduce(|a, b| t.node(&format!("AND bool ({a}, {b})"))));
             let mut at = t.affine(&self.index, &x, rng);
             if let Some(d) = self.div.as_ref().filter(|d| d.q != 0 || d.r != 0) {
-                let (dividend, c) = (t.affine(&d.x, &x, rng), t.constant(d.c));
-                for (op, coeff) in [("IDIV", d.q), ("MOD", d.r)] {
+                let dividend = t.affine(&d.x, &x, rng);
+                let (ops, operands) = match d.floor {
+                    true => (["SHR", "AND"], [d.c.trailing_zeros() as i64, d.c - 1]),
+                    false => (["IDIV", "MOD"], [d.c, d.c]),
+                };
+                for ((op, coeff), operand) in ops.into_iter().zip([d.q, d.r]).zip(operands) {
                     if coeff != 0 {
+                        let c = t.constant(operand);
                         let v = t.node(&format!("{op} i32 ({dividend}, {c})"));
                         let k = t.constant(coeff);
                         let term = t.node(&format!("MUL i32 ({v}, {k})"));
@@ -1840,14 +1857,15 @@ mod tests {
         // Sometimes a quotient and remainder too (both of one dividend: `c·q + r` is exact).
         let div = (sum.is_none() && rng.one_in(3)).then(|| {
             let x = Affine { c: coeffs(rng, -2, 2), k: rng.int(-3, 3) };
-            let c = rng.int(1, 4);
+            let floor = rng.one_in(2);
+            let c = if floor { 1 << rng.int(0, 2) } else { rng.int(1, 4) };
             let (q, r) = if rng.one_in(2) {
                 let m = rng.int(-2, 2);
                 (m * c, m)
             } else {
                 (rng.int(-3, 3), rng.int(-3, 3))
             };
-            Division { x, c, q, r }
+            Division { x, c, q, r, floor }
         });
         let mut shape = Shape { extent, launch, n_max, index, sum, div, gate, len_c: 0, len_k: 0 };
         // Often start the buffer exactly where the touched range starts, and end it

@@ -199,9 +199,8 @@ mod tests {
     use crate::bounds::{Bounds, LAUNCH_SLOTS};
     use crate::{linearize, parse_kernel, validate};
 
-    /// `b[i] = a[i - (i & 1)]` for `i < 8` over an `a` of 7: in bounds (the largest index is
-    /// 7 - 1 = 6), but no interval or linear bound relates `i & 1` to `i`.
-    const PAIRS: &str = include_str!("../../../examples/kernels/pairs.kiln");
+    /// `out[i] = table[ids[i]]`: the table load's index is data, which no proof sees.
+    const GATHER: &str = include_str!("../../../examples/kernels/gather.kiln");
 
     fn prove(sink: &Arc<UOp>) -> Bounds {
         let mut lens: Vec<Arc<UOp>> = Vec::new();
@@ -222,18 +221,18 @@ mod tests {
 
     #[test]
     fn a_guarded_kernel_validates_and_is_proven_in_bounds() {
-        let sink = parse_kernel(PAIRS).unwrap();
+        let sink = parse_kernel(GATHER).unwrap();
         let pending = prove(&sink).pending_nodes();
-        let load = sink.toposort().iter().position(|n| n.op() == Op::Load).unwrap();
-        assert_eq!(pending, [load], "the load is the one access no proof reaches");
+        let load = sink.toposort().iter().rposition(|n| n.op() == Op::Load).unwrap();
+        assert_eq!(pending, [load], "the table load is the one access no proof reaches");
         let g = guard(&sink, &pending).unwrap();
-        assert_eq!(g.fault_slot, 2);
+        assert_eq!(g.fault_slot, 3);
         assert_eq!(g.accesses, [GuardedAccess { node: load, op: "LOAD", slot: Some(0), local: None }]);
         validate(&g.sink).unwrap();
         linearize(&g.sink).unwrap();
         assert_eq!(prove(&g.sink).pending(), 0, "each guarded access is bounded by its own gate");
         let text = crate::print(&g.sink);
-        assert!(text.contains("PARAM ptr<i64> 2"), "{text}");
+        assert!(text.contains("PARAM ptr<i64> 3"), "{text}");
     }
 
     #[test]
@@ -278,9 +277,9 @@ SINK void (%end)
 
     #[test]
     fn what_cannot_be_checked_is_refused_and_nothing_named_changes_nothing() {
-        let sink = parse_kernel(PAIRS).unwrap();
-        let add = sink.toposort().iter().position(|n| n.op() == Op::And).unwrap();
-        let e = guard(&sink, &[add]).unwrap_err().to_string();
+        let sink = parse_kernel(GATHER).unwrap();
+        let special = sink.toposort().iter().position(|n| n.op() == Op::Special).unwrap();
+        let e = guard(&sink, &[special]).unwrap_err().to_string();
         assert!(e.contains("only LOAD and STORE"), "{e}");
         let same = guard(&sink, &[999]).unwrap();
         assert!(Arc::ptr_eq(&same.sink, &sink) && same.accesses.is_empty());

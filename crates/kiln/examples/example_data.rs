@@ -7,9 +7,9 @@
 //! - `ramp8.npy`: f32 `[0, 1, ..., 7]`
 //! - `ones8.npy`: f32 `[1; 8]`
 //! - `two1.npy`:  f32 `[2]`
-//! - `ramp7.npy`: f32 `[0, 1, ..., 6]`
 //! - `ramp256.npy`: f32 `[0, 1, ..., 255]`
 //! - `ones900_i32.npy`: i32 `[1; 900]`
+//! - `ids8_i32.npy`: i32 `[7, 0, 3, 3, 6, 1, 2, 5]`
 
 use std::path::PathBuf;
 
@@ -34,9 +34,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("ramp8.npy", f32s(&ramp(8))?),
         ("ones8.npy", f32s(&[1.0; 8])?),
         ("two1.npy", f32s(&[2.0])?),
-        ("ramp7.npy", f32s(&ramp(7))?),
         ("ramp256.npy", f32s(&ramp(256))?),
         ("ones900_i32.npy", i32s(&[1; 900])?),
+        ("ids8_i32.npy", i32s(&[7, 0, 3, 3, 6, 1, 2, 5])?),
     ];
     for (name, bytes) in files {
         let path = dir.join(name);

@@ -192,44 +192,54 @@ pub fn plan_guards_out_of_bounds(dev: &Arc<Device>) -> Outcome {
     Ok(())
 }
 
-/// `b[i] = a[i - (i & 1)]` for `i < 8`, `a` declared as 7: in bounds (the largest index is
-/// 6), but neither intervals nor linear forms relate `i & 1` to `i`.
-const PAIRS: &str = include_str!("../../../../examples/kernels/pairs.kiln");
+/// `out[i] = table[ids[i]]`: where the table load reads depends on the data in `ids`, which
+/// no proof sees.
+const GATHER: &str = include_str!("../../../../examples/kernels/gather.kiln");
 
 /// A correct kernel that no proof reaches is never refused: it runs guarded, with the right
-/// result, through `Kernel::launch`, a queue and a plan; the strict path refuses it.
+/// result, through `Kernel::launch`, a queue and a plan; an id outside the table faults; the
+/// strict path refuses the launch.
 pub fn unprovable_correct_kernel_runs(dev: &Arc<Device>) -> Outcome {
-    let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(PAIRS)?, "conf_bounds_pairs")?;
+    let kernel = compile(dev, &kiln_device::kiln_ir::parse_kernel(GATHER)?, "conf_bounds_gather")?;
     ensure!(
         kernel.spec.bounds.pending() == 1,
-        "the load should be left to the launch (pending {})",
+        "the table load should be left open (pending {})",
         kernel.spec.bounds.pending()
     );
-    let src: Vec<f32> = (1..=7).map(|v| v as f32 * 10.0).collect();
-    let a = Buffer::from_slice(dev.allocator().clone(), &src)?;
-    let want: Vec<f32> = (0..8).map(|i| src[i - (i & 1)]).collect();
-    let fresh = || Buffer::from_slice(dev.allocator().clone(), &[0f32; 8]);
+    let table: Vec<f32> = (1..=8).map(|v| v as f32 * 10.0).collect();
+    let ids = [7i32, 0, 3, 3, 6, 1, 2, 5];
+    let (t, id) =
+        (Buffer::from_slice(dev.allocator().clone(), &table)?, Buffer::from_slice(dev.allocator().clone(), &ids)?);
+    let want: Vec<f32> = ids.iter().map(|&i| table[i as usize]).collect();
+    let fresh = || Buffer::from_slice(dev.allocator().clone(), &[-1f32; 8]);
 
-    let b = fresh()?;
-    kernel.launch(&[&a, &b], &[])?;
-    ensure!(b.to_vec::<f32>()? == want, "launch: {:?}", b.to_vec::<f32>()?);
+    let out = fresh()?;
+    kernel.launch(&[&t, &id, &out], &[])?;
+    ensure!(out.to_vec::<f32>()? == want, "launch: {:?}", out.to_vec::<f32>()?);
 
     let f = queues(dev)?;
-    let (b, s) = (fresh()?, f.create_dyn_signal()?);
+    let (out, s) = (fresh()?, f.create_dyn_signal()?);
     let mut q = f.create_dyn_compute_queue()?;
-    q.exec(&kernel, &[&a, &b], &[]).signal(&s, 1);
-    let _q = submit(q, "the unprovable kernel")?;
-    host_wait(&s, 1, "the unprovable kernel")?;
-    ensure!(b.to_vec::<f32>()? == want, "queue: {:?}", b.to_vec::<f32>()?);
+    q.exec(&kernel, &[&t, &id, &out], &[]).signal(&s, 1);
+    let _q = submit(q, "the gather")?;
+    host_wait(&s, 1, "the gather")?;
+    ensure!(out.to_vec::<f32>()? == want, "queue: {:?}", out.to_vec::<f32>()?);
 
-    let b = fresh()?;
+    let out = fresh()?;
     let mut plan = ExecutionPlan::new(dev)?;
-    plan.exec(&kernel, &[&a, &b], &[])?;
+    plan.exec(&kernel, &[&t, &id, &out], &[])?;
     plan.run(&[])?;
     plan.run(&[])?;
-    ensure!(b.to_vec::<f32>()? == want, "plan: {:?}", b.to_vec::<f32>()?);
+    ensure!(out.to_vec::<f32>()? == want, "plan: {:?}", out.to_vec::<f32>()?);
 
-    expect_err("the strict path", kernel.refusing().launch(&[&a, &b], &[]), is_oob(0, 7, 7))?;
+    // An id past the table: that load reads 0, the others land, and the launch says which.
+    id.copy_from_slice(&[7i32, 0, 3, 8, 6, 1, 2, 5])?;
+    let out = fresh()?;
+    expect_err("an id past the table", kernel.launch(&[&t, &id, &out], &[]), is_fault(0, 8, 8..9))?;
+    let got = out.to_vec::<f32>()?;
+    ensure!(got[3] == 0.0 && got[4] == table[6], "a faulting gather stored {got:?}");
+
+    expect_err("the strict path", kernel.refusing().launch(&[&t, &id, &out], &[]), is_oob(0, i32::MAX as i128, 8))?;
     Ok(())
 }
 

@@ -134,10 +134,10 @@ pub fn if_blocks(dev: &Arc<Device>) -> Outcome {
 }
 
 /// A work group of 8 writes `j = i - (i & 1)` into local memory of 7 at element `j`, then
-/// every item reads element `i - (i & 1)` back: in bounds (at most 6), but no proof relates
-/// `i & 1` to `i`, so both local accesses run guarded, with the right result. Stored one
-/// element further (`j + 1`, 7 for the last pair) the guard skips the store and the launch
-/// fails naming the local memory.
+/// every item reads element `j` back: in bounds (at most 6; the proof reads `i & 1` as
+/// `i − 2·(i >> 1)`). Stored one element further (`j + 1`, 7 for the last pair) no proof
+/// holds, so the store runs guarded: the guard skips element 7 and the launch fails naming
+/// the local memory.
 const LOCAL_PAIRS: &str = "\
 %c8  = CONST i32 8
 %c7  = CONST i32 7
@@ -160,7 +160,8 @@ const LOCAL_PAIRS: &str = "\
 SINK void (%st)
 ";
 
-/// Local memory is guarded like buffers: a correct kernel runs, an overrun is reported.
+/// Local memory is guarded like buffers: the correct kernel is proven and runs, an overrun
+/// runs guarded and is reported.
 pub fn guarded_local_memory(dev: &Arc<Device>) -> Outcome {
     for (shift, name) in [(0, "conf_local_pairs"), (1, "conf_local_pairs_over")] {
         let text = LOCAL_PAIRS.replace("%shift", &format!("%c{shift}")).replace(
@@ -171,6 +172,7 @@ pub fn guarded_local_memory(dev: &Arc<Device>) -> Outcome {
             ),
         );
         let Some(kernel) = compile_work_group_kernel(dev, &text, name)? else { return Ok(()) };
+        ensure!(kernel.has_fallback() == (shift == 1), "{name}: proven when built should be {}", shift == 0);
         let out = Buffer::from_slice(dev.allocator().clone(), &[-1f32; 8])?;
         let result = kernel.launch(&[&out], &[]);
         if shift == 0 {

@@ -24,7 +24,10 @@
 //! # Relations of atoms
 //! Besides its box, an atom brings the exact facts that hold of it in every execution: a
 //! RANGE index is below its extent, a launch index below its extent when that extent is the
-//! launch size (in both views), and `x = c·(x / c) + x % c` for a positive constant `c`.
+//! launch size (in both views), `x = c·(x / c) + x % c` for a positive constant `c`, and
+//! `x = 2^s·(x >> s) + (x & (2^s − 1))` with the mask in `0..2^s` (floor division by a
+//! power of two, as tinygrad writes `// 2` and `% 2`; a gate such as `(x & 1) < 1` then
+//! says that `x` is even).
 //!
 //! # Elimination
 //! With `t − objective = 0` among the rows `Σ aᵢ·xᵢ + b ≥ 0`, every atom is eliminated and
@@ -51,6 +54,8 @@ type Key = u64;
 const KERNEL: u64 = 0;
 const HOST: u64 = 1;
 const QUOTIENT: u64 = 2;
+/// The remainder a kernel SHR by a constant implies.
+const REMAINDER: u64 = 3;
 
 fn key(pos: u32, view: u64) -> Key {
     (pos as u64) << 2 | view
@@ -360,6 +365,8 @@ pub(super) fn bound(view: &View, facts: &[Fact], terms: &[u32], len: Option<u32>
     }
     // (quotient or remainder atom, form of the dividend, divisor)
     let mut divisions: Vec<(Key, Form, i128)> = Vec::new();
+    // (floor quotient `x >> s` or remainder `x & (2^s − 1)` atom, form of x, 2^s, is quotient)
+    let mut floors: Vec<(Key, Form, i128, bool)> = Vec::new();
     let mut i = 0;
     while i < work.atoms.len() {
         if work.atoms.len() > MAX_ATOMS {
@@ -380,6 +387,27 @@ pub(super) fn bound(view: &View, facts: &[Fact], terms: &[u32], len: Option<u32>
                 let kernel = view.form(key(first, KERNEL), work);
                 let host = view.form(key(first, HOST), work);
                 kernel.filter(|k| host.as_ref() == Some(k))
+            }
+            // x >> s is floor(x / 2^s) and x & (2^s − 1) is x − 2^s·floor(x / 2^s), in
+            // two's complement for either sign (arithmetic shift) and for unsigned values.
+            (Op::Shr | Op::And, ..) if step.src.len() == 2 && !step.ty.is_bool && !step.ty.opaque => {
+                let at = |i: usize| view.cur[step.src[i] as usize];
+                let power = |s: i128| (0..step.ty.bits.min(62) as i128).contains(&s).then(|| 1i128 << s);
+                let split = match step.op {
+                    Op::Shr => (at(1).lo == at(1).hi).then(|| power(at(1).lo)).flatten().map(|p| (first, p, true)),
+                    _ => [(0, 1), (1, 0)].into_iter().find_map(|(m, x)| {
+                        let m = at(m);
+                        (m.lo == m.hi && m.lo > 0 && (m.lo + 1).count_ones() == 1)
+                            .then(|| (step.src[x], m.lo + 1, false))
+                    }),
+                };
+                if let Some((x, p, quotient)) = split
+                    && let Some(x) = view.form(key(x, KERNEL), work)
+                {
+                    note(&x, &mut work.atoms);
+                    floors.push((a, x, p, quotient));
+                }
+                None
             }
             (Op::Idiv | Op::Mod, ..) if step.src.len() == 2 => {
                 let d = view.cur[step.src[1] as usize];
@@ -437,6 +465,53 @@ pub(super) fn bound(view: &View, facts: &[Fact], terms: &[u32], len: Option<u32>
         rows.push(Form::constant(0).plus(-1, &diff)?);
         rows.push(diff);
     }
+    // x = 2^s·q + r with 0 ≤ r < 2^s: a shift and a mask of one x share q and r. A lone shift
+    // takes the mask of its x from the tape when there is one (a gate such as `(x & 1) < 1`
+    // narrows it to a constant, which is then no atom), else a new unknown; a lone mask gets
+    // its quotient as a new unknown.
+    for (a, x, p, quotient) in &floors {
+        let partner = floors.iter().find(|(_, y, d, q)| d == p && y == x && q != quotient).map(|f| f.0);
+        let (q, r) = match (quotient, partner) {
+            (true, Some(b)) => (Form::atom(*a), Form::atom(b)),
+            (false, Some(_)) => continue, // written once, from the quotient's side
+            (true, None) => {
+                let dividend = view.tape[pos(*a)].src[0];
+                let is_mask = |m: u32| view.cur[m as usize] == Interval::point(p - 1);
+                let mask = view.tape.iter().position(|st| {
+                    st.op == Op::And
+                        && !st.ty.is_bool
+                        && matches!(*st.src, [y, m] | [m, y] if y == dividend && is_mask(m))
+                });
+                let r = match mask {
+                    Some(m) => view.form(key(m as u32, KERNEL), work)?,
+                    None => {
+                        let r = key(pos(*a) as u32, REMAINDER);
+                        quotients.push((r, Interval::new(0, p - 1)));
+                        Form::atom(r)
+                    }
+                };
+                (Form::atom(*a), r)
+            }
+            (false, None) => {
+                let q = key(pos(*a) as u32, QUOTIENT);
+                let xiv = x.terms.iter().try_fold(Interval::point(x.k), |acc, &(t, c)| {
+                    let v = match t & 3 {
+                        QUOTIENT | REMAINDER => quotients.iter().find(|f| f.0 == t).map_or(Interval::ANY, |f| f.1),
+                        _ => view.iv(t),
+                    };
+                    add(acc, mul(v, Interval::point(c))?)
+                });
+                quotients
+                    .push((q, xiv.map_or(Interval::ANY, |v| Interval::new(v.lo.div_euclid(*p), v.hi.div_euclid(*p)))));
+                (Form::atom(q), Form::atom(*a))
+            }
+        };
+        note(&q, &mut work.atoms);
+        note(&r, &mut work.atoms);
+        let diff = x.plus(-p, &q)?.plus(-1, &r)?;
+        rows.push(Form::constant(0).plus(-1, &diff)?);
+        rows.push(diff);
+    }
     if work.atoms.len() > MAX_ATOMS {
         return None;
     }
@@ -464,7 +539,7 @@ pub(super) fn bound(view: &View, facts: &[Fact], terms: &[u32], len: Option<u32>
     push(&objective, -1, flat)?;
     for (i, &a) in atoms.iter().enumerate() {
         let b = match a & 3 {
-            QUOTIENT => quotients.iter().find(|q| q.0 == a).map_or(Interval::ANY, |q| q.1),
+            QUOTIENT | REMAINDER => quotients.iter().find(|q| q.0 == a).map_or(Interval::ANY, |q| q.1),
             _ => view.iv(a),
         };
         if b.is_empty() {
