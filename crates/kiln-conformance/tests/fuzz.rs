@@ -253,7 +253,9 @@ fn one_case(
             if access.guarded {
                 tally.out_of_bounds_guarded += 1
             } else {
-                tally.out_of_bounds_refused += 1
+                // Under the guard only an access that cannot be guarded is refused: say which.
+                tally.out_of_bounds_refused += 1;
+                eprintln!("refused (not guardable): {access}\n{text}\n");
             }
             return Ok(());
         }
