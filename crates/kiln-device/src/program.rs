@@ -570,6 +570,8 @@ mod bounds_tests {
     /// Every shipped example and benchmark kernel is accepted for small, middling and
     /// mixed variable values. (Not at the upper corner of every one: `softmax.kiln` allows
     /// rows = cols = 65536, where its i32 index `row * cols` overflows, and is refused there.)
+    /// `gather.kiln` is the one exception, by design: its table load reads an index from data,
+    /// which no proof sees, so it is left open and runs guarded.
     #[test]
     fn shipped_kernels_are_proven_in_bounds() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
@@ -597,7 +599,12 @@ mod bounds_tests {
                     .collect();
                 let dims = spec.launch_dims(&vals).unwrap();
                 let lens = spec.param_lens(&vals).unwrap();
-                spec.check_bounds(&vals, &dims, &lens).unwrap_or_else(|e| panic!("{}: {vals:?}: {e}", file.display()));
+                let checked = spec.check_bounds(&vals, &dims, &lens);
+                if file.ends_with("gather.kiln") {
+                    assert!(checked.is_err(), "the gather's data-dependent load cannot be proven");
+                    continue;
+                }
+                checked.unwrap_or_else(|e| panic!("{}: {vals:?}: {e}", file.display()));
             }
         }
     }

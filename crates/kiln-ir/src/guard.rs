@@ -62,6 +62,11 @@ pub fn guard(sink: &Arc<UOp>, nodes: &[usize]) -> Result<Guarded, IrError> {
     wanted.sort_unstable();
     wanted.dedup();
     let blocks = if wanted.is_empty() { Vec::new() } else { if_blocks(&order, &at) };
+    // A slot's length is its first PARAM's (in this order), as every launch checks it.
+    let mut slot_len: HashMap<i64, Arc<UOp>> = HashMap::new();
+    for n in order.iter().filter(|n| n.op() == Op::Param) {
+        slot_len.entry(n.arg_int().unwrap_or(0)).or_insert_with(|| n.src()[0].clone());
+    }
 
     let fault_len = UOp::index_const(2 * wanted.len() as i64);
     let faults = UOp::new(Op::Param, DType::ptr(Scalar::I64), Arg::Int(fault_slot as i64), vec![fault_len]);
@@ -75,7 +80,7 @@ pub fn guard(sink: &Arc<UOp>, nodes: &[usize]) -> Result<Guarded, IrError> {
         let node = if wanted.binary_search(&i).is_ok() {
             let conds: Vec<Arc<UOp>> =
                 blocks[i].iter().map(|&f| new[at(&order[f as usize].src()[0]) as usize].clone()).collect();
-            let (rewritten, access) = guard_one(i, &node, accesses.len(), &faults, &conds, &at)?;
+            let (rewritten, access) = guard_one(i, &node, accesses.len(), &faults, &conds, &slot_len, &at)?;
             accesses.push(access);
             rewritten
         } else {
@@ -95,6 +100,7 @@ fn guard_one(
     k: usize,
     faults: &Arc<UOp>,
     conds: &[Arc<UOp>],
+    slot_len: &HashMap<i64, Arc<UOp>>,
     at: &dyn Fn(&Arc<UOp>) -> u32,
 ) -> Result<(Arc<UOp>, GuardedAccess), IrError> {
     let refuse = |why: &str| IrError::Structure(format!("%{i} {} cannot be guarded: {why}", node.op()));
@@ -113,7 +119,8 @@ fn guard_one(
             Op::After => ptr = &ptr.src()[0],
             Op::Param => {
                 let slot = ptr.arg_int().and_then(|s| usize::try_from(s).ok());
-                break (ptr.src()[0].clone(), slot, None);
+                let len = ptr.arg_int().and_then(|s| slot_len.get(&s)).unwrap_or(&ptr.src()[0]);
+                break (len.clone(), slot, None);
             }
             Op::DefineLocal => {
                 let n = ptr.src()[0].arg_int().ok_or_else(|| refuse("its local memory has no constant size"))?;
@@ -207,10 +214,15 @@ mod tests {
         let mut launch: [Arc<UOp>; LAUNCH_SLOTS] = std::array::from_fn(|_| UOp::index_const(1));
         for n in sink.toposort() {
             match n.op() {
+                // The first PARAM of a slot gives its length, as `ProgramSpec::from_sink` takes it.
                 Op::Param => {
                     let slot = n.arg_int().unwrap() as usize;
-                    lens.resize(lens.len().max(slot + 1), UOp::index_const(0));
-                    lens[slot] = n.src()[0].clone();
+                    if lens.len() <= slot {
+                        lens.resize(slot + 1, UOp::index_const(-1));
+                    }
+                    if lens[slot].arg_int() == Some(-1) {
+                        lens[slot] = n.src()[0].clone();
+                    }
                 }
                 Op::Special => launch[0] = n.src()[0].clone(),
                 _ => {}
@@ -272,6 +284,34 @@ SINK void (%end)
         assert!(g.accesses.iter().any(|a| a.local.is_some_and(|(_, n)| n == 4)));
         validate(&g.sink).unwrap();
         linearize(&g.sink).unwrap();
+        assert_eq!(prove(&g.sink).pending(), 0);
+    }
+
+    /// A slot declared twice with different lengths (a fuzzer's mutant): the guard bounds the
+    /// access by the length every launch checks (the slot's first PARAM), not its own PARAM's.
+    #[test]
+    fn a_slot_declared_twice_is_guarded_by_the_length_launches_check() {
+        let text = "\
+%c1 = CONST i32 1
+%a = PARAM ptr<f32> 0 (%c1)
+%c0 = CONST i32 0
+%p0 = INDEX ptr<f32> (%a, %c0)
+%c64 = CONST i32 64
+%r = RANGE i32 0 (%c64)
+%a64 = PARAM ptr<f32> 0 (%c64)
+%pr = INDEX ptr<f32> (%a64, %r)
+%x = LOAD f32 (%pr)
+%st = STORE void (%pr, %x)
+%end = END void (%r, %st)
+%y = CONST f32 1.0
+%s0 = STORE void (%p0, %y)
+SINK void (%s0, %end)
+";
+        let sink = parse_kernel(text).unwrap();
+        let pending = prove(&sink).pending_nodes();
+        assert_eq!(pending.len(), 2, "the load and store of 64 into a slot of 1");
+        let g = guard(&sink, &pending).unwrap();
+        validate(&g.sink).unwrap();
         assert_eq!(prove(&g.sink).pending(), 0);
     }
 
