@@ -1018,6 +1018,16 @@ fn shift_pow(s: Interval) -> Interval {
 }
 
 fn bitwise(op: Op, t: Ty, a: Interval, b: Interval) -> Option<Interval> {
+    // Two known values (at launch, every variable is one): the exact result, which `fit`
+    // then checks against the dtype like any other.
+    if a.lo == a.hi && b.lo == b.hi {
+        let (x, y) = (a.lo, b.lo);
+        return Some(Interval::point(match op {
+            Op::And => x & y,
+            Op::Or => x | y,
+            _ => x ^ y,
+        }));
+    }
     if t.is_bool {
         return Some(match op {
             Op::And => Interval::new(a.lo & b.lo, a.hi & b.hi),
@@ -1116,6 +1126,22 @@ mod tests {
     }
 
     const STORE_ONE: &str = "%one = CONST f32 1.0\n%st = STORE void (%p, %one)\nSINK void (%st)\n";
+
+    /// At launch every variable is one value, so a bitwise op of them is one value too: a
+    /// length `m & n` of 0 (m = 2, n = 29) closes the gate `i <= (m & n) - 1` (the fuzzer's
+    /// mutant whose guarded form was refused while `[0, 2]` stood for `2 & 29`).
+    #[test]
+    fn bitwise_ops_of_bound_values_are_exact_at_launch() {
+        let c = case(
+            "%m = DEFINE_VAR i32 \"m\" 1 64\n%n = DEFINE_VAR i32 \"n\" 1 64\n%mn = AND i32 (%m, %n)\n\
+             %a = PARAM ptr<f32> 0 (%mn)\n%i = SPECIAL i32 \"idx0\" (%n)\n%p = INDEX ptr<f32> (%a, %i)\n\
+             %one = CONST i32 1\n%last = SUB i32 (%mn, %one)\n%g = CMPLE bool (%i, %last)\n\
+             %v = CONST f32 1.0\n%st = STORE void (%p, %v, %g)\nSINK void (%st)\n",
+        );
+        c.at(&[2, 29]).unwrap();
+        c.at(&[3, 29]).unwrap();
+        c.at(&[64, 64]).unwrap();
+    }
 
     /// Issue 9: a PARAM of 4 elements stored at `idx0 < n`.
     #[test]
