@@ -1067,16 +1067,16 @@ fn compare(op: Op, a: Interval, b: Interval) -> Interval {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{eval_int, parse_kernel};
 
     /// A kernel with its proof, checked the way a launch checks it.
-    struct Case {
+    pub(crate) struct Case {
         sink: Arc<UOp>,
         lens: Vec<Arc<UOp>>,
         launch: [Arc<UOp>; LAUNCH_SLOTS],
-        bounds: Bounds,
+        pub(crate) bounds: Bounds,
     }
 
     fn launch_slot(name: &str) -> Option<usize> {
@@ -1085,22 +1085,28 @@ mod tests {
     }
 
     fn case(body: &str) -> Case {
-        let sink = parse_kernel(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
-        let mut lens: Vec<Arc<UOp>> = Vec::new();
+        case_of(parse_kernel(body).unwrap_or_else(|e| panic!("{e}\n{body}")))
+    }
+
+    /// `sink` with its proof, its lengths and launch sizes derived as `ProgramSpec::from_sink`
+    /// derives them (a slot's length from its first PARAM, launch sizes from SPECIAL extents).
+    pub(crate) fn case_of(sink: Arc<UOp>) -> Case {
+        let mut lens: Vec<Option<Arc<UOp>>> = Vec::new();
         let mut launch: [Arc<UOp>; LAUNCH_SLOTS] = std::array::from_fn(|_| UOp::index_const(1));
         for n in sink.toposort() {
             match n.op() {
                 Op::Param => {
                     let slot = n.arg_int().unwrap() as usize;
                     if lens.len() <= slot {
-                        lens.resize(slot + 1, UOp::index_const(0));
+                        lens.resize(slot + 1, None);
                     }
-                    lens[slot] = n.src()[0].clone();
+                    lens[slot].get_or_insert_with(|| n.src()[0].clone());
                 }
                 Op::Special => launch[launch_slot(n.arg_name().unwrap()).unwrap()] = n.src()[0].clone(),
                 _ => {}
             }
         }
+        let lens: Vec<Arc<UOp>> = lens.into_iter().map(|l| l.unwrap_or_else(|| UOp::index_const(0))).collect();
         let bounds = Bounds::prove(&sink, &lens, &launch, &launch_slot);
         Case { sink, lens, launch, bounds }
     }

@@ -203,32 +203,14 @@ fn zero(dtype: DType) -> Arc<UOp> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bounds::{Bounds, LAUNCH_SLOTS};
+    use crate::bounds::Bounds;
     use crate::{linearize, parse_kernel, validate};
 
     /// `out[i] = table[ids[i]]`: the table load's index is data, which no proof sees.
     const GATHER: &str = include_str!("../../../examples/kernels/gather.kiln");
 
     fn prove(sink: &Arc<UOp>) -> Bounds {
-        let mut lens: Vec<Arc<UOp>> = Vec::new();
-        let mut launch: [Arc<UOp>; LAUNCH_SLOTS] = std::array::from_fn(|_| UOp::index_const(1));
-        for n in sink.toposort() {
-            match n.op() {
-                // The first PARAM of a slot gives its length, as `ProgramSpec::from_sink` takes it.
-                Op::Param => {
-                    let slot = n.arg_int().unwrap() as usize;
-                    if lens.len() <= slot {
-                        lens.resize(slot + 1, UOp::index_const(-1));
-                    }
-                    if lens[slot].arg_int() == Some(-1) {
-                        lens[slot] = n.src()[0].clone();
-                    }
-                }
-                Op::Special => launch[0] = n.src()[0].clone(),
-                _ => {}
-            }
-        }
-        Bounds::prove(sink, &lens, &launch, &|_| Some(0))
+        crate::bounds::tests::case_of(sink.clone()).bounds
     }
 
     #[test]
