@@ -26,13 +26,13 @@ and STORE, SHRINK (a float4 access) becomes an INDEX of a vector pointer, local 
 DEFINE_LOCAL / BARRIER / AFTER. Every exported kernel is then checked by brute force: each
 access's index and gate are evaluated over all combinations of the loop, launch and variable
 values they depend on, so a kernel the converter got wrong (out of bounds) is reported, not
-exported. Kernels are deduplicated by content and written to crates/kiln-ir/tests/tinygrad/;
-crates/kiln-ir/tests/tinygrad_corpus.rs runs kiln's proof over them.
+exported. Kernels are deduplicated by content and written to crates/kiln-device/tests/tinygrad/;
+crates/kiln-device/tests/tinygrad_corpus.rs runs kiln's proof over them.
 
 Run from the repository root (clang must be on PATH for tinygrad's CPU device):
 
     pip install tinygrad==0.14.0 numpy
-    python3 tools/tinygrad_corpus.py              # rewrites crates/kiln-ir/tests/tinygrad/
+    python3 tools/tinygrad_corpus.py              # rewrites crates/kiln-device/tests/tinygrad/
     python3 tools/tinygrad_corpus.py --out DIR --only cumsum --settings cpu-default,gpu-beam
 """
 
@@ -71,7 +71,7 @@ from tinygrad.renderer.cstyle import OpenCLRenderer  # noqa: E402
 from tinygrad.uop.ops import Ops, UOp  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "crates" / "kiln-ir" / "tests" / "tinygrad"
+DEFAULT_OUT = REPO / "crates" / "kiln-device" / "tests" / "tinygrad"
 SETTINGS = ("cpu-default", "cpu-noopt", "cpu-beam", "gpu-default", "gpu-noopt", "gpu-beam")
 
 # ---------------------------------------------------------------------------------------------
