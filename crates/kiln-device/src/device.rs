@@ -562,9 +562,15 @@ pub fn open_device(name: &str) -> Result<Arc<Device>> {
             }
             return Ok(d);
         }
-        *r.openers
-            .get(spec.base_type())
-            .ok_or_else(|| Error::Unavailable(format!("no {} backend is registered in this build", spec.base_type())))?
+        *r.openers.get(spec.base_type()).ok_or_else(|| {
+            let crate_name = format!("kiln_{}", spec.base_type().to_ascii_lowercase());
+            Error::Unavailable(format!(
+                "no {} backend is registered in this process: link the {crate_name} crate and call \
+                     `{crate_name}::register()` once before opening its devices (or open one directly, \
+                     e.g. `kiln_cpu::open(&DeviceSpec::Cpu)`)",
+                spec.base_type()
+            ))
+        })?
     };
     // Open outside the lock: opening may be slow (driver start-up).
     let device = opener(&spec)?;
@@ -576,6 +582,13 @@ pub fn open_device(name: &str) -> Result<Arc<Device>> {
 mod tests {
     use super::*;
     use crate::allocator::mock::MockAllocator;
+
+    /// A backend nobody registered names the crate and the call that registers it.
+    #[test]
+    fn an_unregistered_backend_says_which_call_registers_it() {
+        let e = open_device("OPENCL:3").unwrap_err().to_string();
+        assert!(e.contains("no OPENCL backend is registered") && e.contains("`kiln_opencl::register()`"), "{e}");
+    }
     use crate::cache::CacheConfig;
     use crate::cache::mock::{MockCompiler, MockRenderer, kernel, rig, runtime};
 

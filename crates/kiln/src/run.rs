@@ -6,6 +6,7 @@ use std::fs::File;
 use std::io::Write as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use kiln_device::{Buffer, Device, Kernel, ParamInfo};
 use kiln_ir::DeviceSpec;
@@ -40,6 +41,10 @@ pub struct RunArgs {
     /// Run through the runtime's execution plan and write a Chrome trace
     #[arg(long, value_name = "OUT.json")]
     pub trace: Option<PathBuf>,
+    /// After the run, launch the kernel N more times on the same buffers and print its
+    /// median and minimum time (the outputs are those of the first run)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub repeat: Option<u32>,
 }
 
 impl RunArgs {
@@ -232,6 +237,16 @@ pub fn run(args: &RunArgs) -> Result<String, CliError> {
     // Last, so that a trace that cannot be written after all loses none of the outputs.
     if let (Some(dest), Some(profile)) = (trace, profile) {
         dest.commit(profile.to_chrome_trace().as_bytes())?;
+    }
+    if let Some(n) = args.repeat {
+        let refs: Vec<&Buffer> = buffers.iter().collect();
+        let mut times = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let start = Instant::now();
+            kernel.launch(&refs, &vals).context(|| format!("kernel `{}` failed when repeated", spec.name))?;
+            times.push(start.elapsed());
+        }
+        stdout.push_str(&show::timings(&spec.name, &args.device, &mut times));
     }
     Ok(stdout)
 }

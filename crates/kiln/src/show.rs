@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kiln_device::ProgramSpec;
-use kiln_ir::{Arg, Op, Scalar, UOp};
+use kiln_ir::{Arg, DeviceSpec, Op, Scalar, UOp};
 
 use crate::npy;
 
@@ -105,6 +106,35 @@ pub fn spec(spec: &ProgramSpec, text: &str) -> String {
 pub const LINEAR_HEADER: &str = "# kiln linear order listing (not kernel text: it does not parse back)\n\
 # The nodes in the order the renderer walks them, indented by loop depth; %N is a position in\n\
 # this listing. An accumulator comes before the loop it names, which kernel text cannot say.\n";
+
+/// A one-row table of a kernel's repeated launch times (each a whole synchronous launch:
+/// checks, execution and completion): the run count, median and minimum.
+pub fn timings(kernel: &str, device: &DeviceSpec, times: &mut [Duration]) -> String {
+    times.sort_unstable();
+    let median = times.get(times.len() / 2).copied().unwrap_or_default();
+    let min = times.first().copied().unwrap_or_default();
+    let mut out = format!("{:<24} {:<10} {:>8} {:>12} {:>12}\n", "kernel", "device", "runs", "median", "min");
+    let _ = writeln!(
+        out,
+        "{kernel:<24} {:<10} {:>8} {:>12} {:>12}",
+        device.to_string(),
+        times.len(),
+        human(median),
+        human(min)
+    );
+    out
+}
+
+/// `850 ns`, `12.5 µs`, `3.20 ms`, `1.500 s`: three or four significant digits.
+fn human(d: Duration) -> String {
+    let ns = d.as_nanos() as f64;
+    match ns {
+        n if n < 1e3 => format!("{n:.0} ns"),
+        n if n < 1e6 => format!("{:.1} µs", n / 1e3),
+        n if n < 1e9 => format!("{:.2} ms", n / 1e6),
+        n => format!("{:.3} s", n / 1e9),
+    }
+}
 
 /// The kernel in linear order, one node per line, indented by loop depth, under
 /// [`LINEAR_HEADER`]. Node numbers are positions in this listing. It is a listing for

@@ -974,3 +974,27 @@ SINK void (%st)
     let spec = ok(s.kiln(&["compile", &k, "--emit", "spec"], &[]));
     assert!(spec.contains("STORE %st (line 7) buffer 0: proven at launch, else guarded"), "{spec}");
 }
+
+/// `--repeat N` launches the kernel N more times after the run and prints one table row with
+/// the run count, median and minimum; the outputs stay those of the first run (saxpy updates
+/// y in place, so a repeated run would change them). N must be at least 1.
+#[test]
+fn repeat_prints_the_median_and_minimum_time() {
+    let s = Scratch::new("repeat");
+    let data =
+        |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/data").join(name).display().to_string();
+    let saxpy = example("saxpy_symbolic.kiln");
+    let (alpha, x) = (format!("0={}", data("two1.npy")), format!("1={}", data("ramp8.npy")));
+    let args = ["run", saxpy.as_str(), "--var", "n=8", "--in", &alpha, "--in", &x];
+    let plain = ok(s.kiln(&args, &[]));
+    assert!(plain.contains("[0.0, 2.0, 4.0"), "{plain}");
+    let repeated = ok(s.kiln(&[&args[..], &["--repeat", "5"]].concat(), &[]));
+    assert!(repeated.starts_with(&plain), "the outputs changed:\n{plain}\n---\n{repeated}");
+    let table: Vec<&str> = repeated[plain.len()..].lines().collect();
+    assert_eq!(table.len(), 2, "{repeated}");
+    assert!(table[0].contains("runs") && table[0].contains("median") && table[0].contains("min"), "{repeated}");
+    let row: Vec<&str> = table[1].split_whitespace().collect();
+    assert_eq!(row[..3], ["saxpy_symbolic", "CPU", "5"], "{repeated}");
+    assert!(table[1].ends_with(['s']), "{repeated}");
+    fails(s.kiln(&[&args[..], &["--repeat", "0"]].concat(), &[]), 2, &["--repeat"]);
+}
