@@ -90,18 +90,19 @@ impl Program for FusedProgram {
     unsafe fn execute(&self, _bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
         self.check_current()?;
         for l in &self.launches {
-            // SAFETY: each launch was built from `Kernel::check` over buffers that `_keep`
-            // holds alive (views of host memory, counts, dtypes, sizes, variable bounds and
-            // launch sizes verified); the plan orders this segment after every node that
-            // conflicts with it (hazard analysis + timeline waits) and never starts a run
-            // before the previous one finished, so no other thread writes these bytes now.
+            let run = || {
+                // SAFETY: each launch was built from `Kernel::prepare` over buffers that `_keep`
+                // holds alive (views of host memory, counts, dtypes, sizes, variable bounds,
+                // launch sizes and every access's bounds verified; a guarded form's fault
+                // record is one of the views, held by `faults`); the plan orders this segment
+                // after every node that conflicts with it (hazard analysis + timeline waits)
+                // and never starts a run before the previous one finished, so no other thread
+                // writes these bytes now.
+                unsafe { l.program.execute(&l.views, &l.vals, &l.dims) }
+            };
             let r = match &l.faults {
-                None => unsafe { l.program.execute(&l.views, &l.vals, &l.dims) },
-                // SAFETY: as above; the record is one of the views, held by `faults`.
-                Some(f) => f
-                    .arm()
-                    .and_then(|()| unsafe { l.program.execute(&l.views, &l.vals, &l.dims) })
-                    .and_then(|()| f.check()),
+                None => run(),
+                Some(f) => f.arm().and_then(|()| run()).and_then(|()| f.check()),
             };
             if r.is_err() {
                 return match &self.stamp {
