@@ -33,8 +33,9 @@ use crate::session;
 #[command(
     long_about = "Runs kiln's benchmark suite on one device. Each entry verifies its result against a host \
 reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
-loops on all cores; for matmul OpenBLAS's cblas_sgemm on kiln's thread count when libopenblas.so.0 loads, \
-else the matrixmultiply crate, or as KILN_BENCH_MATMUL_BASELINE=auto|openblas|matrixmultiply says). compile_cold times one small kernel rendered, compiled and \
+loops on all cores; for matmul OpenBLAS's cblas_sgemm on kiln's thread count, in a process of its own \
+with OPENBLAS_CORETYPE set from the CPU's widest ISA unless already set, when libopenblas.so.0 loads, \
+else the matrixmultiply crate after kiln's reps, or as KILN_BENCH_MATMUL_BASELINE=auto|openblas|matrixmultiply says). compile_cold times one small kernel rendered, compiled and \
 loaded without the cache; compile_throughput counts kernels per second for 64 new small kernels compiled as \
 one batch on all cores (Device::compile_many), against the same number compiled one by one. warm_run_process is the wall time of a whole `kiln run` \
 process (an 8-element add on a warm kernel cache), against a bare `kiln --version` process.",
@@ -57,6 +58,13 @@ pub struct BenchArgs {
     /// Internal: run as the child process of the `cache_disk_hit` entry.
     #[arg(long, hide = true)]
     pub disk_hit_child: bool,
+    /// Internal: time this entry's OpenBLAS baseline in this process (the child of the
+    /// `matmul_f32_1024` entry), so that OpenBLAS never loads beside kiln's own reps.
+    #[arg(long, hide = true, value_name = "NAME", value_parser = PossibleValuesParser::new(["matmul_f32_1024"]))]
+    pub baseline_child: Option<String>,
+    /// Internal: the baseline child's OpenBLAS threads (the parent's kiln thread count).
+    #[arg(long, hide = true, value_name = "N", default_value_t = 1)]
+    pub baseline_threads: usize,
 }
 
 /// Every entry, in report order.
@@ -155,12 +163,16 @@ fn scaled(samples: &[f64], factor: f64) -> Vec<f64> {
 
 /// Runs `kiln bench` and returns what to print on stdout.
 pub fn run(args: &BenchArgs) -> Result<String, CliError> {
+    if args.baseline_child.is_some() {
+        // Before any device opens: the child holds OpenBLAS's threads and nothing else.
+        return matmul_baseline_child(args.baseline_threads, reps(args));
+    }
     session::register_backends();
     let device = session::open_device(&args.device)?;
     if args.disk_hit_child {
         return disk_hit_child(&device);
     }
-    let bench = Bench { device, reps: if args.quick { 3 } else { 11 } };
+    let bench = Bench { device, reps: reps(args) };
     let chosen: Vec<&'static str> =
         ENTRIES.iter().copied().filter(|name| args.only.as_ref().is_none_or(|o| o.iter().any(|n| n == name))).collect();
     let progress = progress_bar(chosen.len(), args.json);
@@ -174,6 +186,11 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
     }
     progress.finish_and_clear();
     Ok(if args.json { to_json(&args.device, &results)? } else { to_table(&bench.device, &results) })
+}
+
+/// Timed repetitions per entry.
+fn reps(args: &BenchArgs) -> usize {
+    if args.quick { 3 } else { 11 }
 }
 
 /// What the run is doing, on stderr: a bar with the entry being measured and a line per
@@ -235,7 +252,7 @@ impl Bench {
             "add_f32_16m" => self.add(),
             "add_f32_16m_guarded" => self.add_guarded(),
             "sum_f32_16m" => self.sum(),
-            "matmul_f32_1024" => self.matmul(),
+            "matmul_f32_1024" => self.matmul(args),
             "softmax_f32_4096x1024" => self.softmax(),
             "queue_roundtrip" => self.queue_roundtrip(),
             "plan_replay_per_kernel" => self.plan_replay(),
@@ -405,12 +422,11 @@ impl Bench {
         })
     }
 
-    fn matmul(&self) -> Result<BenchResult, CliError> {
-        let chosen = openblas::MatmulBaseline::select(kiln_threads())
+    fn matmul(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
+        let wanted = openblas::Wanted::from_env()
             .map_err(|e| kiln_err("choosing the matmul baseline", kiln_device::Error::Invalid(e)))?;
-        let n = 1024usize;
-        let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
-        let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
+        let n = MATMUL_N;
+        let (a, b) = matmul_inputs(n);
         let tile = kernels::MatmulTile::for_width(self.width());
         let pack = self.compile(kernels::pack_b_f32(self.axis(), n, tile), "pack_b_f32")?;
         // The CPU backend splits the strips over its cores; elsewhere, one tile per item.
@@ -439,24 +455,45 @@ impl Bench {
         }
         let flops = 2.0 * (n * n * n) as f64 / 1e9;
         let t = time_reps(self.reps, run)?;
-        let mut out = vec![f32::NAN; n * n];
-        let base = time_reps(self.reps, || {
-            chosen.matmul(&a, &b, &mut out, n);
-            Ok(())
-        })?;
-        if let Some(i) = (0..n * n).find(|&i| out[i] != reference[i]) {
-            return Err(wrong(
-                "matmul_f32_1024",
-                format!(
-                    "the baseline ({}) gives C[{}, {}] = {}, the reference {}",
-                    chosen.name(),
-                    i / n,
-                    i % n,
-                    out[i],
-                    reference[i]
-                ),
-            ));
-        }
+        // Every baseline runs after kiln's reps: OpenBLAS in a process of its own, so that its
+        // threads never share this one with kiln's workers; matrixmultiply here.
+        let from_child = match wanted {
+            openblas::Wanted::MatrixMultiply => None,
+            openblas::Wanted::Auto | openblas::Wanted::OpenBlas => match openblas_in_child(args, kiln_threads())? {
+                openblas::ChildReport::Timed { name, seconds } => Some((name, seconds)),
+                openblas::ChildReport::Unavailable { why } if wanted == openblas::Wanted::OpenBlas => {
+                    return Err(kiln_err(
+                        "choosing the matmul baseline",
+                        kiln_device::Error::Invalid(format!("{}=openblas: {why}", openblas::BASELINE_ENV)),
+                    ));
+                }
+                openblas::ChildReport::Unavailable { .. } => None,
+            },
+        };
+        let (name, base): (&'static str, Vec<f64>) = match from_child {
+            // Leaked once per run, so that the report keeps its `&'static str` names.
+            Some((name, seconds)) => (Box::leak(name.into_boxed_str()), seconds),
+            None => {
+                let mut out = vec![f32::NAN; n * n];
+                let base = time_reps(self.reps, || {
+                    baseline::matmul(&a, &b, &mut out, n);
+                    Ok(())
+                })?;
+                if let Some(i) = (0..n * n).find(|&i| out[i] != reference[i]) {
+                    return Err(wrong(
+                        "matmul_f32_1024",
+                        format!(
+                            "the baseline gives C[{}, {}] = {}, the reference {}",
+                            i / n,
+                            i % n,
+                            out[i],
+                            reference[i]
+                        ),
+                    ));
+                }
+                (openblas::MATRIXMULTIPLY_NAME, base)
+            }
+        };
         Ok(BenchResult {
             name: "matmul_f32_1024",
             unit: "GFLOP/s",
@@ -464,7 +501,7 @@ impl Bench {
             verified: true,
             kiln: Stats::of(per_sec(&t, flops))?,
             baseline: Some(Stats::of(per_sec(&base, flops))?),
-            baseline_name: chosen.name(),
+            baseline_name: name,
         })
     }
 
@@ -1096,6 +1133,84 @@ fn add_const_kernel(c: f32) -> Result<Arc<UOp>, kiln_device::kiln_ir::IrError> {
     k.finish()
 }
 
+/// The side of the matmul entry: n×n.
+const MATMUL_N: usize = 1024;
+
+/// The matmul entry's inputs, the same in the parent and the baseline child: multiples of 1/8
+/// with small numerators, so that every summation order gives the exact product.
+fn matmul_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
+    let b = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
+    (a, b)
+}
+
+/// Runs `kiln bench --baseline-child matmul_f32_1024` and reads its report. OPENBLAS_CORETYPE
+/// is set from the CPU's widest ISA ([`openblas::core_type`]) unless the user set it.
+fn openblas_in_child(args: &BenchArgs, threads: usize) -> Result<openblas::ChildReport, CliError> {
+    let exe = kiln_exe()?;
+    let mut cmd = Process::new(&exe);
+    cmd.args(["bench", "--baseline-child", "matmul_f32_1024", "--baseline-threads", &threads.to_string()]);
+    if args.quick {
+        cmd.arg("--quick");
+    }
+    let core = openblas::core_type().filter(|_| std::env::var_os(openblas::CORETYPE_ENV).is_none());
+    if let Some(core) = core {
+        cmd.env(openblas::CORETYPE_ENV, core);
+    }
+    let out = cmd.output().map_err(|e| CliError::Io { action: "starting", path: exe.clone(), source: e })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(wrong(
+            "matmul_f32_1024",
+            format!(
+                "the OpenBLAS baseline process failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    openblas::ChildReport::parse(&stdout).map_err(|e| wrong("matmul_f32_1024", e))
+}
+
+/// The child side of the matmul entry's OpenBLAS baseline: load OpenBLAS with `threads`
+/// threads, verify its product against matrixmultiply's (exact, see [`matmul_inputs`]), time
+/// `reps` products and print one [`openblas::ChildReport`] line. Fails on a wrong product.
+fn matmul_baseline_child(threads: usize, reps: usize) -> Result<String, CliError> {
+    let blas = match openblas::OpenBlas::load(openblas::LIBRARY_NAMES, threads) {
+        Ok(blas) => blas,
+        Err(why) => return Ok(openblas::ChildReport::Unavailable { why }.to_line()),
+    };
+    let n = MATMUL_N;
+    let (a, b) = matmul_inputs(n);
+    let mut reference = vec![0f32; n * n];
+    baseline::matmul(&a, &b, &mut reference, n);
+    let mut out = vec![f32::NAN; n * n];
+    blas.matmul(&a, &b, &mut out, n);
+    let check = |out: &[f32]| match (0..n * n).find(|&i| out[i] != reference[i]) {
+        Some(i) => Err(wrong(
+            "matmul_f32_1024",
+            format!(
+                "the baseline ({}) gives C[{}, {}] = {}, the reference {}",
+                blas.name(),
+                i / n,
+                i % n,
+                out[i],
+                reference[i]
+            ),
+        )),
+        None => Ok(()),
+    };
+    check(&out)?;
+    out.fill(f32::NAN);
+    let seconds = time_reps(reps, || {
+        blas.matmul(&a, &b, &mut out, n);
+        Ok(())
+    })?;
+    check(&out)?;
+    let name = format!("{}, own process", blas.name());
+    Ok(openblas::ChildReport::Timed { name, seconds }.to_line())
+}
+
 /// The child side of `cache_disk_hit`: compile the probe kernel from the disk cache named by
 /// KILN_CACHE_DIR, time it, verify it, and print `hit MS` or `miss MS`.
 fn disk_hit_child(device: &Device) -> Result<String, CliError> {
@@ -1300,14 +1415,19 @@ mod baseline {
     }
 }
 
-/// This `kiln` executable, for entries that time child processes, and a private folder with an
-/// unpredictable name starting with `prefix` (removed when it drops).
-fn exe_and_private_dir(prefix: &str) -> Result<(std::path::PathBuf, tempfile::TempDir), CliError> {
-    let exe = std::env::current_exe().map_err(|e| CliError::Io {
+/// This `kiln` executable, to re-run as a child process.
+fn kiln_exe() -> Result<std::path::PathBuf, CliError> {
+    std::env::current_exe().map_err(|e| CliError::Io {
         action: "finding",
         path: "the kiln executable".into(),
         source: e,
-    })?;
+    })
+}
+
+/// This `kiln` executable, for entries that time child processes, and a private folder with an
+/// unpredictable name starting with `prefix` (removed when it drops).
+fn exe_and_private_dir(prefix: &str) -> Result<(std::path::PathBuf, tempfile::TempDir), CliError> {
+    let exe = kiln_exe()?;
     let dir = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir()

@@ -3,10 +3,11 @@
 //! without it; then the baseline is the `matrixmultiply` crate.
 //!
 //! OpenBLAS starts one thread per core by default; it is set to the thread count kiln uses,
-//! so that both sides of the ratio run on the same cores.
+//! so that both sides of the ratio run on the same cores. It runs in a child process (the
+//! bench's hidden `--baseline-child`): loaded beside kiln, its idle threads took a core from
+//! kiln's workers and halved kiln's own figure on a 2-core machine.
 
 use std::ffi::{CStr, c_char, c_int};
-use std::sync::OnceLock;
 
 use libloading::Library;
 
@@ -17,43 +18,95 @@ pub const LIBRARY_NAMES: &[&str] = &["libopenblas.so.0", "libopenblas.so"];
 /// `openblas` (fail when it does not load, for CI), unset or `auto` (OpenBLAS if it loads).
 pub const BASELINE_ENV: &str = "KILN_BENCH_MATMUL_BASELINE";
 
-/// The matmul baseline the bench measures kiln against.
-#[derive(Clone, Copy)]
-pub enum MatmulBaseline {
-    OpenBlas(&'static OpenBlas),
+/// OpenBLAS's own override of the kernel set it picks (read when the library loads).
+pub const CORETYPE_ENV: &str = "OPENBLAS_CORETYPE";
+
+/// What [`BASELINE_ENV`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// OpenBLAS where it loads, else matrixmultiply.
+    Auto,
+    /// OpenBLAS, or an error.
+    OpenBlas,
     /// The `matrixmultiply` crate, threaded (its own thread count).
     MatrixMultiply,
 }
 
-impl MatmulBaseline {
-    /// OpenBLAS with `threads` threads when it loads, else matrixmultiply, as [`BASELINE_ENV`]
-    /// says. Err: the variable's value is not one of the above, or it asks for OpenBLAS and
-    /// OpenBLAS does not load (the message says why).
-    pub fn select(threads: usize) -> Result<MatmulBaseline, String> {
-        let wanted = std::env::var(BASELINE_ENV).unwrap_or_default();
-        match wanted.as_str() {
-            "matrixmultiply" => Ok(MatmulBaseline::MatrixMultiply),
-            "" | "auto" => Ok(OpenBlas::get(threads).map_or(MatmulBaseline::MatrixMultiply, MatmulBaseline::OpenBlas)),
-            "openblas" => OpenBlas::get(threads)
-                .map(MatmulBaseline::OpenBlas)
-                .map_err(|e| format!("{BASELINE_ENV}=openblas: {e}")),
+impl Wanted {
+    /// [`BASELINE_ENV`]'s value, read before anything is timed so that a typo fails at once.
+    pub fn from_env() -> Result<Wanted, String> {
+        Wanted::parse(&std::env::var(BASELINE_ENV).unwrap_or_default())
+    }
+
+    fn parse(value: &str) -> Result<Wanted, String> {
+        match value {
+            "" | "auto" => Ok(Wanted::Auto),
+            "openblas" => Ok(Wanted::OpenBlas),
+            "matrixmultiply" => Ok(Wanted::MatrixMultiply),
             other => Err(format!("{BASELINE_ENV}={other:?}: expected auto, openblas or matrixmultiply")),
         }
     }
+}
 
-    /// What the report calls this baseline.
-    pub fn name(self) -> &'static str {
-        match self {
-            MatmulBaseline::OpenBlas(blas) => &blas.name,
-            MatmulBaseline::MatrixMultiply => "matrixmultiply 0.3 sgemm, threaded",
-        }
+/// What the report calls the matrixmultiply baseline.
+pub const MATRIXMULTIPLY_NAME: &str = "matrixmultiply 0.3 sgemm, threaded";
+
+/// The `OPENBLAS_CORETYPE` for this CPU's widest ISA: `SkylakeX` with AVX-512 (F, CD, BW, DQ,
+/// VL: what OpenBLAS's SkylakeX kernels use), `Haswell` with AVX2 and FMA, else none (OpenBLAS
+/// picks). Set because OpenBLAS 0.3.21 picks its Haswell kernels on some AVX-512 CPUs, where
+/// the SkylakeX ones are faster: the baseline should be the best OpenBLAS does here.
+pub fn core_type() -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx512 = has!("avx512f") && has!("avx512cd") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl");
+        core_type_for(avx512, has!("avx2") && has!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// [`core_type`] for a CPU with (or without) AVX-512 and AVX2.
+pub fn core_type_for(avx512: bool, avx2: bool) -> Option<&'static str> {
+    if avx512 {
+        Some("SkylakeX")
+    } else if avx2 {
+        Some("Haswell")
+    } else {
+        None
+    }
+}
+
+/// What the baseline child process prints on stdout, one line of JSON: OpenBLAS's name and
+/// seconds per rep, or why OpenBLAS did not load (which `auto` turns into matrixmultiply).
+/// A wrong product is not a report: the child then fails, with the reason on stderr.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildReport {
+    Timed { name: String, seconds: Vec<f64> },
+    Unavailable { why: String },
+}
+
+impl ChildReport {
+    /// The line the child prints.
+    pub fn to_line(&self) -> String {
+        // A struct of strings and floats always serialises; NaN becomes null, which
+        // `parse` then rejects.
+        serde_json::to_string(self).unwrap_or_default() + "\n"
     }
 
-    /// `c = a · b` for n×n row-major matrices; leaves `c` alone when a slice is too short.
-    pub fn matmul(&self, a: &[f32], b: &[f32], c: &mut [f32], n: usize) {
-        match self {
-            MatmulBaseline::OpenBlas(blas) => blas.matmul(a, b, c, n),
-            MatmulBaseline::MatrixMultiply => super::baseline::matmul(a, b, c, n),
+    /// The child's stdout. Err: not one report, or a timed one with no samples or a
+    /// non-finite or non-positive sample.
+    pub fn parse(stdout: &str) -> Result<ChildReport, String> {
+        let report: ChildReport = serde_json::from_str(stdout.trim())
+            .map_err(|e| format!("the baseline process printed `{}` ({e})", stdout.trim()))?;
+        match &report {
+            ChildReport::Timed { seconds, .. }
+                if seconds.is_empty() || seconds.iter().any(|s| !s.is_finite() || *s <= 0.0) =>
+            {
+                Err(format!("the baseline process reported the samples {seconds:?}"))
+            }
+            _ => Ok(report),
         }
     }
 }
@@ -89,13 +142,6 @@ pub struct OpenBlas {
 }
 
 impl OpenBlas {
-    /// The process's OpenBLAS, set to `threads` threads when first loaded, or why it does
-    /// not load.
-    pub fn get(threads: usize) -> Result<&'static OpenBlas, &'static str> {
-        static LOADED: OnceLock<Result<OpenBlas, String>> = OnceLock::new();
-        LOADED.get_or_init(|| OpenBlas::load(LIBRARY_NAMES, threads)).as_ref().map_err(String::as_str)
-    }
-
     /// Loads the first of `names` that opens and has `cblas_sgemm`, set to `threads` threads.
     pub fn load(names: &[&str], threads: usize) -> Result<OpenBlas, String> {
         let mut why = Vec::new();
@@ -213,11 +259,49 @@ mod tests {
         assert_eq!(short, [7.0; 4], "a short output is left alone, not overrun");
     }
 
-    /// A library that does not load is a reason, not a panic (the bench then uses
-    /// matrixmultiply: see `matmul_baseline_falls_back_without_openblas` in the bench).
+    /// A library that does not load is a reason, not a panic (the child then reports it
+    /// unavailable and `auto` uses matrixmultiply).
     #[test]
     fn a_missing_library_is_an_error() {
         let Err(e) = OpenBlas::load(&["libkiln-no-such-blas.so.0"], 2) else { panic!("a missing library loaded") };
         assert!(e.contains("OpenBLAS not found") && e.contains("libkiln-no-such-blas.so.0"), "{e}");
+    }
+
+    /// The core type follows the widest ISA: OpenBLAS's SkylakeX kernels on AVX-512, Haswell
+    /// on AVX2, and OpenBLAS's own pick below that.
+    #[test]
+    fn the_core_type_follows_the_isa() {
+        assert_eq!(core_type_for(true, true), Some("SkylakeX"));
+        assert_eq!(core_type_for(false, true), Some("Haswell"));
+        assert_eq!(core_type_for(false, false), None);
+    }
+
+    /// The child's line round-trips; anything else, or samples that are no time, is an error
+    /// the bench reports rather than a figure.
+    #[test]
+    fn the_child_report_parses_and_rejects_garbage() {
+        let timed = ChildReport::Timed { name: "OpenBLAS 0.3.21 (SkylakeX), \"x\"".into(), seconds: vec![0.01, 0.02] };
+        assert_eq!(ChildReport::parse(&timed.to_line()), Ok(timed));
+        let gone = ChildReport::Unavailable { why: "OpenBLAS not found".into() };
+        assert_eq!(ChildReport::parse(&gone.to_line()), Ok(gone));
+        for bad in [
+            "",
+            "0.01 0.02",
+            r#"{"timed":{"name":"x","seconds":[]}}"#,
+            r#"{"timed":{"name":"x","seconds":[null]}}"#,
+            r#"{"timed":{"name":"x","seconds":[-1.0]}}"#,
+        ] {
+            assert!(ChildReport::parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    /// The variable's values, and a typo is an error naming it.
+    #[test]
+    fn the_baseline_variable_parses() {
+        assert_eq!(Wanted::parse(""), Ok(Wanted::Auto));
+        assert_eq!(Wanted::parse("auto"), Ok(Wanted::Auto));
+        assert_eq!(Wanted::parse("openblas"), Ok(Wanted::OpenBlas));
+        assert_eq!(Wanted::parse("matrixmultiply"), Ok(Wanted::MatrixMultiply));
+        assert!(Wanted::parse("blas").is_err_and(|e| e.contains(BASELINE_ENV)));
     }
 }
