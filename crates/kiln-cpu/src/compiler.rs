@@ -1357,7 +1357,7 @@ InstalledDir: /usr/lib/llvm-14/bin
 
     #[test]
     fn a_warm_disk_cache_never_starts_the_compiler() {
-        use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar};
+        use kiln_device::kiln_ir::DeviceSpec;
         use kiln_device::{CacheConfig, KernelCache, Program, Renderer, RuntimeFactory, Toolchain};
         let dir = test_dir();
         let log = dir.path().join("runs.log");
@@ -1367,12 +1367,7 @@ InstalledDir: /usr/lib/llvm-14/bin
             "logging-cc",
             &format!("echo \"$1\" >> '{}'\nexec '{}' \"$@\"", log.display(), real.path().display()),
         );
-        let mut b = KernelBuilder::new();
-        let a = b.param(0, Scalar::F32, 8);
-        let i = b.special("gidx0", 8);
-        let v = a.at(&i).load();
-        b.store(&a.at(&i), &(v * 2.0));
-        let sink = b.finish().unwrap();
+        let sink = crate::testing::double_in_place();
         // What a new process does: locate the compiler, open the cache, ask for the kernel.
         let process = || {
             let renderer: Arc<dyn Renderer> = Arc::new(crate::CpuRenderer::new());

@@ -843,7 +843,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
     /// back from the disk cache: the cache deletes the entry and compiles the kernel again.
     #[test]
     fn a_cached_object_the_loader_refuses_is_deleted_and_compiled_again() {
-        use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar};
+        use kiln_device::kiln_ir::DeviceSpec;
         use kiln_device::{
             CacheConfig, CompiledSpec, Compiler, KernelCache, LaunchDims, Program, ProgramSpec, RawView, Renderer,
             RuntimeFactory, Toolchain,
@@ -878,12 +878,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
                 "never run"
             }
         }
-        let mut b = KernelBuilder::new();
-        let a = b.param(0, Scalar::F32, 8);
-        let i = b.special("gidx0", 8);
-        let v = a.at(&i).load();
-        b.store(&a.at(&i), &(v * 2.0));
-        let sink = b.finish().unwrap();
+        let sink = crate::testing::double_in_place();
         let dir = tempfile::Builder::new().prefix("kiln-elf-cache-").tempdir().unwrap();
         let cc = CCompiler::detect().unwrap();
         let renderer: Arc<dyn Renderer> = Arc::new(crate::CpuRenderer::new());
