@@ -20,6 +20,8 @@ pub mod queue;
 pub mod ring;
 pub mod signal;
 pub mod stream;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
 pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
