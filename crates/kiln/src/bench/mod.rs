@@ -37,7 +37,10 @@ use crate::session;
 reference before it is timed, and most are compared with a baseline measured in the same run (plain Rust \
 loops on all cores; for matmul OpenBLAS's cblas_sgemm on kiln's thread count, in a process of its own \
 with OPENBLAS_CORETYPE set from the CPU's widest ISA unless already set, when libopenblas.so.0 loads, \
-else the matrixmultiply crate after kiln's reps, or as KILN_BENCH_MATMUL_BASELINE=auto|openblas|matrixmultiply says). compile_cold times one small kernel rendered, compiled and \
+else the matrixmultiply crate after kiln's reps, or as KILN_BENCH_MATMUL_BASELINE=auto|openblas|matrixmultiply says). \
+bandwidth_limit is the memory bandwidth measured as STREAM does (its copy and add over arrays beyond the cache, \
+on all cores, with plain and with non-temporal stores of the CPU's widest vector; the best median counts): \
+the ceiling of the streaming entries, and add_f32_16m's baseline. compile_cold times one small kernel rendered, compiled and \
 loaded without the cache; compile_throughput counts kernels per second for 64 new small kernels compiled as \
 one batch on all cores (Device::compile_many), against the same number compiled one by one. warm_run_process is the wall time of a whole `kiln run` \
 process (an 8-element add on a warm kernel cache), against a bare `kiln --version` process.",
