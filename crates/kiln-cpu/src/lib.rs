@@ -144,24 +144,8 @@ pub(crate) fn cpuinfo() -> &'static str {
     INFO.get_or_init(|| std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
 }
 
-/// Kernels the unit tests of several modules share.
 #[cfg(test)]
-mod testing {
-    use std::sync::Arc;
-
-    use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp};
-
-    /// `a[i] *= 2` over 8 f32s, one work item each: the smallest kernel with a load, a store
-    /// and a launch index.
-    pub(crate) fn double_in_place() -> Arc<UOp> {
-        let mut b = KernelBuilder::new();
-        let a = b.param(0, Scalar::F32, 8);
-        let i = b.special("gidx0", 8);
-        let v = a.at(&i).load();
-        b.store(&a.at(&i), &(v * 2.0));
-        b.finish().expect("a valid kernel")
-    }
-}
+mod testing;
 
 #[cfg(test)]
 mod tests {

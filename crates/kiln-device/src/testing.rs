@@ -1,6 +1,7 @@
 //! Test doubles shared by this crate's unit tests: an allocator with a hard capacity that
 //! counts its calls ([`MockAllocator`]), and a toolchain whose "binaries" are bytes derived
-//! from the source ([`rig`]), for the cache and device tests.
+//! from the source ([`rig`]), for the cache and device tests; and a device event completed
+//! by hand ([`FakeEvent`]), for the event ring's.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -192,5 +193,43 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         let parent = tempfile::Builder::new().prefix("kiln-cache-test-").tempdir().expect("a temporary folder");
         TempDir(parent.path().join(tag), parent)
+    }
+}
+
+/// A device event a test completes or breaks by hand (the event ring's tests).
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+pub(crate) struct FakeEvent {
+    /// Set by [`FakeEvent::complete`].
+    pub done: AtomicBool,
+    /// Makes every query fail, as a device fault would.
+    pub broken: AtomicBool,
+    /// Calls of the blocking `wait`.
+    pub blocking_waits: AtomicUsize,
+}
+
+#[cfg(not(loom))]
+impl FakeEvent {
+    /// Marks the event done.
+    pub fn complete(&self) {
+        self.done.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(not(loom))]
+impl crate::ring::BackendEvent for Arc<FakeEvent> {
+    fn is_complete(&self) -> Result<bool> {
+        if self.broken.load(Ordering::Acquire) {
+            return Err(Error::driver("fake", "device fault"));
+        }
+        Ok(self.done.load(Ordering::Acquire))
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.blocking_waits.fetch_add(1, Ordering::Relaxed);
+        while !self.is_complete()? {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
     }
 }
