@@ -26,7 +26,7 @@ pub(super) fn threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
-/// Sum streamed on all cores, eight independent lanes per thread so the compiler
+/// Sum streamed on all cores, sixteen independent lanes per thread so the compiler
 /// vectorizes it.
 pub(super) fn sum(a: &[f32]) -> f32 {
     let chunk = a.len().div_ceil(threads());

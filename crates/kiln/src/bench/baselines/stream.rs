@@ -12,6 +12,8 @@
 use std::sync::Barrier;
 use std::time::Instant;
 
+use super::threads;
+
 /// What one pass computes per element.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kernel {
@@ -213,11 +215,6 @@ pub(in crate::bench) fn limit(a: &[f32], b: &[f32], reps: usize) -> Result<Limit
     best.map(|(_, limit)| limit).ok_or_else(|| "the streaming limit measured no variant".to_string())
 }
 
-/// The threads the limit runs on: one per core.
-fn threads() -> usize {
-    super::threads()
-}
-
 /// Runs `passes` passes of `pass` over `c` split into one contiguous part per core, each
 /// thread on its part, all starting together; returns the seconds of each pass, from the
 /// start to the last part done.
@@ -228,7 +225,8 @@ fn on_all_cores(
     passes: usize,
     pass: impl Fn(&[f32], Option<&[f32]>, &mut [f32]) + Sync,
 ) -> Vec<f64> {
-    // Parts start on a cache line (16 f32), so that no two threads write the same line.
+    // Parts are whole multiples of 64 bytes (16 f32): two threads share at most the one cache
+    // line at each boundary, and each part stores whole aligned vectors between its ends.
     let chunk = c.len().div_ceil(threads()).next_multiple_of(16);
     let parts: Vec<_> = c
         .chunks_mut(chunk)
