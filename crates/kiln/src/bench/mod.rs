@@ -7,9 +7,9 @@
 //!
 //! - this module: the command's arguments (the device is parsed and opened here, in
 //!   [`run`], and nowhere else), the list of entries and the timing helpers they share;
-//! - [`entries`]: what each entry runs and verifies;
-//! - [`baselines`]: what the entries are compared with;
-//! - [`report`]: the statistics, the table and the `--json` report;
+//! - `entries`: what each entry runs and verifies;
+//! - `baselines`: what the entries are compared with;
+//! - `report`: the statistics, the table and the `--json` report;
 //! - [`kernels`]: the benchmark kernels.
 
 mod baselines;
