@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::queue::CommandTimer;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
     AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel,
@@ -49,6 +50,8 @@ enum Command {
         dims: LaunchDims,
         /// A guarded launch's fault record, checked once it ran.
         faults: Option<FaultWatch>,
+        /// Receives the host times around the run ([`HardwareQueue::exec_timed`]).
+        timer: Option<Arc<dyn CommandTimer>>,
     },
     Copy {
         dst: Buffer,
@@ -117,7 +120,12 @@ impl CpuQueue {
         self
     }
 
-    fn check_exec(kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<Command> {
+    fn check_exec(
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: Option<&Arc<dyn CommandTimer>>,
+    ) -> Result<Command> {
         if kernel.spec.device.base_type() != DeviceSpec::Cpu.base_type() {
             return Err(Error::Launch(format!(
                 "kernel `{}` was built for {}; a CPU queue runs CPU kernels only",
@@ -132,6 +140,7 @@ impl CpuQueue {
             vals: vals.to_vec(),
             dims,
             faults,
+            timer: timer.cloned(),
         })
     }
 
@@ -162,7 +171,18 @@ impl HardwareQueue for CpuQueue {
     }
 
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        self.record(|| Self::check_exec(kernel, bufs, vals))
+        self.record(|| Self::check_exec(kernel, bufs, vals, None))
+    }
+
+    /// Reports the host times right before and after the worker ran the kernel.
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        self.record(|| Self::check_exec(kernel, bufs, vals, Some(timer)))
     }
 
     fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
@@ -269,7 +289,8 @@ impl Worker {
                 s.set(v);
                 Ok(())
             }
-            Command::Exec { kernel, _bufs, views, vals, dims, faults } => {
+            Command::Exec { kernel, _bufs, views, vals, dims, faults, timer } => {
+                let start = Instant::now();
                 let run = catch_unwind(AssertUnwindSafe(|| {
                     // SAFETY: `Kernel::prepare` validated at record time the buffer count,
                     // device, dtype and size of every view, the variables' bounds, the
@@ -277,8 +298,12 @@ impl Worker {
                     // guarded form's extra buffer) hold the allocations alive until this returns.
                     // Conflicting accesses from other queues are ordered by the caller's
                     // signals (the HardwareQueue contract); this queue runs one command at a time.
-                    unsafe { kernel.program.execute(&views, &vals, &dims) }
+                    unsafe { kernel.execute(&views, &vals, &dims) }
                 }));
+                if let Some(t) = timer {
+                    let end = Instant::now();
+                    t.measured(Box::new(move || Ok((start, end))));
+                }
                 run.unwrap_or_else(|panic| {
                     Err(Error::Launch(format!("kernel `{}` panicked: {}", kernel.spec.name, panic_message(&*panic))))
                 })

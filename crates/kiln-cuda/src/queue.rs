@@ -222,7 +222,8 @@ impl AccelStream for CudaStream {
 
 /// The CUDA program behind `kernel`, or why it cannot run on a CUDA queue.
 fn cuda_program(kernel: &Kernel) -> Result<&CudaProgram> {
-    kernel.program.as_any().and_then(|a| a.downcast_ref::<CudaProgram>()).ok_or_else(|| {
+    let program: &dyn std::any::Any = kernel.program().as_ref();
+    program.downcast_ref::<CudaProgram>().ok_or_else(|| {
         Error::Launch(format!(
             "kernel `{}` was loaded for {}, not by the CUDA backend: compile it with a CUDA device",
             kernel.spec.name, kernel.spec.device

@@ -13,8 +13,11 @@ pub mod device;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+mod generation;
 pub mod graph;
 pub mod guarded;
+pub mod kernel;
+pub mod parts;
 pub mod program;
 pub mod queue;
 pub mod ring;
@@ -26,14 +29,13 @@ pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
-pub use device::{
-    CompilerPair, Device, DeviceOpener, DeviceParts, DeviceProperties, Kernel, PartsBuilder, open_device,
-    register_backend,
-};
+pub use device::{Device, DeviceOpener, DeviceProperties, open_device, register_backend};
 pub use error::{Error, ErrorClass, Result};
-pub use graph::{GraphLaunch, LaunchGraph};
-pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch, PreparedLaunch};
+pub use graph::{GraphFactory, GraphLaunch, LaunchGraph};
+pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch};
+pub use kernel::{Kernel, LaunchGate, Loader, Origin, PreparedLaunch};
 pub use kiln_ir;
+pub use parts::{CompilerPair, DeviceParts, PartsBuilder};
 pub use program::{
     AccessProof, CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory,
     Variable, special_axis,

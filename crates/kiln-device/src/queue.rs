@@ -34,8 +34,8 @@ use kiln_ir::DeviceSpec;
 
 use crate::buffer::Buffer;
 use crate::context::Stamp;
-use crate::device::Kernel;
 use crate::error::{Error, Result};
+use crate::kernel::Kernel;
 use crate::signal::TimelineSignal;
 
 /// Reads when one profiled command ran, as (start, end) on the host's clock. It blocks until

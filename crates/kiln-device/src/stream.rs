@@ -10,7 +10,7 @@
 //!
 //! How each command is enqueued:
 //! - `exec`: [`StreamOps::enqueue_kernel`] (arguments were checked when recorded), after
-//!   the program's [`crate::Program::before_enqueue`] (the generation check, fault injection).
+//!   [`Kernel::admit`] (the generation check and launch gate, e.g. fault injection).
 //!   A launch that runs a kernel's guarded form ([`crate::guarded`]) is followed by a host
 //!   step that checks its fault record once it finished: a guard that fired fails the queue
 //!   with [`Error::OutOfBounds`], and nothing behind it runs.
@@ -46,9 +46,9 @@ use std::time::{Duration, Instant};
 use kiln_ir::DeviceSpec;
 
 use crate::buffer::{Buffer, RawView};
-use crate::device::Kernel;
 use crate::error::{Error, Result};
-use crate::guarded::{FaultWatch, PreparedLaunch};
+use crate::guarded::FaultWatch;
+use crate::kernel::{Kernel, PreparedLaunch};
 use crate::program::LaunchDims;
 use crate::queue::{CommandTimer, HardwareQueue};
 use crate::ring::{BackendEvent, RingSignal};
@@ -224,8 +224,7 @@ impl<B: StreamOps> Inner<B> {
                 Command::Signal(s, v) => self.ops.record_event().and_then(|e| s.record(v, e)).map(|()| None),
                 Command::Exec { kernel, bufs, views, vals, dims, timer, faults } => {
                     let r = kernel
-                        .program
-                        .before_enqueue()
+                        .admit()
                         .and_then(|()| self.ops.enqueue_kernel(&kernel, &views, &vals, &dims, timer.as_ref()));
                     kernels.push(kernel);
                     buffers.extend(bufs);

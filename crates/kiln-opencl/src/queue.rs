@@ -215,7 +215,8 @@ fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
 
 /// The OpenCL program behind `kernel`, or why it cannot run on an OpenCL queue.
 fn opencl_program(kernel: &Kernel) -> Result<&OpenClProgram> {
-    kernel.program.as_any().and_then(|a| a.downcast_ref::<OpenClProgram>()).ok_or_else(|| {
+    let program: &dyn std::any::Any = kernel.program().as_ref();
+    program.downcast_ref::<OpenClProgram>().ok_or_else(|| {
         Error::Launch(format!(
             "kernel `{}` was loaded for {}, not by the OpenCL backend: compile it with an OpenCL device",
             kernel.spec.name, kernel.spec.device
