@@ -36,7 +36,7 @@ pub use guard::GuardPageAllocator;
 pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
-pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
+pub use queue::{CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer};
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget

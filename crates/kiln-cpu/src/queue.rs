@@ -30,8 +30,8 @@ use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel,
-    LaunchDims, PreparedLaunch, QueueFactory, RawView, Result, TimelineSignal,
+    Buffer, CpuTimelineSignal, Error, FaultWatch, HardwareQueue, Kernel, LaunchDims, PreparedLaunch, QueueFactory,
+    RawView, Result, TimelineSignal,
 };
 
 /// How long an idle worker polls for the next batch before it parks on the channel.
@@ -328,41 +328,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// The CPU backend's identity (see [`kiln_device::backend`]).
-pub struct Cpu;
-
-/// A CPU event: a host timeline signal reaching a value.
-#[derive(Clone, Debug)]
-pub struct CpuEvent {
-    pub signal: Arc<CpuTimelineSignal>,
-    pub value: u64,
-}
-
-impl AccelBackend for Cpu {
-    const NAME: &'static str = "CPU";
-    type Device = DeviceOf<Cpu>;
-    type Stream = CpuQueue;
-    type Event = CpuEvent;
-    type Error = Error;
-}
-
-/// Events are recorded like every command: they complete once the batch they were recorded
-/// in has been submitted and has run up to them.
-impl AccelStream for CpuQueue {
-    type Backend = Cpu;
-
-    fn record_event(&mut self) -> Result<CpuEvent> {
-        let event = CpuEvent { signal: Arc::new(CpuTimelineSignal::new()), value: 1 };
-        self.signal(&event.signal, event.value);
-        Ok(event)
-    }
-
-    fn wait_event(&mut self, event: &CpuEvent) -> Result<()> {
-        self.wait(&event.signal, event.value);
-        Ok(())
-    }
-}
-
 /// Creates CPU queues (each with its own worker thread) and CPU timeline signals.
 #[derive(Debug, Clone)]
 pub struct CpuQueueFactory {
@@ -616,28 +581,6 @@ mod tests {
         let s = dev.queues().unwrap().create_dyn_signal().unwrap();
         q.signal(&s, 1).submit().unwrap();
         s.wait(1, LONG).unwrap();
-    }
-
-    /// Two queues ordered by a recorded event; the device handle follows resets.
-    #[test]
-    fn identity_traits_order_streams_and_report_generations() {
-        use kiln_device::AccelDevice;
-        let f = factory();
-        let (mut producer, mut consumer) = (f.create_compute_queue().unwrap(), f.create_compute_queue().unwrap());
-        let log = log();
-        let (a, b) = (buf(&[1.0; 2]), buf(&[0.0; 2]));
-        let done = f.create_signal().unwrap();
-        let e = producer.exec(&kernel(Behaviour::AddOne(1), &log), &[&a, &b], &[2]).record_event().unwrap();
-        consumer.wait_event(&e).unwrap();
-        consumer.signal(&done, 1).submit().unwrap();
-        producer.submit().unwrap();
-        done.wait(1, LONG).unwrap();
-        assert!(e.signal.is_reached(1) && log.lock().unwrap().len() == 1);
-
-        let dev = DeviceOf::<Cpu>::new(crate::open(&DeviceSpec::Cpu).unwrap()).unwrap();
-        assert_eq!((dev.device_id(), dev.generation(), Cpu::NAME), (0, 0, "CPU"));
-        dev.device().reset().unwrap();
-        assert_eq!(dev.generation(), 1);
     }
 
     /// The failure is reachable through the type-erased queue, under the trait's one name.

@@ -25,7 +25,7 @@ pub mod signal;
 pub mod stream;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
-pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
+pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
@@ -43,4 +43,4 @@ pub use program::{
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
-pub use stream::{StreamOps, StreamQueue};
+pub use stream::StreamQueue;
