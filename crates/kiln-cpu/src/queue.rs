@@ -41,23 +41,27 @@ const WORKER_SPIN: Duration = Duration::from_micros(20);
 enum Command {
     Wait(Arc<CpuTimelineSignal>, u64),
     Signal(Arc<CpuTimelineSignal>, u64),
-    Exec {
-        kernel: Kernel,
-        /// Keeps the memory behind `views` alive until the launch ran.
-        _bufs: Vec<Buffer>,
-        views: Vec<RawView>,
-        vals: Vec<i64>,
-        dims: LaunchDims,
-        /// A guarded launch's fault record, checked once it ran.
-        faults: Option<FaultWatch>,
-        /// Receives the host times around the run ([`HardwareQueue::exec_timed`]).
-        timer: Option<Arc<dyn CommandTimer>>,
-    },
+    /// Boxed: a launch is several times larger than the other commands.
+    Exec(Box<Launch>),
     Copy {
         dst: Buffer,
         src: Buffer,
     },
     Barrier,
+}
+
+/// A recorded kernel launch.
+struct Launch {
+    kernel: Kernel,
+    /// Keeps the memory behind `views` alive until the launch ran.
+    _bufs: Vec<Buffer>,
+    views: Vec<RawView>,
+    vals: Vec<i64>,
+    dims: LaunchDims,
+    /// A guarded launch's fault record, checked once it ran.
+    faults: Option<FaultWatch>,
+    /// Receives the host times around the run ([`HardwareQueue::exec_timed`]).
+    timer: Option<Arc<dyn CommandTimer>>,
 }
 
 /// State shared by a queue's host handle and its worker.
@@ -133,7 +137,7 @@ impl CpuQueue {
             )));
         }
         let PreparedLaunch { kernel, views, dims, faults } = kernel.prepare(bufs, vals)?;
-        Ok(Command::Exec {
+        Ok(Command::Exec(Box::new(Launch {
             kernel,
             _bufs: bufs.iter().map(|b| (*b).clone()).collect(),
             views,
@@ -141,7 +145,7 @@ impl CpuQueue {
             dims,
             faults,
             timer: timer.cloned(),
-        })
+        })))
     }
 
     fn check_copy(dst: &Buffer, src: &Buffer) -> Result<Command> {
@@ -289,7 +293,8 @@ impl Worker {
                 s.set(v);
                 Ok(())
             }
-            Command::Exec { kernel, _bufs, views, vals, dims, faults, timer } => {
+            Command::Exec(launch) => {
+                let Launch { kernel, _bufs, views, vals, dims, faults, timer } = *launch;
                 let start = Instant::now();
                 let run = catch_unwind(AssertUnwindSafe(|| {
                     // SAFETY: `Kernel::prepare` validated at record time the buffer count,

@@ -22,7 +22,7 @@ use crate::program::{CompiledSpec, LaunchDims, Program, ProgramSpec, RuntimeFact
 
 /// Called before every launch of a device generation's kernels, whichever path launches
 /// them (a host execute, a native enqueue, a graph replay), with the program's name; an
-/// error refuses the launch. Fault injection is one ([`crate::faults`]).
+/// error refuses the launch. Fault injection (`faults`, feature `fault-injection`) is one.
 pub type LaunchGate = Arc<dyn Fn(&str) -> Result<()> + Send + Sync>;
 
 /// Where a kernel was loaded: one generation of one device. Shared by every kernel of the
