@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Moving to a crate of its own (kiln-cstyle); not part of the device layer's structure.
 IGNORED = {"cstyle"}
-PATH = re.compile(r"\bcrate::((?:\{[^}]*\}|[A-Za-z_][A-Za-z0-9_]*))")
+PATH = re.compile(r"\bcrate::(\{|[A-Za-z_][A-Za-z0-9_]*)")
 TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
 
 
@@ -61,6 +61,25 @@ def reexports(lib_code, modules):
     return names
 
 
+def first_segments(text, start):
+    """The first path segment of each item of the `{...}` group opening at `start - 1`."""
+    depth, item, names, i = 1, "", [], start
+    while i < len(text) and depth:
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        if depth == 1 and c == ",":
+            names.append(item)
+            item = ""
+        elif depth >= 1 and not (depth == 1 and c == "}"):
+            item += c
+        i += 1
+    names.append(item)
+    return [m.group(1) for m in (re.match(r"\s*(\w+)", n) for n in names) if m]
+
+
 def edges(src):
     files = sorted(p for p in src.rglob("*.rs"))
     modules = {module_of(src, p) for p in files} - {None}
@@ -71,10 +90,10 @@ def edges(src):
         here = module_of(src, path)
         if here is None or here in IGNORED:
             continue
-        for m in PATH.finditer(code(path)):
-            for name in re.findall(r"\w+", m.group(1))[:1] if not m.group(1).startswith("{") else re.findall(
-                r"(?:^|[{,])\s*(\w+)", m.group(1)
-            ):
+        text = code(path)
+        for m in PATH.finditer(text):
+            names = first_segments(text, m.end()) if m.group(1) == "{" else [m.group(1)]
+            for name in names:
                 target = name if name in modules else roots.get(name)
                 if target and target != here and target not in IGNORED:
                     graph[here].add(target)
