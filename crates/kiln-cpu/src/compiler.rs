@@ -1372,7 +1372,7 @@ InstalledDir: /usr/lib/llvm-14/bin
         let process = || {
             let renderer: Arc<dyn Renderer> = Arc::new(crate::CpuRenderer::new());
             let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
-            let toolchain = Toolchain::new(renderer, Arc::new(CCompiler::with_path(&cc).unwrap()), runtime);
+            let toolchain = Toolchain::new(renderer, Arc::new(CCompiler::with_path(&cc).unwrap()), runtime.into());
             let cache = KernelCache::new(CacheConfig::at(dir.path().join("cache")));
             cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).unwrap();
             cache.stats()

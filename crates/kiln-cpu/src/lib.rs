@@ -36,7 +36,7 @@ pub use guard::GuardPageAllocator;
 pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
-pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
+pub use queue::{CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer};
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
@@ -110,12 +110,8 @@ fn open_with(
     let device = Device::new(DeviceSpec::Cpu, description, move |_| {
         let runtime: RuntimeFactory =
             Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-        Ok(DeviceParts {
-            allocator: make_allocator()?,
-            compilers: vec![(renderer.clone(), compiler.clone())],
-            runtime,
-            queues: Some(Arc::new(CpuQueueFactory::new())),
-        })
+        Ok(DeviceParts::new(make_allocator()?, vec![(renderer.clone(), compiler.clone())], runtime)
+            .with_queues(Arc::new(CpuQueueFactory::new())))
     })?
     .with_properties(isa::properties(compiler_isa, caches));
     Ok(Arc::new(device))

@@ -27,10 +27,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::queue::CommandTimer;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel,
-    LaunchDims, PreparedLaunch, QueueFactory, RawView, Result, TimelineSignal,
+    Buffer, CpuTimelineSignal, Error, FaultWatch, HardwareQueue, Kernel, LaunchDims, PreparedLaunch, QueueFactory,
+    RawView, Result, TimelineSignal,
 };
 
 /// How long an idle worker polls for the next batch before it parks on the channel.
@@ -40,21 +41,27 @@ const WORKER_SPIN: Duration = Duration::from_micros(20);
 enum Command {
     Wait(Arc<CpuTimelineSignal>, u64),
     Signal(Arc<CpuTimelineSignal>, u64),
-    Exec {
-        kernel: Kernel,
-        /// Keeps the memory behind `views` alive until the launch ran.
-        _bufs: Vec<Buffer>,
-        views: Vec<RawView>,
-        vals: Vec<i64>,
-        dims: LaunchDims,
-        /// A guarded launch's fault record, checked once it ran.
-        faults: Option<FaultWatch>,
-    },
+    /// Boxed: a launch is several times larger than the other commands.
+    Exec(Box<Launch>),
     Copy {
         dst: Buffer,
         src: Buffer,
     },
     Barrier,
+}
+
+/// A recorded kernel launch.
+struct Launch {
+    kernel: Kernel,
+    /// Keeps the memory behind `views` alive until the launch ran.
+    _bufs: Vec<Buffer>,
+    views: Vec<RawView>,
+    vals: Vec<i64>,
+    dims: LaunchDims,
+    /// A guarded launch's fault record, checked once it ran.
+    faults: Option<FaultWatch>,
+    /// Receives the host times around the run ([`HardwareQueue::exec_timed`]).
+    timer: Option<Arc<dyn CommandTimer>>,
 }
 
 /// State shared by a queue's host handle and its worker.
@@ -117,7 +124,12 @@ impl CpuQueue {
         self
     }
 
-    fn check_exec(kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<Command> {
+    fn check_exec(
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: Option<&Arc<dyn CommandTimer>>,
+    ) -> Result<Command> {
         if kernel.spec.device.base_type() != DeviceSpec::Cpu.base_type() {
             return Err(Error::Launch(format!(
                 "kernel `{}` was built for {}; a CPU queue runs CPU kernels only",
@@ -125,14 +137,15 @@ impl CpuQueue {
             )));
         }
         let PreparedLaunch { kernel, views, dims, faults } = kernel.prepare(bufs, vals)?;
-        Ok(Command::Exec {
+        Ok(Command::Exec(Box::new(Launch {
             kernel,
             _bufs: bufs.iter().map(|b| (*b).clone()).collect(),
             views,
             vals: vals.to_vec(),
             dims,
             faults,
-        })
+            timer: timer.cloned(),
+        })))
     }
 
     fn check_copy(dst: &Buffer, src: &Buffer) -> Result<Command> {
@@ -162,7 +175,18 @@ impl HardwareQueue for CpuQueue {
     }
 
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        self.record(|| Self::check_exec(kernel, bufs, vals))
+        self.record(|| Self::check_exec(kernel, bufs, vals, None))
+    }
+
+    /// Reports the host times right before and after the worker ran the kernel.
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        self.record(|| Self::check_exec(kernel, bufs, vals, Some(timer)))
     }
 
     fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
@@ -269,7 +293,9 @@ impl Worker {
                 s.set(v);
                 Ok(())
             }
-            Command::Exec { kernel, _bufs, views, vals, dims, faults } => {
+            Command::Exec(launch) => {
+                let Launch { kernel, _bufs, views, vals, dims, faults, timer } = *launch;
+                let start = Instant::now();
                 let run = catch_unwind(AssertUnwindSafe(|| {
                     // SAFETY: `Kernel::prepare` validated at record time the buffer count,
                     // device, dtype and size of every view, the variables' bounds, the
@@ -277,8 +303,12 @@ impl Worker {
                     // guarded form's extra buffer) hold the allocations alive until this returns.
                     // Conflicting accesses from other queues are ordered by the caller's
                     // signals (the HardwareQueue contract); this queue runs one command at a time.
-                    unsafe { kernel.program.execute(&views, &vals, &dims) }
+                    unsafe { kernel.execute(&views, &vals, &dims) }
                 }));
+                if let Some(t) = timer {
+                    let end = Instant::now();
+                    t.measured(Box::new(move || Ok((start, end))));
+                }
                 run.unwrap_or_else(|panic| {
                     Err(Error::Launch(format!("kernel `{}` panicked: {}", kernel.spec.name, panic_message(&*panic))))
                 })
@@ -300,41 +330,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".into()
-    }
-}
-
-/// The CPU backend's identity (see [`kiln_device::backend`]).
-pub struct Cpu;
-
-/// A CPU event: a host timeline signal reaching a value.
-#[derive(Clone, Debug)]
-pub struct CpuEvent {
-    pub signal: Arc<CpuTimelineSignal>,
-    pub value: u64,
-}
-
-impl AccelBackend for Cpu {
-    const NAME: &'static str = "CPU";
-    type Device = DeviceOf<Cpu>;
-    type Stream = CpuQueue;
-    type Event = CpuEvent;
-    type Error = Error;
-}
-
-/// Events are recorded like every command: they complete once the batch they were recorded
-/// in has been submitted and has run up to them.
-impl AccelStream for CpuQueue {
-    type Backend = Cpu;
-
-    fn record_event(&mut self) -> Result<CpuEvent> {
-        let event = CpuEvent { signal: Arc::new(CpuTimelineSignal::new()), value: 1 };
-        self.signal(&event.signal, event.value);
-        Ok(event)
-    }
-
-    fn wait_event(&mut self, event: &CpuEvent) -> Result<()> {
-        self.wait(&event.signal, event.value);
-        Ok(())
     }
 }
 
@@ -544,28 +539,6 @@ mod tests {
         let s = dev.queues().unwrap().create_dyn_signal().unwrap();
         q.signal(&s, 1).submit().unwrap();
         s.wait(1, LONG).unwrap();
-    }
-
-    /// Two queues ordered by a recorded event; the device handle follows resets.
-    #[test]
-    fn identity_traits_order_streams_and_report_generations() {
-        use kiln_device::AccelDevice;
-        let f = factory();
-        let (mut producer, mut consumer) = (f.create_compute_queue().unwrap(), f.create_compute_queue().unwrap());
-        let log = log();
-        let (a, b) = (buf(&[1.0; 2]), buf(&[0.0; 2]));
-        let done = f.create_signal().unwrap();
-        let e = producer.exec(&mock_kernel(Behaviour::AddOne(1), &log), &[&a, &b], &[2]).record_event().unwrap();
-        consumer.wait_event(&e).unwrap();
-        consumer.signal(&done, 1).submit().unwrap();
-        producer.submit().unwrap();
-        done.wait(1, LONG).unwrap();
-        assert!(e.signal.is_reached(1) && log.lock().unwrap().len() == 1);
-
-        let dev = DeviceOf::<Cpu>::new(crate::open(&DeviceSpec::Cpu).unwrap()).unwrap();
-        assert_eq!((dev.device_id(), dev.generation(), Cpu::NAME), (0, 0, "CPU"));
-        dev.device().reset().unwrap();
-        assert_eq!(dev.generation(), 1);
     }
 
     /// The failure is reachable through the type-erased queue, under the trait's one name.

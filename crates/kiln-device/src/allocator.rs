@@ -423,10 +423,6 @@ impl Allocator for LruAllocator {
     }
 }
 
-/// The test doubles' old home, for the tests that still name it.
-#[cfg(test)]
-pub(crate) use crate::testing as mock;
-
 #[cfg(test)]
 mod tests {
     use super::*;

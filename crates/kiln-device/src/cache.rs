@@ -19,7 +19,7 @@
 //! kernel sources, is never touched. An entry stores the compiled `bytes` (or the
 //! source, for JIT backends whose bytes are empty) and the entry-point names; on a hit the
 //! [`ProgramSpec`] is rebuilt from the graph with [`ProgramSpec::from_sink`] (no rendering)
-//! and the toolchain's runtime loads the bytes.
+//! and the toolchain's loader loads the bytes.
 //!
 //! The cache holds native code that this process will execute, so it trusts nothing it did
 //! not verify: the directory must belong to the current user and not be writable by group or
@@ -54,9 +54,9 @@ use kiln_ir::{ContentHash, DeviceSpec, UOp};
 use sha2::{Digest, Sha256};
 
 use crate::allocator::parse_byte_size;
-use crate::device::Kernel;
 use crate::error::{Error, Result};
-use crate::program::{CompiledSpec, Compiler, ProgramSpec, Renderer, RuntimeFactory};
+use crate::kernel::{Kernel, Loader};
+use crate::program::{CompiledSpec, Compiler, ProgramSpec, Renderer};
 
 /// The environment variable that turns the disk cache on (`1`, default) or off (`0`).
 pub const CACHE_ENV: &str = "KILN_CACHE";
@@ -93,8 +93,8 @@ pub struct Toolchain {
     /// Turns source into binaries; its `cache_key()` and `fingerprint()` are part of the
     /// disk key, taken once in [`Toolchain::new`].
     pub compiler: Arc<dyn Compiler>,
-    /// Loads compiled bytes into a runnable program of the device.
-    pub runtime: RuntimeFactory,
+    /// Loads compiled bytes into a kernel of the device.
+    pub loader: Loader,
     renderer_key: String,
     fingerprint: String,
     id: [u8; 32],
@@ -114,14 +114,14 @@ fn put_str(h: &mut Sha256, s: &str) {
 impl Toolchain {
     /// Bundles the three stages and takes the compiler's fingerprint now, once: a toolchain
     /// changed after this (a new compiler binary) is seen only by a new `Toolchain`.
-    pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, runtime: RuntimeFactory) -> Toolchain {
+    pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, loader: Loader) -> Toolchain {
         let renderer_key = renderer.cache_key();
         let fingerprint = compiler.fingerprint();
         let mut h = Sha256::new();
         put_str(&mut h, &renderer_key);
         put_str(&mut h, compiler.cache_key());
         put_str(&mut h, &fingerprint);
-        Toolchain { renderer, compiler, runtime, renderer_key, fingerprint, id: h.finalize().into() }
+        Toolchain { renderer, compiler, loader, renderer_key, fingerprint, id: h.finalize().into() }
     }
 
     /// The disk key of `sink` compiled under `name` for the device family `family`.
@@ -397,7 +397,7 @@ impl KernelCache {
         let flight = {
             let mut memory = self.lock();
             match memory.get(&key) {
-                Some(Slot::Ready(k)) if k.program.check_current().is_ok() => {
+                Some(Slot::Ready(k)) if k.check_current().is_ok() => {
                     self.memory_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(k.clone());
                 }
@@ -409,8 +409,8 @@ impl KernelCache {
                     memory.insert(key.clone(), Slot::Pending(f.clone()));
                     drop(memory);
                     let leader = Leader { cache: self, key: Some(key), flight: f };
-                    let result = match stale.program.compiled() {
-                        Some(c) => (toolchain.runtime)(c).map(|program| Kernel::new(stale.spec.clone(), program)),
+                    let result = match stale.compiled() {
+                        Some(c) => toolchain.loader.load(stale.spec.clone(), c),
                         None => self.load_or_compile(sink, name, device, toolchain),
                     };
                     leader.finish(&result);
@@ -486,13 +486,13 @@ impl KernelCache {
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let compiled = tc.compiler.compile(&spec)?;
-        let program = (tc.runtime)(&compiled)?;
+        let kernel = tc.loader.load(compiled.spec.clone(), &compiled)?;
         if let (Some(d), Some(key)) = (disk, &key)
             && let Err(e) = d.store(key, &compiled)
         {
             self.warn(&e);
         }
-        Ok(Kernel::new(compiled.spec.clone(), program))
+        Ok(kernel)
     }
 
     /// Drops the loaded kernels (the disk entries stay). Compiles in flight finish normally.
@@ -628,8 +628,7 @@ impl Entry {
         let spec = Arc::new(spec);
         let compiled =
             CompiledSpec { name: self.compiled_name, src: self.is_source.then_some(src), bytes, spec: spec.clone() };
-        let program = (tc.runtime)(&compiled)?;
-        Ok(Kernel::new(spec, program))
+        tc.loader.load(spec, &compiled)
     }
 }
 
@@ -834,10 +833,6 @@ impl DiskDir {
     }
 }
 
-/// The test doubles' old home, for the tests that still name it.
-#[cfg(test)]
-pub(crate) use crate::testing as mock;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -873,7 +868,7 @@ mod tests {
         let a = disk_cache(&dir);
         let k1 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
         let k2 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
-        assert!(Arc::ptr_eq(&k1.program, &k2.program), "the second request is a memory hit");
+        assert!(Arc::ptr_eq(k1.program(), k2.program()), "the second request is a memory hit");
         assert_eq!(r.compiles(), 1);
         let s = a.stats();
         assert_eq!((s.memory_hits, s.disk_hits, s.misses, s.memory_entries, s.disk_entries), (1, 0, 1, 1, 1));
@@ -1170,7 +1165,7 @@ mod tests {
             .collect();
         let kernels: Vec<Kernel> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         assert_eq!(r.compiles(), 1);
-        assert!(kernels.iter().all(|k| Arc::ptr_eq(&k.program, &kernels[0].program)));
+        assert!(kernels.iter().all(|k| Arc::ptr_eq(k.program(), kernels[0].program())));
         let s = cache.stats();
         assert_eq!((s.misses, s.memory_hits), (1, 7));
     }
@@ -1207,15 +1202,14 @@ mod tests {
         let dir = TempDir::new("device");
         let r = rig(MockCompiler::new("fp"));
         let open = |cache: KernelCache| {
-            let pair: crate::device::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
+            let pair: crate::parts::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
             let loaded = r.loaded.clone();
             Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
-                Ok(crate::device::DeviceParts {
-                    allocator: MockAllocator::new(1 << 20),
-                    compilers: vec![pair.clone()],
-                    runtime: runtime(loaded.clone()),
-                    queues: None,
-                })
+                Ok(crate::parts::DeviceParts::new(
+                    MockAllocator::new(1 << 20),
+                    vec![pair.clone()],
+                    runtime(loaded.clone()),
+                ))
             })
             .unwrap()
             .with_cache(Arc::new(cache))
@@ -1224,7 +1218,7 @@ mod tests {
         let d1 = open(disk_cache(&dir));
         let k1 = d1.compile(&sink, Some("k")).unwrap();
         let k2 = d1.compile(&sink, Some("k")).unwrap();
-        assert!(Arc::ptr_eq(&k1.program, &k2.program));
+        assert!(Arc::ptr_eq(k1.program(), k2.program()));
         // A second device (a new process, say) finds the compiled kernel on disk.
         let d2 = open(disk_cache(&dir));
         d2.compile(&sink, Some("k")).unwrap();

@@ -164,7 +164,7 @@ pub struct Rig {
 pub fn rig(compiler: MockCompiler) -> Rig {
     let compiler = Arc::new(compiler);
     let loaded = Arc::new(Mutex::new(Vec::new()));
-    let toolchain = Toolchain::new(Arc::new(MockRenderer), compiler.clone(), runtime(loaded.clone()));
+    let toolchain = Toolchain::new(Arc::new(MockRenderer), compiler.clone(), runtime(loaded.clone()).into());
     Rig { compiler, loaded, toolchain }
 }
 

@@ -146,7 +146,7 @@ impl Bench {
         }
         let after = self.device.cache().stats();
         let hits = after.memory_hits - before.memory_hits;
-        let same = last.is_some_and(|k| Arc::ptr_eq(&k.program, &first.program));
+        let same = last.is_some_and(|k| Arc::ptr_eq(k.program(), first.program()));
         if hits != (n * self.reps) as u64 || after.misses != before.misses || !same {
             return Err(wrong("cache_mem_hit", format!("{hits} memory hits for {} lookups", n * self.reps)));
         }
