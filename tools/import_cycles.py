@@ -2,7 +2,8 @@
 """Prints the import circles between the top-level modules of each crate under crates/.
 
 A module's references are the `crate::name` paths in its code (a `use` or an inline path),
-outside comments and `#[cfg(test)]` modules (a test may build its module's users). A path
+outside comments and `#[cfg(test)]` modules, inline or in their own file (a test may build
+its module's users). A path
 through a name the crate root re-exports (`crate::Device`) counts as a reference to the
 module it is re-exported from. Submodules count as their top-level module.
 
@@ -19,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 IGNORED = {"cstyle"}
 PATH = re.compile(r"\bcrate::(\{|[A-Za-z_][A-Za-z0-9_]*)")
 TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
+# A module file the crate root declares only for tests (`#[cfg(test)] mod testing;`).
+TEST_FILE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;")
 
 
 def strip_comments(text):
@@ -85,17 +88,18 @@ def edges(src):
     modules = {module_of(src, p) for p in files} - {None}
     lib = src / "lib.rs"
     roots = reexports(code(lib), modules) if lib.exists() else {}
-    graph = {m: set() for m in modules - IGNORED}
+    ignored = IGNORED | (set(TEST_FILE.findall(strip_comments(lib.read_text(encoding="utf-8")))) if lib.exists() else set())
+    graph = {m: set() for m in modules - ignored}
     for path in files:
         here = module_of(src, path)
-        if here is None or here in IGNORED:
+        if here is None or here in ignored:
             continue
         text = code(path)
         for m in PATH.finditer(text):
             names = first_segments(text, m.end()) if m.group(1) == "{" else [m.group(1)]
             for name in names:
                 target = name if name in modules else roots.get(name)
-                if target and target != here and target not in IGNORED:
+                if target and target != here and target not in ignored:
                     graph[here].add(target)
     return graph
 
