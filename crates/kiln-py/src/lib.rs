@@ -1,10 +1,52 @@
-//! kiln from Python: the `kiln._kiln` extension module behind the `kiln` package.
+//! kiln from Python: the `kiln._kiln` extension module behind the `kiln` package
+//! (`python/kiln`). Every call that compiles, launches, waits or copies releases the GIL,
+//! every object is shareable between threads, and every failure is a `kiln.Error` (Rust
+//! panics included).
+
+mod buffer;
+mod device;
+mod dlpack;
+mod dtype;
+mod errors;
+mod kernel;
+mod plan;
 
 use pyo3::prelude::*;
+
+/// Every device of every backend this build has, available or not (and why not).
+#[pyfunction]
+fn devices(py: Python<'_>) -> PyResult<Vec<device::DeviceInfo>> {
+    device::devices(py)
+}
+
+/// A buffer sharing `x`'s memory (any DLPack tensor, e.g. a numpy array) when the device can
+/// use it in place, else a copy on it; the device is the CPU unless given.
+#[pyfunction]
+#[pyo3(signature = (x, device=None))]
+fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<&device::PyDevice>) -> PyResult<buffer::PyBuffer> {
+    buffer::from_dlpack(py, x, device)
+}
+
+/// Panics inside a guarded call: tests that a Rust panic reaches Python as `kiln.Error`.
+#[pyfunction]
+fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
+    errors::detached(py, None, || -> Result<(), errors::Failure> { panic!("a test panic") })
+}
 
 #[pymodule]
 fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kiln::session::register_backends();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_class::<device::PyDevice>()?;
+    m.add_class::<device::DeviceInfo>()?;
+    m.add_class::<buffer::PyBuffer>()?;
+    m.add_class::<kernel::PyKernel>()?;
+    m.add_class::<plan::PyPlan>()?;
+    m.add_class::<plan::PlanRun>()?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(from_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    m.add("DTYPES", kiln_ir::Scalar::ALL.map(|s| s.name()).to_vec())?;
     Ok(())
 }
