@@ -11,7 +11,7 @@ use crate::errors::{Failure, detached, invalid, invalid_arg, raise};
 
 /// A typed window onto device memory. Views share the memory, which stays alive as long as
 /// any view, numpy array or DLPack tensor made from it.
-#[pyclass(frozen, name = "Buffer", module = "kiln")]
+#[pyclass(frozen, weakref, name = "Buffer", module = "kiln")]
 pub struct PyBuffer {
     pub buf: Buffer,
 }

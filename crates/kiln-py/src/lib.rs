@@ -33,6 +33,32 @@ fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
     errors::detached(py, None, || -> Result<(), errors::Failure> { panic!("a test panic") })
 }
 
+/// Raises the exception of a representative kiln error of each kind (`driver`, `timeout`,
+/// `fatal_driver`, `chained_oom`): tests that every error class maps to its exception, for
+/// the failures a test cannot cause on demand.
+#[pyfunction]
+fn _raise_for_test(py: Python<'_>, kind: &str) -> PyResult<()> {
+    use kiln_device::Error;
+    use std::sync::Arc;
+    let e = match kind {
+        "driver" => Error::driver("CPU", "a test failure"),
+        "timeout" => Error::Timeout { target: 2, current: 1, waited_ms: 5 },
+        "fatal_driver" => Error::Driver { backend: "CPU", code: Some(-1), fatal: true, message: "gone".into() },
+        "chained_oom" => Error::QueueFailed {
+            device: "CPU".into(),
+            cause: Arc::new(Error::SignalFailed(Arc::new(Error::OutOfMemory {
+                device: "CPU".into(),
+                requested: 64,
+                in_use: 0,
+                cached: 0,
+                budget: Some(32),
+            }))),
+        },
+        other => return Err(errors::invalid_arg(py, format!("no test error `{other}`"))),
+    };
+    Err(errors::raise(py, e))
+}
+
 #[pymodule]
 fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kiln::session::register_backends();
@@ -47,6 +73,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(_raise_for_test, m)?)?;
     m.add("DTYPES", kiln_ir::Scalar::ALL.map(|s| s.name()).to_vec())?;
     Ok(())
 }

@@ -2,9 +2,10 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use kiln_device::Buffer;
-use kiln_runtime::ExecutionPlan;
+use kiln_runtime::{ExecutionPlan, PlanOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -52,11 +53,18 @@ fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)]) -> Result<(), Fai
 
 #[pymethods]
 impl PyPlan {
-    /// An empty plan on `device`.
+    /// An empty plan on `device`. `timeout` (seconds) bounds how long a run waits for the
+    /// device before raising `TimeoutError`; by default it waits without limit.
     #[new]
-    fn new(py: Python<'_>, device: &PyDevice) -> PyResult<PyPlan> {
+    #[pyo3(signature = (device, *, timeout=None))]
+    fn new(py: Python<'_>, device: &PyDevice, timeout: Option<f64>) -> PyResult<PyPlan> {
         let device = device.get()?;
-        let plan = ExecutionPlan::new(device).map_err(|e| crate::errors::raise(py, e))?;
+        let mut options = PlanOptions::default();
+        if let Some(t) = timeout {
+            options.timeout = Duration::try_from_secs_f64(t)
+                .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
+        }
+        let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
         Ok(PyPlan { recorded: Arc::new(Mutex::new(Recorded { plan })) })
     }
 
