@@ -1,5 +1,7 @@
 //! `kiln.Buffer`: device memory with numpy copies, zero-copy views and DLPack export.
 
+use std::sync::Arc;
+
 use kiln_device::{Buffer, Error as KilnError};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
@@ -8,12 +10,16 @@ use pyo3::types::PyDict;
 use crate::dlpack::{self, Imported};
 use crate::dtype;
 use crate::errors::{Failure, detached, invalid, invalid_arg, raise};
+use crate::stream::Stream;
 
 /// A typed window onto device memory. Views share the memory, which stays alive as long as
 /// any view, numpy array or DLPack tensor made from it.
 #[pyclass(frozen, weakref, name = "Buffer", module = "kiln")]
 pub struct PyBuffer {
     pub buf: Buffer,
+    /// The queue of the buffer's device when its launches are asynchronous: host access
+    /// waits for it first.
+    pub stream: Option<Arc<Stream>>,
 }
 
 /// numpy, imported on first need (it is only needed for numpy interop).
@@ -30,6 +36,21 @@ pub fn host_array(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
 }
 
 impl PyBuffer {
+    /// A buffer of `device` (asynchronous launches there are waited for before host access).
+    pub fn on(buf: Buffer, device: &Arc<kiln_device::Device>) -> PyBuffer {
+        PyBuffer { buf, stream: crate::stream::of(device) }
+    }
+
+    /// Another window of the same memory.
+    fn derived(&self, buf: Buffer) -> PyBuffer {
+        PyBuffer { buf, stream: self.stream.clone() }
+    }
+
+    /// Waits for the launches that may use this buffer's memory.
+    pub fn settle(&self) -> Result<(), Failure> {
+        self.stream.as_ref().map_or(Ok(()), |s| Ok(s.wait()?))
+    }
+
     /// Copies a host array into `buf`: same dtype and element count.
     pub fn copy_in(py: Python<'_>, buf: &Buffer, array: &Imported) -> PyResult<()> {
         if array.scalar != buf.dtype() || array.len != buf.len() {
@@ -45,7 +66,7 @@ impl PyBuffer {
             ));
         }
         let bytes = array.bytes().ok_or_else(|| invalid_arg(py, "the array's memory is not host memory"))?;
-        detached(py, None, || buf.copyin(bytes).map_err(Failure::from))
+        detached(py, None, || Ok(buf.copyin(bytes)?))
     }
 }
 
@@ -90,10 +111,12 @@ impl PyBuffer {
             .ok_or_else(|| invalid_arg(py, format!("numpy has no {} dtype; view() it as u16", self.buf.dtype())))?;
         let out = numpy(py)?.getattr("empty")?.call1((self.buf.len(), name))?;
         let mut array = Imported::take(&out)?;
-        let buf = &self.buf;
         // SAFETY: `out` was just made and is referenced nowhere else while it is filled.
         let bytes = unsafe { array.bytes_mut() }.ok_or_else(|| invalid_arg(py, "numpy.empty is not writable"))?;
-        detached(py, None, || buf.copyout(bytes).map_err(Failure::from))?;
+        detached(py, None, || {
+            self.settle()?;
+            Ok(self.buf.copyout(bytes)?)
+        })?;
         Ok(out)
     }
 
@@ -101,10 +124,15 @@ impl PyBuffer {
     /// device), or an array of the same dtype and element count.
     fn copy_from(&self, py: Python<'_>, source: &Bound<'_, PyAny>) -> PyResult<()> {
         if let Ok(src) = source.cast::<PyBuffer>() {
-            let (dst, src) = (&self.buf, &src.get().buf);
-            return detached(py, None, || dst.copy_from(src).map_err(Failure::from));
+            let src = src.get();
+            return detached(py, None, || {
+                self.settle()?;
+                src.settle()?;
+                Ok(self.buf.copy_from(&src.buf)?)
+            });
         }
         let array = host_array(source)?;
+        detached(py, None, || self.settle())?;
         PyBuffer::copy_in(py, &self.buf, &array)
     }
 
@@ -117,13 +145,13 @@ impl PyBuffer {
                 raise(py, KilnError::Buffer(format!("offset {offset} is past a buffer of {}", self.buf.len())))
             })?,
         };
-        Ok(PyBuffer { buf: self.buf.view(offset, length).map_err(|e| raise(py, e))? })
+        Ok(self.derived(self.buf.view(offset, length).map_err(|e| raise(py, e))?))
     }
 
     /// The same bytes as another dtype (the byte length must divide evenly).
     fn reinterpret(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<PyBuffer> {
         let scalar = dtype::parse(dtype)?;
-        Ok(PyBuffer { buf: self.buf.reinterpret(scalar).map_err(|e| raise(py, e))? })
+        Ok(self.derived(self.buf.reinterpret(scalar).map_err(|e| raise(py, e))?))
     }
 
     /// DLPack export: a capsule sharing this buffer's memory (host and CUDA memory).
@@ -136,7 +164,7 @@ impl PyBuffer {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        // kiln's launches complete before they return, so there is no stream to order on.
+        // Launches on the buffer's device are waited for below: there is no stream to order on.
         let _ = stream;
         if copy == Some(true) {
             return Err(PyBufferError::new_err("kiln exports its memory without copying; call numpy() for a copy"));
@@ -149,6 +177,8 @@ impl PyBuffer {
                 self.buf.device()
             )));
         }
+        // The consumer reads the memory at once: the launches writing it must be done.
+        detached(py, None, || self.settle())?;
         dlpack::export(py, &self.buf, max_version.is_some_and(|(major, _)| major >= 1))
     }
 
@@ -191,12 +221,12 @@ pub fn from_dlpack(
     if tensor.shareable() && dev.allocator().is_host() {
         let spec = dev.spec().clone();
         let buf = dlpack::ForeignMemory::buffer(tensor, spec).map_err(|e| raise(py, e))?;
-        return Ok(PyBuffer { buf });
+        return Ok(PyBuffer::on(buf, &dev));
     }
     if !tensor.on_host() {
         return Err(raise(py, invalid("kiln imports host tensors only; copy device tensors to the host first")));
     }
     let buf = dev.buffer(tensor.scalar, tensor.len).map_err(|e| raise(py, e))?;
     PyBuffer::copy_in(py, &buf, &tensor)?;
-    Ok(PyBuffer { buf })
+    Ok(PyBuffer::on(buf, &dev))
 }

@@ -174,10 +174,14 @@ impl PyDevice {
         detached(py, None, || device.reset().map_err(Failure::from))
     }
 
-    /// Waits for the device's work and raises the error that lost it, if one did. Launches
-    /// from Python complete before they return, so this only checks the device's health.
+    /// Waits for every launch made from Python on this device and raises the first error
+    /// among them, or the error that lost the device. (Launches on host devices such as the
+    /// CPU have completed when they return; there this only checks the device's health.)
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
         let device = self.get()?;
+        if let Some(stream) = crate::stream::of(device) {
+            detached(py, None, || Ok(stream.wait()?))?;
+        }
         device.context().stamp().check("the device").map_err(|e| raise(py, e))
     }
 
@@ -212,7 +216,7 @@ impl PyDevice {
             let sink = kiln_ir::parse_kernel(&text)?;
             Ok(device.compile(&sink, name.as_deref())?)
         })?;
-        PyKernel::new(py, kernel, Some(text.into()))
+        PyKernel::new(py, kernel, device, Some(text.into()))
     }
 
     /// Compiles several kernels at once on all cores: each entry is a source or a
@@ -234,7 +238,7 @@ impl PyDevice {
         let mut kernels = Vec::with_capacity(results.len());
         for (i, (result, (text, _))) in results.into_iter().zip(&entries).enumerate() {
             match result {
-                Ok(k) => kernels.push(PyKernel::new(py, k, Some(text.as_str().into()))?),
+                Ok(k) => kernels.push(PyKernel::new(py, k, device, Some(text.as_str().into()))?),
                 Err(e) => return Err(prefix(py, Failure::from(e).into_py(py, Some(text)), i)),
             }
         }
@@ -245,8 +249,9 @@ impl PyDevice {
     /// numpy name or a numpy dtype).
     fn empty(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>, n: usize) -> PyResult<PyBuffer> {
         let scalar = dtype::parse(dtype)?;
-        let buf = self.get()?.buffer(scalar, n).map_err(|e| raise(py, e))?;
-        Ok(PyBuffer { buf })
+        let device = self.get()?;
+        let buf = device.buffer(scalar, n).map_err(|e| raise(py, e))?;
+        Ok(PyBuffer::on(buf, device))
     }
 
     /// A buffer holding a copy of `array` (any shape, flattened in C order; its dtype).
@@ -256,7 +261,7 @@ impl PyDevice {
         let host = host_array(array)?;
         let buf = device.buffer(host.scalar, host.len).map_err(|e| raise(py, e))?;
         PyBuffer::copy_in(py, &buf, &host)?;
-        Ok(PyBuffer { buf })
+        Ok(PyBuffer::on(buf, device))
     }
 
     /// Closes this handle: later calls through it raise `InvalidArgumentError`. The device

@@ -7,13 +7,14 @@
 
 use std::sync::Arc;
 
-use kiln_device::{Buffer, Kernel};
+use kiln_device::{Buffer, Device, Kernel};
 use kiln_ir::IrError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::buffer::PyBuffer;
 use crate::errors::{Failure, detached, invalid_arg};
+use crate::stream::Stream;
 
 /// Kernels with at most this many buffers launch without a heap allocation for them.
 const INLINE: usize = 8;
@@ -28,12 +29,15 @@ pub struct PyKernel {
     /// `var_names` as interned strings: a keyword argument of the same name is usually the
     /// same object.
     keys: Vec<Py<PyString>>,
+    /// The device's queue when its launches are asynchronous; `None` launches on the
+    /// calling thread.
+    stream: Option<Arc<Stream>>,
 }
 
 impl PyKernel {
-    pub fn new(py: Python<'_>, kernel: Kernel, text: Option<Arc<str>>) -> PyResult<PyKernel> {
+    pub fn new(py: Python<'_>, kernel: Kernel, device: &Arc<Device>, text: Option<Arc<str>>) -> PyResult<PyKernel> {
         let keys = kernel.spec.var_names.iter().map(|n| PyString::intern(py, n).unbind()).collect();
-        Ok(PyKernel { kernel, text, keys })
+        Ok(PyKernel { kernel, text, keys, stream: crate::stream::of(device) })
     }
 
     /// The variables' values in `var_names` order, from keyword arguments.
@@ -73,7 +77,10 @@ impl PyKernel {
         };
         let kernel = &self.kernel;
         let vals = &*vals;
-        detached(py, self.text.as_deref(), || kernel.launch(bufs, vals).map_err(Failure::from))
+        detached(py, self.text.as_deref(), || match &self.stream {
+            Some(stream) => Ok(stream.launch(kernel, bufs, vals)?),
+            None => Ok(kernel.launch(bufs, vals)?),
+        })
     }
 }
 
@@ -127,8 +134,9 @@ fn buffer_arg<'a>(py: Python<'_>, b: &'a Bound<'_, PyAny>) -> PyResult<&'a Buffe
 
 #[pymethods]
 impl PyKernel {
-    /// Launches the kernel on `buffers` (in slot order) with its variables by keyword; it
-    /// has run when the call returns.
+    /// Launches the kernel on `buffers` (in slot order) with its variables by keyword. On a
+    /// host device (the CPU) it has run when the call returns; on OpenCL and CUDA it is
+    /// queued, and reading a buffer or `Device.synchronize()` waits for it.
     #[pyo3(signature = (*buffers, **vars))]
     fn __call__(&self, py: Python<'_>, buffers: &Bound<'_, PyTuple>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let items: Vec<Bound<'_, PyAny>> = buffers.iter().collect();

@@ -10,6 +10,7 @@ mod dtype;
 mod errors;
 mod kernel;
 mod plan;
+mod stream;
 
 use pyo3::prelude::*;
 

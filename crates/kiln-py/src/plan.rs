@@ -13,6 +13,7 @@ use crate::buffer::PyBuffer;
 use crate::device::PyDevice;
 use crate::errors::{Failure, detached, invalid_arg, no_panic};
 use crate::kernel::PyKernel;
+use crate::stream::Stream;
 
 /// The recorded plan; runs and recording take turns.
 struct Recorded {
@@ -25,6 +26,8 @@ struct Recorded {
 #[pyclass(frozen, name = "Plan", module = "kiln")]
 pub struct PyPlan {
     recorded: Arc<Mutex<Recorded>>,
+    /// The device's queue of launches from Python, which a run waits for first.
+    stream: Option<Arc<Stream>>,
 }
 
 fn lock(m: &Mutex<Recorded>) -> MutexGuard<'_, Recorded> {
@@ -45,8 +48,12 @@ fn named(py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(Stri
     })
 }
 
-/// Runs `plan` with `vars` by name; variables not given keep their recorded values.
-fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)]) -> Result<(), Failure> {
+/// Runs `plan` with `vars` by name (variables not given keep their recorded values), after
+/// the launches made from Python on its device.
+fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)], stream: Option<&Stream>) -> Result<(), Failure> {
+    if let Some(s) = stream {
+        s.wait()?;
+    }
     let pairs: Vec<(&str, i64)> = vars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     Ok(plan.run(&pairs)?)
 }
@@ -65,7 +72,7 @@ impl PyPlan {
                 .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
         }
         let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
-        Ok(PyPlan { recorded: Arc::new(Mutex::new(Recorded { plan })) })
+        Ok(PyPlan { recorded: Arc::new(Mutex::new(Recorded { plan })), stream: crate::stream::of(device) })
     }
 
     /// Records a launch of `kernel` over `buffers` with its variables (`vars`, by name);
@@ -107,8 +114,8 @@ impl PyPlan {
     #[pyo3(signature = (**vars))]
     fn run(&self, py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let vars = named(py, vars)?;
-        let recorded = &self.recorded;
-        detached(py, None, || run_named(&mut lock(recorded).plan, &vars))
+        let (recorded, stream) = (&self.recorded, self.stream.clone());
+        detached(py, None, || run_named(&mut lock(recorded).plan, &vars, stream.as_deref()))
     }
 
     /// Starts a replay on a helper thread and returns at once; `wait()` on the result waits.
@@ -116,10 +123,10 @@ impl PyPlan {
     #[pyo3(signature = (**vars))]
     fn run_async(&self, py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<PlanRun> {
         let vars = named(py, vars)?;
-        let recorded = self.recorded.clone();
+        let (recorded, stream) = (self.recorded.clone(), self.stream.clone());
         let handle = std::thread::Builder::new()
             .name("kiln-plan-run".into())
-            .spawn(move || no_panic(|| run_named(&mut lock(&recorded).plan, &vars)))
+            .spawn(move || no_panic(|| run_named(&mut lock(&recorded).plan, &vars, stream.as_deref())))
             .map_err(|e| invalid_arg(py, format!("cannot start a thread for the run: {e}")))?;
         Ok(PlanRun { handle: Mutex::new(Some(handle)), outcome: Mutex::new(None) })
     }

@@ -112,8 +112,9 @@ class Device:
         """Starts a new generation: every buffer, kernel and plan made before raises
         ``DeviceLostError`` from now on."""
     def synchronize(self) -> None:
-        """Waits for the device's work and raises the error that lost it, if any. Launches
-        from Python have completed when they return."""
+        """Waits for every launch made from Python on this device and raises the first error
+        among them, or the error that lost the device. (On a host device such as the CPU a
+        launch has completed when it returns.)"""
     def memory_stats(self) -> dict[str, Optional[int]]:
         """``in_use``, ``cached``, ``high_water`` (bytes), ``hits``, ``misses``, ``budget``."""
     def trim(self) -> int:
@@ -179,7 +180,10 @@ class Buffer:
 
 class Kernel:
     """A compiled kernel. Call it with its buffers in slot order and its variables by name:
-    ``kernel(a, b, out, n=1024)``. It has run when the call returns."""
+    ``kernel(a, b, out, n=1024)``. On a host device (the CPU) it has run when the call
+    returns; on OpenCL and CUDA it is queued, and reading a buffer (``numpy()``,
+    ``copy_from``, DLPack), a plan run or ``Device.synchronize()`` waits for it. Argument
+    errors are raised by the call; failures while running by the next wait."""
 
     def __call__(self, *buffers: Buffer, **vars: int) -> None: ...
     def launch(self, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None) -> None:
