@@ -12,6 +12,7 @@ use crate::buffer::{PyBuffer, host_array};
 use crate::dtype;
 use crate::errors::{Failure, detached, invalid_arg, raise};
 use crate::kernel::PyKernel;
+use crate::stream::Stream;
 
 /// One row of `kiln.devices()`: a device (or a backend without one) and whether it can be used.
 #[pyclass(frozen, name = "DeviceInfo", module = "kiln", get_all)]
@@ -49,6 +50,8 @@ pub fn devices(py: Python<'_>) -> PyResult<Vec<DeviceInfo>> {
 #[pyclass(frozen, name = "Device", module = "kiln")]
 pub struct PyDevice {
     device: Arc<Device>,
+    /// The device's queue of launches from Python when they are asynchronous.
+    stream: Option<Arc<Stream>>,
     closed: AtomicBool,
 }
 
@@ -103,7 +106,8 @@ impl PyDevice {
     #[new]
     fn new(py: Python<'_>, name: &str) -> PyResult<PyDevice> {
         let device = detached(py, None, || kiln_device::open_device(name).map_err(Failure::from))?;
-        Ok(PyDevice { device, closed: AtomicBool::new(false) })
+        let stream = crate::stream::of(&device);
+        Ok(PyDevice { device, stream, closed: AtomicBool::new(false) })
     }
 
     /// The device's name (`"CPU"`, `"OPENCL:0"`).
@@ -179,7 +183,7 @@ impl PyDevice {
     /// CPU have completed when they return; there this only checks the device's health.)
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
         let device = self.get()?;
-        if let Some(stream) = crate::stream::of(device) {
+        if let Some(stream) = &self.stream {
             detached(py, None, || Ok(stream.wait()?))?;
         }
         device.context().stamp().check("the device").map_err(|e| raise(py, e))
