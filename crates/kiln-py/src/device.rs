@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kiln_device::{BoundsPolicy, Device, Error as KilnError};
+use kiln_device::{BoundsPolicy, Device, Error as KilnError, Kernel, Result as KilnResult};
+use kiln_ir::UOp;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
@@ -218,7 +219,7 @@ impl PyDevice {
         let name = name.or(default);
         let kernel = detached(py, Some(&text), || {
             let sink = kiln_ir::parse_kernel(&text)?;
-            Ok(device.compile(&sink, name.as_deref())?)
+            current(device, device.compile(&sink, name.as_deref()), &sink, name.as_deref())
         })?;
         PyKernel::new(py, kernel, device, Some(text.into()))
     }
@@ -238,12 +239,19 @@ impl PyDevice {
             sinks.push(sink);
         }
         let batch: Vec<_> = sinks.iter().zip(&entries).map(|(s, (_, n))| (s.clone(), n.as_deref())).collect();
-        let results = detached(py, None, || Ok(device.compile_many(&batch)))?;
+        let results = detached(py, None, || {
+            let compiled = device.compile_many(&batch);
+            Ok(compiled
+                .into_iter()
+                .zip(&batch)
+                .map(|(k, (sink, name))| current(device, k, sink, *name))
+                .collect::<Vec<_>>())
+        })?;
         let mut kernels = Vec::with_capacity(results.len());
         for (i, (result, (text, _))) in results.into_iter().zip(&entries).enumerate() {
             match result {
                 Ok(k) => kernels.push(PyKernel::new(py, k, device, Some(text.as_str().into()))?),
-                Err(e) => return Err(prefix(py, Failure::from(e).into_py(py, Some(text)), i)),
+                Err(e) => return Err(prefix(py, e.into_py(py, Some(text)), i)),
             }
         }
         Ok(kernels)
@@ -286,6 +294,26 @@ impl PyDevice {
     fn __repr__(&self) -> String {
         format!("<kiln.Device {} generation {}>", self.device.spec(), self.device.generation())
     }
+}
+
+/// `compiled`, compiled again when it belongs to a generation a reset ended (a compile that
+/// joined one started before a concurrent `reset()` gets the older generation's kernel);
+/// the recompile reloads it from the kernel cache without compiling.
+fn current(
+    device: &Device,
+    compiled: KilnResult<Kernel>,
+    sink: &Arc<UOp>,
+    name: Option<&str>,
+) -> Result<Kernel, Failure> {
+    const TRIES: usize = 3;
+    let mut kernel = compiled?;
+    for _ in 0..TRIES {
+        match kernel.program.check_current() {
+            Err(KilnError::DeviceLost { .. }) => kernel = device.compile(sink, name)?,
+            _ => break,
+        }
+    }
+    Ok(kernel)
 }
 
 /// `err` with "kernel i of the batch: " before its message (same class and attributes).

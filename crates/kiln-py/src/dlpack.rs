@@ -70,6 +70,68 @@ struct DLManagedTensorVersioned {
     dl_tensor: DLTensor,
 }
 
+/// The two managed-tensor structs (DLPack 0.x and 1.x), for code written once for both.
+trait ManagedTensor: Sized + 'static {
+    /// The capsule name of a tensor not consumed yet.
+    const NAME: &'static CStr;
+    /// The struct around `tensor`, deleted by `deleter`.
+    fn wrap(tensor: DLTensor, deleter: unsafe extern "C" fn(*mut Self)) -> Self;
+    fn tensor(&mut self) -> &mut DLTensor;
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
+    fn flags(&self) -> u64;
+}
+
+impl ManagedTensor for DLManagedTensor {
+    const NAME: &'static CStr = LEGACY;
+    fn wrap(dl_tensor: DLTensor, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        DLManagedTensor { dl_tensor, manager_ctx: std::ptr::null_mut(), deleter: Some(deleter) }
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+    fn flags(&self) -> u64 {
+        0
+    }
+}
+
+impl ManagedTensor for DLManagedTensorVersioned {
+    const NAME: &'static CStr = VERSIONED;
+    fn wrap(dl_tensor: DLTensor, deleter: unsafe extern "C" fn(*mut Self)) -> Self {
+        DLManagedTensorVersioned {
+            version: [1, 0],
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(deleter),
+            flags: 0,
+            dl_tensor,
+        }
+    }
+    fn tensor(&mut self) -> &mut DLTensor {
+        &mut self.dl_tensor
+    }
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+    fn flags(&self) -> u64 {
+        self.flags
+    }
+}
+
+/// Calls a managed tensor's deleter (DLPack's way to release it).
+///
+/// # Safety
+/// `m` is a live managed tensor owned by the caller, released exactly once.
+unsafe fn release<M: ManagedTensor>(m: *mut M) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if let Some(d) = (*m).deleter() {
+            d(m)
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Export
 
@@ -84,35 +146,59 @@ struct Exported<M> {
     _buffer: Buffer,
 }
 
-unsafe extern "C" fn delete_legacy(managed: *mut DLManagedTensor) {
-    // SAFETY: `managed` is the first field of an `Exported` boxed by `export`; DLPack calls
+unsafe extern "C" fn delete_exported<M>(managed: *mut M) {
+    // SAFETY: `managed` is the first field of an `Exported<M>` boxed by `boxed`; DLPack calls
     // the deleter once.
-    drop(unsafe { Box::from_raw(managed as *mut Exported<DLManagedTensor>) });
+    drop(unsafe { Box::from_raw(managed as *mut Exported<M>) });
 }
 
-unsafe extern "C" fn delete_versioned(managed: *mut DLManagedTensorVersioned) {
-    // SAFETY: as in `delete_legacy`.
-    drop(unsafe { Box::from_raw(managed as *mut Exported<DLManagedTensorVersioned>) });
+/// A managed tensor describing `tensor` of `len` elements, owning a handle of `buf`.
+fn boxed<M: ManagedTensor>(tensor: DLTensor, len: i64, buf: &Buffer) -> *mut M {
+    let managed = M::wrap(tensor, delete_exported::<M>);
+    let b = Box::into_raw(Box::new(Exported { managed, shape: [len], strides: [1], _buffer: buf.clone() }));
+    // SAFETY: `b` was just boxed and is not shared yet; the shape and strides live as long
+    // as the tensor that points at them.
+    unsafe {
+        let e = &mut *b;
+        let t = e.managed.tensor();
+        t.shape = e.shape.as_mut_ptr();
+        t.strides = e.strides.as_mut_ptr();
+    }
+    b as *mut M
 }
 
 /// The capsule destructor: a capsule nobody consumed (still under its own name) deletes its
 /// tensor; a consumed one was renamed `used_...` and its consumer owns the tensor.
 unsafe extern "C" fn drop_capsule(capsule: *mut ffi::PyObject) {
-    // SAFETY: Python calls the destructor with the capsule, holding the GIL; IsValid and
-    // GetPointer accept any capsule and the names are the ones `export` gave.
-    unsafe {
-        if ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr()) as *mut DLManagedTensor;
-            if let Some(d) = (*m).deleter {
-                d(m);
-            }
-        } else if ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) == 1 {
-            let m = ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr()) as *mut DLManagedTensorVersioned;
-            if let Some(d) = (*m).deleter {
-                d(m);
+    /// # Safety
+    /// As for `drop_capsule`.
+    unsafe fn release_if<M: ManagedTensor>(capsule: *mut ffi::PyObject) {
+        // SAFETY: IsValid accepts any capsule; a valid one under M's name holds an M that
+        // nobody consumed, so it is ours to release.
+        unsafe {
+            if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
+                release(ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr()) as *mut M);
             }
         }
     }
+    // SAFETY: Python calls the destructor with the capsule, holding the GIL.
+    unsafe {
+        release_if::<DLManagedTensor>(capsule);
+        release_if::<DLManagedTensorVersioned>(capsule);
+    }
+}
+
+/// A capsule owning `managed` under its type's name.
+fn capsule<M: ManagedTensor>(py: Python<'_>, managed: *mut M) -> PyResult<Py<PyAny>> {
+    // SAFETY: `managed` is a live managed tensor the capsule now owns; the name is static.
+    let capsule = unsafe { ffi::PyCapsule_New(managed as *mut c_void, M::NAME.as_ptr(), Some(drop_capsule)) };
+    if capsule.is_null() {
+        // SAFETY: the capsule was not made, so the tensor is still ours to release.
+        unsafe { release(managed) };
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: PyCapsule_New returned a new reference.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
 }
 
 /// The DLPack device of a buffer: host memory is `kDLCPU`, CUDA memory `kDLCUDA`.
@@ -146,50 +232,11 @@ pub fn export(py: Python<'_>, buf: &Buffer, versioned: bool) -> PyResult<Py<PyAn
         byte_offset,
     };
     let len = i64::try_from(buf.len()).map_err(|_| PyBufferError::new_err("buffer too long for DLPack"))?;
-    // The shape and strides pointers are set once the box has its final address.
-    let (ptr, name) = if versioned {
-        let managed = DLManagedTensorVersioned {
-            version: [1, 0],
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(delete_versioned),
-            flags: 0,
-            dl_tensor: tensor,
-        };
-        let b = Box::into_raw(Box::new(Exported { managed, shape: [len], strides: [1], _buffer: buf.clone() }));
-        // SAFETY: `b` was just boxed and is not shared yet.
-        unsafe {
-            (*b).managed.dl_tensor.shape = (*b).shape.as_mut_ptr();
-            (*b).managed.dl_tensor.strides = (*b).strides.as_mut_ptr();
-            (*b).managed.manager_ctx = b as *mut c_void;
-        }
-        (b as *mut c_void, VERSIONED)
+    if versioned {
+        capsule(py, boxed::<DLManagedTensorVersioned>(tensor, len, buf))
     } else {
-        let managed =
-            DLManagedTensor { dl_tensor: tensor, manager_ctx: std::ptr::null_mut(), deleter: Some(delete_legacy) };
-        let b = Box::into_raw(Box::new(Exported { managed, shape: [len], strides: [1], _buffer: buf.clone() }));
-        // SAFETY: as above.
-        unsafe {
-            (*b).managed.dl_tensor.shape = (*b).shape.as_mut_ptr();
-            (*b).managed.dl_tensor.strides = (*b).strides.as_mut_ptr();
-            (*b).managed.manager_ctx = b as *mut c_void;
-        }
-        (b as *mut c_void, LEGACY)
-    };
-    // SAFETY: `ptr` is a live managed tensor the capsule now owns; the name is static.
-    let capsule = unsafe { ffi::PyCapsule_New(ptr, name.as_ptr(), Some(drop_capsule)) };
-    if capsule.is_null() {
-        // SAFETY: the capsule was not made, so the tensor is still ours to delete.
-        unsafe {
-            if versioned {
-                delete_versioned(ptr as *mut DLManagedTensorVersioned)
-            } else {
-                delete_legacy(ptr as *mut DLManagedTensor)
-            }
-        }
-        return Err(PyErr::fetch(py));
+        capsule(py, boxed::<DLManagedTensor>(tensor, len, buf))
     }
-    // SAFETY: PyCapsule_New returned a new reference.
-    Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -222,25 +269,22 @@ unsafe impl Sync for Imported {}
 
 impl Drop for Imported {
     fn drop(&mut self) {
-        // SAFETY: kiln owns the managed tensor (the capsule was consumed) and deletes it once.
+        // SAFETY: kiln owns the managed tensor (the capsule was consumed) and releases it once.
         unsafe {
             match self.managed {
-                Managed::Legacy(m) => {
-                    if let Some(d) = (*m).deleter {
-                        d(m)
-                    }
-                }
-                Managed::Versioned(m) => {
-                    if let Some(d) = (*m).deleter {
-                        d(m)
-                    }
-                }
+                Managed::Legacy(m) => release(m),
+                Managed::Versioned(m) => release(m),
             }
         }
     }
 }
 
 impl Imported {
+    /// An import of `managed` that describes nothing yet (its drop releases the tensor).
+    fn empty(managed: Managed) -> Imported {
+        Imported { managed, ptr: std::ptr::null_mut(), len: 0, scalar: Scalar::U8, readonly: true, device: (0, 0) }
+    }
+
     /// Takes `obj`'s tensor through its `__dlpack__` (asking for DLPack 1, else the legacy form).
     ///
     /// # Errors
@@ -262,37 +306,43 @@ impl Imported {
             Err(e) => return Err(e),
         };
         let cap = capsule.as_ptr();
-        // SAFETY: `cap` is a live object (held by `capsule`); the IsValid/GetPointer/SetName
-        // calls accept any object and are made with the GIL held. After the rename the
-        // capsule's destructor leaves the tensor to us.
-        let (managed, tensor, flags) = unsafe {
-            if ffi::PyCapsule_IsValid(cap, VERSIONED.as_ptr()) == 1 {
-                let m = ffi::PyCapsule_GetPointer(cap, VERSIONED.as_ptr()) as *mut DLManagedTensorVersioned;
-                if (*m).version[0] != 1 {
-                    return Err(PyBufferError::new_err(format!(
-                        "DLPack {} tensors are not supported",
-                        (*m).version[0]
-                    )));
+        /// The tensor of a capsule under M's name, taken over (the capsule renamed `used`).
+        ///
+        /// # Safety
+        /// `cap` is a live object and the GIL is held.
+        unsafe fn take<M: ManagedTensor>(cap: *mut ffi::PyObject, used: &CStr) -> Option<(*mut M, DLTensor, u64)> {
+            // SAFETY: IsValid/GetPointer/SetName accept any object; after the rename the
+            // capsule's destructor leaves the tensor to us.
+            unsafe {
+                if ffi::PyCapsule_IsValid(cap, M::NAME.as_ptr()) != 1 {
+                    return None;
                 }
-                ffi::PyCapsule_SetName(cap, USED_VERSIONED.as_ptr());
-                (Managed::Versioned(m), (*m).dl_tensor, (*m).flags)
-            } else if ffi::PyCapsule_IsValid(cap, LEGACY.as_ptr()) == 1 {
-                let m = ffi::PyCapsule_GetPointer(cap, LEGACY.as_ptr()) as *mut DLManagedTensor;
-                ffi::PyCapsule_SetName(cap, USED_LEGACY.as_ptr());
-                (Managed::Legacy(m), (*m).dl_tensor, 0)
+                let m = ffi::PyCapsule_GetPointer(cap, M::NAME.as_ptr()) as *mut M;
+                ffi::PyCapsule_SetName(cap, used.as_ptr());
+                Some((m, *(*m).tensor(), (*m).flags()))
+            }
+        }
+        // SAFETY: `cap` is held by `capsule`, with the GIL.
+        let (managed, tensor, flags) = unsafe {
+            if let Some((m, t, f)) = take::<DLManagedTensorVersioned>(cap, USED_VERSIONED) {
+                let major = (*m).version[0];
+                let managed = Managed::Versioned(m);
+                if major != 1 {
+                    drop(Imported::empty(managed));
+                    return Err(PyBufferError::new_err(format!("DLPack {major} tensors are not supported")));
+                }
+                (managed, t, f)
+            } else if let Some((m, t, f)) = take::<DLManagedTensor>(cap, USED_LEGACY) {
+                (Managed::Legacy(m), t, f)
             } else {
                 return Err(PyBufferError::new_err("__dlpack__ returned no DLPack capsule (or one already used)"));
             }
         };
         // From here on the tensor is deleted on every path (Imported's drop).
-        let mut imported = Imported {
-            managed,
-            ptr: (tensor.data as *mut u8).wrapping_add(tensor.byte_offset as usize),
-            len: 0,
-            scalar: Scalar::U8,
-            readonly: flags & FLAG_READ_ONLY != 0,
-            device: (tensor.device.device_type, tensor.device.device_id),
-        };
+        let mut imported = Imported::empty(managed);
+        imported.ptr = (tensor.data as *mut u8).wrapping_add(tensor.byte_offset as usize);
+        imported.readonly = flags & FLAG_READ_ONLY != 0;
+        imported.device = (tensor.device.device_type, tensor.device.device_id);
         let dt = tensor.dtype;
         imported.scalar = dtype::from_dlpack(dt.code, dt.bits).filter(|_| dt.lanes == 1).ok_or_else(|| {
             PyBufferError::new_err(format!(
