@@ -47,13 +47,14 @@ impl Stream {
     /// Records a launch and submits it without waiting. Argument errors (count, dtype,
     /// length, bounds) are returned now; failures while running come from [`Stream::wait`].
     pub fn launch(&self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> KilnResult<()> {
-        // Checked here as well as by the queue: a stale kernel or buffer (of a generation a
-        // reset ended) found by the queue fails the queue, which other threads share.
+        let mut state = self.lock();
+        // Checked here as well as by the queue, under the lock: a stale kernel or buffer (of
+        // a generation a reset ended) found by the queue fails the queue, which other threads
+        // share. (A reset after this check ends the queue's generation as well.)
         kernel.program.check_current()?;
         for b in bufs {
             b.raw()?;
         }
-        let mut state = self.lock();
         let generation = self.device.generation();
         // A new generation, or a queue that failed (its error was reported by a wait),
         // gets a fresh queue.

@@ -65,3 +65,13 @@ def test_a_plan_runs_after_the_launches_before_it(cl):
     k(a, b, n=64)  # queued; the plan reads what it writes
     plan.run()
     np.testing.assert_array_equal(c.numpy(), 2)
+
+
+def test_from_dlpack_onto_a_device_the_host_cannot_address_copies(cl):
+    x = np.arange(16, dtype=np.float32)
+    b = kiln.from_dlpack(x, device=cl)
+    assert b.device == cl.name and not b.is_host
+    x[:] = 0
+    np.testing.assert_array_equal(b.numpy(), np.arange(16))
+    with pytest.raises(BufferError, match="cannot be shared through DLPack"):
+        b.__dlpack_device__()
