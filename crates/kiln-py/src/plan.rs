@@ -15,22 +15,18 @@ use crate::errors::{Failure, detached, invalid_arg, no_panic};
 use crate::kernel::PyKernel;
 use crate::stream::Stream;
 
-/// The recorded plan; runs and recording take turns.
-struct Recorded {
-    plan: ExecutionPlan,
-}
-
 /// Records kernel launches and copies once, then replays them: the object a compiler's JIT
 /// replays. The plan orders its work by the bytes each node reads and writes and may run
 /// independent nodes at once.
 #[pyclass(frozen, name = "Plan", module = "kiln")]
 pub struct PyPlan {
-    recorded: Arc<Mutex<Recorded>>,
+    /// The plan; runs and recording take turns.
+    recorded: Arc<Mutex<ExecutionPlan>>,
     /// The device's queue of launches from Python, which a run waits for first.
     stream: Option<Arc<Stream>>,
 }
 
-fn lock(m: &Mutex<Recorded>) -> MutexGuard<'_, Recorded> {
+fn lock(m: &Mutex<ExecutionPlan>) -> MutexGuard<'_, ExecutionPlan> {
     // A panic while recording is reported as an error; the plan's state stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -72,7 +68,7 @@ impl PyPlan {
                 .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
         }
         let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
-        Ok(PyPlan { recorded: Arc::new(Mutex::new(Recorded { plan })), stream: crate::stream::of(device) })
+        Ok(PyPlan { recorded: Arc::new(Mutex::new(plan)), stream: crate::stream::of(device) })
     }
 
     /// Records a launch of `kernel` over `buffers` with its variables (`vars`, by name);
@@ -99,14 +95,14 @@ impl PyPlan {
         let (k, recorded, text) = (&kernel.kernel, &self.recorded, kernel.text.as_deref());
         detached(py, text, || {
             let refs: Vec<&Buffer> = bufs.iter().collect();
-            Ok(lock(recorded).plan.exec_vals(k, &refs, &vals)?)
+            Ok(lock(recorded).exec_vals(k, &refs, &vals)?)
         })
     }
 
     /// Records a copy of `src` into `dst` (same byte size); returns the node's index.
     fn copy(&self, py: Python<'_>, dst: &PyBuffer, src: &PyBuffer) -> PyResult<usize> {
         let (d, s, recorded) = (&dst.buf, &src.buf, &self.recorded);
-        detached(py, None, || Ok(lock(recorded).plan.copy(d, s)?))
+        detached(py, None, || Ok(lock(recorded).copy(d, s)?))
     }
 
     /// Replays every node with these variable values (the others keep the values they were
@@ -115,7 +111,7 @@ impl PyPlan {
     fn run(&self, py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let vars = named(py, vars)?;
         let (recorded, stream) = (&self.recorded, self.stream.clone());
-        detached(py, None, || run_named(&mut lock(recorded).plan, &vars, stream.as_deref()))
+        detached(py, None, || run_named(&mut lock(recorded), &vars, stream.as_deref()))
     }
 
     /// Starts a replay on a helper thread and returns at once; `wait()` on the result waits.
@@ -126,25 +122,25 @@ impl PyPlan {
         let (recorded, stream) = (self.recorded.clone(), self.stream.clone());
         let handle = std::thread::Builder::new()
             .name("kiln-plan-run".into())
-            .spawn(move || no_panic(|| run_named(&mut lock(&recorded).plan, &vars, stream.as_deref())))
+            .spawn(move || no_panic(|| run_named(&mut lock(&recorded), &vars, stream.as_deref())))
             .map_err(|e| invalid_arg(py, format!("cannot start a thread for the run: {e}")))?;
         Ok(PlanRun { handle: Mutex::new(Some(handle)), outcome: Mutex::new(None) })
     }
 
     /// The number of recorded nodes.
     fn __len__(&self) -> usize {
-        lock(&self.recorded).plan.len()
+        lock(&self.recorded).len()
     }
 
     /// The plan's variables, in the order runs bind them.
     #[getter]
     fn var_names(&self) -> Vec<String> {
-        lock(&self.recorded).plan.var_names().to_vec()
+        lock(&self.recorded).var_names().to_vec()
     }
 
     fn __repr__(&self) -> String {
-        let r = lock(&self.recorded);
-        format!("<kiln.Plan {} nodes, vars {:?}>", r.plan.len(), r.plan.var_names())
+        let plan = lock(&self.recorded);
+        format!("<kiln.Plan {} nodes, vars {:?}>", plan.len(), plan.var_names())
     }
 }
 
