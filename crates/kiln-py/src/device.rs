@@ -296,9 +296,10 @@ impl PyDevice {
     }
 }
 
-/// `compiled`, compiled again when it belongs to a generation a reset ended (a compile that
-/// joined one started before a concurrent `reset()` gets the older generation's kernel);
-/// the recompile reloads it from the kernel cache without compiling.
+/// `compiled`, compiled again when a reset ended its generation: a compile that joined one
+/// started before a concurrent `reset()` gets that compile's outcome, a kernel of the older
+/// generation or its `DeviceLost` error. The recompile reloads the kernel from the kernel
+/// cache without compiling.
 fn current(
     device: &Device,
     compiled: KilnResult<Kernel>,
@@ -306,14 +307,18 @@ fn current(
     name: Option<&str>,
 ) -> Result<Kernel, Failure> {
     const TRIES: usize = 3;
-    let mut kernel = compiled?;
+    let mut result = compiled;
     for _ in 0..TRIES {
-        match kernel.program.check_current() {
-            Err(KilnError::DeviceLost { .. }) => kernel = device.compile(sink, name)?,
-            _ => break,
+        let stale = match &result {
+            Ok(k) => matches!(k.program.check_current(), Err(KilnError::DeviceLost { .. })),
+            Err(e) => matches!(e, KilnError::DeviceLost { .. }),
+        };
+        if !stale {
+            break;
         }
+        result = device.compile(sink, name);
     }
-    Ok(kernel)
+    Ok(result?)
 }
 
 /// `err` with "kernel i of the batch: " before its message (same class and attributes).
