@@ -1,7 +1,9 @@
 //! kiln's errors as Python exceptions: one class per [`ErrorClass`] under `kiln.Error`, each
 //! carrying the Rust error's message and root cause, and no Rust panic reaching Python.
 
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln_device::{Error as KilnError, ErrorClass};
 use kiln_ir::IrError;
@@ -75,6 +77,33 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// Kernel texts by kernel name, to locate the errors reported after a launch returned (an
+/// asynchronous launch, a plan run), which name the kernel but not its text. A name compiled
+/// from two different texts locates nothing.
+fn texts() -> &'static Mutex<HashMap<String, Option<Arc<str>>>> {
+    static TEXTS: OnceLock<Mutex<HashMap<String, Option<Arc<str>>>>> = OnceLock::new();
+    TEXTS.get_or_init(Default::default)
+}
+
+/// Remembers the text kernel `name` was compiled from.
+pub fn remember(name: &str, text: &Arc<str>) {
+    let mut texts = texts().lock().unwrap_or_else(|p| p.into_inner());
+    match texts.get_mut(name) {
+        None => {
+            texts.insert(name.to_string(), Some(text.clone()));
+        }
+        Some(known) => {
+            if known.as_ref().is_some_and(|k| k != text) {
+                *known = None;
+            }
+        }
+    }
+}
+
+fn recall(name: &str) -> Option<Arc<str>> {
+    texts().lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned().flatten()
+}
+
 /// Why a call failed: kiln's error, or a panic caught before it reached Python.
 #[derive(Debug)]
 pub enum Failure {
@@ -131,6 +160,11 @@ impl Failure {
             }
             Failure::Kiln(e) => e,
         };
+        let recalled = match (text, e.root_cause()) {
+            (None, KilnError::OutOfBounds { kernel, .. }) => recall(kernel),
+            _ => None,
+        };
+        let text = text.or(recalled.as_deref());
         let mut message = e.to_string();
         let (mut line, mut col, mut node) = (None, None, None);
         match e.root_cause() {

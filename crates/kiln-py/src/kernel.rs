@@ -37,6 +37,9 @@ pub struct PyKernel {
 impl PyKernel {
     pub fn new(py: Python<'_>, kernel: Kernel, device: &Arc<Device>, text: Option<Arc<str>>) -> PyResult<PyKernel> {
         let keys = kernel.spec.var_names.iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        if let Some(text) = &text {
+            crate::errors::remember(&kernel.spec.name, text);
+        }
         Ok(PyKernel { kernel, text, keys, stream: crate::stream::of(device) })
     }
 

@@ -42,8 +42,9 @@ def test_a_failure_while_running_is_raised_by_the_next_wait(cl):
     finally:
         cl.bounds_policy = old
     shifted(cl.empty("f32", 8), n=8)  # queued: the guard fires on the device
-    with pytest.raises(kiln.OutOfBoundsError, match="guarded"):
+    with pytest.raises(kiln.OutOfBoundsError, match="guarded") as e:
         cl.synchronize()
+    assert e.value.line == 8, str(e.value)  # located after the fact, by the kernel's name
     cl.synchronize()  # reported once
     k = cl.compile(INC, name="inc")
     a, b = cl.from_numpy(np.ones(4, np.float32)), cl.empty("f32", 4)

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from conftest import SHIFTED
+
 import kiln
 
 
@@ -70,3 +72,17 @@ def test_a_plan_of_a_reset_device_is_lost(inc):
     dev.reset()
     with pytest.raises(kiln.DeviceLostError):
         plan.run()
+
+
+def test_a_guarded_fault_in_a_plan_run_names_its_line(dev):
+    old = dev.bounds_policy
+    dev.bounds_policy = "guard"
+    try:
+        shifted = dev.compile(SHIFTED, name="shifted_in_plan")
+    finally:
+        dev.bounds_policy = old
+    plan = kiln.Plan(dev)
+    plan.launch(shifted, [dev.empty("f32", 8)], {"n": 8})
+    with pytest.raises(kiln.OutOfBoundsError, match="guarded") as e:
+        plan.run()
+    assert e.value.line == 8, str(e.value)
