@@ -122,9 +122,9 @@ pub const BACKENDS: &[&str] = &["cpu", "cpu-guarded", "opencl", "cuda", "cuda-co
 /// The device a backend name stands for in this suite (its first device).
 pub fn spec_of(name: &str) -> Option<DeviceSpec> {
     match name {
-        "cpu" | "cpu-guarded" | "cuda-compile" => Some(DeviceSpec::Cpu),
-        "opencl" => Some(DeviceSpec::OpenCl { ordinal: 0 }),
-        "cuda" => Some(DeviceSpec::Cuda { ordinal: 0 }),
+        "cpu" | "cpu-guarded" | "cuda-compile" => Some(DeviceSpec::new("CPU", 0)),
+        "opencl" => Some(DeviceSpec::new("OPENCL", 0)),
+        "cuda" => Some(DeviceSpec::new("CUDA", 0)),
         _ => None,
     }
 }
@@ -141,13 +141,13 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
     }
     let r = match spec_of(name) {
         #[cfg(feature = "cpu")]
-        Some(DeviceSpec::Cpu) if name == "cpu-guarded" => {
+        Some(DeviceSpec::new("CPU", 0)) if name == "cpu-guarded" => {
             kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a)))
         }
         #[cfg(all(feature = "cpu", feature = "cuda"))]
-        Some(DeviceSpec::Cpu) if name == "cuda-compile" => cuda_compile::open(),
+        Some(DeviceSpec::new("CPU", 0)) if name == "cuda-compile" => cuda_compile::open(),
         #[cfg(feature = "cpu")]
-        Some(spec @ DeviceSpec::Cpu) if name != "cuda-compile" => kiln_cpu::open(&spec),
+        Some(spec @ DeviceSpec::new("CPU", 0)) if name != "cuda-compile" => kiln_cpu::open(&spec),
         #[cfg(feature = "opencl")]
         Some(spec @ DeviceSpec::OpenCl { .. }) => kiln_opencl::open(&spec),
         #[cfg(feature = "cuda")]

@@ -5,12 +5,12 @@ use std::sync::{Arc, OnceLock};
 
 use kiln_cpu::{CCompiler, CpuProgram, CpuRenderer};
 use kiln_device::cstyle::{bf16_bits, f16_bits};
-use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, KernelBuilder, Op, Scalar, UOp, Val};
+use kiln_device::kiln_ir::{Arg, DType, KernelBuilder, Op, Scalar, UOp, Val};
 use kiln_device::{Buffer, CompiledSpec, Compiler, Device, Error, Kernel, ProgramSpec, Renderer};
 
 fn device() -> Arc<Device> {
     static DEVICE: OnceLock<Arc<Device>> = OnceLock::new();
-    DEVICE.get_or_init(|| kiln_cpu::open(&DeviceSpec::Cpu).unwrap_or_else(|e| panic!("{e}"))).clone()
+    DEVICE.get_or_init(|| kiln_cpu::open(&kiln_cpu::CPU).unwrap_or_else(|e| panic!("{e}"))).clone()
 }
 
 fn compile(sink: &Arc<UOp>, name: &str) -> Kernel {
@@ -1594,7 +1594,7 @@ fn program_stages_inside_a_kernel_cannot_be_rendered() {
     let i = k.global(0, 4);
     k.store(&a.at(&i), &Val::f32(1.0));
     let sink = k.finish().unwrap();
-    let spec = ProgramSpec::from_sink("p", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+    let spec = ProgramSpec::from_sink("p", String::new(), kiln_cpu::CPU.clone(), &sink).unwrap();
     let program = spec.to_uop(None).unwrap();
     let weird = UOp::new(Op::Sink, DType::Void, Arg::None, vec![sink.src()[0].clone(), program]);
     assert!(CpuRenderer::new().render(&weird, None).is_err());
@@ -1674,7 +1674,7 @@ fn a_carried_end_value_of_a_loop_that_never_runs_is_zero() {
 /// guarded form, and refuses the launch before anything runs.
 #[test]
 fn the_bounds_policy_picks_guard_or_refuse() {
-    let dev = kiln_cpu::open(&DeviceSpec::Cpu).unwrap();
+    let dev = kiln_cpu::open(&kiln_cpu::CPU).unwrap();
     let store4 = || {
         let mut k = KernelBuilder::new();
         let n = k.var("n", 1, 64);

@@ -452,7 +452,8 @@ pub(crate) mod mock {
 
     impl Allocator for MockAllocator {
         fn device(&self) -> &DeviceSpec {
-            &DeviceSpec::Cpu
+            static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+            &SPEC
         }
         fn alloc(&self, bytes: usize) -> Result<RawPtr> {
             let live = self.live.load(Ordering::SeqCst);

@@ -17,6 +17,7 @@ pub mod graph;
 pub mod guarded;
 pub mod program;
 pub mod queue;
+pub mod registry;
 pub mod ring;
 pub mod signal;
 pub mod stream;
@@ -26,10 +27,7 @@ pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
-pub use device::{
-    CompilerPair, Device, DeviceOpener, DeviceParts, DeviceProperties, Kernel, PartsBuilder, open_device,
-    register_backend,
-};
+pub use device::{CompilerPair, Device, DeviceParts, DeviceProperties, Kernel, PartsBuilder};
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphLaunch, LaunchGraph};
 pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch, PreparedLaunch};
@@ -39,6 +37,10 @@ pub use program::{
     Variable, special_axis,
 };
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
+pub use registry::{
+    Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, find_backend, device_names, open_device, register_backend,
+    required, required_names, skip_unless_required,
+};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
 pub use stream::{StreamOps, StreamQueue};

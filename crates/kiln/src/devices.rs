@@ -49,7 +49,7 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
         DeviceRow { name: spec.to_string(), status, stats, cache }
     };
     if cfg!(feature = "cpu") {
-        rows.push(row(&DeviceSpec::Cpu, None));
+        rows.push(row(&DeviceSpec::new("CPU", 0), None));
     } else {
         rows.push(not_built("CPU", "cpu"));
     }

@@ -146,7 +146,7 @@ mod tests {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "kiln") {
                 let k = KernelFile::load(&path).unwrap_or_else(|e| panic!("{}: {}", path.display(), e.report()));
-                let spec = ProgramSpec::from_sink(&k.name, String::new(), DeviceSpec::Cpu, &k.sink).unwrap();
+                let spec = ProgramSpec::from_sink(&k.name, String::new(), DeviceSpec::new("CPU", 0), &k.sink).unwrap();
                 assert!(!spec.outs.is_empty(), "{} writes nothing", path.display());
                 let text = std::fs::read_to_string(&path).unwrap();
                 assert!(text.contains("kiln run examples/kernels/"), "{} has no example command", path.display());
@@ -183,7 +183,7 @@ mod tests {
         let i = k.global(0, &n);
         k.store(&a.at(&i), &kiln_ir::Val::f32(1.0));
         let sink = k.finish().unwrap();
-        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &sink).unwrap();
         assert_eq!(bind_vars(&spec, &[("n".into(), 5)]).unwrap(), vec![5]);
         let missing = bind_vars(&spec, &[]).unwrap_err().report();
         assert!(missing.contains("variable `n` has no value"), "{missing}");

@@ -866,7 +866,7 @@ pub fn nontemporal_stores(dev: &Arc<Device>) -> Outcome {
     for (s, w) in [(Scalar::F32, 1u8), (Scalar::I64, 1), (Scalar::F32, 4), (Scalar::F32, 8), (Scalar::F32, 16)] {
         let nt = kernel(s, w, StoreHint::NonTemporal)?;
         let name = format!("conf_nt_{}x{w}", s.name());
-        if *dev.spec() != kiln_device::kiln_ir::DeviceSpec::Cpu {
+        if *dev.spec() != kiln_device::kiln_ir::DeviceSpec::new("CPU", 0) {
             let plain = dev.renderer().render(&kernel(s, w, StoreHint::Normal)?, Some(&name))?;
             let hinted = dev.renderer().render(&nt, Some(&name))?;
             ensure!(hinted.src == plain.src, "{}: the non-temporal hint changed the {name} source", dev.spec());

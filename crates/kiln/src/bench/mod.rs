@@ -215,7 +215,7 @@ struct Bench {
 
 impl Bench {
     fn axis(&self) -> kernels::Axis {
-        if *self.device.spec() == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
+        if *self.device.spec() == DeviceSpec::new("CPU", 0) { "gidx0" } else { "idx0" }
     }
 
     /// The f32 lanes of the add, sum and softmax kernels: the device's widest vector.
@@ -430,7 +430,7 @@ impl Bench {
         let tile = kernels::MatmulTile::for_width(self.width());
         let pack = self.compile(kernels::pack_b_f32(self.axis(), n, tile), "pack_b_f32")?;
         // The CPU backend splits the strips over its cores; elsewhere, one tile per item.
-        let sink = if *self.device.spec() == DeviceSpec::Cpu {
+        let sink = if *self.device.spec() == DeviceSpec::new("CPU", 0) {
             kernels::matmul_f32(self.axis(), n, tile)
         } else {
             kernels::matmul_tile_f32(n, tile)
@@ -1461,7 +1461,7 @@ mod tests {
         };
         let odd = "q\"uote\\back\nslash";
         let results = [result(odd, Some(Stats { median: 4.0, ..stats })), result("plain", None)];
-        let json = to_json(&DeviceSpec::OpenCl { ordinal: 1 }, &results).unwrap();
+        let json = to_json(&DeviceSpec::new("OPENCL", 1), &results).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
         assert_eq!(v["device"], "OPENCL:1");
         let first = &v["results"][0];
@@ -1480,7 +1480,7 @@ mod tests {
         let second = &v["results"][1];
         assert!(second["baseline"].is_null() && second["baseline_median"].is_null() && second["ratio"].is_null());
         let nan = [BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) }];
-        let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::Cpu, &nan).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::new("CPU", 0), &nan).unwrap()).unwrap();
         assert!(v["results"][0]["median"].is_null(), "a non-finite figure is null, as before");
     }
 }
