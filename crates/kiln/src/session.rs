@@ -11,7 +11,8 @@ use kiln_ir::{DeviceSpec, UOp};
 use crate::error::{CliError, Context};
 
 /// Registers every backend compiled into this binary (its `cpu`, `opencl` and `cuda` features) with
-/// the device registry. Idempotent.
+/// the device registry. Idempotent. Every command that names devices (`devices`, `run`, `bench`,
+/// `compile`, their `--device` help) then reads the registry.
 pub fn register_backends() {
     #[cfg(feature = "cpu")]
     kiln_cpu::register();
@@ -19,6 +20,29 @@ pub fn register_backends() {
     kiln_opencl::register();
     #[cfg(feature = "cuda")]
     kiln_cuda::register();
+}
+
+/// The backends this binary was built without, as `(backend, cargo feature)`: `kiln devices`
+/// lists them with the feature that adds them.
+pub fn left_out() -> Vec<(&'static str, &'static str)> {
+    let features = [("CPU", "cpu", cfg!(feature = "cpu")), ("OPENCL", "opencl", cfg!(feature = "opencl"))];
+    let cuda = [("CUDA", "cuda", cfg!(feature = "cuda"))];
+    features.into_iter().chain(cuda).filter(|(.., built)| !built).map(|(name, feature, _)| (name, feature)).collect()
+}
+
+/// `cmd` with the help of every subcommand's `--device` completed by the registered backends:
+/// `The device to run on: CPU, CPU-AVX2, CPU-SSE2, OPENCL or CUDA (NAME:n for device n)`.
+pub fn with_device_help(cmd: clap::Command) -> clap::Command {
+    let names = kiln_device::device_names();
+    cmd.mut_subcommands(|sub| {
+        if !sub.get_arguments().any(|a| a.get_id() == "device") {
+            return sub;
+        }
+        sub.mut_arg("device", |arg| {
+            let what = arg.get_help().map(ToString::to_string).unwrap_or_else(|| "The device".into());
+            arg.help(format!("{what}: {names} (NAME:n for a backend's device n)"))
+        })
+    })
 }
 
 /// A kernel read from a text file.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kiln_device::Kernel;
 use kiln_device::kiln_ir::rewrite::RewriteRules;
-use kiln_device::kiln_ir::{DeviceSpec, IrError, Op, UOp, parse_kernel};
+use kiln_device::kiln_ir::{IrError, Op, UOp, parse_kernel};
 
 use super::{Bench, CliError};
 
@@ -79,7 +79,7 @@ mod tests {
         assert!(cpu.compile(&first, Some("sum_groups")).is_err(), "the CPU has no work groups");
         let dev = match kiln_device::open_device("OPENCL:0") {
             Ok(d) => d,
-            Err(e) if !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+            Err(e) if !kiln_device::required("opencl") => {
                 return println!("skipped OPENCL:0: {e}");
             }
             Err(e) => panic!("OPENCL:0: {e}"),
@@ -106,7 +106,7 @@ mod tests {
             Ok(c) => c,
             Err(e) => return println!("skipped: {e}"),
         };
-        let spec = CudaRenderer::new(DeviceSpec::new("CUDA", 0))
+        let spec = CudaRenderer::new(kiln_device::kiln_ir::DeviceSpec::new(kiln_cuda::BACKEND, 0))
             .render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups"))
             .unwrap();
         assert!(spec.src.contains("__shared__ float") && spec.src.contains("__syncthreads()"), "{}", spec.src);
