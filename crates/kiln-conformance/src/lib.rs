@@ -12,7 +12,7 @@
 //! misbehaviour, so a caller (a test harness, a `kiln conformance` command) decides how to
 //! report it.
 //!
-//! Backends come from kiln-device's registry (plus the suite's own [`PSEUDO_BACKENDS`]) and
+//! Backends come from kiln-device's registry (plus the suite's own, see [`REGISTRATIONS`]) and
 //! are opened at run time ([`backend`]). Each has a [`Registration`]: its peer and the tests
 //! it does not support, with the reason. A test that cannot run (its backend is absent, or
 //! unsupported there) writes `SKIPPED <test>: <reason>` to the test output (shown beside its
@@ -118,7 +118,7 @@ impl Mismatches {
 #[derive(Debug, Clone, Copy)]
 pub struct Registration {
     /// The backend's name as `KILN_REQUIRE` spells it (lower case): a registry backend's
-    /// name, or one of [`PSEUDO_BACKENDS`].
+    /// name, or one the suite builds itself (`cpu-guarded`, `cuda-compile`).
     pub name: &'static str,
     /// The backend whose device the cross-device checks pair with this one.
     pub peer: &'static str,
@@ -132,8 +132,14 @@ const SAME_DEVICE_PEER: (&str, &str) =
     ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
 
 /// Every backend the suite runs on, with its peer and the tests it does not support. A
-/// backend of the registry needs a line here and one `backend!` line in
-/// `tests/conformance.rs` (a test checks that every registered backend has both).
+/// backend of the registry needs a line here and one line in `tests/conformance.rs`'s
+/// `backends!` (a test checks that every registered backend has both).
+///
+/// Two backends are the suite's own rather than the registry's: `cpu-guarded` is the CPU
+/// device over [`kiln_cpu::GuardPageAllocator`] (every contract again, with buffers that
+/// fault at the first byte past their end); `cuda-compile` is the CPU device whose compiler
+/// also compiles every kernel to PTX and an `sm_90` cubin ([`cuda_compile`]): the CUDA
+/// toolchain checked on every conformance kernel, no GPU needed.
 pub const REGISTRATIONS: &[Registration] = &[
     Registration { name: "cpu", peer: "opencl", unsupported: &[] },
     Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
@@ -143,13 +149,6 @@ pub const REGISTRATIONS: &[Registration] = &[
     Registration { name: "cuda", peer: "cpu", unsupported: &[] },
     Registration { name: "cuda-compile", peer: "opencl", unsupported: &[] },
 ];
-
-/// The backends this suite builds itself rather than opening through the registry:
-/// `cpu-guarded` is the CPU device over [`kiln_cpu::GuardPageAllocator`] (every contract
-/// again, with buffers that fault at the first byte past their end); `cuda-compile` is the
-/// CPU device whose compiler also compiles every kernel to PTX and an `sm_90` cubin
-/// ([`cuda_compile`]): the CUDA toolchain checked on every conformance kernel, no GPU needed.
-pub const PSEUDO_BACKENDS: &[&str] = &["cpu-guarded", "cuda-compile"];
 
 /// The registration of backend `name` (lower case).
 pub fn registration(name: &str) -> Option<&'static Registration> {
@@ -177,7 +176,7 @@ pub fn register_backends() {
 /// kernel cache. A registry backend is opened through [`kiln_device::open_device`].
 ///
 /// # Errors
-/// [`Error::Invalid`] for a name that is neither registered nor a [`PSEUDO_BACKENDS`] entry;
+/// [`Error::Invalid`] for a name the suite does not know ([`REGISTRATIONS`]);
 /// [`Error::Unavailable`] for one this build leaves out; the errors of opening it.
 pub fn open(name: &str) -> Result<Arc<Device>, Error> {
     type Opened = HashMap<String, Result<Arc<Device>, Error>>;
@@ -192,7 +191,9 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
         "cpu-guarded" => kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a))),
         #[cfg(all(feature = "cpu", feature = "cuda"))]
         "cuda-compile" => cuda_compile::open(),
-        _ if kiln_device::find_backend(name).is_some() => kiln_device::open_device(name),
+        _ if registration(name).is_some() && kiln_device::find_backend(name).is_some() => {
+            kiln_device::open_device(name)
+        }
         _ if registration(name).is_some() => {
             Err(Error::Unavailable(format!("this build of kiln-conformance leaves out the `{name}` backend")))
         }

@@ -108,9 +108,14 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<Device>, CliError> {
     kiln_device::open_device(&spec.to_string()).context(|| format!("cannot open device {spec}"))
 }
 
-/// Parses `--device` text (a clap value parser: the message follows clap's "invalid value").
+/// Parses `--device` text (a clap value parser: the message follows clap's "invalid value"):
+/// a device of a registered backend.
 pub fn parse_device(text: &str) -> Result<DeviceSpec, String> {
-    text.parse().map_err(|e: kiln_ir::IrError| e.to_string())
+    let spec: DeviceSpec = text.parse().map_err(|e: kiln_ir::IrError| e.to_string())?;
+    match kiln_device::find_backend(spec.base_type()) {
+        Some(_) => Ok(spec),
+        None => Err(format!("unknown device `{text}` (this kiln's backends: {})", kiln_device::device_names())),
+    }
 }
 
 /// Parses `--var NAME=VALUE` (a clap value parser).

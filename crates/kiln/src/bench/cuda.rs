@@ -13,7 +13,7 @@ use super::{Bench, BenchResult, CliError, Stats, baseline, kiln_err, per_sec, ti
 impl Bench {
     /// `r` with its baseline replaced by the CUDA device's own, where one applies.
     pub(super) fn cuda_baseline(&self, r: BenchResult) -> Result<BenchResult, CliError> {
-        if self.device.spec().base_type() != "CUDA" {
+        if self.device.spec().base_type() != kiln_cuda::BACKEND {
             return Ok(r);
         }
         match r.name {
