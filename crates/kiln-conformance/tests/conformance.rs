@@ -14,8 +14,9 @@
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use kiln_conformance::{Failure, Outcome, backend, skip, unsupported};
+use kiln_conformance::{Failure, Outcome, backend, unsupported};
 use kiln_device::Device;
+use kiln_device::report_skip;
 
 /// The longest one test body may take before it counts as hung. Far above any healthy run
 /// (the whole suite takes seconds); it turns a deadlock into a failure naming the test
@@ -49,7 +50,7 @@ fn watched(label: String, body: impl FnOnce() -> Outcome + Send + 'static) {
 fn device_for(name: &str, test: &str) -> Option<Arc<Device>> {
     let function = test.rsplit("::").next().unwrap_or(test);
     if let Some(why) = unsupported(name, function) {
-        skip(name, test, &format!("unsupported by {name}: {why}"));
+        report_skip(test, &format!("unsupported by {name}: {why}"));
         return None;
     }
     backend(name, test)
@@ -280,6 +281,10 @@ fn every_registered_backend_runs_the_suite() {
         }
     }
     for name in kiln_device::required_names() {
-        assert!(instantiated(&name).is_some(), "{} names `{name}`, which the suite does not run", kiln_device::REQUIRE_ENV);
+        assert!(
+            instantiated(&name).is_some(),
+            "{} names `{name}`, which the suite does not run",
+            kiln_device::REQUIRE_ENV
+        );
     }
 }

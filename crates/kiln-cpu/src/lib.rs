@@ -27,8 +27,7 @@ use std::sync::{Arc, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
-    Allocator, Backend, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory,
-    register_backend,
+    Allocator, Backend, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend,
 };
 
 pub use allocator::CpuAllocator;

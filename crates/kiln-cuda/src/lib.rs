@@ -51,7 +51,6 @@ pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
 pub use renderer::CudaRenderer;
 pub use signal::{CudaEvent, CudaSignal};
 
-
 /// The backend's name in device specs (`CUDA:n`), in `KILN_REQUIRE` (lower case) and in the
 /// registry.
 pub const BACKEND: &str = "CUDA";

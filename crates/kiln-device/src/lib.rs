@@ -38,8 +38,8 @@ pub use program::{
 };
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use registry::{
-    Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, find_backend, device_names, open_device, register_backend,
-    required, required_names, skip_unless_required,
+    Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, device_names, find_backend, open_device,
+    register_backend, report_skip, required, required_names, skip_unless_required,
 };
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};

@@ -42,7 +42,6 @@ pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
 pub use renderer::OpenClRenderer;
 pub use signal::{ClEvent, OpenClSignal};
 
-
 /// The backend's name in device specs (`OPENCL:n`), in `KILN_REQUIRE` (lower case) and in the
 /// registry.
 pub const BACKEND: &str = "OPENCL";

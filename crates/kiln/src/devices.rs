@@ -6,8 +6,8 @@ use std::fmt::Write;
 use kiln_device::{AllocatorStats, CacheStats};
 use kiln_ir::DeviceSpec;
 
-use crate::{cache, session};
 use crate::error::CliError;
+use crate::{cache, session};
 
 /// `kiln devices [--verbose]`.
 #[derive(Debug, Default, clap::Args)]

@@ -84,7 +84,7 @@ pub fn alu(dev: &Arc<Device>, s: Scalar) -> Outcome {
 /// the `cpu`, `cpu-avx2` and `cpu-sse2` backends).
 pub fn alu_lanes(dev: &Arc<Device>, s: Scalar, width: u8) -> Outcome {
     let (w, dt) = (usize::from(width), DType::vec(s, width));
-    ensure!(w > 0 && N % w == 0, "suite bug: {width} lanes do not divide {N} samples");
+    ensure!(w > 0 && N.is_multiple_of(w), "suite bug: {width} lanes do not divide {N} samples");
     let ops: Vec<Op> = [reference::unary_ops(s), reference::binary_ops(s), reference::ternary_ops(s)].concat();
     let mut k = KernelBuilder::new();
     let (pa, pb, pc) = (k.param(0, s, N), k.param(1, s, N), k.param(2, s, N));
