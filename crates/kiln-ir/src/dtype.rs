@@ -372,15 +372,14 @@ impl FromStr for DeviceSpec {
     /// a name of ASCII letters, digits, `-` and `_` that starts with a letter, and a
     /// non-negative ordinal (0 when left out).
     fn from_str(s: &str) -> Result<Self, IrError> {
-        let upper = s.trim().to_ascii_uppercase();
-        let (name, ordinal) = match upper.split_once(':') {
+        let (name, ordinal) = match s.trim().split_once(':') {
             Some((name, o)) => {
                 let ordinal = o.parse::<u32>().map_err(|_| {
                     IrError::Invalid(format!("device `{s}`: ordinal `{o}` is not a non-negative integer"))
                 })?;
-                (name.to_string(), ordinal)
+                (name.to_ascii_uppercase(), ordinal)
             }
-            None => (upper, 0),
+            None => (s.trim().to_ascii_uppercase(), 0),
         };
         let well_formed = name.starts_with(|c: char| c.is_ascii_alphabetic())
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');

@@ -1357,7 +1357,7 @@ mod tests {
             ("%p = PARAM ptr<f32> \"a\"", 1, 21, "PARAM takes its slot"),
             ("%n = CONST i32 4\n%i = SPECIAL i32 \"n\" 1 2 (%n)", 2, 18, "got a variable"),
             ("\u{feff}%a = CONST i32 1\n%b = NEG i32 (%q)", 2, 15, "undefined %q"),
-            ("%d = DEVICE void device TPU", 1, 25, "unknown device `TPU`"),
+            ("%d = DEVICE void device CUDA:x", 1, 25, "ordinal `x` is not a non-negative integer"),
             ("%d = DEVICE void device", 1, 24, "expected a device name"),
             ("%b = BINARY void 0xabc", 1, 18, "even number of hex digits"),
             ("%b = BINARY void 0xzz", 1, 18, "hex digits"),
