@@ -79,7 +79,7 @@ impl Default for CpuRenderer {
 
 impl CpuRenderer {
     pub fn new() -> Self {
-        CpuRenderer { core: CStyle::new(CpuDialect, DeviceSpec::Cpu) }
+        CpuRenderer { core: CStyle::new(CpuDialect, crate::CPU.clone()) }
     }
 }
 

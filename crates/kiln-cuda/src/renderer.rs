@@ -331,7 +331,7 @@ mod tests {
     use kiln_device::kiln_ir::KernelBuilder;
 
     fn render(sink: &Arc<UOp>) -> String {
-        CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }).render(sink, Some("k")).unwrap().src
+        CudaRenderer::new(DeviceSpec::new(crate::BACKEND, 0)).render(sink, Some("k")).unwrap().src
     }
 
     #[test]

@@ -1683,7 +1683,7 @@ mod tests {
     }
 
     fn render(sink: &Arc<UOp>) -> Result<ProgramSpec> {
-        CStyle::new(Toy, DeviceSpec::Cpu).render(sink, Some("k"))
+        CStyle::new(Toy, DeviceSpec::new("CPU", 0)).render(sink, Some("k"))
     }
 
     #[test]

@@ -375,7 +375,7 @@ mod tests {
     use kiln_device::kiln_ir::{KernelBuilder, Val};
 
     fn render(sink: &Arc<UOp>) -> String {
-        OpenClRenderer::for_spec(DeviceSpec::OpenCl { ordinal: 0 }, true).render(sink, Some("k")).unwrap().src
+        OpenClRenderer::for_spec(DeviceSpec::new(crate::BACKEND, 0), true).render(sink, Some("k")).unwrap().src
     }
 
     #[test]
@@ -411,7 +411,7 @@ mod tests {
         let i = k.global(0, 4);
         k.store(&a.at(&i), &Val::constant(DType::F64, 1.0));
         let sink = k.finish().unwrap();
-        let r = OpenClRenderer::for_spec(DeviceSpec::OpenCl { ordinal: 0 }, false).render(&sink, None);
+        let r = OpenClRenderer::for_spec(DeviceSpec::new(crate::BACKEND, 0), false).render(&sink, None);
         assert!(matches!(r, Err(Error::Render(m)) if m.contains("cl_khr_fp64")));
         assert!(render(&sink).contains("cl_khr_fp64 : enable"));
     }
