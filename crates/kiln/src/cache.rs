@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use kiln_device::{CacheStats, KernelCache};
 
-use crate::devices::bytes;
 use crate::error::{CliError, Context};
+use crate::show::bytes;
 
 /// `kiln cache stats|clear`.
 #[derive(Debug, clap::Args)]

@@ -7,6 +7,7 @@ use kiln_device::{AllocatorStats, CacheStats};
 use kiln_ir::DeviceSpec;
 
 use crate::error::CliError;
+use crate::show::bytes;
 use crate::{cache, session};
 
 /// `kiln devices [--verbose]`.
@@ -107,28 +108,9 @@ pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
     Ok(out)
 }
 
-/// `1536` → `1.5 KiB`.
-pub fn bytes(n: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = n as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_sizes_read_well() {
-        assert_eq!(bytes(0), "0 B");
-        assert_eq!(bytes(1536), "1.5 KiB");
-        assert_eq!(bytes(3 << 30), "3.0 GiB");
-    }
 
     #[test]
     fn every_backend_has_a_row() {

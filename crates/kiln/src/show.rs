@@ -187,9 +187,28 @@ fn join<T: ToString>(items: impl Iterator<Item = T>) -> String {
     items.map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// `1536` → `1.5 KiB`.
+pub fn bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_sizes_read_well() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(3 << 30), "3.0 GiB");
+    }
     use kiln_ir::{DeviceSpec, KernelBuilder, Val};
 
     fn kernel() -> Arc<UOp> {
