@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kiln_device::{Buffer, Error as KilnError};
+use kiln_device::{Buffer, Device, Error as KilnError};
 use pyo3::exceptions::PyBufferError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -208,13 +208,9 @@ impl PyBuffer {
 
 /// `kiln.from_dlpack(x, device=None)`: a buffer sharing `x`'s host memory when `device` (by
 /// default the CPU) can use it in place, else a copy on `device`.
-pub fn from_dlpack(
-    py: Python<'_>,
-    x: &Bound<'_, PyAny>,
-    device: Option<&crate::device::PyDevice>,
-) -> PyResult<PyBuffer> {
+pub fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<Arc<Device>>) -> PyResult<PyBuffer> {
     let dev = match device {
-        Some(d) => d.get()?.clone(),
+        Some(d) => d,
         None => detached(py, None, || kiln_device::open_device("CPU").map_err(Failure::from))?,
     };
     let tensor = Imported::take(x)?;

@@ -25,7 +25,7 @@ fn devices(py: Python<'_>) -> PyResult<Vec<device::DeviceInfo>> {
 #[pyfunction]
 #[pyo3(signature = (x, device=None))]
 fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<&device::PyDevice>) -> PyResult<buffer::PyBuffer> {
-    buffer::from_dlpack(py, x, device)
+    buffer::from_dlpack(py, x, device.map(|d| d.get().cloned()).transpose()?)
 }
 
 /// Panics inside a guarded call: tests that a Rust panic reaches Python as `kiln.Error`.
