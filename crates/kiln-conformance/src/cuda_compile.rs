@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
+use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output, cuda_renderer};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
     CacheConfig, CompiledSpec, Compiler, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer, Result,
@@ -50,7 +50,7 @@ pub fn open() -> Result<Arc<Device>> {
         let cross = Arc::new(CrossCompiler {
             cpu: compiler,
             cuda: cuda.clone(),
-            renderer: CudaRenderer::new(DeviceSpec::Cuda { ordinal: 0 }),
+            renderer: cuda_renderer(DeviceSpec::Cuda { ordinal: 0 }),
         });
         Ok(DeviceParts {
             allocator: cpu.allocator(),

@@ -37,7 +37,7 @@ pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
-pub use renderer::{CpuDialect, CpuRenderer};
+pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer};
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
 /// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
@@ -103,7 +103,7 @@ fn open_with(
         compiler.choice(),
         isa::describe(compiler.isa(), caches)
     );
-    let renderer = Arc::new(CpuRenderer::new());
+    let renderer = Arc::new(cpu_renderer());
     let compiler_isa = compiler.isa();
     // The renderer and compiler hold no device state and survive a reset; memory, queues and
     // loaded programs are built anew for every generation.

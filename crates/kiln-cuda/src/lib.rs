@@ -7,7 +7,7 @@
 //! needs no driver and no GPU ([`compiler`]).
 //!
 //! The rooms, read top to bottom:
-//! - [`renderer`]: CUDA C++ from the kernel IR (the shared C-family core plus a dialect).
+//! - [`renderer`]: CUDA C++ from the kernel IR (kiln-cstyle with CUDA C++ as data).
 //! - [`compiler`]: NVRTC → PTX → cubin for one `sm_XX`; needs no GPU.
 //! - [`program`]: loads a cubin (`cuModuleLoadData`) and launches it.
 //! - [`allocator`]: device memory, with pinned staging for host copies.
@@ -48,7 +48,7 @@ pub use allocator::CudaAllocator;
 pub use compiler::{Arch, CudaCompiler, Output};
 pub use program::CudaProgram;
 pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
-pub use renderer::CudaRenderer;
+pub use renderer::{CudaCpp, CudaDialect, CudaRenderer, cuda_renderer};
 pub use signal::{CudaEvent, CudaSignal};
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream (a macro in `cuda.h`, so not
@@ -369,7 +369,7 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         Ok(DeviceParts {
             allocator: Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?),
             compilers: vec![(
-                Arc::new(CudaRenderer::new(ctx.spec().clone())),
+                Arc::new(cuda_renderer(ctx.spec().clone())),
                 Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
             )],
             runtime,

@@ -46,9 +46,6 @@ impl Renderer for MockRenderer {
     fn device(&self) -> &DeviceSpec {
         &DeviceSpec::Cpu
     }
-    fn cache_key(&self) -> String {
-        "bench-renderer".into()
-    }
 }
 
 /// "Compiles" to 16 KiB of bytes, about the size of a small kernel's shared object.

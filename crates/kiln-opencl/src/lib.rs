@@ -39,7 +39,7 @@ pub use allocator::OpenClAllocator;
 pub use compiler::OpenClCompiler;
 pub use program::OpenClProgram;
 pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
-pub use renderer::OpenClRenderer;
+pub use renderer::{OpenClC, OpenClDialect, OpenClRenderer, opencl_renderer, opencl_renderer_for};
 pub use signal::{ClEvent, OpenClSignal};
 
 /// `clGetPlatformIDs` when the ICD loader finds no driver (`CL_PLATFORM_NOT_FOUND_KHR`).
@@ -318,7 +318,7 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
             Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
         Ok(kiln_device::DeviceParts {
             allocator: Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?),
-            compilers: vec![(Arc::new(OpenClRenderer::new(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))],
+            compilers: vec![(Arc::new(opencl_renderer(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))],
             runtime,
             queues: Some(Arc::new(OpenClQueueFactory::new(cl))),
         })
