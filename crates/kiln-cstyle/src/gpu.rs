@@ -77,8 +77,27 @@ pub trait GpuLanguage {
     /// through f32 could round twice). It may call the f16 helpers.
     const F64_TO_F16: &'static str;
 
-    /// The register type of a scalar (f16 and bf16: the 16-bit unsigned type).
-    fn type_name(s: Scalar) -> &'static str;
+    /// The integer type names: i8, i16, i32, i64, u8, u16, u32, u64 (`bool`, `float` and
+    /// `double` are the same in every GPU language; f16 and bf16 are held in u16).
+    const INTEGERS: [&'static str; 8];
+
+    /// The register type of a scalar.
+    fn type_name(s: Scalar) -> &'static str {
+        let [i8, i16, i32, i64, u8, u16, u32, u64] = Self::INTEGERS;
+        match s {
+            Scalar::Bool => "bool",
+            Scalar::I8 => i8,
+            Scalar::I16 => i16,
+            Scalar::I32 => i32,
+            Scalar::I64 => i64,
+            Scalar::U8 => u8,
+            Scalar::U16 | Scalar::F16 | Scalar::BF16 => u16,
+            Scalar::U32 => u32,
+            Scalar::U64 => u64,
+            Scalar::F32 => "float",
+            Scalar::F64 => "double",
+        }
+    }
 
     /// `e` converted from float `from` to integer `to`, saturating, NaN to 0 (Rust's `as`).
     /// Default: kiln's helper ([`saturating_cast`]).

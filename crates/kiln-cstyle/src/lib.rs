@@ -88,21 +88,7 @@
 //!     const F64_EXTENSION: Option<&'static str> = None;
 //!     const F16_HELPERS: &'static str = "/* f16 helpers */";
 //!     const F64_TO_F16: &'static str = "/* f64 -> f16 */";
-//!     fn type_name(s: Scalar) -> &'static str {
-//!         match s {
-//!             Scalar::Bool => "bool",
-//!             Scalar::I8 => "char",
-//!             Scalar::I16 => "short",
-//!             Scalar::I32 => "int",
-//!             Scalar::I64 => "long",
-//!             Scalar::U8 => "uchar",
-//!             Scalar::U16 | Scalar::F16 | Scalar::BF16 => "ushort",
-//!             Scalar::U32 => "uint",
-//!             Scalar::U64 => "ulong",
-//!             Scalar::F32 => "float",
-//!             Scalar::F64 => "double",
-//!         }
-//!     }
+//!     const INTEGERS: [&'static str; 8] = ["char", "short", "int", "long", "uchar", "ushort", "uint", "ulong"];
 //! }
 //!
 //! let mut k = KernelBuilder::new();

@@ -58,6 +58,16 @@ impl GpuLanguage for CudaCpp {
         "(unsigned long long)blockIdx.z * blockDim.z + threadIdx.z",
     ];
     const GUARD_DIRECT: bool = true;
+    const INTEGERS: [&'static str; 8] = [
+        "signed char",
+        "short",
+        "int",
+        "long long",
+        "unsigned char",
+        "unsigned short",
+        "unsigned int",
+        "unsigned long long",
+    ];
     const NATIVE_WIDTHS: &'static [u8] = &[];
     const OVERLOADED_MATH: bool = false;
     const LONG: &'static str = "LL";
@@ -98,22 +108,6 @@ static __device__ __forceinline__ unsigned short kiln_f64_to_f16(double d) {
   if (d == d && (double)f != d && (u & 0x7fffffffu) < 0x7f800000u) u |= 1u;
   return kiln_f32_to_f16(__uint_as_float(u));
 }";
-
-    fn type_name(s: Scalar) -> &'static str {
-        match s {
-            Scalar::Bool => "bool",
-            Scalar::I8 => "signed char",
-            Scalar::I16 => "short",
-            Scalar::I32 => "int",
-            Scalar::I64 => "long long",
-            Scalar::U8 => "unsigned char",
-            Scalar::U16 | Scalar::F16 | Scalar::BF16 => "unsigned short",
-            Scalar::U32 => "unsigned int",
-            Scalar::U64 => "unsigned long long",
-            Scalar::F32 => "float",
-            Scalar::F64 => "double",
-        }
-    }
 }
 
 #[cfg(test)]

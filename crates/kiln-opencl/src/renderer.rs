@@ -59,6 +59,7 @@ impl GpuLanguage for OpenClC {
     const LOCAL_ID: [&'static str; 3] = ["get_local_id(0)", "get_local_id(1)", "get_local_id(2)"];
     const GLOBAL_ID: [&'static str; 3] = ["get_global_id(0)", "get_global_id(1)", "get_global_id(2)"];
     const GUARD_DIRECT: bool = false;
+    const INTEGERS: [&'static str; 8] = ["char", "short", "int", "long", "uchar", "ushort", "uint", "ulong"];
     const NATIVE_WIDTHS: &'static [u8] = &[2, 3, 4, 8, 16];
     const OVERLOADED_MATH: bool = true;
     /// OpenCL C's `long` is 64-bit and `long long` is reserved.
@@ -75,22 +76,6 @@ static inline float kiln_f16_to_f32(ushort h) { return vload_half(0, (const __pr
 static inline ushort kiln_f32_to_f16(float f) { ushort h; vstore_half_rte(f, 0, (__private half*)&h); return h; }";
     const F64_TO_F16: &'static str = "\
 static inline ushort kiln_f64_to_f16(double d) { ushort h; vstore_half_rte(d, 0, (__private half*)&h); return h; }";
-
-    fn type_name(s: Scalar) -> &'static str {
-        match s {
-            Scalar::Bool => "bool",
-            Scalar::I8 => "char",
-            Scalar::I16 => "short",
-            Scalar::I32 => "int",
-            Scalar::I64 => "long",
-            Scalar::U8 => "uchar",
-            Scalar::U16 | Scalar::F16 | Scalar::BF16 => "ushort",
-            Scalar::U32 => "uint",
-            Scalar::U64 => "ulong",
-            Scalar::F32 => "float",
-            Scalar::F64 => "double",
-        }
-    }
 
     /// `convert_T_sat`: saturating, NaN to 0.
     fn float_to_int(e: &str, _from: Scalar, to: Scalar, _p: &mut Prelude) -> String {
