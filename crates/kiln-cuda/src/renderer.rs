@@ -22,7 +22,7 @@
 //!   out-of-range float is undefined behaviour the optimizer may exploit).
 
 use kiln_cstyle::{CStyle, Gpu, GpuLanguage};
-use kiln_device::kiln_ir::{DeviceSpec, Scalar};
+use kiln_device::kiln_ir::DeviceSpec;
 
 /// CUDA C++ as data for the GPU dialect ([`kiln_cstyle::gpu`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -117,7 +117,7 @@ mod tests {
     use super::*;
     use kiln_cstyle::{Dialect, MathFn, Prelude};
     use kiln_device::Renderer;
-    use kiln_device::kiln_ir::{DType, KernelBuilder, UOp};
+    use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar, UOp};
 
     fn render(sink: &Arc<UOp>) -> String {
         cuda_renderer(DeviceSpec::Cuda { ordinal: 0 }).render(sink, Some("k")).unwrap().src
