@@ -1355,6 +1355,32 @@ InstalledDir: /usr/lib/llvm-14/bin
         assert_eq!(lines(&log), ["--version"], "`--version` runs once, when asked for");
     }
 
+    /// No renderer version is part of the kernel cache's key: the rendered source is, and
+    /// besides it the compiler's identity and flags, so compiling the same source for another
+    /// instruction set is another entry.
+    #[test]
+    fn the_disk_key_follows_the_compiler_flags() {
+        use crate::isa::{Isa, IsaTarget};
+        use kiln_device::{Program, Renderer, RuntimeFactory, Toolchain};
+        let Ok(sse2) = IsaTarget::force(Isa::Sse2) else {
+            println!("skipped: this CPU has no SSE2");
+            return;
+        };
+        let cc = CCompiler::detect().unwrap();
+        if cc.isa() == sse2 {
+            println!("skipped: SSE2 is already this compiler's target");
+            return;
+        }
+        let sink = crate::testing::double_in_place();
+        let src = crate::cpu_renderer().render(&sink, None).unwrap().src;
+        let key = |cc: CCompiler| {
+            let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
+            Toolchain::new(Arc::new(crate::cpu_renderer()), Arc::new(cc), runtime).disk_key(&sink, None, "CPU", &src)
+        };
+        assert_eq!(key(cc.clone()), key(cc.clone()), "the key is stable");
+        assert_ne!(key(cc.clone()), key(cc.with_isa(sse2)), "the flags are part of the key");
+    }
+
     #[test]
     fn a_warm_disk_cache_never_starts_the_compiler() {
         use kiln_device::kiln_ir::DeviceSpec;
