@@ -105,6 +105,8 @@ mod emit;
 pub mod gpu;
 pub mod literal;
 pub mod reserved;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

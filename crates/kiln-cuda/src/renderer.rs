@@ -115,7 +115,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use kiln_cstyle::{Dialect, MathFn, Prelude};
+    use kiln_cstyle::{Dialect, MathFn, Prelude, testing};
     use kiln_device::Renderer;
     use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar, UOp};
 
@@ -125,24 +125,13 @@ mod tests {
 
     #[test]
     fn shared_memory_and_barriers_are_spelled_for_cuda() {
-        let text = include_str!("../../../examples/kernels/matmul_tiled.kiln");
-        let src = render(&kiln_device::kiln_ir::parse_kernel(text).unwrap());
-        let decl = src.find("__shared__ float lmem0[256];").expect("shared memory at kernel scope");
-        assert!(decl < src.find("blockIdx").unwrap_or(0), "declared before the launch indices:\n{src}");
-        assert_eq!(src.matches("__syncthreads();").count(), 2, "{src}");
-        assert!(src.contains("if (alu") && src.contains("(lmem1)["), "{src}");
+        let src = render(&testing::tiled_matmul());
+        testing::assert_work_groups(&src, "__shared__ float lmem0[256];", "blockIdx", "__syncthreads();");
     }
 
     #[test]
     fn launch_indices_are_spelled_for_cuda() {
-        let mut k = KernelBuilder::new();
-        let n = k.var("n", 1, 1 << 20);
-        let (a, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::Bool, &n));
-        let g = k.special("gidx0", &n / 4);
-        let l = k.special("lidx0", 4);
-        let i = &g * 4 + &l;
-        k.store(&c.at(&i), &a.at(&i).load().lt(1.0));
-        let src = render(&k.finish().unwrap());
+        let src = render(&testing::grouped_compare());
         assert!(src.contains("extern \"C\" __global__ void k(float* data0, unsigned char* data1, int n)"), "{src}");
         assert!(src.contains("(int)blockIdx.x") && src.contains("(int)threadIdx.x"), "{src}");
     }

@@ -88,7 +88,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use kiln_cstyle::Dialect;
+    use kiln_cstyle::{Dialect, testing};
     use kiln_device::kiln_ir::{DType, KernelBuilder, UOp, Val};
     use kiln_device::{Error, Renderer};
 
@@ -98,14 +98,7 @@ mod tests {
 
     #[test]
     fn launch_indices_and_buffer_offsets_are_spelled_for_opencl() {
-        let mut k = KernelBuilder::new();
-        let n = k.var("n", 1, 1 << 20);
-        let (a, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::Bool, &n));
-        let g = k.special("gidx0", &n / 4);
-        let l = k.special("lidx0", 4);
-        let i = &g * 4 + &l;
-        k.store(&c.at(&i), &a.at(&i).load().lt(1.0));
-        let src = render(&k.finish().unwrap());
+        let src = render(&testing::grouped_compare());
         assert!(src.contains("__kernel void k(__global float* data0_base, ulong data0_off"), "{src}");
         assert!(src.contains("__global uchar* data1_base"), "{src}");
         assert!(src.contains("get_group_id(0)") && src.contains("get_local_id(0)"), "{src}");
@@ -114,12 +107,9 @@ mod tests {
 
     #[test]
     fn local_memory_barriers_and_if_blocks_are_spelled_for_opencl() {
-        let text = include_str!("../../../examples/kernels/matmul_tiled.kiln");
-        let src = render(&kiln_device::kiln_ir::parse_kernel(text).unwrap());
-        let decl = src.find("__local float lmem0[256];").expect("local memory at kernel scope");
-        assert!(decl < src.find("get_group_id").unwrap_or(0), "declared before the launch indices:\n{src}");
-        assert_eq!(src.matches("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);").count(), 2, "{src}");
-        assert!(src.contains("if (alu") && src.contains("(lmem1)["), "{src}");
+        let src = render(&testing::tiled_matmul());
+        let barrier = "barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);";
+        testing::assert_work_groups(&src, "__local float lmem0[256];", "get_group_id", barrier);
     }
 
     #[test]
