@@ -116,7 +116,7 @@ pub fn c_vector_operator(op: Op, s: Scalar) -> bool {
 /// A kernel buffer parameter as the signature/prologue sees it.
 #[derive(Clone, Debug)]
 pub struct KernelParam {
-    /// The positional index of the buffer in a launch ([`ProgramSpec::globals`] order).
+    /// The positional index of the buffer in a launch ([`kiln_device::ProgramSpec::globals`] order).
     pub slot: usize,
     /// The C name (`data0`, ...).
     pub name: String,
@@ -274,7 +274,7 @@ pub trait Dialect {
     /// A statement (without the final `;`) storing `value` of `dtype` at `addr`.
     fn store(&self, addr: &Address, value: &str, dtype: DType, p: &mut Prelude) -> String;
 
-    /// A statement like [`Dialect::store`] for a STORE hinted [`StoreHint::NonTemporal`]: it
+    /// A statement like [`Dialect::store`] for a STORE hinted [`kiln_ir::StoreHint::NonTemporal`]: it
     /// may bypass the caches, and must store exactly the same bytes at any address `store`
     /// accepts (an address the non-temporal instruction cannot take gets a plain store).
     /// Such stores may be weakly ordered: a dialect that emits them makes them visible
