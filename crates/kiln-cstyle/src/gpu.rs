@@ -112,7 +112,7 @@ pub trait GpuLanguage {
 }
 
 /// The [`Dialect`] of a [`GpuLanguage`] (see the module docs).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Gpu<L> {
     /// The language.
     pub lang: L,
@@ -329,6 +329,7 @@ impl<L: GpuLanguage> Dialect for Gpu<L> {
         if half(to) {
             if to == Scalar::F16 && from == Scalar::F64 {
                 p.need("f64_to_f16", |p| {
+                    self.need_f64(Scalar::F64, p);
                     Self::need_f16(p);
                     L::F64_TO_F16.into()
                 });
