@@ -57,8 +57,10 @@ pub trait GpuLanguage {
     const OVERLOADED_MATH: bool;
     /// The suffix of 64-bit integer literals: `LL`, or `L` where `long` is 64 bits.
     const LONG: &'static str;
-    /// Struct values are C compound literals `((T){{...}})`, not C++ brace inits `T{{...}}`.
-    const COMPOUND_LITERALS: bool;
+    /// The language is C++ (CUDA C++): a struct's tag names its type and struct values are
+    /// brace inits `T{{...}}`. In C (OpenCL C) struct types are typedefs and struct values
+    /// compound literals `((T){{...}})`.
+    const CPLUSPLUS: bool;
     /// The built-in that reinterprets a 32-bit unsigned as a float.
     const FLOAT_FROM_BITS: &'static str;
     /// The built-in that reinterprets a float as a 32-bit unsigned.
@@ -174,7 +176,7 @@ impl<L: GpuLanguage> Gpu<L> {
     /// A struct vector of type `ty` from its element expressions.
     fn struct_value(ty: &str, elements: &[String]) -> String {
         let elements = elements.join(", ");
-        if L::COMPOUND_LITERALS { format!("(({ty}){{{{{elements}}}}})") } else { format!("{ty}{{{{{elements}}}}}") }
+        if L::CPLUSPLUS { format!("{ty}{{{{{elements}}}}}") } else { format!("(({ty}){{{{{elements}}}}})") }
     }
 
     /// Whether the language's reinterpretation built-in takes values of `dt`.
@@ -224,7 +226,13 @@ impl<L: GpuLanguage> Dialect for Gpu<L> {
             return format!("{elem}{w}");
         }
         let name = format!("kiln_{}x{w}", elem.replace(' ', "_"));
-        p.need(&name, |_| format!("typedef struct {{ {elem} v[{w}]; }} {name};"));
+        p.need(&name, |_| {
+            if L::CPLUSPLUS {
+                format!("struct {name} {{ {elem} v[{w}]; }};")
+            } else {
+                format!("typedef struct {{ {elem} v[{w}]; }} {name};")
+            }
+        });
         name
     }
 

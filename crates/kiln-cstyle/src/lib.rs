@@ -80,7 +80,7 @@
 //!     const NATIVE_WIDTHS: &'static [u8] = &[2, 4];
 //!     const OVERLOADED_MATH: bool = true;
 //!     const LONG: &'static str = "L";
-//!     const COMPOUND_LITERALS: bool = true;
+//!     const CPLUSPLUS: bool = false;
 //!     const FLOAT_FROM_BITS: &'static str = "as_float";
 //!     const BITS_OF_FLOAT: &'static str = "as_uint";
 //!     const DOUBLE_FROM_BITS: &'static str = "as_double";

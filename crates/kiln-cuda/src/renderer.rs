@@ -71,7 +71,7 @@ impl GpuLanguage for CudaCpp {
     const NATIVE_WIDTHS: &'static [u8] = &[];
     const OVERLOADED_MATH: bool = false;
     const LONG: &'static str = "LL";
-    const COMPOUND_LITERALS: bool = false;
+    const CPLUSPLUS: bool = true;
     const FLOAT_FROM_BITS: &'static str = "__uint_as_float";
     const BITS_OF_FLOAT: &'static str = "__float_as_uint";
     const DOUBLE_FROM_BITS: &'static str = "__longlong_as_double";

@@ -64,7 +64,7 @@ impl GpuLanguage for OpenClC {
     const OVERLOADED_MATH: bool = true;
     /// OpenCL C's `long` is 64-bit and `long long` is reserved.
     const LONG: &'static str = "L";
-    const COMPOUND_LITERALS: bool = true;
+    const CPLUSPLUS: bool = false;
     const FLOAT_FROM_BITS: &'static str = "as_float";
     const BITS_OF_FLOAT: &'static str = "as_uint";
     const DOUBLE_FROM_BITS: &'static str = "as_double";
