@@ -52,11 +52,10 @@ pub fn open() -> Result<Arc<Device>> {
             cuda: cuda.clone(),
             renderer: cuda_renderer(DeviceSpec::Cuda { ordinal: 0 }),
         });
-        Ok(DeviceParts {
-            allocator: cpu.allocator(),
-            compilers: vec![(renderer, cross)],
-            runtime: cpu.runtime(),
-            queues: cpu.queues(),
+        let parts = DeviceParts::new(cpu.allocator(), vec![(renderer, cross)], cpu.runtime());
+        Ok(match cpu.queues() {
+            Some(q) => parts.with_queues(q),
+            None => parts,
         })
     })?
     .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())));

@@ -61,7 +61,7 @@ fn main() -> Result<(), kiln_device::Error> {
         let t = Instant::now();
         for _ in 0..iters {
             // SAFETY: `check` validated the views and dims; the buffers outlive the loop.
-            unsafe { kernel.program.execute(&views, &vals, &dims)? };
+            unsafe { kernel.execute(&views, &vals, &dims)? };
         }
         let per_execute = t.elapsed().as_secs_f64() / iters as f64;
         println!(

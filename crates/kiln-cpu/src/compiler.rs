@@ -1375,7 +1375,8 @@ InstalledDir: /usr/lib/llvm-14/bin
         let src = crate::cpu_renderer().render(&sink, None).unwrap().src;
         let key = |cc: CCompiler| {
             let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
-            Toolchain::new(Arc::new(crate::cpu_renderer()), Arc::new(cc), runtime).disk_key(&sink, None, "CPU", &src)
+            Toolchain::new(Arc::new(crate::cpu_renderer()), Arc::new(cc), runtime.into())
+                .disk_key(&sink, None, "CPU", &src)
         };
         assert_eq!(key(cc.clone()), key(cc.clone()), "the key is stable");
         assert_ne!(key(cc.clone()), key(cc.with_isa(sse2)), "the flags are part of the key");
@@ -1398,7 +1399,7 @@ InstalledDir: /usr/lib/llvm-14/bin
         let process = || {
             let renderer: Arc<dyn Renderer> = Arc::new(crate::cpu_renderer());
             let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
-            let toolchain = Toolchain::new(renderer, Arc::new(CCompiler::with_path(&cc).unwrap()), runtime);
+            let toolchain = Toolchain::new(renderer, Arc::new(CCompiler::with_path(&cc).unwrap()), runtime.into());
             let cache = KernelCache::new(CacheConfig::at(dir.path().join("cache")));
             cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).unwrap();
             cache.stats()

@@ -886,9 +886,9 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         let real: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
         let cached = |compiler: Arc<dyn Compiler>, runtime: &RuntimeFactory| {
             let cache = KernelCache::new(CacheConfig::at(dir.path()));
-            let toolchain = Toolchain::new(renderer.clone(), compiler, runtime.clone());
+            let toolchain = Toolchain::new(renderer.clone(), compiler, runtime.clone().into());
             let kernel =
-                cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).map(|k| k.program.name().to_owned());
+                cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).map(|k| k.program().name().to_owned());
             (kernel, cache.stats())
         };
         let (older, stats) = cached(Arc::new(EntryPastItsCode(cc.clone())), &lax);

@@ -314,7 +314,7 @@ mod tests {
                 let launch = kernel.spec.launch_dims(&[8]).unwrap();
                 // SAFETY: none: `y` has 7 elements and the kernel stores 8; this child exists
                 // to die of the eighth store.
-                let r = unsafe { kernel.program.execute(&[x.raw().unwrap(), y.raw().unwrap()], &[8], &launch) };
+                let r = unsafe { kernel.execute(&[x.raw().unwrap(), y.raw().unwrap()], &[8], &launch) };
                 println!("the overrun returned {r:?}");
             }
             other => panic!("unknown case {other}"),

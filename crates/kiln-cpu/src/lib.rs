@@ -36,7 +36,7 @@ pub use guard::GuardPageAllocator;
 pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
-pub use queue::{Cpu, CpuEvent, CpuQueue, CpuQueueFactory};
+pub use queue::{CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer};
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
@@ -110,12 +110,8 @@ fn open_with(
     let device = Device::new(DeviceSpec::Cpu, description, move |_| {
         let runtime: RuntimeFactory =
             Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-        Ok(DeviceParts {
-            allocator: make_allocator()?,
-            compilers: vec![(renderer.clone(), compiler.clone())],
-            runtime,
-            queues: Some(Arc::new(CpuQueueFactory::new())),
-        })
+        Ok(DeviceParts::new(make_allocator()?, vec![(renderer.clone(), compiler.clone())], runtime)
+            .with_queues(Arc::new(CpuQueueFactory::new())))
     })?
     .with_properties(isa::properties(compiler_isa, caches));
     Ok(Arc::new(device))
@@ -144,24 +140,8 @@ pub(crate) fn cpuinfo() -> &'static str {
     INFO.get_or_init(|| std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
 }
 
-/// Kernels the unit tests of several modules share.
 #[cfg(test)]
-mod testing {
-    use std::sync::Arc;
-
-    use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp};
-
-    /// `a[i] *= 2` over 8 f32s, one work item each: the smallest kernel with a load, a store
-    /// and a launch index.
-    pub(crate) fn double_in_place() -> Arc<UOp> {
-        let mut b = KernelBuilder::new();
-        let a = b.param(0, Scalar::F32, 8);
-        let i = b.special("gidx0", 8);
-        let v = a.at(&i).load();
-        b.store(&a.at(&i), &(v * 2.0));
-        b.finish().expect("a valid kernel")
-    }
-}
+mod testing;
 
 #[cfg(test)]
 mod tests {

@@ -27,10 +27,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::queue::CommandTimer;
 use kiln_device::signal::SpinWait;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, CpuTimelineSignal, DeviceOf, Error, FaultWatch, HardwareQueue, Kernel,
-    LaunchDims, PreparedLaunch, QueueFactory, RawView, Result, TimelineSignal,
+    Buffer, CpuTimelineSignal, Error, FaultWatch, HardwareQueue, Kernel, LaunchDims, PreparedLaunch, QueueFactory,
+    RawView, Result, TimelineSignal,
 };
 
 /// How long an idle worker polls for the next batch before it parks on the channel.
@@ -40,21 +41,27 @@ const WORKER_SPIN: Duration = Duration::from_micros(20);
 enum Command {
     Wait(Arc<CpuTimelineSignal>, u64),
     Signal(Arc<CpuTimelineSignal>, u64),
-    Exec {
-        kernel: Kernel,
-        /// Keeps the memory behind `views` alive until the launch ran.
-        _bufs: Vec<Buffer>,
-        views: Vec<RawView>,
-        vals: Vec<i64>,
-        dims: LaunchDims,
-        /// A guarded launch's fault record, checked once it ran.
-        faults: Option<FaultWatch>,
-    },
+    /// Boxed: a launch is several times larger than the other commands.
+    Exec(Box<Launch>),
     Copy {
         dst: Buffer,
         src: Buffer,
     },
     Barrier,
+}
+
+/// A recorded kernel launch.
+struct Launch {
+    kernel: Kernel,
+    /// Keeps the memory behind `views` alive until the launch ran.
+    _bufs: Vec<Buffer>,
+    views: Vec<RawView>,
+    vals: Vec<i64>,
+    dims: LaunchDims,
+    /// A guarded launch's fault record, checked once it ran.
+    faults: Option<FaultWatch>,
+    /// Receives the host times around the run ([`HardwareQueue::exec_timed`]).
+    timer: Option<Arc<dyn CommandTimer>>,
 }
 
 /// State shared by a queue's host handle and its worker.
@@ -117,7 +124,12 @@ impl CpuQueue {
         self
     }
 
-    fn check_exec(kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> Result<Command> {
+    fn check_exec(
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: Option<&Arc<dyn CommandTimer>>,
+    ) -> Result<Command> {
         if kernel.spec.device.base_type() != DeviceSpec::Cpu.base_type() {
             return Err(Error::Launch(format!(
                 "kernel `{}` was built for {}; a CPU queue runs CPU kernels only",
@@ -125,14 +137,15 @@ impl CpuQueue {
             )));
         }
         let PreparedLaunch { kernel, views, dims, faults } = kernel.prepare(bufs, vals)?;
-        Ok(Command::Exec {
+        Ok(Command::Exec(Box::new(Launch {
             kernel,
             _bufs: bufs.iter().map(|b| (*b).clone()).collect(),
             views,
             vals: vals.to_vec(),
             dims,
             faults,
-        })
+            timer: timer.cloned(),
+        })))
     }
 
     fn check_copy(dst: &Buffer, src: &Buffer) -> Result<Command> {
@@ -162,7 +175,18 @@ impl HardwareQueue for CpuQueue {
     }
 
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self {
-        self.record(|| Self::check_exec(kernel, bufs, vals))
+        self.record(|| Self::check_exec(kernel, bufs, vals, None))
+    }
+
+    /// Reports the host times right before and after the worker ran the kernel.
+    fn exec_timed(
+        &mut self,
+        kernel: &Kernel,
+        bufs: &[&Buffer],
+        vals: &[i64],
+        timer: &Arc<dyn CommandTimer>,
+    ) -> &mut Self {
+        self.record(|| Self::check_exec(kernel, bufs, vals, Some(timer)))
     }
 
     fn copy(&mut self, dst: &Buffer, src: &Buffer) -> &mut Self {
@@ -269,7 +293,9 @@ impl Worker {
                 s.set(v);
                 Ok(())
             }
-            Command::Exec { kernel, _bufs, views, vals, dims, faults } => {
+            Command::Exec(launch) => {
+                let Launch { kernel, _bufs, views, vals, dims, faults, timer } = *launch;
+                let start = Instant::now();
                 let run = catch_unwind(AssertUnwindSafe(|| {
                     // SAFETY: `Kernel::prepare` validated at record time the buffer count,
                     // device, dtype and size of every view, the variables' bounds, the
@@ -277,8 +303,12 @@ impl Worker {
                     // guarded form's extra buffer) hold the allocations alive until this returns.
                     // Conflicting accesses from other queues are ordered by the caller's
                     // signals (the HardwareQueue contract); this queue runs one command at a time.
-                    unsafe { kernel.program.execute(&views, &vals, &dims) }
+                    unsafe { kernel.execute(&views, &vals, &dims) }
                 }));
+                if let Some(t) = timer {
+                    let end = Instant::now();
+                    t.measured(Box::new(move || Ok((start, end))));
+                }
                 run.unwrap_or_else(|panic| {
                     Err(Error::Launch(format!("kernel `{}` panicked: {}", kernel.spec.name, panic_message(&*panic))))
                 })
@@ -300,41 +330,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".into()
-    }
-}
-
-/// The CPU backend's identity (see [`kiln_device::backend`]).
-pub struct Cpu;
-
-/// A CPU event: a host timeline signal reaching a value.
-#[derive(Clone, Debug)]
-pub struct CpuEvent {
-    pub signal: Arc<CpuTimelineSignal>,
-    pub value: u64,
-}
-
-impl AccelBackend for Cpu {
-    const NAME: &'static str = "CPU";
-    type Device = DeviceOf<Cpu>;
-    type Stream = CpuQueue;
-    type Event = CpuEvent;
-    type Error = Error;
-}
-
-/// Events are recorded like every command: they complete once the batch they were recorded
-/// in has been submitted and has run up to them.
-impl AccelStream for CpuQueue {
-    type Backend = Cpu;
-
-    fn record_event(&mut self) -> Result<CpuEvent> {
-        let event = CpuEvent { signal: Arc::new(CpuTimelineSignal::new()), value: 1 };
-        self.signal(&event.signal, event.value);
-        Ok(event)
-    }
-
-    fn wait_event(&mut self, event: &CpuEvent) -> Result<()> {
-        self.wait(&event.signal, event.value);
-        Ok(())
     }
 }
 
@@ -397,67 +392,12 @@ impl QueueFactory for CpuQueueFactory {
 mod tests {
     use super::*;
     use crate::allocator::CpuAllocator;
-    use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp};
-    use kiln_device::{Allocator, DynQueueFactory, Program, ProgramSpec, RingSignal};
+    use crate::testing::{Behaviour, add_one_sink, mock_kernel};
+    use kiln_device::kiln_ir::Scalar;
+    use kiln_device::{Allocator, DynQueueFactory, RingSignal};
     use std::thread;
 
     const LONG: Duration = Duration::from_secs(20);
-
-    /// What the mock program does when run.
-    #[derive(Clone)]
-    enum Behaviour {
-        /// `out[i] = in[i] + 1` over the f32 buffers (slot 0 in, slot 1 out), then log `tag`.
-        AddOne(u32),
-        Fail,
-        Panic,
-    }
-
-    struct MockProgram {
-        behaviour: Behaviour,
-        log: Arc<Mutex<Vec<u32>>>,
-    }
-
-    impl Program for MockProgram {
-        unsafe fn execute(&self, bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
-            match self.behaviour {
-                Behaviour::AddOne(tag) => {
-                    let n = bufs[0].bytes / 4;
-                    for i in 0..n {
-                        // SAFETY: the queue checked both views against the kernel (f32 slots
-                        // of at least `n` elements in live host memory) and orders accesses.
-                        unsafe {
-                            let x = (bufs[0].host_ptr() as *const f32).add(i).read_unaligned();
-                            (bufs[1].host_ptr() as *mut f32).add(i).write_unaligned(x + 1.0);
-                        }
-                    }
-                    self.log.lock().unwrap().push(tag);
-                    Ok(())
-                }
-                Behaviour::Fail => Err(Error::Launch("injected kernel failure".into())),
-                Behaviour::Panic => panic!("injected kernel panic"),
-            }
-        }
-
-        fn name(&self) -> &str {
-            "add_one"
-        }
-    }
-
-    /// `c[i] = a[i] + 1` over `n` f32 elements (only its metadata matters here).
-    fn add_one_sink() -> Arc<UOp> {
-        let mut k = KernelBuilder::new();
-        let n = k.var("n", 1, 1 << 20);
-        let a = k.param(0, Scalar::F32, &n);
-        let c = k.param(1, Scalar::F32, &n);
-        let i = k.global(0, &n);
-        k.store(&c.at(&i), &(a.at(&i).load() + 1.0));
-        k.finish().unwrap()
-    }
-
-    fn kernel(behaviour: Behaviour, log: &Arc<Mutex<Vec<u32>>>) -> Kernel {
-        let spec = ProgramSpec::from_sink("add_one", String::new(), DeviceSpec::Cpu, &add_one_sink()).unwrap();
-        Kernel::new(Arc::new(spec), Arc::new(MockProgram { behaviour, log: log.clone() }))
-    }
 
     fn alloc() -> Arc<dyn Allocator> {
         Arc::new(CpuAllocator::new())
@@ -484,7 +424,7 @@ mod tests {
         let (a, b) = (buf(&[1.0; 4]), buf(&[0.0; 4]));
         for batch in 0..5u32 {
             for k in 0..20u32 {
-                q.exec(&kernel(Behaviour::AddOne(batch * 20 + k), &log), &[&a, &b], &[4]);
+                q.exec(&mock_kernel(Behaviour::AddOne(batch * 20 + k), &log), &[&a, &b], &[4]);
             }
             q.signal(&s, u64::from(batch) + 1);
             if batch == 0 {
@@ -504,7 +444,7 @@ mod tests {
         let mut q = f.create_compute_queue().unwrap();
         let s = f.create_signal().unwrap();
         let (a, b, c) = (buf(&[1.0, 2.0, 3.0]), buf(&[0.0; 3]), buf(&[0.0; 3]));
-        q.exec(&kernel(Behaviour::AddOne(0), &log()), &[&a, &b], &[3]).memory_barrier().copy(&c, &b).signal(&s, 1);
+        q.exec(&mock_kernel(Behaviour::AddOne(0), &log()), &[&a, &b], &[3]).memory_barrier().copy(&c, &b).signal(&s, 1);
         q.submit().unwrap();
         drop((a, b)); // the queue keeps the buffers alive
         s.wait(1, LONG).unwrap();
@@ -531,8 +471,16 @@ mod tests {
         let log = log();
         let (a, b, c) = (buf(&[1.0; 8]), buf(&[0.0; 8]), buf(&[0.0; 8]));
         // Submitted in reverse dependency order on purpose.
-        q2.wait(&mid, 1).exec(&kernel(Behaviour::AddOne(2), &log), &[&b, &c], &[8]).signal(&done, 1).submit().unwrap();
-        q1.wait(&gate, 1).exec(&kernel(Behaviour::AddOne(1), &log), &[&a, &b], &[8]).signal(&mid, 1).submit().unwrap();
+        q2.wait(&mid, 1)
+            .exec(&mock_kernel(Behaviour::AddOne(2), &log), &[&b, &c], &[8])
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        q1.wait(&gate, 1)
+            .exec(&mock_kernel(Behaviour::AddOne(1), &log), &[&a, &b], &[8])
+            .signal(&mid, 1)
+            .submit()
+            .unwrap();
         thread::sleep(Duration::from_millis(20));
         assert!(log.lock().unwrap().is_empty() && !done.is_reached(1), "ran before its dependency");
         gate.set(1);
@@ -550,8 +498,8 @@ mod tests {
         let log = log();
         let (a, b) = (buf(&[0.0; 2]), buf(&[0.0; 2]));
         q.signal(&before, 1)
-            .exec(&kernel(Behaviour::Fail, &log), &[&a, &b], &[2])
-            .exec(&kernel(Behaviour::AddOne(9), &log), &[&a, &b], &[2])
+            .exec(&mock_kernel(Behaviour::Fail, &log), &[&a, &b], &[2])
+            .exec(&mock_kernel(Behaviour::AddOne(9), &log), &[&a, &b], &[2])
             .signal(&after, 1)
             .submit()
             .unwrap();
@@ -593,28 +541,6 @@ mod tests {
         s.wait(1, LONG).unwrap();
     }
 
-    /// Two queues ordered by a recorded event; the device handle follows resets.
-    #[test]
-    fn identity_traits_order_streams_and_report_generations() {
-        use kiln_device::AccelDevice;
-        let f = factory();
-        let (mut producer, mut consumer) = (f.create_compute_queue().unwrap(), f.create_compute_queue().unwrap());
-        let log = log();
-        let (a, b) = (buf(&[1.0; 2]), buf(&[0.0; 2]));
-        let done = f.create_signal().unwrap();
-        let e = producer.exec(&kernel(Behaviour::AddOne(1), &log), &[&a, &b], &[2]).record_event().unwrap();
-        consumer.wait_event(&e).unwrap();
-        consumer.signal(&done, 1).submit().unwrap();
-        producer.submit().unwrap();
-        done.wait(1, LONG).unwrap();
-        assert!(e.signal.is_reached(1) && log.lock().unwrap().len() == 1);
-
-        let dev = DeviceOf::<Cpu>::new(crate::open(&DeviceSpec::Cpu).unwrap()).unwrap();
-        assert_eq!((dev.device_id(), dev.generation(), Cpu::NAME), (0, 0, "CPU"));
-        dev.device().reset().unwrap();
-        assert_eq!(dev.generation(), 1);
-    }
-
     /// The failure is reachable through the type-erased queue, under the trait's one name.
     #[test]
     fn the_type_erased_queue_reports_its_failure() {
@@ -623,7 +549,7 @@ mod tests {
         let s = f.create_dyn_signal().unwrap();
         let (a, b) = (buf(&[0.0; 2]), buf(&[0.0; 2]));
         assert!(q.failure().is_none());
-        q.exec(&kernel(Behaviour::Fail, &log()), &[&a, &b], &[2]).signal(&s, 1).submit().unwrap();
+        q.exec(&mock_kernel(Behaviour::Fail, &log()), &[&a, &b], &[2]).signal(&s, 1).submit().unwrap();
         assert!(s.wait(1, LONG).is_err());
         assert!(matches!(q.failure(), Some(Error::Launch(m)) if m.contains("injected")));
     }
@@ -634,7 +560,7 @@ mod tests {
         let mut q = f.create_compute_queue().unwrap();
         let s = f.create_signal().unwrap();
         let (a, b) = (buf(&[0.0]), buf(&[0.0]));
-        q.exec(&kernel(Behaviour::Panic, &log()), &[&a, &b], &[1]).signal(&s, 1).submit().unwrap();
+        q.exec(&mock_kernel(Behaviour::Panic, &log()), &[&a, &b], &[1]).signal(&s, 1).submit().unwrap();
         assert!(matches!(s.wait(1, LONG), Err(Error::SignalFailed(e)) if e.to_string().contains("panicked")));
     }
 
@@ -665,7 +591,7 @@ mod tests {
         let s = f.create_signal().unwrap();
         let log = log();
         let (a, b) = (buf(&[0.0; 4]), buf(&[0.0; 4]));
-        let k = kernel(Behaviour::AddOne(1), &log);
+        let k = mock_kernel(Behaviour::AddOne(1), &log);
         q.exec(&k, &[&a], &[4]).signal(&s, 1);
         assert!(matches!(q.submit(), Err(Error::Launch(_))));
         q.exec(&k, &[&a, &b], &[8]); // buffers too small for n = 8
@@ -684,7 +610,11 @@ mod tests {
         let (gate, done) = (f.create_dyn_signal().unwrap(), f.create_dyn_signal().unwrap());
         let log = log();
         let (a, b) = (buf(&[1.0; 2]), buf(&[0.0; 2]));
-        q.wait(&gate, 1).exec(&kernel(Behaviour::AddOne(7), &log), &[&a, &b], &[2]).signal(&done, 1).submit().unwrap();
+        q.wait(&gate, 1)
+            .exec(&mock_kernel(Behaviour::AddOne(7), &log), &[&a, &b], &[2])
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
         thread::sleep(Duration::from_millis(20));
         assert!(log.lock().unwrap().is_empty() && !done.is_reached(1), "the wait was not forwarded");
         gate.set(1);
@@ -768,7 +698,7 @@ mod tests {
         let sigs: Vec<_> = (0..=QUEUES).map(|_| f.create_signal().unwrap()).collect();
         let mut queues: Vec<_> = (0..QUEUES).map(|_| f.create_compute_queue().unwrap()).collect();
         let log = log();
-        let kernels: Vec<_> = (0..QUEUES).map(|i| kernel(Behaviour::AddOne(i as u32), &log)).collect();
+        let kernels: Vec<_> = (0..QUEUES).map(|i| mock_kernel(Behaviour::AddOne(i as u32), &log)).collect();
         let bufs: Vec<_> = (0..QUEUES).map(|i| (buf(&[i as f32; 16]), buf(&[0.0; 16]))).collect();
         for k in 1..=ROUNDS {
             for (i, q) in queues.iter_mut().enumerate() {

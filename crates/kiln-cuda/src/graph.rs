@@ -1,4 +1,5 @@
-//! CUDA graphs for plan replay ([`kiln_device::graph`]): a plan's launches become one
+//! CUDA graphs for plan replay ([`kiln_device::graph`]), the device's [`GraphFactory`]
+//! ([`CudaGraphs`]): a plan's launches become one
 //! graph, built explicitly as a chain of kernel nodes (each depends on the one before, so
 //! they run in capture order), instantiated once and launched with one `cuGraphLaunch` per
 //! run on the calling thread's default stream. New variable values update the nodes in
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use kiln_device::{GraphLaunch, LaunchGraph, Program, Result};
+use kiln_device::{GraphFactory, GraphLaunch, LaunchGraph, Program, Result};
 
 use crate::program::{Arguments, CudaProgram};
 use crate::{CudaDevice, PER_THREAD_STREAM, driver};
@@ -18,7 +19,7 @@ use crate::{CudaDevice, PER_THREAD_STREAM, driver};
 fn cuda_programs<'a>(cu: &Arc<CudaDevice>, launches: &'a [GraphLaunch]) -> Option<Vec<&'a CudaProgram>> {
     launches
         .iter()
-        .map(|l| l.program.as_any().and_then(|a| a.downcast_ref::<CudaProgram>()))
+        .map(|l| (l.program.as_ref() as &dyn std::any::Any).downcast_ref::<CudaProgram>())
         .map(|p| p.filter(|p| Arc::ptr_eq(p.device(), cu)))
         .collect()
 }
@@ -30,6 +31,24 @@ fn arguments(programs: &[&CudaProgram], launches: &[GraphLaunch]) -> Result<Vec<
 
 fn check(what: &str, status: sys::CUresult) -> Result<()> {
     status.result().map_err(|e| driver(what, e))
+}
+
+/// The launch graphs of one CUDA device (a part of the device: [`kiln_device::DeviceParts`]).
+pub struct CudaGraphs {
+    cu: Arc<CudaDevice>,
+}
+
+impl CudaGraphs {
+    /// The graph factory of `cu`.
+    pub(crate) fn new(cu: Arc<CudaDevice>) -> CudaGraphs {
+        CudaGraphs { cu }
+    }
+}
+
+impl GraphFactory for CudaGraphs {
+    fn capture(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
+        Ok(CudaGraph::capture(&self.cu, launches)?.map(|g| Box::new(g) as Box<dyn LaunchGraph>))
+    }
 }
 
 /// An instantiated graph of one plan's launches on one device.
@@ -150,7 +169,7 @@ mod tests {
             .iter()
             .map(|(x, y)| {
                 let (views, dims) = k.check(&[x, y], &[n]).unwrap();
-                GraphLaunch { program: k.program.clone(), views, vals: vec![n], dims }
+                GraphLaunch { program: k.program().clone(), views, vals: vec![n], dims }
             })
             .collect()
     }
@@ -165,7 +184,8 @@ mod tests {
         let xs: Vec<f32> = (0..1024).map(|i| i as f32).collect();
         let (a, b, c) = (buf(&xs), buf(&[0f32; 1024]), buf(&[-1f32; 1024]));
         let first = launches(&k, &[(&a, &b), (&b, &c)], 256);
-        let mut graph = k.program.capture_graph(&first).unwrap().expect("CUDA programs capture a graph");
+        let graphs = k.graphs().expect("a CUDA device has graphs");
+        let mut graph = graphs.capture(&first).unwrap().expect("CUDA programs capture a graph");
         // SAFETY: the launches were checked by Kernel::check and the buffers outlive the graph.
         unsafe { graph.launch() }.unwrap();
         let want = |n: usize| -> Vec<f32> {

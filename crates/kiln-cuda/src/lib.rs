@@ -46,6 +46,7 @@ use kiln_device::{Device, DeviceParts, Error, LruAllocator, Result};
 
 pub use allocator::CudaAllocator;
 pub use compiler::{Arch, CudaCompiler, Output};
+pub use graph::CudaGraphs;
 pub use program::CudaProgram;
 pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
 pub use renderer::{CudaCpp, CudaDialect, CudaRenderer, cuda_renderer};
@@ -366,15 +367,14 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         let loader = cu.clone();
         let runtime: kiln_device::RuntimeFactory =
             Arc::new(move |compiled| Ok(Arc::new(CudaProgram::load(loader.clone(), compiled)?) as _));
-        Ok(DeviceParts {
-            allocator: Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?),
-            compilers: vec![(
-                Arc::new(cuda_renderer(ctx.spec().clone())),
-                Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
-            )],
-            runtime,
-            queues: Some(Arc::new(CudaQueueFactory::new(cu))),
-        })
+        let allocator = Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?);
+        let compilers: Vec<kiln_device::CompilerPair> = vec![(
+            Arc::new(cuda_renderer(ctx.spec().clone())),
+            Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
+        )];
+        Ok(DeviceParts::new(allocator, compilers, runtime)
+            .with_queues(Arc::new(CudaQueueFactory::new(cu.clone())))
+            .with_graphs(Arc::new(CudaGraphs::new(cu))))
     })
 }
 

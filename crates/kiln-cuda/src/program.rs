@@ -15,10 +15,9 @@ use std::sync::Arc;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::{self, CUfunction_attribute as FnAttr};
 use kiln_device::kiln_ir::{Arg, DType, Scalar, variables};
-use kiln_device::{CompiledSpec, Error, GraphLaunch, LaunchDims, LaunchGraph, Program, RawView, Result};
+use kiln_device::{CompiledSpec, Error, LaunchDims, Program, RawView, Result};
 
 use crate::allocator::address;
-use crate::graph::CudaGraph;
 use crate::{CudaDevice, PER_THREAD_STREAM, driver};
 
 /// The most threads the backend puts in one block of a direct (`idxN`) launch.
@@ -295,14 +294,6 @@ impl Program for CudaProgram {
 
     fn name(&self) -> &str {
         &self.name
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn capture_graph(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
-        Ok(CudaGraph::capture(&self.cu, launches)?.map(|g| Box::new(g) as Box<dyn LaunchGraph>))
     }
 }
 

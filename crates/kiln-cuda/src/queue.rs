@@ -29,7 +29,7 @@ use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
 use kiln_device::{
     AccelBackend, AccelStream, BackendEvent, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView,
-    Result, StreamOps, StreamQueue,
+    Result, StreamQueue,
 };
 
 use crate::allocator::address;
@@ -37,7 +37,7 @@ use crate::signal::{CudaEvent, CudaSignal};
 use crate::{CudaDevice, CudaProgram, driver};
 
 /// One in-order CUDA queue (compute or copy).
-pub type CudaQueue = StreamQueue<CudaStream>;
+pub type CudaQueue = StreamQueue<Cuda>;
 
 /// A non-blocking `CUstream` of a device's context.
 pub struct CudaStream {
@@ -115,8 +115,8 @@ impl Anchor {
     }
 }
 
-impl StreamOps for CudaStream {
-    type Event = CudaEvent;
+impl AccelStream for CudaStream {
+    type Backend = Cuda;
 
     fn device(&self) -> &DeviceSpec {
         &self.cu.spec
@@ -203,26 +203,10 @@ impl AccelBackend for Cuda {
     type Error = Error;
 }
 
-impl AccelStream for CudaStream {
-    type Backend = Cuda;
-
-    fn record_event(&mut self) -> Result<CudaEvent> {
-        StreamOps::record_event(self)
-    }
-
-    /// A device-side wait for an event of this context; an event of another context is
-    /// waited for on the calling thread.
-    fn wait_event(&mut self, event: &CudaEvent) -> Result<()> {
-        if !StreamOps::wait_event(self, event)? {
-            BackendEvent::wait(event)?;
-        }
-        Ok(())
-    }
-}
-
 /// The CUDA program behind `kernel`, or why it cannot run on a CUDA queue.
 fn cuda_program(kernel: &Kernel) -> Result<&CudaProgram> {
-    kernel.program.as_any().and_then(|a| a.downcast_ref::<CudaProgram>()).ok_or_else(|| {
+    let program: &dyn std::any::Any = kernel.program().as_ref();
+    program.downcast_ref::<CudaProgram>().ok_or_else(|| {
         Error::Launch(format!(
             "kernel `{}` was loaded for {}, not by the CUDA backend: compile it with a CUDA device",
             kernel.spec.name, kernel.spec.device

@@ -72,7 +72,7 @@ fn a_sticky_error_loses_the_device_and_reset_recovers() {
     views[2] = RawView { base: RawPtr(0x10 as *mut c_void), offset: 0, bytes: N * 4 };
     // SAFETY: deliberately out of bounds on the device (that is the fault under test): the
     // store goes to an unmapped device address; no host memory is involved.
-    let fault = unsafe { k.program.execute(&views, &[N as i64], &dims) }.unwrap_err();
+    let fault = unsafe { k.execute(&views, &[N as i64], &dims) }.unwrap_err();
     assert!(sticky(&fault), "{fault}");
     println!("fault: {fault}");
     assert!(dev.is_lost());

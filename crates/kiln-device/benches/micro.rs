@@ -81,7 +81,7 @@ impl Program for MockProgram {
 
 fn toolchain() -> Toolchain {
     let runtime: RuntimeFactory = Arc::new(|_c: &CompiledSpec| Ok(Arc::new(MockProgram) as Arc<dyn Program>));
-    Toolchain::new(Arc::new(MockRenderer), Arc::new(MockCompiler), runtime)
+    Toolchain::new(Arc::new(MockRenderer), Arc::new(MockCompiler), runtime.into())
 }
 
 fn kernel() -> Arc<UOp> {

@@ -423,74 +423,10 @@ impl Allocator for LruAllocator {
     }
 }
 
-/// Test doubles shared by this crate's tests and benchmarks.
-#[cfg(test)]
-pub(crate) mod mock {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A host allocator with a hard capacity that counts backend calls and live blocks.
-    pub struct MockAllocator {
-        pub capacity: usize,
-        pub live: AtomicUsize,
-        pub allocs: AtomicUsize,
-        pub frees: AtomicUsize,
-        pub blocks: Mutex<HashMap<usize, usize>>,
-    }
-
-    impl MockAllocator {
-        pub fn new(capacity: usize) -> Arc<MockAllocator> {
-            Arc::new(MockAllocator {
-                capacity,
-                live: AtomicUsize::new(0),
-                allocs: AtomicUsize::new(0),
-                frees: AtomicUsize::new(0),
-                blocks: Mutex::new(HashMap::new()),
-            })
-        }
-    }
-
-    impl Allocator for MockAllocator {
-        fn device(&self) -> &DeviceSpec {
-            &DeviceSpec::Cpu
-        }
-        fn alloc(&self, bytes: usize) -> Result<RawPtr> {
-            let live = self.live.load(Ordering::SeqCst);
-            if live + bytes > self.capacity {
-                return Err(Error::OutOfMemory {
-                    device: "MOCK".into(),
-                    requested: bytes,
-                    in_use: live,
-                    cached: 0,
-                    budget: None,
-                });
-            }
-            self.live.fetch_add(bytes, Ordering::SeqCst);
-            let n = self.allocs.fetch_add(1, Ordering::SeqCst) + 1;
-            // Fake, distinct, never-dereferenced addresses.
-            let addr = n * 4096;
-            self.blocks.lock().unwrap().insert(addr, bytes);
-            Ok(RawPtr(addr as *mut std::ffi::c_void))
-        }
-        unsafe fn free(&self, ptr: RawPtr, bytes: usize) {
-            let had = self.blocks.lock().unwrap().remove(&(ptr.0 as usize));
-            assert_eq!(had, Some(bytes), "free of an unknown block or with a different size");
-            self.live.fetch_sub(bytes, Ordering::SeqCst);
-            self.frees.fetch_add(1, Ordering::SeqCst);
-        }
-        unsafe fn copyin(&self, _dst: RawView, _src: &[u8]) -> Result<()> {
-            Ok(())
-        }
-        unsafe fn copyout(&self, _dst: &mut [u8], _src: RawView) -> Result<()> {
-            Ok(())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::mock::MockAllocator;
     use super::*;
+    use crate::testing::MockAllocator;
     use std::sync::atomic::Ordering;
 
     fn free(a: &LruAllocator, p: RawPtr, bytes: usize) {

@@ -19,7 +19,7 @@
 //! kernel sources, is never touched. An entry stores the compiled `bytes` (or the
 //! source, for JIT backends whose bytes are empty) and the entry-point names; on a hit the
 //! [`ProgramSpec`] is rebuilt from the graph with [`ProgramSpec::from_sink`] (no rendering)
-//! and the toolchain's runtime loads the bytes.
+//! and the toolchain's loader loads the bytes.
 //!
 //! The cache holds native code that this process will execute, so it trusts nothing it did
 //! not verify: the directory must belong to the current user and not be writable by group or
@@ -54,9 +54,9 @@ use kiln_ir::{ContentHash, DeviceSpec, UOp};
 use sha2::{Digest, Sha256};
 
 use crate::allocator::parse_byte_size;
-use crate::device::Kernel;
 use crate::error::{Error, Result};
-use crate::program::{CompiledSpec, Compiler, ProgramSpec, Renderer, RuntimeFactory};
+use crate::kernel::{Kernel, Loader};
+use crate::program::{CompiledSpec, Compiler, ProgramSpec, Renderer};
 
 /// The environment variable that turns the disk cache on (`1`, default) or off (`0`).
 pub const CACHE_ENV: &str = "KILN_CACHE";
@@ -93,8 +93,8 @@ pub struct Toolchain {
     /// Turns source into binaries; its `cache_key()` and `fingerprint()` are part of the
     /// disk key, taken once in [`Toolchain::new`].
     pub compiler: Arc<dyn Compiler>,
-    /// Loads compiled bytes into a runnable program of the device.
-    pub runtime: RuntimeFactory,
+    /// Loads compiled bytes into a kernel of the device.
+    pub loader: Loader,
     fingerprint: String,
     id: [u8; 32],
 }
@@ -115,12 +115,12 @@ impl Toolchain {
     /// changed after this (a new compiler binary) is seen only by a new `Toolchain`. The
     /// renderer is not part of the identity: its output is (see [`Toolchain::disk_key`]), and
     /// a device renders every kernel with one renderer.
-    pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, runtime: RuntimeFactory) -> Toolchain {
+    pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, loader: Loader) -> Toolchain {
         let fingerprint = compiler.fingerprint();
         let mut h = Sha256::new();
         put_str(&mut h, compiler.cache_key());
         put_str(&mut h, &fingerprint);
-        Toolchain { renderer, compiler, runtime, fingerprint, id: h.finalize().into() }
+        Toolchain { renderer, compiler, loader, fingerprint, id: h.finalize().into() }
     }
 
     /// The disk key of `sink` compiled under `name` for the device family `family`.
@@ -395,7 +395,7 @@ impl KernelCache {
         let flight = {
             let mut memory = self.lock();
             match memory.get(&key) {
-                Some(Slot::Ready(k)) if k.program.check_current().is_ok() => {
+                Some(Slot::Ready(k)) if k.check_current().is_ok() => {
                     self.memory_hits.fetch_add(1, Ordering::Relaxed);
                     return Ok(k.clone());
                 }
@@ -407,8 +407,8 @@ impl KernelCache {
                     memory.insert(key.clone(), Slot::Pending(f.clone()));
                     drop(memory);
                     let leader = Leader { cache: self, key: Some(key), flight: f };
-                    let result = match stale.program.compiled() {
-                        Some(c) => (toolchain.runtime)(c).map(|program| Kernel::new(stale.spec.clone(), program)),
+                    let result = match stale.compiled() {
+                        Some(c) => toolchain.loader.load(stale.spec.clone(), c),
                         None => self.load_or_compile(sink, name, device, toolchain),
                     };
                     leader.finish(&result);
@@ -484,13 +484,13 @@ impl KernelCache {
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let compiled = tc.compiler.compile(&spec)?;
-        let program = (tc.runtime)(&compiled)?;
+        let kernel = tc.loader.load(compiled.spec.clone(), &compiled)?;
         if let (Some(d), Some(key)) = (disk, &key)
             && let Err(e) = d.store(key, &compiled)
         {
             self.warn(&e);
         }
-        Ok(Kernel::new(compiled.spec.clone(), program))
+        Ok(kernel)
     }
 
     /// Drops the loaded kernels (the disk entries stay). Compiles in flight finish normally.
@@ -626,8 +626,7 @@ impl Entry {
         let spec = Arc::new(spec);
         let compiled =
             CompiledSpec { name: self.compiled_name, src: self.is_source.then_some(src), bytes, spec: spec.clone() };
-        let program = (tc.runtime)(&compiled)?;
-        Ok(Kernel::new(spec, program))
+        tc.loader.load(spec, &compiled)
     }
 }
 
@@ -833,143 +832,9 @@ impl DiskDir {
 }
 
 #[cfg(test)]
-pub(crate) mod mock {
-    //! A toolchain whose "binaries" are bytes derived from the source, for cache tests.
-    use super::*;
-    use crate::buffer::RawView;
-    use crate::program::{LaunchDims, Program};
-    use kiln_ir::{KernelBuilder, Scalar};
-    use std::sync::atomic::AtomicUsize;
-
-    pub struct MockRenderer;
-
-    impl Renderer for MockRenderer {
-        fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
-            let src = format!("// kernel {}", ast.content_hash().to_hex());
-            ProgramSpec::from_sink(name.unwrap_or("kernel"), src, DeviceSpec::Cpu, ast)
-        }
-        fn device(&self) -> &DeviceSpec {
-            &DeviceSpec::Cpu
-        }
-    }
-
-    /// Counts compiles; can be slowed down (to widen races) and made to fail.
-    pub struct MockCompiler {
-        pub fingerprint: String,
-        pub compiles: AtomicUsize,
-        pub delay: Duration,
-        pub fail: AtomicBool,
-        /// Produce source (like a JIT backend) instead of bytes.
-        pub jit: bool,
-    }
-
-    impl MockCompiler {
-        pub fn new(fingerprint: &str) -> MockCompiler {
-            MockCompiler {
-                fingerprint: fingerprint.into(),
-                compiles: AtomicUsize::new(0),
-                delay: Duration::ZERO,
-                fail: AtomicBool::new(false),
-                jit: false,
-            }
-        }
-    }
-
-    impl Compiler for MockCompiler {
-        fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
-            self.compiles.fetch_add(1, Ordering::SeqCst);
-            std::thread::sleep(self.delay);
-            if self.fail.load(Ordering::SeqCst) {
-                return Err(Error::Compile { message: "mock failure".into(), log: String::new(), line: None });
-            }
-            let (src, bytes) = if self.jit {
-                (Some(spec.src.clone()), Vec::new())
-            } else {
-                (None, format!("BIN[{}]{}", self.fingerprint, spec.src).into_bytes())
-            };
-            Ok(CompiledSpec { name: spec.name.clone(), src, bytes, spec: Arc::new(spec.clone()) })
-        }
-        fn cache_key(&self) -> &'static str {
-            "mockcc"
-        }
-        fn fingerprint(&self) -> String {
-            self.fingerprint.clone()
-        }
-    }
-
-    pub struct MockProgram(String);
-
-    impl Program for MockProgram {
-        unsafe fn execute(&self, _bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
-            Ok(())
-        }
-        fn name(&self) -> &str {
-            &self.0
-        }
-    }
-
-    /// The runtime records what it loaded; it refuses bytes that are not a mock binary.
-    pub fn runtime(loaded: Arc<Mutex<Vec<Vec<u8>>>>) -> RuntimeFactory {
-        Arc::new(move |c: &CompiledSpec| {
-            let payload =
-                if c.bytes.is_empty() { c.src.clone().unwrap_or_default().into_bytes() } else { c.bytes.clone() };
-            if !(payload.starts_with(b"BIN[") || payload.starts_with(b"// kernel")) {
-                return Err(Error::Load("not a mock binary".into()));
-            }
-            loaded.lock().unwrap().push(payload);
-            Ok(Arc::new(MockProgram(c.name.clone())) as Arc<dyn Program>)
-        })
-    }
-
-    pub struct Rig {
-        pub compiler: Arc<MockCompiler>,
-        pub loaded: Arc<Mutex<Vec<Vec<u8>>>>,
-        pub toolchain: Toolchain,
-    }
-
-    pub fn rig(compiler: MockCompiler) -> Rig {
-        let compiler = Arc::new(compiler);
-        let loaded = Arc::new(Mutex::new(Vec::new()));
-        let toolchain = Toolchain::new(Arc::new(MockRenderer), compiler.clone(), runtime(loaded.clone()));
-        Rig { compiler, loaded, toolchain }
-    }
-
-    impl Rig {
-        pub fn compiles(&self) -> usize {
-            self.compiler.compiles.load(Ordering::SeqCst)
-        }
-    }
-
-    /// `c[i] = a[i] * k`: a distinct kernel per `k`.
-    pub fn kernel(k: f64) -> Arc<UOp> {
-        let mut b = KernelBuilder::new();
-        let a = b.param(0, Scalar::F32, 16);
-        let c = b.param(1, Scalar::F32, 16);
-        let i = b.special("gidx0", 16);
-        let v = a.at(&i).load();
-        b.store(&c.at(&i), &(v * k));
-        b.finish().expect("a valid test kernel")
-    }
-
-    /// The path `tag` in a fresh private folder (deleted on drop); the path itself does not
-    /// exist yet.
-    pub struct TempDir(
-        pub PathBuf,
-        #[allow(dead_code, reason = "held to delete the folder on drop")] tempfile::TempDir,
-    );
-
-    impl TempDir {
-        pub fn new(tag: &str) -> TempDir {
-            let parent = tempfile::Builder::new().prefix("kiln-cache-test-").tempdir().expect("a temporary folder");
-            TempDir(parent.path().join(tag), parent)
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::mock::*;
     use super::*;
+    use crate::testing::*;
     use std::fs::OpenOptions;
     use std::os::unix::fs::PermissionsExt;
 
@@ -1001,7 +866,7 @@ mod tests {
         let a = disk_cache(&dir);
         let k1 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
         let k2 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
-        assert!(Arc::ptr_eq(&k1.program, &k2.program), "the second request is a memory hit");
+        assert!(Arc::ptr_eq(k1.program(), k2.program()), "the second request is a memory hit");
         assert_eq!(r.compiles(), 1);
         let s = a.stats();
         assert_eq!((s.memory_hits, s.disk_hits, s.misses, s.memory_entries, s.disk_entries), (1, 0, 1, 1, 1));
@@ -1298,7 +1163,7 @@ mod tests {
             .collect();
         let kernels: Vec<Kernel> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         assert_eq!(r.compiles(), 1);
-        assert!(kernels.iter().all(|k| Arc::ptr_eq(&k.program, &kernels[0].program)));
+        assert!(kernels.iter().all(|k| Arc::ptr_eq(k.program(), kernels[0].program())));
         let s = cache.stats();
         assert_eq!((s.misses, s.memory_hits), (1, 7));
     }
@@ -1330,20 +1195,19 @@ mod tests {
 
     #[test]
     fn device_compile_goes_through_its_cache() {
-        use crate::allocator::mock::MockAllocator;
         use crate::device::Device;
+        use crate::testing::MockAllocator;
         let dir = TempDir::new("device");
         let r = rig(MockCompiler::new("fp"));
         let open = |cache: KernelCache| {
-            let pair: crate::device::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
+            let pair: crate::parts::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
             let loaded = r.loaded.clone();
             Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
-                Ok(crate::device::DeviceParts {
-                    allocator: MockAllocator::new(1 << 20),
-                    compilers: vec![pair.clone()],
-                    runtime: runtime(loaded.clone()),
-                    queues: None,
-                })
+                Ok(crate::parts::DeviceParts::new(
+                    MockAllocator::new(1 << 20),
+                    vec![pair.clone()],
+                    runtime(loaded.clone()),
+                ))
             })
             .unwrap()
             .with_cache(Arc::new(cache))
@@ -1352,7 +1216,7 @@ mod tests {
         let d1 = open(disk_cache(&dir));
         let k1 = d1.compile(&sink, Some("k")).unwrap();
         let k2 = d1.compile(&sink, Some("k")).unwrap();
-        assert!(Arc::ptr_eq(&k1.program, &k2.program));
+        assert!(Arc::ptr_eq(k1.program(), k2.program()));
         // A second device (a new process, say) finds the compiled kernel on disk.
         let d2 = open(disk_cache(&dir));
         d2.compile(&sink, Some("k")).unwrap();

@@ -4,12 +4,13 @@
 //! generation counter and the sticky error that lost it. Everything minted on a device
 //! carries a [`Stamp`] (the context and the generation it was minted under) and checks it at
 //! every entry point:
-//! - buffers, through the device's allocator ([`ContextAllocator`]): allocation, host
-//!   transfers and [`crate::Buffer::raw`], the view every launch and queue command takes;
-//! - kernels, through the device's program loader ([`StampedProgram`]): `Kernel::check`,
-//!   `Program::execute` and `Program::before_enqueue` (a native enqueue);
-//! - queues and signals, through the device's queue factory ([`ContextQueues`]): a queue's
-//!   `submit`, and every signal of a generation is failed when that generation ends.
+//! - buffers, through the device's allocator (`generation::ContextAllocator`): allocation,
+//!   host transfers and [`crate::Buffer::raw`], the view every launch and queue command takes;
+//! - kernels, through their origin ([`crate::kernel::Origin`]): `Kernel::check`, every
+//!   launch (`Kernel::execute`, a native enqueue through `Kernel::admit`) and the device's
+//!   launch graphs;
+//! - queues and signals, through the device's queue factory (`generation::ContextQueues`): a
+//!   queue's `submit`, and every signal of a generation is failed when that generation ends.
 //!
 //! Contract:
 //! - While the device is healthy, a stamp of the current generation passes.
@@ -22,17 +23,12 @@
 //!   never touching the new state; its memory goes back to the allocator that minted it
 //!   (the old generation's), never into the new one.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use kiln_ir::DeviceSpec;
 
-use crate::buffer::{Allocator, AllocatorStats, RawPtr, RawView};
 use crate::error::{Error, Result};
-use crate::graph::{GraphLaunch, LaunchGraph};
-use crate::program::{CompiledSpec, LaunchDims, Program, RuntimeFactory};
-use crate::queue::{DynQueue, DynQueueFactory};
 use crate::signal::TimelineSignal;
 
 /// Bit 63 of the state word: the current generation is lost.
@@ -133,7 +129,7 @@ impl DeviceContext {
     }
 
     /// Remembers a signal of the current generation so its end can fail it.
-    fn track(&self, signal: &Arc<dyn TimelineSignal>) {
+    pub(crate) fn track(&self, signal: &Arc<dyn TimelineSignal>) {
         let mut inner = self.lock();
         if inner.signals.len() >= 64 && inner.signals.len().is_power_of_two() {
             inner.signals.retain(|w| w.strong_count() > 0);
@@ -215,198 +211,6 @@ impl Stamp {
 
     fn lost_error(spec: &DeviceSpec, what: &str, minted: u64, current: u64) -> Error {
         Error::DeviceLost { device: spec.to_string(), what: what.to_string(), minted, current }
-    }
-}
-
-/// The device's allocator as callers see it: the backend's allocator of one generation,
-/// behind that generation's stamp. A stale buffer's memory returns to the allocator that
-/// minted it (never to a newer generation's); host transfers and views of it fail.
-pub struct ContextAllocator {
-    inner: Arc<dyn Allocator>,
-    stamp: Stamp,
-}
-
-impl ContextAllocator {
-    /// Guards `inner` (the backend allocator of the generation `stamp` names); the stamp
-    /// must be of the generation `inner` belongs to.
-    pub fn new(inner: Arc<dyn Allocator>, stamp: Stamp) -> ContextAllocator {
-        ContextAllocator { inner, stamp }
-    }
-}
-
-impl Allocator for ContextAllocator {
-    fn device(&self) -> &DeviceSpec {
-        self.inner.device()
-    }
-
-    fn alloc(&self, bytes: usize) -> Result<RawPtr> {
-        self.stamp.check("a buffer")?;
-        self.stamp.observe(self.inner.alloc(bytes))
-    }
-
-    unsafe fn free(&self, ptr: RawPtr, bytes: usize) {
-        // SAFETY: forwarded from this function's contract; `ptr` came from `inner.alloc`.
-        unsafe { self.inner.free(ptr, bytes) }
-    }
-
-    unsafe fn copyin(&self, dst: RawView, src: &[u8]) -> Result<()> {
-        self.stamp.check("a buffer")?;
-        // SAFETY: forwarded from this function's contract.
-        self.stamp.observe(unsafe { self.inner.copyin(dst, src) })
-    }
-
-    unsafe fn copyout(&self, dst: &mut [u8], src: RawView) -> Result<()> {
-        self.stamp.check("a buffer")?;
-        // SAFETY: forwarded from this function's contract.
-        self.stamp.observe(unsafe { self.inner.copyout(dst, src) })
-    }
-
-    unsafe fn copy(&self, dst: RawView, src: RawView) -> Result<()> {
-        self.stamp.check("a buffer")?;
-        // SAFETY: forwarded from this function's contract.
-        self.stamp.observe(unsafe { self.inner.copy(dst, src) })
-    }
-
-    fn is_host(&self) -> bool {
-        self.inner.is_host()
-    }
-
-    fn stats(&self) -> AllocatorStats {
-        self.inner.stats()
-    }
-
-    fn trim(&self) -> usize {
-        self.inner.trim()
-    }
-
-    fn check(&self) -> Result<()> {
-        self.stamp.check("a buffer")
-    }
-}
-
-/// A launch graph captured under one generation (see [`StampedProgram::capture_graph`]).
-struct StampedGraph {
-    inner: Box<dyn LaunchGraph>,
-    stamp: Stamp,
-}
-
-impl LaunchGraph for StampedGraph {
-    fn update(&mut self, launches: &[GraphLaunch]) -> Result<bool> {
-        self.stamp.check("a kernel graph")?;
-        self.stamp.observe(self.inner.update(launches))
-    }
-
-    unsafe fn launch(&mut self) -> Result<()> {
-        self.stamp.check("a kernel graph")?;
-        // SAFETY: forwarded from this function's contract.
-        self.stamp.observe(unsafe { self.inner.launch() })
-    }
-}
-
-/// A program loaded under one generation: refuses to run once the device was reset or lost,
-/// marks the device lost when it fails fatally, and keeps its compiled form so a reset
-/// device reloads it without compiling.
-pub struct StampedProgram {
-    inner: Arc<dyn Program>,
-    compiled: CompiledSpec,
-    stamp: Stamp,
-}
-
-impl StampedProgram {
-    /// `runtime` with every program it loads stamped with `stamp`.
-    pub fn loader(runtime: RuntimeFactory, stamp: Stamp) -> RuntimeFactory {
-        Arc::new(move |compiled| {
-            stamp.check("a kernel")?;
-            let inner = stamp.observe(runtime(compiled))?;
-            Ok(Arc::new(StampedProgram { inner, compiled: compiled.clone(), stamp: stamp.clone() }) as Arc<dyn Program>)
-        })
-    }
-}
-
-impl Program for StampedProgram {
-    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
-        self.stamp.check("a kernel")?;
-        // SAFETY: forwarded from this function's contract.
-        self.stamp.observe(unsafe { self.inner.execute(bufs, vals, launch) })
-    }
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        self.inner.as_any()
-    }
-
-    fn check_current(&self) -> Result<()> {
-        self.stamp.check("a kernel")
-    }
-
-    /// The backend's graph, guarded like the program: refused once the generation ended, and
-    /// a fatal failure while it runs marks the device lost.
-    fn capture_graph(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
-        self.stamp.check("a kernel graph")?;
-        let graph = self.stamp.observe(self.inner.capture_graph(launches))?;
-        Ok(graph.map(|inner| Box::new(StampedGraph { inner, stamp: self.stamp.clone() }) as Box<dyn LaunchGraph>))
-    }
-
-    fn compiled(&self) -> Option<&CompiledSpec> {
-        Some(&self.compiled)
-    }
-
-    fn before_enqueue(&self) -> Result<()> {
-        self.stamp.check("a kernel")?;
-        self.stamp.observe(self.inner.before_enqueue())
-    }
-
-    fn unstamped(&self) -> Option<(&Stamp, &Arc<dyn Program>)> {
-        Some((&self.stamp, &self.inner))
-    }
-}
-
-/// The device's queue factory as callers see it: queues of one generation refuse to submit
-/// after a reset or a loss, and every signal is failed when its generation ends.
-pub struct ContextQueues {
-    inner: Arc<dyn DynQueueFactory>,
-    stamp: Stamp,
-}
-
-impl ContextQueues {
-    /// Guards `inner` (the backend queue factory of the generation `stamp` names): its
-    /// queues take the stamp, and their signals are registered for failure with it.
-    pub fn new(inner: Arc<dyn DynQueueFactory>, stamp: Stamp) -> ContextQueues {
-        ContextQueues { inner, stamp }
-    }
-
-    fn queue(&self, q: DynQueue) -> DynQueue {
-        q.with_stamp(self.stamp.clone())
-    }
-}
-
-impl DynQueueFactory for ContextQueues {
-    fn create_dyn_compute_queue(&self) -> Result<DynQueue> {
-        self.stamp.check("a queue")?;
-        Ok(self.queue(self.stamp.observe(self.inner.create_dyn_compute_queue())?))
-    }
-
-    fn create_dyn_copy_queue(&self) -> Result<Option<DynQueue>> {
-        self.stamp.check("a queue")?;
-        Ok(self.stamp.observe(self.inner.create_dyn_copy_queue())?.map(|q| self.queue(q)))
-    }
-
-    fn create_dyn_signal(&self) -> Result<Arc<dyn TimelineSignal>> {
-        self.stamp.check("a signal")?;
-        let s = self.stamp.observe(self.inner.create_dyn_signal())?;
-        self.stamp.ctx.track(&s);
-        // A loss that raced with the creation: the signal missed the sweep, fail it here.
-        if let Err(e) = self.stamp.check("a signal") {
-            s.fail(e);
-        }
-        Ok(s)
-    }
-
-    fn dyn_device(&self) -> &DeviceSpec {
-        self.inner.dyn_device()
     }
 }
 

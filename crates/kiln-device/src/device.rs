@@ -1,5 +1,5 @@
-//! A device: renderer/compiler pairs, a runtime factory and an allocator, plus the safe
-//! [`Kernel`] handle and the process-wide device registry.
+//! A device: its generations of parts ([`DeviceParts`]), its kernel cache and bounds
+//! policy, and the process-wide device registry.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -7,140 +7,16 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use kiln_ir::{DeviceSpec, Scalar, UOp};
 
-use crate::buffer::{Allocator, Buffer, RawView};
+use crate::buffer::{Allocator, Buffer};
 use crate::cache::{KernelCache, Toolchain};
-use crate::context::{ContextAllocator, ContextQueues, DeviceContext, Stamp, StampedProgram};
+use crate::context::DeviceContext;
 use crate::error::{Error, Result};
-use crate::guarded::{BoundsPolicy, Fallback, FaultWatch};
-use crate::program::{Compiler, LaunchDims, Program, ProgramSpec, Renderer, RuntimeFactory};
+use crate::generation::Generation;
+use crate::guarded::BoundsPolicy;
+use crate::kernel::{Fallback, Kernel, Loader};
+use crate::parts::{CompilerPair, DeviceParts, PartsBuilder};
+use crate::program::{Compiler, Renderer, RuntimeFactory};
 use crate::queue::DynQueueFactory;
-
-/// A (renderer, compiler) pair. A device may offer several (e.g. two C compilers).
-pub type CompilerPair = (Arc<dyn Renderer>, Arc<dyn Compiler>);
-
-/// A loaded kernel with its metadata: the safe way to run a [`Program`].
-#[derive(Clone)]
-pub struct Kernel {
-    /// What the kernel takes (buffers, variables, launch sizes); every launch is checked
-    /// against it.
-    pub spec: Arc<ProgramSpec>,
-    /// The loaded program; shared by every clone and reentrant, so clones may launch from
-    /// several threads at once.
-    pub program: Arc<dyn Program>,
-    /// The guarded form a launch falls back to when its proof fails
-    /// ([`crate::guarded`]); `None` for kernels proven when built, and under
-    /// [`BoundsPolicy::Refuse`].
-    pub(crate) fallback: Option<Arc<Fallback>>,
-}
-
-impl std::fmt::Debug for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Kernel({} on {})", self.spec.name, self.spec.device)
-    }
-}
-
-impl Kernel {
-    /// A kernel of `spec` loaded as `program`, without a guarded fallback: a launch that
-    /// cannot be proven in bounds is refused.
-    pub fn new(spec: Arc<ProgramSpec>, program: Arc<dyn Program>) -> Kernel {
-        Kernel { spec, program, fallback: None }
-    }
-
-    /// This kernel running `program` instead (a wrapper around its own, such as a timer),
-    /// with the same spec and guarded fallback.
-    pub fn with_program(&self, program: Arc<dyn Program>) -> Kernel {
-        Kernel { program, ..self.clone() }
-    }
-
-    /// Whether a launch that cannot be proven in bounds runs the guarded form
-    /// ([`Kernel::prepare`]) rather than being refused.
-    pub fn has_fallback(&self) -> bool {
-        self.fallback.is_some()
-    }
-
-    /// This kernel without its guarded fallback: every launch that cannot be proven in
-    /// bounds is refused (the strict path, as under [`BoundsPolicy::Refuse`]).
-    pub fn refusing(&self) -> Kernel {
-        Kernel { fallback: None, ..self.clone() }
-    }
-
-    /// Checks `bufs` and `vals` against the kernel and returns what `Program::execute` needs:
-    /// one buffer per slot, each on this kernel's device, of the parameter's dtype and at
-    /// least the parameter's declared size; variables within bounds; launch sizes ≥ 1; and
-    /// every LOAD and STORE proven to stay inside its buffer's declared size for these
-    /// values ([`ProgramSpec::check_bounds`]), else [`Error::OutOfBounds`] naming the access.
-    ///
-    /// Together these are the safe path's guarantee: a kernel that passes cannot read or
-    /// write memory outside the buffers it is given. Queues and execution plans launch
-    /// through this check (plans again whenever a run binds new variable values).
-    ///
-    /// # Errors
-    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] when the kernel's device generation
-    /// ended or failed; the errors of [`ProgramSpec::launch_dims`] and
-    /// [`ProgramSpec::param_lens`]; [`Error::Launch`] for a wrong buffer count, or a buffer on
-    /// another device, of another dtype or too short; [`Error::OutOfBounds`]; the errors of
-    /// [`Buffer::raw`].
-    pub fn check(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<(Vec<RawView>, LaunchDims)> {
-        self.program.check_current()?;
-        let spec = &self.spec;
-        let dims = spec.launch_dims(vals)?;
-        if bufs.len() != spec.params.len() {
-            return Err(Error::Launch(format!(
-                "kernel `{}` takes {} buffer(s), got {}",
-                spec.name,
-                spec.params.len(),
-                bufs.len()
-            )));
-        }
-        let lens = spec.param_lens(vals)?;
-        spec.check_bounds(vals, &dims, &lens)?;
-        let mut views = Vec::with_capacity(bufs.len());
-        for ((p, &want), b) in spec.params.iter().zip(&lens).zip(bufs) {
-            if b.device().base_type() != spec.device.base_type() {
-                return Err(Error::Launch(format!(
-                    "buffer {} is on {}, the kernel runs on {}",
-                    p.slot,
-                    b.device(),
-                    spec.device
-                )));
-            }
-            if b.dtype() != p.scalar {
-                return Err(Error::Launch(format!(
-                    "buffer {} holds {}, the kernel expects {}",
-                    p.slot,
-                    b.dtype(),
-                    p.scalar
-                )));
-            }
-            if b.len() < want {
-                return Err(Error::Launch(format!(
-                    "buffer {} has {} elements, the kernel needs {want} for these variables",
-                    p.slot,
-                    b.len()
-                )));
-            }
-            views.push(b.raw()?);
-        }
-        Ok((views, dims))
-    }
-
-    /// Runs the kernel to completion on the calling thread, after [`Kernel::prepare`]: a
-    /// launch that could touch memory outside its buffers runs guarded or is refused, and a
-    /// guarded access that tried to leave its buffer fails the launch.
-    ///
-    /// # Errors
-    /// The errors of [`Kernel::prepare`], then those of [`Program::execute`] and
-    /// [`crate::FaultWatch::check`].
-    pub fn launch(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<()> {
-        let launch = self.prepare(bufs, vals)?;
-        // SAFETY: `prepare` checked the executed kernel's every buffer (count, device, dtype,
-        // size), the variables' bounds, the launch sizes and that every access stays in
-        // bounds (a guarded form's accesses by their own guards); the borrowed `bufs` and the
-        // launch's fault record keep the memory alive for this synchronous call.
-        unsafe { launch.kernel.program.execute(&launch.views, vals, &launch.dims) }?;
-        launch.faults.as_ref().map_or(Ok(()), FaultWatch::check)
-    }
-}
 
 /// What a device offers to the code that generates its kernels: the sizes to choose vector
 /// widths and tiles from. Every field is optional: a backend fills what it knows, and a
@@ -169,53 +45,6 @@ impl DeviceProperties {
     /// The largest cache the device reports (usually its L3), in bytes, when known.
     pub fn largest_cache_bytes(&self) -> Option<usize> {
         [self.l1d_bytes, self.l2_bytes, self.l3_bytes].into_iter().flatten().max()
-    }
-}
-
-/// What a backend builds for one device generation: memory, compilers, the program loader
-/// and (optionally) hardware queues.
-pub struct DeviceParts {
-    /// The generation's raw allocator; the device wraps it so stale buffers are refused.
-    pub allocator: Arc<dyn Allocator>,
-    /// Available (renderer, compiler) pairs; the first is the default.
-    pub compilers: Vec<CompilerPair>,
-    /// Loads compiled kernels into this generation's context.
-    pub runtime: RuntimeFactory,
-    /// The device's hardware queues and signals, if its backend offers them.
-    pub queues: Option<Arc<dyn DynQueueFactory>>,
-}
-
-/// Builds the backend state of a device, once when it opens and again at every
-/// [`Device::reset`] (then `context.generation()` is already the new generation). Each call
-/// must return fresh state that shares no allocator, queue or loaded program with an earlier
-/// call: the previous generation's objects may still be alive (held by stale handles).
-pub type PartsBuilder = Arc<dyn Fn(&DeviceContext) -> Result<DeviceParts> + Send + Sync>;
-
-/// One generation of a device's parts, as callers see them (wrapped in its stamp).
-struct Generation {
-    allocator: Arc<dyn Allocator>,
-    compilers: Vec<CompilerPair>,
-    runtime: RuntimeFactory,
-    queues: Option<Arc<dyn DynQueueFactory>>,
-    /// The default pair with its fingerprint, taken at the first compile.
-    toolchain: OnceLock<Arc<Toolchain>>,
-}
-
-impl Generation {
-    fn new(parts: DeviceParts, stamp: Stamp) -> Result<Generation> {
-        if parts.compilers.is_empty() {
-            return Err(Error::Invalid(format!(
-                "device {} needs at least one renderer/compiler pair",
-                stamp.context().spec()
-            )));
-        }
-        Ok(Generation {
-            allocator: Arc::new(ContextAllocator::new(parts.allocator, stamp.clone())),
-            compilers: parts.compilers,
-            runtime: StampedProgram::loader(parts.runtime, stamp.clone()),
-            queues: parts.queues.map(|q| Arc::new(ContextQueues::new(q, stamp)) as Arc<dyn DynQueueFactory>),
-            toolchain: OnceLock::new(),
-        })
     }
 }
 
@@ -366,9 +195,16 @@ impl Device {
         self.current().compilers.clone()
     }
 
-    /// The current generation's program loader.
+    /// The current generation's backend program loader, as the backend built it: its
+    /// programs carry no generation ([`Device::loader`] loads kernels that do).
     pub fn runtime(&self) -> RuntimeFactory {
         self.current().runtime.clone()
+    }
+
+    /// The current generation's kernel loader: its kernels carry the generation's origin
+    /// (generation check, launch gate, graphs) and their compiled form.
+    pub fn loader(&self) -> Loader {
+        self.current().loader.clone()
     }
 
     /// The current generation's queues and signals, if the backend offers them.
@@ -419,7 +255,7 @@ impl Device {
         let current = self.current();
         let toolchain = current.toolchain.get_or_init(|| {
             let (renderer, compiler) = current.compilers[0].clone();
-            Arc::new(Toolchain::new(renderer, compiler, current.runtime.clone()))
+            Arc::new(Toolchain::new(renderer, compiler, current.loader.clone()))
         });
         let mut kernel = self.cache.get_or_compile(sink, name, self.spec(), toolchain)?;
         if kernel.spec.bounds.pending() > 0 && self.bounds_policy() == BoundsPolicy::Guard {
@@ -581,7 +417,7 @@ pub fn open_device(name: &str) -> Result<Arc<Device>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::mock::MockAllocator;
+    use crate::testing::MockAllocator;
 
     /// A backend nobody registered names the crate and the call that registers it.
     #[test]
@@ -590,21 +426,16 @@ mod tests {
         assert!(e.contains("no OPENCL backend is registered") && e.contains("`kiln_opencl::register()`"), "{e}");
     }
     use crate::cache::CacheConfig;
-    use crate::cache::mock::{MockCompiler, MockRenderer, kernel, rig, runtime};
+    use crate::testing::{MockCompiler, MockRenderer, kernel, rig, runtime};
 
     /// A mock device whose every generation gets a fresh allocator (kept in `allocators`).
-    fn mock_device(r: &crate::cache::mock::Rig, allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>) -> Device {
+    fn mock_device(r: &crate::testing::Rig, allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>) -> Device {
         let pair: CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
         let (loaded, allocators) = (r.loaded.clone(), allocators.clone());
         Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
             let a = MockAllocator::new(1 << 20);
             allocators.lock().unwrap().push(a.clone());
-            Ok(DeviceParts {
-                allocator: a,
-                compilers: vec![pair.clone()],
-                runtime: runtime(loaded.clone()),
-                queues: None,
-            })
+            Ok(DeviceParts::new(a, vec![pair.clone()], runtime(loaded.clone())))
         })
         .unwrap()
         .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())))
@@ -632,7 +463,7 @@ mod tests {
         let k2 = dev.compile(&sink, Some("k")).unwrap();
         assert_eq!(r.compiles(), 1, "the compiler was called after the reset");
         assert_eq!(r.loaded.lock().unwrap().len(), 2);
-        k2.program.check_current().unwrap();
+        k2.check_current().unwrap();
         let fresh = dev.buffer(Scalar::F32, 16).unwrap();
         fresh.raw().unwrap();
 
@@ -684,7 +515,7 @@ mod tests {
             assert_eq!(k.spec.name, name.unwrap());
             assert_eq!(k.spec.src, format!("// kernel {}", sink.content_hash().to_hex()));
         }
-        let program = |i: usize| got[i].as_ref().unwrap().program.clone();
+        let program = |i: usize| got[i].as_ref().unwrap().program().clone();
         assert!(Arc::ptr_eq(&program(0), &program(2)), "a duplicate shares the first one's program");
         // a, b and b2 compiled; the duplicate of a and the cached c were not.
         assert_eq!(r.compiles(), 4);

@@ -8,16 +8,18 @@
 //! |---|---|---|
 //! | `compile` | a [`Compiler::compile`] call | [`Error::Compile`] |
 //! | `alloc` | an [`Allocator::alloc`] call | [`Error::OutOfMemory`] |
-//! | `kernel` | a launch: [`Program::execute`], or a native enqueue ([`Program::before_enqueue`]) | a fatal [`Error::Driver`] with code [`KERNEL_FAULT`] |
+//! | `kernel` | a launch of a kernel of the device: a host execute, a native enqueue or one launch of a replayed graph (the generation's [`crate::LaunchGate`]) | a fatal [`Error::Driver`] with code [`KERNEL_FAULT`] |
 //! | `timeout` | a host [`TimelineSignal::wait`] on a signal of the device | [`Error::Timeout`], at once |
 //! | `loss` | an allocation, host transfer, program load or launch | a fatal [`Error::Driver`] with code [`DEVICE_LOSS`] |
 //!
 //! The wrapper sits over any backend's [`DeviceParts`] (as wgpu-hal's `noop` backend sits
 //! beside the real ones): [`inject`] wraps the allocator, the compilers, the program loader
-//! and the queue factory's signals and otherwise forwards every call. It never marks the
+//! and the queue factory's signals, adds a launch gate, and otherwise forwards every call.
+//! Programs are not wrapped: a backend queue still enqueues them natively and the device's
+//! graphs still capture them. It never marks the
 //! device lost itself: a fatal error it returns reaches the device's context the way a real
-//! driver's does ([`crate::Stamp::observe`] in the context's allocator, program and queue
-//! wrappers), so the scenarios test the real recovery path.
+//! driver's does ([`crate::Stamp::observe`] in the context's allocator, kernel origin and
+//! queue wrappers), so the scenarios test the real recovery path.
 //!
 //! Use [`crate::Device::with_faults`], or set `KILN_FAULTS` (e.g. `compile:3,alloc:2,kernel:5`:
 //! the 3rd compile, the 2nd allocation and the 5th launch of every device this process
@@ -30,9 +32,10 @@ use std::time::Duration;
 use kiln_ir::DeviceSpec;
 
 use crate::buffer::{Allocator, AllocatorStats, RawPtr, RawView};
-use crate::device::{DeviceParts, PartsBuilder};
 use crate::error::{Error, Result};
-use crate::program::{CompiledSpec, Compiler, LaunchDims, Program, ProgramSpec, RuntimeFactory};
+use crate::kernel::LaunchGate;
+use crate::parts::{DeviceParts, PartsBuilder};
+use crate::program::{CompiledSpec, Compiler, ProgramSpec, RuntimeFactory};
 use crate::queue::{DynQueue, DynQueueFactory};
 use crate::signal::TimelineSignal;
 
@@ -213,8 +216,8 @@ pub fn injecting(build: PartsBuilder, plan: Arc<FaultPlan>) -> PartsBuilder {
 
 /// `parts` with the faults of `plan` injected (see the module docs).
 pub fn inject(parts: DeviceParts, plan: &Arc<FaultPlan>) -> DeviceParts {
-    let runtime = parts.runtime;
-    let loader = plan.clone();
+    let (runtime, loader) = (parts.runtime, plan.clone());
+    let (inner_gate, launches) = (parts.gate, plan.clone());
     DeviceParts {
         allocator: Arc::new(FaultAllocator { inner: parts.allocator, plan: plan.clone() }),
         compilers: parts
@@ -224,12 +227,16 @@ pub fn inject(parts: DeviceParts, plan: &Arc<FaultPlan>) -> DeviceParts {
             .collect(),
         runtime: Arc::new(move |compiled: &CompiledSpec| {
             loader.device_op("a program load")?;
-            let inner = runtime(compiled)?;
-            Ok(Arc::new(FaultProgram { inner, plan: loader.clone() }) as Arc<dyn Program>)
+            runtime(compiled)
         }) as RuntimeFactory,
         queues: parts
             .queues
             .map(|q| Arc::new(FaultQueues { inner: q, plan: plan.clone() }) as Arc<dyn DynQueueFactory>),
+        graphs: parts.graphs,
+        gate: Some(Arc::new(move |program: &str| {
+            launches.launch(program)?;
+            inner_gate.as_ref().map_or(Ok(()), |g| g(program))
+        }) as LaunchGate),
     }
 }
 
@@ -322,41 +329,6 @@ impl Allocator for FaultAllocator {
 
     fn check(&self) -> Result<()> {
         self.inner.check()
-    }
-}
-
-struct FaultProgram {
-    inner: Arc<dyn Program>,
-    plan: Arc<FaultPlan>,
-}
-
-impl Program for FaultProgram {
-    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
-        self.plan.launch(self.inner.name())?;
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.inner.execute(bufs, vals, launch) }
-    }
-
-    fn before_enqueue(&self) -> Result<()> {
-        self.plan.launch(self.inner.name())?;
-        self.inner.before_enqueue()
-    }
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    /// The backend's program, so its queues still enqueue it natively.
-    fn as_any(&self) -> Option<&dyn Any> {
-        self.inner.as_any()
-    }
-
-    fn check_current(&self) -> Result<()> {
-        self.inner.check_current()
-    }
-
-    fn compiled(&self) -> Option<&CompiledSpec> {
-        self.inner.compiled()
     }
 }
 

@@ -1,13 +1,16 @@
-//! Launch graphs: the backend hook behind an execution plan's replay as one device-side
+//! Launch graphs: the device part behind an execution plan's replay as one device-side
 //! graph (CUDA graphs).
 //!
-//! A plan whose nodes are all kernel launches asks the first node's program to capture the
-//! whole sequence ([`Program::capture_graph`]). A backend that can returns a
-//! [`LaunchGraph`]; the plan then replays the graph with one call per run, and when the
-//! variable values change it re-points the captured launches at their new arguments
-//! ([`LaunchGraph::update`]) instead of capturing again. Every program's default is "no
-//! graphs" (`Ok(None)`): the plan replays through its queues as before, so backends without
-//! graphs (CPU, OpenCL) are unaffected.
+//! Graph capture is a part of the device, as in tinygrad's `Compiled(device, allocator,
+//! renderer, runtime, graph)`: a backend that has graphs puts a [`GraphFactory`] in its
+//! [`crate::DeviceParts`], and every kernel the device loads reaches it through its origin
+//! ([`crate::Kernel::graphs`]). A plan whose nodes are all kernel launches asks that factory
+//! to capture the whole sequence; it replays the [`LaunchGraph`] with one call per run, and
+//! when the variable values change it re-points the captured launches at their new arguments
+//! ([`LaunchGraph::update`]) instead of capturing again. A device without a factory (CPU,
+//! OpenCL) replays through its queues. The device wraps its factory with the generation
+//! check and launch gate of its kernels, so programs and their wrappers have no graph hook
+//! to forward.
 
 use std::sync::Arc;
 
@@ -27,6 +30,17 @@ pub struct GraphLaunch {
     pub vals: Vec<i64>,
     /// The launch sizes for these values.
     pub dims: LaunchDims,
+}
+
+/// Captures launches of one device as a graph (a part of the device, see the module docs).
+pub trait GraphFactory: Send + Sync {
+    /// Captures `launches` (programs of this device, in order) as a [`LaunchGraph`] the
+    /// device replays with one call. `Ok(None)` when it cannot take these launches (a
+    /// program of another device): the caller runs them one by one.
+    ///
+    /// # Errors
+    /// The backend's error when capturing fails; the caller then runs the launches one by one.
+    fn capture(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>>;
 }
 
 /// A captured sequence of launches, run in capture order on the device.

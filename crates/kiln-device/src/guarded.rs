@@ -12,18 +12,16 @@
 //! the unguarded code, with no check in it.
 //!
 //! Under [`BoundsPolicy::Refuse`] (`KILN_BOUNDS=refuse`, [`crate::Device::set_bounds_policy`],
-//! or [`Kernel::refusing`] for one kernel) such a launch is refused with the proof's
-//! [`Error::OutOfBounds`], as [`Kernel::check`] always does.
+//! or [`crate::Kernel::refusing`] for one kernel) such a launch is refused with the proof's
+//! [`Error::OutOfBounds`], as [`crate::Kernel::check`] always does.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
+use kiln_ir::Guarded;
 use kiln_ir::bounds::OutOfBounds;
-use kiln_ir::{Guarded, UOp};
 
-use crate::buffer::{Allocator, Buffer, RawView};
-use crate::device::Kernel;
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::program::LaunchDims;
 
 /// The environment variable that picks the [`BoundsPolicy`] of devices opened after it is
 /// set: `guard` (the default) or `refuse`.
@@ -60,48 +58,6 @@ impl BoundsPolicy {
     }
 }
 
-/// Compiles a kernel of the device a [`Fallback`] belongs to (its cache and toolchain).
-pub(crate) type CompileFn = dyn Fn(&Arc<UOp>) -> Result<Kernel> + Send + Sync;
-
-/// A kernel's guarded form, compiled on first need (an error is not kept: the next launch
-/// that needs the form tries again).
-pub(crate) struct Fallback {
-    compile: Box<CompileFn>,
-    allocator: Arc<dyn Allocator>,
-    built: OnceLock<(Arc<Guarded>, Kernel)>,
-}
-
-impl Fallback {
-    pub(crate) fn new(compile: Box<CompileFn>, allocator: Arc<dyn Allocator>) -> Fallback {
-        Fallback { compile, allocator, built: OnceLock::new() }
-    }
-
-    /// The guarded form of `kernel`: its accesses left open at build time guard themselves.
-    fn get(&self, kernel: &Kernel) -> Result<&(Arc<Guarded>, Kernel)> {
-        if let Some(built) = self.built.get() {
-            return Ok(built);
-        }
-        let guarded = kiln_ir::guard(&kernel.spec.ast, &kernel.spec.bounds.pending_nodes())?;
-        let compiled = (self.compile)(&guarded.sink)?;
-        // Two launches racing here compile one kernel (the cache joins them); either wins.
-        Ok(self.built.get_or_init(|| (Arc::new(guarded), compiled)))
-    }
-}
-
-/// A launch checked and ready to run: the kernel to execute (the one launched, or its guarded
-/// form) with its buffers' views and sizes, and the faults to check once it ran.
-#[derive(Debug)]
-pub struct PreparedLaunch {
-    /// What to execute: the launched kernel, or its guarded form (one buffer more).
-    pub kernel: Kernel,
-    /// One view per buffer of `kernel`, checked by [`Kernel::check`].
-    pub views: Vec<RawView>,
-    /// The checked launch sizes.
-    pub dims: LaunchDims,
-    /// `Some` when `kernel` is a guarded form: check it after the run.
-    pub faults: Option<FaultWatch>,
-}
-
 /// The fault record of one guarded launch: check it once the kernel ran (and [`arm`] it
 /// again before running the same launch once more).
 ///
@@ -116,6 +72,12 @@ pub struct FaultWatch {
 }
 
 impl FaultWatch {
+    /// The watch over `record` (two i64 per guarded access) of a launch of `kernel`'s
+    /// guarded form `guarded`, whose buffer slots hold `lens` elements.
+    pub(crate) fn new(record: Buffer, kernel: String, guarded: Arc<Guarded>, lens: Vec<usize>) -> FaultWatch {
+        FaultWatch { record, kernel, guarded, lens }
+    }
+
     /// Clears the record (a fresh one is clear) so the next run reports only its own faults.
     ///
     /// # Errors
@@ -158,48 +120,5 @@ impl FaultWatch {
             }
         }
         Ok(())
-    }
-}
-
-impl Kernel {
-    /// The safe launch's check with its fallback: [`Kernel::check`], and when that refuses
-    /// the launch only because an access could not be proven in bounds, the kernel's guarded
-    /// form with a fresh fault record (see the module docs). Queues, plans and
-    /// [`Kernel::launch`] run what this returns and then [`FaultWatch::check`] the faults.
-    ///
-    /// # Errors
-    /// The errors of [`Kernel::check`]; [`Error::OutOfBounds`] as `check` gives it when the
-    /// device's policy is [`BoundsPolicy::Refuse`] or the access cannot be guarded (its
-    /// address is not an INDEX chain over a buffer); the errors of compiling the guarded
-    /// form or allocating its record.
-    pub fn prepare(&self, bufs: &[&Buffer], vals: &[i64]) -> Result<PreparedLaunch> {
-        let refused = match self.check(bufs, vals) {
-            Ok((views, dims)) => return Ok(PreparedLaunch { kernel: self.clone(), views, dims, faults: None }),
-            Err(e @ Error::OutOfBounds { .. }) => e,
-            Err(e) => return Err(e),
-        };
-        let Some(fallback) = &self.fallback else { return Err(refused) };
-        let (guarded, kernel) = match fallback.get(self) {
-            Ok(g) => g,
-            Err(Error::Ir(_)) => return Err(refused), // not guardable: the proof's error says why
-            Err(e) => return Err(e),
-        };
-        let record = Buffer::new(fallback.allocator.clone(), kiln_ir::Scalar::I64, 2 * guarded.accesses.len())?;
-        let faults = FaultWatch {
-            record,
-            kernel: self.spec.name.clone(),
-            guarded: guarded.clone(),
-            lens: self.spec.param_lens(vals)?,
-        };
-        faults.arm()?;
-        let mut all: Vec<&Buffer> = bufs.to_vec();
-        all.push(&faults.record);
-        match kernel.check(&all, vals) {
-            Ok((views, dims)) => Ok(PreparedLaunch { kernel: kernel.clone(), views, dims, faults: Some(faults) }),
-            // The guards bound every access by its own buffer's size, which a launch may
-            // still fail to prove when that size wraps in the kernel's arithmetic.
-            Err(Error::OutOfBounds { .. }) => Err(refused),
-            Err(e) => Err(e),
-        }
     }
 }

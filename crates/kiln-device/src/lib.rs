@@ -12,27 +12,31 @@ pub mod device;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+mod generation;
 pub mod graph;
 pub mod guarded;
+pub mod kernel;
+pub mod parts;
 pub mod program;
 pub mod queue;
 pub mod ring;
 pub mod signal;
 pub mod stream;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
-pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf};
+pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
-pub use device::{
-    CompilerPair, Device, DeviceOpener, DeviceParts, DeviceProperties, Kernel, PartsBuilder, open_device,
-    register_backend,
-};
+pub use device::{Device, DeviceOpener, DeviceProperties, open_device, register_backend};
 pub use error::{Error, ErrorClass, Result};
-pub use graph::{GraphLaunch, LaunchGraph};
-pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch, PreparedLaunch};
+pub use graph::{GraphFactory, GraphLaunch, LaunchGraph};
+pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch};
+pub use kernel::{Kernel, LaunchGate, Loader, Origin, PreparedLaunch};
 pub use kiln_ir;
+pub use parts::{CompilerPair, DeviceParts, PartsBuilder};
 pub use program::{
     AccessProof, CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory,
     Variable, special_axis,
@@ -40,4 +44,4 @@ pub use program::{
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
-pub use stream::{StreamOps, StreamQueue};
+pub use stream::StreamQueue;

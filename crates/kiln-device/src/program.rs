@@ -9,9 +9,7 @@ use kiln_ir::bounds::{Bounds, LAUNCH_SLOTS};
 use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, validate, variables};
 
 use crate::buffer::RawView;
-use crate::context::Stamp;
 use crate::error::{Error, Result};
-use crate::graph::{GraphLaunch, LaunchGraph};
 
 /// A runtime integer variable of a kernel with its inclusive bounds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -428,14 +426,20 @@ pub trait Compiler: Send + Sync {
     fn fingerprint(&self) -> String;
 }
 
-/// A loaded kernel. Programs are `Send + Sync` and reentrant: the runtime calls one program
-/// from several threads at once when the buffers are provably disjoint.
-pub trait Program: Send + Sync {
+/// A loaded kernel: what runs it, and nothing about who wraps it. Programs are `Send + Sync`
+/// and reentrant: the runtime calls one program from several threads at once when the
+/// buffers are provably disjoint.
+///
+/// What a device adds around its programs lives in the types that own it, never here: the
+/// generation check and launch gate in the [`crate::Kernel`]'s origin ([`crate::kernel`]),
+/// the compiled form in the kernel and its cache, graph capture in the device's
+/// [`crate::GraphFactory`]. A backend queue that enqueues its own programs natively downcasts
+/// the kernel's program (`Program: Any`).
+pub trait Program: Send + Sync + std::any::Any {
     /// Runs the kernel to completion.
     ///
     /// # Errors
-    /// [`Error::Driver`] when the backend fails to run it (a fatal one loses the device);
-    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] from a generation-guarded program.
+    /// [`Error::Driver`] when the backend fails to run it (a fatal one loses the device).
     ///
     /// # Safety
     /// `bufs` must be live device memory of this program's device, one per parameter slot,
@@ -445,66 +449,11 @@ pub trait Program: Send + Sync {
     /// buffer's declared size: the caller proves it ([`ProgramSpec::check_bounds`] is one
     /// proof; a compiler that proves bounds itself may skip it). No other thread may write
     /// memory this launch reads or writes while it runs. [`crate::Kernel::launch`] checks
-    /// all of this; call that instead.
+    /// all of this and the kernel's device generation; call that instead.
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()>;
 
     /// The entry point's name, for error messages and traces.
     fn name(&self) -> &str;
-
-    /// The concrete program, for a backend queue that enqueues its own programs natively
-    /// (checked downcast). `None` (the default) when the program does not offer it.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
-    }
-
-    /// Captures `launches` (programs of this program's device, in order, this one among
-    /// them) as a [`LaunchGraph`] the device replays with one call; see [`crate::graph`].
-    /// `Ok(None)`, the default, when the backend has no graphs or cannot take these
-    /// launches: the caller runs them one by one.
-    ///
-    /// # Errors
-    /// The backend's error when capturing fails; the caller then runs the launches one by one.
-    fn capture_graph(&self, _launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
-        Ok(None)
-    }
-
-    /// Whether the program may still run: [`Error::DeviceLost`] once its device was reset
-    /// (the program belongs to the old context), [`Error::DeviceFailed`] while the device is
-    /// lost. Programs not loaded through a [`crate::Device`] are always current.
-    ///
-    /// # Errors
-    /// [`Error::DeviceLost`] or [`Error::DeviceFailed`], as above.
-    fn check_current(&self) -> Result<()> {
-        Ok(())
-    }
-
-    /// The compiled form the program was loaded from, when kept: a reset device reloads it
-    /// from this instead of compiling again.
-    fn compiled(&self) -> Option<&CompiledSpec> {
-        None
-    }
-
-    /// Called by a queue that launches this program natively, without [`Program::execute`]
-    /// (an OpenCL or CUDA stream enqueues the device kernel), just before each enqueue: an
-    /// error refuses the launch and fails the queue there, as a failed launch would. Wrappers
-    /// that must see every launch forward it: the device generation check
-    /// ([`crate::context`]) and fault injection. The default accepts.
-    ///
-    /// # Errors
-    /// Whatever refuses the launch: [`Error::DeviceLost`] / [`Error::DeviceFailed`] from the
-    /// generation check, an injected fault.
-    fn before_enqueue(&self) -> Result<()> {
-        Ok(())
-    }
-
-    /// For a program guarded by a device generation (every program a [`crate::Device`]
-    /// loads): the stamp and the program it guards, so a caller that runs many programs of
-    /// one generation back to back checks the stamp once (a fused plan segment). Such a
-    /// caller must [`Stamp::check`] before the run and pass every error to
-    /// [`Stamp::observe`], as the guard does. `None` (the default) for other programs.
-    fn unstamped(&self) -> Option<(&Stamp, &Arc<dyn Program>)> {
-        None
-    }
 }
 
 /// Loads a compiled kernel.

@@ -34,8 +34,8 @@ use kiln_ir::DeviceSpec;
 
 use crate::buffer::Buffer;
 use crate::context::Stamp;
-use crate::device::Kernel;
 use crate::error::{Error, Result};
+use crate::kernel::Kernel;
 use crate::signal::TimelineSignal;
 
 /// Reads when one profiled command ran, as (start, end) on the host's clock. It blocks until
@@ -69,10 +69,10 @@ pub trait HardwareQueue: Send {
     /// Arguments are checked now; launch sizes are evaluated now from `vals`.
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64]) -> &mut Self;
 
-    /// [`HardwareQueue::exec`], and the queue reports to `timer` when the kernel ran on the
-    /// device. The default records a plain `exec` and reports nothing: a queue that calls
-    /// `Program::execute` itself lets the caller time the program (by wrapping it); a queue
-    /// that enqueues programs natively overrides this with the device's own times.
+    /// [`HardwareQueue::exec`], and the queue reports to `timer` when the kernel ran: the
+    /// host times around the run on a queue that runs programs itself (CPU), the device's own
+    /// times on one that enqueues them natively. The default records a plain `exec` and
+    /// reports nothing (a queue that cannot measure); kernels are never wrapped for timing.
     fn exec_timed(
         &mut self,
         kernel: &Kernel,

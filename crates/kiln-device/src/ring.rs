@@ -314,41 +314,10 @@ impl<E: BackendEvent> TimelineSignal for RingSignal<E> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use crate::testing::FakeEvent;
     use std::thread;
 
     const LONG: Duration = Duration::from_secs(20);
-
-    /// A device event the test completes or breaks by hand.
-    #[derive(Debug, Default)]
-    struct FakeEvent {
-        done: AtomicBool,
-        broken: AtomicBool,
-        blocking_waits: AtomicUsize,
-    }
-
-    impl FakeEvent {
-        fn complete(&self) {
-            self.done.store(true, Ordering::Release);
-        }
-    }
-
-    impl BackendEvent for Arc<FakeEvent> {
-        fn is_complete(&self) -> Result<bool> {
-            if self.broken.load(Ordering::Acquire) {
-                return Err(Error::driver("fake", "device fault"));
-            }
-            Ok(self.done.load(Ordering::Acquire))
-        }
-
-        fn wait(&self) -> Result<()> {
-            self.blocking_waits.fetch_add(1, Ordering::Relaxed);
-            while !self.is_complete()? {
-                thread::sleep(Duration::from_micros(50));
-            }
-            Ok(())
-        }
-    }
 
     fn ev() -> Arc<FakeEvent> {
         Arc::new(FakeEvent::default())

@@ -1,27 +1,28 @@
 //! The stream-queue skeleton of GPU-like backends (OpenCL in-order queues, CUDA streams).
 //!
-//! [`StreamQueue`] implements [`HardwareQueue`] over a small trait of native operations,
-//! [`StreamOps`]: enqueue a kernel, enqueue a copy, record an event, make the stream wait on
-//! an event; [`BackendEvent`] queries and waits on events. Everything else lives here once:
+//! [`StreamQueue`] implements [`HardwareQueue`] for a backend `B` ([`AccelBackend`]) over the
+//! native operations of its stream, [`AccelStream`]: enqueue a kernel, enqueue a copy, record
+//! an event, make the stream wait on an event; its events ([`BackendEvent`]) are queried and
+//! waited on. Everything else lives here once:
 //! recording with argument checks, submit, holding what submitted commands use until they
 //! completed (in-flight retirement), host steps on a helper thread, and failure propagation.
 //! Its signals are [`RingSignal`]s of the backend's event, so an event is recorded once and a
 //! waiting stream finds it with [`RingSignal::event_for`].
 //!
 //! How each command is enqueued:
-//! - `exec`: [`StreamOps::enqueue_kernel`] (arguments were checked when recorded), after
-//!   the program's [`crate::Program::before_enqueue`] (the generation check, fault injection).
+//! - `exec`: [`AccelStream::enqueue_kernel`] (arguments were checked when recorded), after
+//!   [`Kernel::admit`] (the generation check and launch gate, e.g. fault injection).
 //!   A launch that runs a kernel's guarded form ([`crate::guarded`]) is followed by a host
 //!   step that checks its fault record once it finished: a guard that fired fails the queue
 //!   with [`Error::OutOfBounds`], and nothing behind it runs.
-//! - `copy`: [`StreamOps::enqueue_copy`]; when the backend cannot copy natively (another
+//! - `copy`: [`AccelStream::enqueue_copy`]; when the backend cannot copy natively (another
 //!   device), a host step stages it through host memory once every earlier command finished.
-//! - `wait`: [`StreamOps::wait_event`] on the signal's event for the value; a host step when
+//! - `wait`: [`AccelStream::wait_event`] on the signal's event for the value; a host step when
 //!   no event covers the value yet, the stream cannot wait on it (another context), or the
 //!   signal is of another type ([`StreamQueue::wait_foreign`]).
-//! - `signal`: [`StreamOps::record_event`] after every earlier command, recorded into the
+//! - `signal`: [`AccelStream::record_event`] after every earlier command, recorded into the
 //!   signal: the timeline reaches the value when the event completes.
-//! - `memory_barrier`: [`StreamOps::barrier`].
+//! - `memory_barrier`: [`AccelStream::barrier`].
 //!
 //! # Host steps
 //! A host step (a host-side wait, a staged copy, a fault check) hands the rest of the batch, and every batch
@@ -45,67 +46,15 @@ use std::time::{Duration, Instant};
 
 use kiln_ir::DeviceSpec;
 
+use crate::backend::{AccelBackend, AccelStream};
 use crate::buffer::{Buffer, RawView};
-use crate::device::Kernel;
 use crate::error::{Error, Result};
-use crate::guarded::{FaultWatch, PreparedLaunch};
+use crate::guarded::FaultWatch;
+use crate::kernel::{Kernel, PreparedLaunch};
 use crate::program::LaunchDims;
 use crate::queue::{CommandTimer, HardwareQueue};
 use crate::ring::{BackendEvent, RingSignal};
 use crate::signal::TimelineSignal;
-
-/// The native operations of one in-order stream. Called with the queue's lock held, from
-/// the submitting thread or the queue's helper thread, one at a time.
-///
-/// # Errors
-/// Every method returns the driver's failure as [`Error::Driver`] (marked fatal when the
-/// device context is lost); [`StreamOps::check_kernel`] returns [`Error::Launch`] as it says.
-/// An enqueue error fails the queue as the [`crate::queue`] contract says.
-pub trait StreamOps: Send + 'static {
-    /// The device event (`cl_event`, `CUevent`).
-    type Event: BackendEvent;
-
-    /// The device the stream runs on; the queue reports it and checks buffers against it.
-    fn device(&self) -> &DeviceSpec;
-
-    /// Refuses, at record time, a launch this stream cannot make (another backend's program,
-    /// a program loaded for another device or context, launch sizes beyond the device's
-    /// limits): [`Error::Launch`]. `launch` has passed [`Kernel::check`].
-    fn check_kernel(&self, kernel: &Kernel, launch: &LaunchDims) -> Result<()>;
-
-    /// Enqueues one launch over `views` (checked live memory of this device, held until the
-    /// launch completes). With a `timer`, reports the launch's device times to it.
-    fn enqueue_kernel(
-        &mut self,
-        kernel: &Kernel,
-        views: &[RawView],
-        vals: &[i64],
-        dims: &LaunchDims,
-        timer: Option<&Arc<dyn CommandTimer>>,
-    ) -> Result<()>;
-
-    /// Enqueues `dst <- src` (equal sizes, not overlapping, at least one on this device) if
-    /// the stream can copy between them natively; `Ok(false)` when it cannot (the skeleton
-    /// then stages the copy through the host). With a `timer`, reports the copy's times.
-    fn enqueue_copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>) -> Result<bool>;
-
-    /// An event that completes when every command enqueued so far has finished.
-    fn record_event(&mut self) -> Result<Self::Event>;
-
-    /// Makes later commands wait on the device for `event`; `Ok(false)` when this stream
-    /// cannot wait on it natively (an event of another context): the skeleton waits on the
-    /// host instead.
-    fn wait_event(&mut self, event: &Self::Event) -> Result<bool>;
-
-    /// Orders every later command after every earlier write.
-    fn barrier(&mut self) -> Result<()>;
-
-    /// Hands enqueued commands to the device without waiting (`clFlush`; a no-op in CUDA).
-    fn flush(&mut self) -> Result<()>;
-
-    /// Blocks until every enqueued command finished (used when the queue is dropped).
-    fn synchronize(&mut self) -> Result<()>;
-}
 
 /// A command held until it is enqueued.
 enum Command<E: BackendEvent> {
@@ -187,8 +136,8 @@ fn fail_signals<E: BackendEvent>(commands: impl IntoIterator<Item = Command<E>>,
 }
 
 /// The device side of a queue, shared with its helper thread.
-struct Inner<B: StreamOps> {
-    ops: B,
+struct Inner<B: AccelBackend> {
+    ops: B::Stream,
     in_flight: VecDeque<InFlight<B::Event>>,
     /// `Some` while the helper thread runs: the commands it enqueues after its current step.
     deferred: Option<VecDeque<Command<B::Event>>>,
@@ -196,14 +145,14 @@ struct Inner<B: StreamOps> {
     failure: Option<Error>,
 }
 
-impl<B: StreamOps> Drop for Inner<B> {
+impl<B: AccelBackend> Drop for Inner<B> {
     fn drop(&mut self) {
         // Held buffers (dropped after this) must outlive the commands using them.
         let _ = self.ops.synchronize();
     }
 }
 
-impl<B: StreamOps> Inner<B> {
+impl<B: AccelBackend> Inner<B> {
     /// Drops what completed commands held.
     fn retire(&mut self) {
         while self.in_flight.front().is_some_and(|f| !matches!(f.until.is_complete(), Ok(false))) {
@@ -224,8 +173,7 @@ impl<B: StreamOps> Inner<B> {
                 Command::Signal(s, v) => self.ops.record_event().and_then(|e| s.record(v, e)).map(|()| None),
                 Command::Exec { kernel, bufs, views, vals, dims, timer, faults } => {
                     let r = kernel
-                        .program
-                        .before_enqueue()
+                        .admit()
                         .and_then(|()| self.ops.enqueue_kernel(&kernel, &views, &vals, &dims, timer.as_ref()));
                     kernels.push(kernel);
                     buffers.extend(bufs);
@@ -287,13 +235,13 @@ impl<B: StreamOps> Inner<B> {
 }
 
 /// Locks the shared state; no code panics while holding it, so a poisoned lock is consistent.
-fn lock<B: StreamOps>(inner: &Mutex<Inner<B>>) -> MutexGuard<'_, Inner<B>> {
+fn lock<B: AccelBackend>(inner: &Mutex<Inner<B>>) -> MutexGuard<'_, Inner<B>> {
     inner.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The helper thread: performs `step`, then enqueues the deferred commands up to the next
 /// host step, until none are left or a step fails (which fails the queue).
-fn helper<B: StreamOps>(inner: Arc<Mutex<Inner<B>>>, mut step: HostStep<B::Event>) {
+fn helper<B: AccelBackend>(inner: Arc<Mutex<Inner<B>>>, mut step: HostStep<B::Event>) {
     loop {
         let result = step.run();
         let mut g = lock(&inner);
@@ -315,7 +263,7 @@ fn helper<B: StreamOps>(inner: Arc<Mutex<Inner<B>>>, mut step: HostStep<B::Event
 }
 
 /// An in-order hardware queue over a backend's native stream (see the module docs).
-pub struct StreamQueue<B: StreamOps> {
+pub struct StreamQueue<B: AccelBackend> {
     spec: DeviceSpec,
     inner: Arc<Mutex<Inner<B>>>,
     batch: Vec<Command<B::Event>>,
@@ -323,15 +271,15 @@ pub struct StreamQueue<B: StreamOps> {
     error: Option<Error>,
 }
 
-impl<B: StreamOps> std::fmt::Debug for StreamQueue<B> {
+impl<B: AccelBackend> std::fmt::Debug for StreamQueue<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "StreamQueue(on {}, {} recorded)", self.spec, self.batch.len())
     }
 }
 
-impl<B: StreamOps> StreamQueue<B> {
+impl<B: AccelBackend> StreamQueue<B> {
     /// A queue that owns the stream `ops`; dropping the queue waits for the stream's work.
-    pub fn new(ops: B) -> StreamQueue<B> {
+    pub fn new(ops: B::Stream) -> StreamQueue<B> {
         let spec = ops.device().clone();
         let inner = Inner { ops, in_flight: VecDeque::new(), deferred: None, failure: None };
         StreamQueue { spec, inner: Arc::new(Mutex::new(inner)), batch: Vec::new(), error: None }
@@ -388,7 +336,7 @@ impl<B: StreamOps> StreamQueue<B> {
     }
 }
 
-impl<B: StreamOps> HardwareQueue for StreamQueue<B> {
+impl<B: AccelBackend> HardwareQueue for StreamQueue<B> {
     type Signal = RingSignal<B::Event>;
 
     fn wait(&mut self, signal: &Arc<Self::Signal>, value: u64) -> &mut Self {
@@ -407,7 +355,7 @@ impl<B: StreamOps> HardwareQueue for StreamQueue<B> {
         self.record(cmd)
     }
 
-    /// Reports the kernel's device times (see [`StreamOps::enqueue_kernel`]).
+    /// Reports the kernel's device times (see [`AccelStream::enqueue_kernel`]).
     fn exec_timed(
         &mut self,
         kernel: &Kernel,

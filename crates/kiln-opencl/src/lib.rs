@@ -316,12 +316,11 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         let loader = cl.clone();
         let runtime: kiln_device::RuntimeFactory =
             Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
-        Ok(kiln_device::DeviceParts {
-            allocator: Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?),
-            compilers: vec![(Arc::new(opencl_renderer(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))],
-            runtime,
-            queues: Some(Arc::new(OpenClQueueFactory::new(cl))),
-        })
+        let allocator = Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?);
+        let compilers: Vec<kiln_device::CompilerPair> =
+            vec![(Arc::new(opencl_renderer(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))];
+        Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
+            .with_queues(Arc::new(OpenClQueueFactory::new(cl))))
     })
 }
 

@@ -312,17 +312,13 @@ impl Program for OpenClProgram {
     fn name(&self) -> &str {
         &self.name
     }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use kiln_device::kiln_ir::{KernelBuilder, Scalar, Val};
-    use kiln_device::{Buffer, Kernel as KilnKernel, ProgramSpec};
+    use kiln_device::{Buffer, ProgramSpec};
 
     use crate::test_device;
 
@@ -348,7 +344,7 @@ mod tests {
         let spec = ProgramSpec::from_sink("add", ADD.into(), dev.spec().clone(), &sink).unwrap();
         let compiled = dev.compiler().compile(&spec).unwrap();
         assert!(!compiled.bytes.is_empty());
-        let kernel = KilnKernel::new(compiled.spec.clone(), (dev.runtime())(&compiled).unwrap());
+        let kernel = dev.loader().load(compiled.spec.clone(), &compiled).unwrap();
         let xs: Vec<f32> = (0..103).map(|x| x as f32).collect();
         let a = Buffer::from_slice(dev.allocator(), &xs).unwrap();
         let b = Buffer::from_slice(dev.allocator(), &xs).unwrap();
@@ -485,7 +481,7 @@ mod tests {
         // SAFETY: `a` is a live buffer of this device with the kernel's 4 elements and
         // `launch` is the kernel's own; the value outside i32 is refused before anything is
         // enqueued (what this test checks), so no kernel runs with it.
-        let r = unsafe { kernel.program.execute(&[a.raw().unwrap()], &[3_000_000_000], &launch) };
+        let r = unsafe { kernel.execute(&[a.raw().unwrap()], &[3_000_000_000], &launch) };
         match r {
             Err(Error::Launch(m)) => assert!(m.contains("`count`") && m.contains("i32"), "{m}"),
             other => panic!("expected a launch error, got {other:?}"),

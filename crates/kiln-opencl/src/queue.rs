@@ -30,8 +30,7 @@ use std::time::Instant;
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamOps,
-    StreamQueue,
+    AccelBackend, AccelStream, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamQueue,
 };
 use opencl3::command_queue::{
     CommandQueue, enqueue_barrier_with_wait_list, enqueue_copy_buffer, enqueue_marker_with_wait_list,
@@ -45,7 +44,7 @@ use crate::signal::{ClEvent, OpenClSignal};
 use crate::{ClDevice, cl_device, driver};
 
 /// One in-order OpenCL command queue (compute or copy).
-pub type OpenClQueue = StreamQueue<ClStream>;
+pub type OpenClQueue = StreamQueue<OpenCl>;
 
 /// An in-order `cl_command_queue` of a device's context.
 pub struct ClStream {
@@ -82,8 +81,8 @@ impl ClStream {
     }
 }
 
-impl StreamOps for ClStream {
-    type Event = ClEvent;
+impl AccelStream for ClStream {
+    type Backend = OpenCl;
 
     fn device(&self) -> &DeviceSpec {
         &self.cl.spec
@@ -191,23 +190,6 @@ impl AccelBackend for OpenCl {
     type Error = Error;
 }
 
-impl AccelStream for ClStream {
-    type Backend = OpenCl;
-
-    fn record_event(&mut self) -> Result<ClEvent> {
-        StreamOps::record_event(self)
-    }
-
-    /// A device-side wait for an event of this context; an event of another context is
-    /// waited for on the calling thread.
-    fn wait_event(&mut self, event: &ClEvent) -> Result<()> {
-        if !StreamOps::wait_event(self, event)? {
-            event.wait()?;
-        }
-        Ok(())
-    }
-}
-
 /// The (count, pointer) pair of an OpenCL wait list.
 fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
     if events.is_empty() { (0, std::ptr::null()) } else { (events.len() as u32, events.as_ptr()) }
@@ -215,7 +197,8 @@ fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
 
 /// The OpenCL program behind `kernel`, or why it cannot run on an OpenCL queue.
 fn opencl_program(kernel: &Kernel) -> Result<&OpenClProgram> {
-    kernel.program.as_any().and_then(|a| a.downcast_ref::<OpenClProgram>()).ok_or_else(|| {
+    let program: &dyn std::any::Any = kernel.program().as_ref();
+    program.downcast_ref::<OpenClProgram>().ok_or_else(|| {
         Error::Launch(format!(
             "kernel `{}` was loaded for {}, not by the OpenCL backend: compile it with an OpenCL device",
             kernel.spec.name, kernel.spec.device
@@ -274,6 +257,17 @@ mod tests {
     use crate::test_device;
 
     const LONG: Duration = Duration::from_secs(30);
+
+    /// The backend's device handle names the ordinal and follows resets.
+    #[test]
+    fn the_identity_device_follows_resets() {
+        use kiln_device::AccelDevice;
+        let Some(dev) = test_device() else { return };
+        let handle = DeviceOf::<OpenCl>::new(dev.clone()).unwrap();
+        assert_eq!((handle.device_id(), handle.generation(), OpenCl::NAME), (0, 0, "OPENCL"));
+        dev.reset().unwrap();
+        assert_eq!(handle.generation(), 1);
+    }
 
     /// `c[i] = a[i] * 2 + 1` over `n` f32.
     fn affine(dev: &Device) -> Kernel {

@@ -11,16 +11,21 @@
 //! fails its signal exactly as if that node had been a command of its own; the nodes after
 //! it in the segment do not run (as on a queue that stops at a failure).
 //!
-//! Device generations: when every node's program was loaded under one device generation
-//! (the usual case), the fused command checks that generation once per run and calls the
-//! programs it guards directly, instead of paying one check per kernel; a fatal error still
-//! marks the device lost ([`Stamp::observe`]). A reset or loss during a run cannot make a
+//! Device generations: when every node's kernel was loaded under one device generation
+//! (the usual case), the fused command checks that generation once per run and then runs
+//! each kernel without its own check ([`Kernel::execute_current`]: the launch gate still
+//! admits every launch), instead of paying one check per kernel; a fatal error still marks
+//! the device lost ([`Stamp::observe`]).
+//!
+//! Profiling: a launch with a timer reports the host times around its own run, so a profiled
+//! segment still times every node. A reset or loss during a run cannot make a
 //! stale kernel touch freed state (an old generation's memory stays alive while its buffers
 //! do) and fails the run's signals, so nothing computed after it is reported as valid.
 
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::{Arg, DType, DeviceSpec, Op, UOp};
+use kiln_device::queue::CommandTimer;
 use kiln_device::{Buffer, FaultWatch, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result, Stamp};
 
 use crate::schedule::Schedule;
@@ -65,20 +70,22 @@ pub(crate) fn find_segments(schedule: &Schedule, fusable: &[bool]) -> (Vec<Segme
     (segments, segment_of)
 }
 
-/// One checked launch: everything `Program::execute` needs, resolved.
+/// One checked launch: everything `Kernel::execute` needs, resolved.
 pub(crate) struct Launch {
-    pub program: Arc<dyn Program>,
+    pub kernel: Kernel,
     pub views: Vec<RawView>,
     pub vals: Vec<i64>,
     pub dims: LaunchDims,
     /// A guarded form's fault record: cleared before each run, checked after it.
     pub faults: Option<FaultWatch>,
+    /// Receives the host times around the launch's run (a profiled run).
+    pub timer: Option<Arc<dyn CommandTimer>>,
 }
 
 /// Runs a segment's launches in order on the calling (queue) thread.
 pub(crate) struct FusedProgram {
-    /// The one device generation of every launch, checked once per run (the launches then
-    /// hold the programs it guards); `None` when they share none (each program checks its own).
+    /// The one device generation of every launch, checked once per run; `None` when they
+    /// share none (each kernel checks its own).
     stamp: Option<Stamp>,
     launches: Vec<Launch>,
     /// Keeps every allocation the views point into alive for as long as a queue holds
@@ -88,7 +95,9 @@ pub(crate) struct FusedProgram {
 
 impl Program for FusedProgram {
     unsafe fn execute(&self, _bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
-        self.check_current()?;
+        if let Some(s) = &self.stamp {
+            s.check("a kernel")?;
+        }
         for l in &self.launches {
             let run = || {
                 // SAFETY: each launch was built from `Kernel::prepare` over buffers that `_keep`
@@ -97,19 +106,25 @@ impl Program for FusedProgram {
                 // record is one of the views, held by `faults`); the plan orders this segment
                 // after every node that conflicts with it (hazard analysis + timeline waits)
                 // and never starts a run before the previous one finished, so no other thread
-                // writes these bytes now.
-                unsafe { l.program.execute(&l.views, &l.vals, &l.dims) }
+                // writes these bytes now. With `stamp`, the generation of every launch's
+                // kernel was checked above.
+                unsafe {
+                    match self.stamp {
+                        Some(_) => l.kernel.execute_current(&l.views, &l.vals, &l.dims),
+                        None => l.kernel.execute(&l.views, &l.vals, &l.dims),
+                    }
+                }
             };
+            let start = std::time::Instant::now();
             let r = match &l.faults {
                 None => run(),
                 Some(f) => f.arm().and_then(|()| run()).and_then(|()| f.check()),
             };
-            if r.is_err() {
-                return match &self.stamp {
-                    Some(s) => s.observe(r),
-                    None => r,
-                };
+            if let Some(t) = &l.timer {
+                let end = std::time::Instant::now();
+                t.measured(Box::new(move || Ok((start, end))));
             }
+            r?;
         }
         Ok(())
     }
@@ -117,37 +132,26 @@ impl Program for FusedProgram {
     fn name(&self) -> &str {
         "plan_segment"
     }
-
-    fn check_current(&self) -> Result<()> {
-        self.stamp.as_ref().map_or(Ok(()), |s| s.check("a kernel"))
-    }
 }
 
 /// A kernel (no buffers, no variables, one work item) whose program runs `launches`.
 pub(crate) fn fused_kernel(device: &DeviceSpec, launches: Vec<Launch>, keep: Vec<Buffer>) -> Kernel {
-    let (stamp, launches) = one_generation(launches);
+    let stamp = one_generation(&launches);
     Kernel::new(Arc::new(bare_spec("plan_segment", device)), Arc::new(FusedProgram { stamp, launches, _keep: keep }))
 }
 
-/// The stamp shared by every launch's program and the launches with the programs it
-/// guards, or `None` and the launches unchanged when they share none.
-fn one_generation(launches: Vec<Launch>) -> (Option<Stamp>, Vec<Launch>) {
+/// The stamp of the one device generation every launch's kernel was loaded under, or
+/// `None` when they share none.
+fn one_generation(launches: &[Launch]) -> Option<Stamp> {
     let mut shared: Option<&Stamp> = None;
-    let mut guarded = Vec::with_capacity(launches.len());
-    for l in &launches {
-        match l.program.unstamped() {
-            Some((s, p))
-                if shared.is_none_or(|f| Arc::ptr_eq(f.context(), s.context()) && f.minted() == s.minted()) =>
-            {
-                shared = Some(s);
-                guarded.push(p.clone());
-            }
-            _ => return (None, launches),
+    for l in launches {
+        let s = l.kernel.origin()?.stamp();
+        if shared.is_some_and(|f| !Arc::ptr_eq(f.context(), s.context()) || f.minted() != s.minted()) {
+            return None;
         }
+        shared = Some(s);
     }
-    let stamp = shared.cloned();
-    let launches = launches.into_iter().zip(guarded).map(|(l, program)| Launch { program, ..l }).collect();
-    (stamp, launches)
+    shared.cloned()
 }
 
 /// The metadata of a program with no buffers and no variables that runs once on `device`.
@@ -196,29 +200,23 @@ mod tests {
         buf.copy_from_slice(&[0.0f32; 4]).unwrap();
         let launch = |k: &Kernel| {
             let (views, dims) = k.check(&[&buf], &[]).unwrap();
-            Launch { program: k.program.clone(), views, vals: vec![], dims, faults: None }
+            Launch { kernel: k.clone(), views, vals: vec![], dims, faults: None, timer: None }
         };
-        let (stamp, launches) = one_generation(vec![launch(&inc), launch(&inc)]);
+        let stamp = one_generation(&[launch(&inc), launch(&inc)]);
         assert_eq!(stamp.map(|s| s.minted()), Some(0), "the launches share generation 0");
-        assert!(
-            launches.iter().all(|l| l.program.unstamped().is_none()),
-            "each launch would check its generation again"
-        );
 
         let fused = fused_kernel(dev.spec(), vec![launch(&inc), launch(&inc), launch(&inc)], vec![buf.clone()]);
         fused.launch(&[], &[]).unwrap();
         assert_eq!(buf.to_vec::<f32>().unwrap(), [3.0; 4]);
-        // A program that is not generation-checked keeps every launch's own check.
+        // A kernel of no device generation: every launch keeps its own check.
         let foreign =
             Kernel::new(inc.spec.clone(), Arc::new(FusedProgram { stamp: None, launches: vec![], _keep: vec![] }));
-        let (stamp, launches) = one_generation(vec![launch(&inc), launch(&foreign)]);
-        assert!(stamp.is_none() && launches[0].program.unstamped().is_some());
+        assert!(one_generation(&[launch(&inc), launch(&foreign)]).is_none());
 
         dev.reset().unwrap();
-        assert!(matches!(fused.program.check_current(), Err(Error::DeviceLost { minted: 0, current: 1, .. })));
         // SAFETY: the fused program refuses before touching any buffer (stale generation).
-        let stale = unsafe { fused.program.execute(&[], &[], &LaunchDims { global: [1; 3], local: None }) };
-        assert!(matches!(stale, Err(Error::DeviceLost { .. })), "{stale:?}");
+        let stale = unsafe { fused.program().execute(&[], &[], &LaunchDims { global: [1; 3], local: None }) };
+        assert!(matches!(stale, Err(Error::DeviceLost { minted: 0, current: 1, .. })), "{stale:?}");
     }
 
     #[test]

@@ -85,8 +85,6 @@ enum NodeKind {
         var_index: Vec<usize>,
         /// The node's positional values inside `ExecutionPlan::node_vals`.
         vals_at: usize,
-        /// The kernel with its program wrapped for profiling, made on first use.
-        timed: Option<Kernel>,
     },
     Copy {
         dst: Buffer,
@@ -321,7 +319,6 @@ impl ExecutionPlan {
             bufs: bufs.iter().map(|b| (*b).clone()).collect(),
             var_index,
             vals_at,
-            timed: None,
         };
         Ok(self.push(kind, &accesses, work))
     }
@@ -450,11 +447,11 @@ impl ExecutionPlan {
 
     /// Runs once with timing on the executing side and returns the timeline.
     ///
-    /// Every node is recorded with `exec_timed`/`copy_timed`. On a queue that calls
-    /// `Program::execute` itself, kernels are timed by their program wrapped in a timing
-    /// program and copies between host buffers by marker programs around them; a queue that
-    /// enqueues programs natively (OpenCL) reports the device's own start and end of each
-    /// command instead, placed on the host clock. A node no queue measured (a copy on a queue
+    /// Every node is recorded with `exec_timed`/`copy_timed`: a queue that runs programs on
+    /// its own threads (CPU) reports the host times around each kernel, and one that enqueues
+    /// them natively (OpenCL) the device's own start and end of each command, placed on the
+    /// host clock. A fused segment times each of its nodes; copies between host buffers are
+    /// timed by marker programs around them. A node no queue measured (a copy on a queue
     /// that neither runs markers nor measures copies) is missing from the profile.
     ///
     /// # Errors
@@ -575,23 +572,23 @@ impl ExecutionPlan {
         let mut launches: Vec<Vec<Launch>> = self.segments.iter().map(|g| Vec::with_capacity(g.nodes.len())).collect();
         let mut scratch: Vec<&Buffer> = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            if let NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } = &node.kind {
+            if let NodeKind::Exec { kernel, bufs, var_index, vals_at } = &node.kind {
                 let slot = &mut self.node_vals[*vals_at..*vals_at + var_index.len()];
                 for (dst, &vi) in slot.iter_mut().zip(var_index) {
                     *dst = vals[vi];
                 }
                 scratch.clear();
                 scratch.extend(bufs.iter());
-                let k = if profiled { timed.as_ref().unwrap_or(kernel) } else { kernel };
-                let prepared = k.prepare(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
+                let prepared = kernel.prepare(&scratch, slot).map_err(|e| with_node(e, i, &kernel.spec.name))?;
                 if let Some(g) = self.segment_of.get(i).copied().flatten() {
                     let PreparedLaunch { kernel, views, dims, faults } = prepared;
                     launches[g].push(Launch {
-                        program: kernel.program.clone(),
+                        kernel,
                         views,
                         vals: slot.to_vec(),
                         dims,
                         faults,
+                        timer: profiled.then(|| timer(&node.stamps)),
                     });
                 }
             }
@@ -678,14 +675,15 @@ impl ExecutionPlan {
                     n = g.nodes[g.nodes.len() - 1];
                 } else {
                     match &node.kind {
-                        NodeKind::Exec { kernel, bufs, var_index, vals_at, timed } => {
+                        NodeKind::Exec { kernel, bufs, var_index, vals_at } => {
                             scratch.clear();
                             scratch.extend(bufs.iter());
                             let vals = &self.node_vals[*vals_at..*vals_at + var_index.len()];
-                            match timed.as_ref().filter(|_| profiled) {
-                                Some(k) => queue.exec_timed(k, &scratch, vals, &timer(&node.stamps)),
-                                None => queue.exec(kernel, &scratch, vals),
-                            };
+                            if profiled {
+                                queue.exec_timed(kernel, &scratch, vals, &timer(&node.stamps));
+                            } else {
+                                queue.exec(kernel, &scratch, vals);
+                            }
                         }
                         NodeKind::Copy { dst, src, markers } => match (profiled, markers) {
                             (true, Some((start, end))) => {
@@ -727,18 +725,13 @@ impl ExecutionPlan {
         let device = self.factory.dyn_device().clone();
         for node in &mut self.nodes {
             node.stamps.clear();
-            match &mut node.kind {
-                NodeKind::Exec { kernel, timed, .. } => {
-                    if timed.is_none() {
-                        *timed = Some(profile::timed_kernel(kernel, node.stamps.clone(), self.epoch));
-                    }
-                }
-                // Markers are programs the queue must run itself: only on host memory.
-                NodeKind::Copy { markers, dst, src } => {
-                    if markers.is_none() && dst.allocator().is_host() && src.allocator().is_host() {
-                        *markers = Some(profile::marker_kernels(&device, node.stamps.clone(), self.epoch));
-                    }
-                }
+            // Markers are programs the queue must run itself: only on host memory.
+            if let NodeKind::Copy { markers, dst, src } = &mut node.kind
+                && markers.is_none()
+                && dst.allocator().is_host()
+                && src.allocator().is_host()
+            {
+                *markers = Some(profile::marker_kernels(&device, node.stamps.clone(), self.epoch));
             }
         }
     }

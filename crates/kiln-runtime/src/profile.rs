@@ -1,14 +1,13 @@
 //! Profiling: per-node start/end times taken on the executing side, written as a Chrome
 //! trace (the JSON that `chrome://tracing` and Perfetto open).
 //!
-//! Kernel nodes are timed by wrapping their [`Program`] in a [`TimedProgram`], which stamps
-//! the time right before and after the real program runs on the queue's thread. Copy nodes
-//! have no program, so a profiled run brackets them with two marker kernels (no buffers, one
-//! work item) that stamp the time on the copy's queue.
-//!
-//! A queue that enqueues programs natively (OpenCL) never runs the wrapper; it reports the
-//! device's own times instead, through [`CommandTimer`] (the plan records every profiled
-//! command with `exec_timed`/`copy_timed`, and each node's [`Stamps`] is its timer).
+//! Every profiled command is recorded with `exec_timed`/`copy_timed`, and each node's
+//! [`Stamps`] is its [`CommandTimer`]: the queue reports when the kernel ran (the host times
+//! around it on a CPU queue, the device's own on an OpenCL queue), and a fused segment
+//! reports each of its nodes. Kernels are never wrapped, so a profiled kernel is the same
+//! kernel (its device's graphs and native queues still take it). Copy nodes on host memory
+//! are bracketed by two marker kernels (no buffers, one work item) that stamp the time on the
+//! copy's queue.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,47 +72,6 @@ impl CommandTimer for Stamps {
     fn measured(&self, probe: TimeProbe) {
         *self.probe() = Some(probe);
     }
-}
-
-/// A program that records when the wrapped program starts and ends.
-pub(crate) struct TimedProgram {
-    inner: Arc<dyn Program>,
-    stamps: Arc<Stamps>,
-    epoch: Instant,
-}
-
-impl Program for TimedProgram {
-    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
-        Stamps::stamp(&self.stamps.start, self.epoch);
-        // SAFETY: forwarded unchanged from this function's contract; the wrapper adds no
-        // memory access of its own.
-        let r = unsafe { self.inner.execute(bufs, vals, launch) };
-        Stamps::stamp(&self.stamps.end, self.epoch);
-        r
-    }
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    /// The wrapped program, so a queue that enqueues its own programs natively still can
-    /// (that queue then runs the program without these stamps).
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        self.inner.as_any()
-    }
-
-    fn check_current(&self) -> Result<()> {
-        self.inner.check_current()
-    }
-
-    fn before_enqueue(&self) -> Result<()> {
-        self.inner.before_enqueue()
-    }
-}
-
-/// `kernel` with its program wrapped to fill `stamps`.
-pub(crate) fn timed_kernel(kernel: &Kernel, stamps: Arc<Stamps>, epoch: Instant) -> Kernel {
-    kernel.with_program(Arc::new(TimedProgram { inner: kernel.program.clone(), stamps, epoch }))
 }
 
 /// A program with no buffers that stamps the start or the end slot.
@@ -283,31 +241,6 @@ mod tests {
         assert_eq!(events[2]["name"], odd);
         assert_eq!(events[3]["args"]["node"], 1);
         assert_eq!(parsed["displayTimeUnit"], "ns");
-    }
-
-    #[test]
-    fn timed_programs_stamp_around_the_inner_program() {
-        struct Nop;
-        impl Program for Nop {
-            unsafe fn execute(&self, _: &[RawView], _: &[i64], _: &LaunchDims) -> Result<()> {
-                Err(Error::Launch("inner".into()))
-            }
-            fn name(&self) -> &str {
-                "nop"
-            }
-        }
-        let stamps = Arc::new(Stamps::default());
-        let p = TimedProgram { inner: Arc::new(Nop), stamps: stamps.clone(), epoch: Instant::now() };
-        assert!(stamps.read(p.epoch).is_none());
-        let dims = LaunchDims { global: [1; 3], local: None };
-        // SAFETY: the inner program touches no memory.
-        let r = unsafe { p.execute(&[], &[], &dims) };
-        assert!(matches!(r, Err(Error::Launch(m)) if m == "inner"), "the inner error is passed on");
-        let (s, e) = stamps.read(p.epoch).expect("both stamps taken");
-        assert!(s <= e);
-        assert_eq!(p.name(), "nop");
-        stamps.clear();
-        assert!(stamps.read(p.epoch).is_none());
     }
 
     #[test]

@@ -808,6 +808,23 @@ fn the_warm_run_bench_entry_is_verified_and_starts_no_compiler() {
     assert_eq!(compiles(&log), 1, "only the warm-up run starts the compiler, once");
 }
 
+/// The bandwidth limit is verified like every entry, and the add names which of its variants
+/// (STREAM copy or add, plain or non-temporal stores) it was measured against.
+#[test]
+fn the_bandwidth_limit_is_verified_and_named_as_the_adds_baseline() {
+    let s = Scratch::new("bandwidth-bench");
+    let json = ok(s.kiln(&["bench", "--only", "bandwidth_limit,add_f32_16m", "--quick", "--json"], &[]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (limit, add) = (&v["results"][0], &v["results"][1]);
+    assert_eq!((limit["name"].as_str(), add["name"].as_str()), (Some("bandwidth_limit"), Some("add_f32_16m")));
+    for r in [limit, add] {
+        assert_eq!((r["verified"].as_bool(), r["unit"].as_str()), (Some(true), Some("GB/s")), "{json}");
+        assert!(r["median"].as_f64().is_some_and(|m| m > 0.0), "{json}");
+    }
+    let named = add["baseline"].as_str().unwrap_or_default();
+    assert!(named.starts_with("bandwidth_limit: STREAM ") && named.contains(" stores, "), "{json}");
+}
+
 #[test]
 fn a_cache_of_garbage_still_gives_correct_results() {
     let s = Scratch::new("garbage-cache");

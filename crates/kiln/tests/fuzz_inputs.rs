@@ -304,7 +304,7 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
         seen.lock().unwrap().push(compiled.bytes.clone());
         Ok(Arc::new(kiln_cpu::CpuProgram::load(compiled)?) as Arc<dyn Program>)
     });
-    let toolchain = Toolchain::new(Arc::new(kiln_cpu::cpu_renderer()), Arc::new(compiler), runtime);
+    let toolchain = Toolchain::new(Arc::new(kiln_cpu::cpu_renderer()), Arc::new(compiler), runtime.into());
     let sink = parse(&kernel_files()[0]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let lookup = || {

@@ -1,14 +1,17 @@
 //! Replay as one device-side graph ([`kiln_device::graph`]), where the backend offers one.
 //!
 //! A synchronous run ([`ExecutionPlan::run`], [`ExecutionPlan::run_vals`]) of a plan whose
-//! nodes are all kernel launches first tries the graph: the first such run asks the first
-//! node's program to capture every launch in record order (a valid order: dependencies only
-//! point backwards), and later runs launch the captured graph, updating its launches'
-//! arguments when the variable values changed. A backend without graphs (or whose capture
-//! fails) marks the plan "unsupported" and every run replays through the queues, as before.
+//! nodes are all kernel launches of one device generation first tries the graph: the first
+//! such run asks that device's [`GraphFactory`] ([`kiln_device::Kernel::graphs`]) to capture
+//! every launch in record order (a valid order: dependencies only point backwards), and
+//! later runs launch the captured graph, updating its launches' arguments when the variable
+//! values changed. A device without graphs (or whose capture fails) marks the plan
+//! "unsupported" and every run replays through the queues, as before.
 //! Recording a node drops the graph. Graph runs do not advance the queues' timelines.
 
-use kiln_device::{Error, GraphLaunch, LaunchGraph, Result};
+use std::sync::Arc;
+
+use kiln_device::{Error, GraphFactory, GraphLaunch, LaunchGraph, Result};
 
 use super::{ExecutionPlan, NodeKind};
 
@@ -35,10 +38,10 @@ impl ExecutionPlan {
         if !self.options.graph || matches!(self.graph, GraphState::Unsupported) {
             return Ok(false);
         }
-        if self.nodes.is_empty() || self.nodes.iter().any(|n| !matches!(n.kind, NodeKind::Exec { .. })) {
+        let Some(graphs) = self.graph_factory() else {
             self.graph = GraphState::Unsupported;
             return Ok(false);
-        }
+        };
         // A leaked handle's queued run must finish before the graph touches the buffers.
         let _ = self.drain();
         let Some(launches) = self.graph_launches(vals)? else { return Ok(false) };
@@ -50,7 +53,7 @@ impl ExecutionPlan {
         };
         let mut graph = match reused {
             Some(g) => g,
-            None => match launches[0].program.capture_graph(&launches) {
+            None => match graphs.capture(&launches) {
                 Ok(Some(g)) => g,
                 Ok(None) | Err(_) => {
                     self.graph = GraphState::Unsupported;
@@ -64,6 +67,22 @@ impl ExecutionPlan {
         unsafe { graph.launch() }?;
         self.graph = GraphState::Ready(graph, vals.to_vec());
         Ok(true)
+    }
+
+    /// The graph factory of the one device generation every node's kernel was loaded under;
+    /// `None` when a node is not a kernel launch, or the kernels' devices have no graphs or
+    /// not the same ones.
+    fn graph_factory(&self) -> Option<Arc<dyn GraphFactory>> {
+        let mut shared: Option<&Arc<dyn GraphFactory>> = None;
+        for node in &self.nodes {
+            let NodeKind::Exec { kernel, .. } = &node.kind else { return None };
+            let graphs = kernel.graphs()?;
+            if shared.is_some_and(|s| !Arc::ptr_eq(s, graphs)) {
+                return None;
+            }
+            shared = Some(graphs);
+        }
+        shared.cloned()
     }
 
     /// Every node's launch with its arguments checked for the plan values `vals`; `None` when
@@ -82,7 +101,7 @@ impl ExecutionPlan {
                     Err(Error::OutOfBounds { .. }) if kernel.has_fallback() => return Ok(None),
                     Err(e) => return Err(super::with_node(e, i, &kernel.spec.name)),
                 };
-                launches.push(GraphLaunch { program: kernel.program.clone(), views, vals: node_vals, dims });
+                launches.push(GraphLaunch { program: kernel.program().clone(), views, vals: node_vals, dims });
             }
         }
         Ok(Some(launches))

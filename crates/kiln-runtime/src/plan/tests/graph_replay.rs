@@ -1,10 +1,15 @@
-//! Graph replay ([`super::super::graph`]) with mock graph backends: what the plan asks of
-//! the backend hook and when it falls back to its queues. The CUDA graph itself is tested in
+//! Graph replay ([`super::super::graph`]) on a device with mock graphs: what the plan asks of
+//! the device's graph factory and when it falls back to its queues, and that a profiled plan
+//! and a fault-injected device still replay as a graph. The CUDA graph itself is tested in
 //! kiln-cuda (on a GPU).
 
 use std::sync::atomic::AtomicUsize;
 
-use kiln_device::{GraphLaunch, LaunchGraph};
+use kiln_device::kiln_ir::UOp;
+use kiln_device::{
+    CacheConfig, CompiledSpec, Compiler, CompilerPair, Device, DeviceParts, GraphFactory, GraphLaunch, KernelCache,
+    LaunchGraph, Renderer,
+};
 
 use super::*;
 
@@ -33,30 +38,69 @@ impl Counts {
     }
 }
 
-/// `AffineProgram` on a backend with (mock) graphs.
-struct GraphProgram {
-    inner: AffineProgram,
+/// A device whose graphs are mock graphs: its kernels are `AffineProgram`s named
+/// `affine <mul> <add>`, compiled by a renderer and compiler that only carry the spec.
+struct MockGraphs {
     mode: Mode,
     counts: Arc<Counts>,
 }
 
-impl Program for GraphProgram {
-    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.inner.execute(bufs, vals, launch) }
-    }
-
-    fn name(&self) -> &str {
-        "graph_affine"
-    }
-
-    fn capture_graph(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
+impl GraphFactory for MockGraphs {
+    fn capture(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
         self.counts.captures.fetch_add(1, Ordering::SeqCst);
         if self.mode == Mode::CaptureFails {
             return Err(Error::driver("mock", "stream capture is not supported here"));
         }
         Ok(Some(Box::new(MockGraph { launches: launches.to_vec(), mode: self.mode, counts: self.counts.clone() })))
     }
+}
+
+struct SpecOnly;
+
+impl Renderer for SpecOnly {
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        ProgramSpec::from_sink(name.unwrap_or("affine 1 0"), String::new(), DeviceSpec::Cpu, ast)
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &DeviceSpec::Cpu
+    }
+}
+
+impl Compiler for SpecOnly {
+    fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
+        Ok(CompiledSpec { name: spec.name.clone(), src: None, bytes: Vec::new(), spec: Arc::new(spec.clone()) })
+    }
+
+    fn cache_key(&self) -> &'static str {
+        "spec-only"
+    }
+
+    fn fingerprint(&self) -> String {
+        String::new()
+    }
+}
+
+/// `AffineProgram { mul, add }` for a kernel named `affine <mul> <add>`.
+fn load_affine(compiled: &CompiledSpec) -> Result<Arc<dyn Program>> {
+    let mut words = compiled.name.split(' ').skip(1).map(str::parse::<f32>);
+    match (words.next(), words.next()) {
+        (Some(Ok(mul)), Some(Ok(add))) => Ok(Arc::new(AffineProgram { mul, add })),
+        _ => Err(Error::Load(format!("`{}` is not `affine <mul> <add>`", compiled.name))),
+    }
+}
+
+/// A CPU-family device of `AffineProgram`s with mock graphs answering as `mode` says.
+fn graph_device(mode: Mode, counts: &Arc<Counts>) -> Device {
+    let counts = counts.clone();
+    Device::new(DeviceSpec::Cpu, "mock graphs".into(), move |_| {
+        let pair: CompilerPair = (Arc::new(SpecOnly), Arc::new(SpecOnly));
+        Ok(DeviceParts::new(HostAllocator::shared(), vec![pair], Arc::new(load_affine))
+            .with_queues(queue_factory())
+            .with_graphs(Arc::new(MockGraphs { mode, counts: counts.clone() })))
+    })
+    .expect("the mock device opens")
+    .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())))
 }
 
 /// Runs its launches in order, like a device graph would.
@@ -86,20 +130,26 @@ impl LaunchGraph for MockGraph {
     }
 }
 
-fn graph_kernel(mode: Mode, counts: &Arc<Counts>, mul: f32, add: f32) -> Kernel {
-    let program = GraphProgram { inner: AffineProgram { mul, add }, mode, counts: counts.clone() };
-    Kernel::new(affine_spec(None), Arc::new(program))
+/// The kernel `y = mul * x + add` of `device`.
+fn graph_kernel(device: &Device, mul: f32, add: f32) -> Kernel {
+    device.compile(&affine_spec(None).ast, Some(&format!("affine {mul} {add}"))).expect("compile")
 }
 
-/// A plan `b = 2a + 1; c = b - 3` over the first `n` elements, and its buffers.
-fn two_step_plan(mode: Mode, counts: &Arc<Counts>, graph: bool) -> (ExecutionPlan, [Buffer; 3]) {
+/// A plan `b = 2a + 1; c = b - 3` over the first `n` elements of kernels of `device`, and
+/// its buffers.
+fn plan_on(device: &Device, graph: bool) -> (ExecutionPlan, [Buffer; 3]) {
     let alloc = HostAllocator::shared();
     let bufs = [filled(&alloc, 16, 1.0), filled(&alloc, 16, 0.0), filled(&alloc, 16, 0.0)];
     let options = PlanOptions { compute_queues: 2, graph, ..PlanOptions::default() };
     let mut p = ExecutionPlan::on_queues(queue_factory(), options);
-    p.exec(&graph_kernel(mode, counts, 2.0, 1.0), &[&bufs[0], &bufs[1]], &[("n", 16)]).expect("record");
-    p.exec(&graph_kernel(mode, counts, 1.0, -3.0), &[&bufs[1], &bufs[2]], &[("n", 16)]).expect("record");
+    p.exec(&graph_kernel(device, 2.0, 1.0), &[&bufs[0], &bufs[1]], &[("n", 16)]).expect("record");
+    p.exec(&graph_kernel(device, 1.0, -3.0), &[&bufs[1], &bufs[2]], &[("n", 16)]).expect("record");
     (p, bufs)
+}
+
+/// [`plan_on`] a mock graph device answering as `mode` says.
+fn two_step_plan(mode: Mode, counts: &Arc<Counts>, graph: bool) -> (ExecutionPlan, [Buffer; 3]) {
+    plan_on(&graph_device(mode, counts), graph)
 }
 
 /// `c` after runs with `n` up to `n`: `2a + 1 - 3` where written, as `filled` left it elsewhere.
@@ -110,7 +160,8 @@ fn expected(a: &[f32], n: usize) -> Vec<f32> {
 #[test]
 fn a_plan_is_captured_once_then_replayed_and_updated_with_new_values() {
     let counts = Arc::new(Counts::default());
-    let (mut p, [a, _, c]) = two_step_plan(Mode::Graphs, &counts, true);
+    let device = graph_device(Mode::Graphs, &counts);
+    let (mut p, [a, _, c]) = plan_on(&device, true);
     let input = a.to_vec::<f32>().expect("read");
     p.run(&[("n", 4)]).expect("run");
     assert_eq!(counts.get(), (1, 0, 1), "first run: one capture, one graph launch");
@@ -120,7 +171,7 @@ fn a_plan_is_captured_once_then_replayed_and_updated_with_new_values() {
     p.run_vals(&[16]).expect("run");
     assert_eq!(counts.get(), (1, 1, 3), "new values: updated in place, not captured again");
     assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 16));
-    p.exec(&graph_kernel(Mode::Graphs, &counts, 1.0, 0.0), &[&c, &a], &[("n", 16)]).expect("record");
+    p.exec(&graph_kernel(&device, 1.0, 0.0), &[&c, &a], &[("n", 16)]).expect("record");
     p.run(&[]).expect("run");
     assert_eq!(counts.get(), (2, 1, 4), "a new node: captured again");
     assert_eq!(a.to_vec::<f32>().expect("read"), expected(&input, 16), "a = c");
@@ -168,4 +219,59 @@ fn graphs_off_copies_and_bad_values_use_the_queues_or_fail_before_running() {
     assert!(matches!(p.run(&[("n", 17)]), Err(Error::Launch(_))), "n past the buffers");
     assert!(matches!(p.run_vals(&[]), Err(Error::Launch(_))), "one value per variable");
     assert_eq!(counts.get(), (0, 0, 0), "nothing captured or launched for refused values");
+}
+
+/// A plan with a kernel built by hand (no device, so no graphs) runs through its queues.
+#[test]
+fn kernels_without_one_graph_factory_use_the_queues() {
+    let counts = Arc::new(Counts::default());
+    let (mut p, [a, _, c]) = two_step_plan(Mode::Graphs, &counts, true);
+    let input = a.to_vec::<f32>().expect("read");
+    p.exec(&affine(None, 1.0, 0.0), &[&c, &a], &[("n", 16)]).expect("record a hand-built kernel");
+    p.run(&[]).expect("run");
+    assert_eq!(counts.get(), (0, 0, 0), "a kernel of no device: not captured");
+    assert_eq!(a.to_vec::<f32>().expect("read"), expected(&input, 16), "a = c");
+}
+
+/// Profiling times every node through the queues' timers and never wraps a kernel, so a
+/// profiled plan still replays as a graph afterwards (and is profiled again after that).
+#[test]
+fn a_profiled_plan_still_replays_as_a_graph() {
+    let counts = Arc::new(Counts::default());
+    let (mut p, [a, _, c]) = two_step_plan(Mode::Graphs, &counts, true);
+    let input = a.to_vec::<f32>().expect("read");
+    let profile = p.run_profiled(&[("n", 8)]).expect("profiled run");
+    assert_eq!(profile.events.len(), 2, "both nodes timed: {profile:?}");
+    assert!(profile.events.iter().all(|e| e.start <= e.end));
+    assert_eq!(counts.get(), (0, 0, 0), "a profiled run goes through the queues");
+    p.run(&[("n", 8)]).expect("run");
+    assert_eq!(counts.get(), (1, 0, 1), "after profiling, the plan is captured and replayed");
+    assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 8));
+    let again = p.run_profiled(&[("n", 16)]).expect("profiled run");
+    assert_eq!(again.events.len(), 2);
+    p.run(&[("n", 16)]).expect("run");
+    assert_eq!(counts.get(), (1, 1, 2), "the graph is updated, not captured again");
+    assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 16));
+}
+
+/// A fault-injected device keeps its graphs: the plan captures and replays them, every
+/// replayed launch passes the injection's launch gate, and an injected kernel fault in a
+/// replay fails the run and loses the device, as on the queues.
+#[test]
+fn a_fault_injected_device_still_replays_as_a_graph() {
+    use kiln_device::faults::{FaultKind, FaultPlan, KERNEL_FAULT};
+    let counts = Arc::new(Counts::default());
+    let faults = FaultPlan::new();
+    let device = graph_device(Mode::Graphs, &counts).with_faults(faults.clone()).expect("fault-injected device");
+    let (mut p, [a, _, c]) = plan_on(&device, true);
+    let input = a.to_vec::<f32>().expect("read");
+    p.run(&[("n", 4)]).expect("run");
+    assert_eq!(counts.get(), (1, 0, 1), "captured and launched as a graph");
+    assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 4));
+    assert_eq!(faults.seen(FaultKind::Kernel), 2, "the gate saw both launches of the replay");
+    faults.after(FaultKind::Kernel, 2);
+    let e = p.run(&[("n", 4)]).expect_err("the injected kernel fault");
+    assert!(matches!(e.root_cause(), Error::Driver { code: Some(KERNEL_FAULT), .. }), "{e}");
+    assert_eq!(counts.get(), (1, 0, 1), "the faulted replay never reached the graph");
+    assert!(device.is_lost(), "a fatal fault in a replay loses the device");
 }

@@ -10,11 +10,14 @@
 
 use kiln_device::kiln_ir::DeviceSpec;
 
-use super::{Bench, BenchResult, CliError, Stats, baseline, kiln_err, per_sec, time_reps, wrong};
+use crate::bench::entries::{Bench, matmul_inputs};
+use crate::bench::report::{BenchResult, Stats};
+use crate::bench::{kiln_err, per_sec, time_reps, wrong};
+use crate::error::CliError;
 
 impl Bench {
     /// `r` with its baseline replaced by the CUDA device's own, where one applies.
-    pub(super) fn cuda_baseline(&self, r: BenchResult) -> Result<BenchResult, CliError> {
+    pub(in crate::bench) fn cuda_baseline(&self, r: BenchResult) -> Result<BenchResult, CliError> {
         if !matches!(self.device.spec(), DeviceSpec::Cuda { .. }) {
             return Ok(r);
         }
@@ -40,7 +43,7 @@ impl Bench {
         let t = time_reps(self.reps, copy)?;
         Ok(BenchResult {
             baseline: Some(Stats::of(per_sec(&t, traffic as f64 / 1e9))?),
-            baseline_name: "device copy, same bytes",
+            baseline_name: "device copy, same bytes".into(),
             ..r
         })
     }
@@ -52,22 +55,20 @@ impl Bench {
             Err(kiln_device::Error::Unavailable(_)) => return Ok(r),
             Err(e) => return Err(kiln_err("opening cuBLAS", e)),
         };
-        // Multiples of 1/8 with small numerators: every partial sum is exact in f32, so
-        // cuBLAS must agree with the host product exactly, in any summation order.
-        let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
-        let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
+        // Exact in f32 in any summation order: cuBLAS must agree with the host product exactly.
+        let (a, b) = matmul_inputs(n);
         let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?);
         let run = || sgemm.row_major(&ba, &bb, &bc, n).map_err(|e| kiln_err("cuBLAS sgemm", e));
         run()?;
         let mut reference = vec![0f32; n * n];
-        baseline::matmul(&a, &b, &mut reference, n);
+        super::matmul(&a, &b, &mut reference, n);
         if self.read(&bc)? != reference {
             return Err(wrong(r.name, "cuBLAS sgemm disagrees with the host product".into()));
         }
         let t = time_reps(self.reps, run)?;
         Ok(BenchResult {
             baseline: Some(Stats::of(per_sec(&t, 2.0 * (n * n * n) as f64 / 1e9))?),
-            baseline_name: "cuBLAS sgemm",
+            baseline_name: "cuBLAS sgemm".into(),
             ..r
         })
     }

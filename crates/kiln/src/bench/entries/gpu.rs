@@ -10,7 +10,8 @@ use kiln_device::Kernel;
 use kiln_device::kiln_ir::rewrite::RewriteRules;
 use kiln_device::kiln_ir::{DeviceSpec, IrError, Op, UOp, parse_kernel};
 
-use super::{Bench, CliError};
+use super::Bench;
+use crate::error::CliError;
 
 /// Work items per group in [`sum_groups_f32`].
 pub const GROUP: usize = 256;
@@ -37,7 +38,7 @@ pub fn sum_groups_f32(n: usize) -> Result<Arc<UOp>, IrError> {
             "sum_groups_f32 needs a positive multiple of {span} below 2^31, got {n}"
         )));
     }
-    let sink = parse_kernel(include_str!("../../../../examples/kernels/group_sum.kiln"))?;
+    let sink = parse_kernel(include_str!("../../../../../examples/kernels/group_sum.kiln"))?;
     let (groups, per) = ((n / span) as i64, PER_ITEM as i64);
     let bind = RewriteRules::new().with(move |u| match (u.op(), u.arg_name()) {
         (Op::DefineVar, Some("groups")) => Some(UOp::const_int(u.dtype(), groups)),

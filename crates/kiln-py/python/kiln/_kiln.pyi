@@ -1,0 +1,239 @@
+"""Type stubs of kiln's native module (re-exported by the ``kiln`` package)."""
+
+import os
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple, Union
+
+__version__: str
+
+DTYPES: list[str]
+"""kiln's dtype names: ``bool``, ``i8`` … ``u64``, ``f16``, ``bf16``, ``f32``, ``f64``."""
+
+DType = Union[str, Any]
+"""A kiln dtype name (``"f32"``), a numpy name (``"float32"``, ``"bfloat16"``) or anything
+``numpy.dtype()`` accepts (``numpy.float32``)."""
+
+Source = Union[str, "os.PathLike[str]"]
+"""Kernel text in kiln's text format, or the path of a ``.kiln`` file (a one-line string that
+names an existing file is a path)."""
+
+class Error(Exception):
+    """Every failure kiln reports.
+
+    Attributes: ``root_cause`` (the message of the error that started the chain), and where
+    known ``line`` / ``col`` (1-based, in the kernel text) and ``node`` (``%N`` in print order).
+    """
+
+    root_cause: str
+    line: Optional[int]
+    col: Optional[int]
+    node: Optional[int]
+
+class DeviceLostError(Error):
+    """The device context is gone (a fatal driver error, or an object of an older generation
+    after ``Device.reset()``): reset the device and recreate what ran on it."""
+
+class OutOfMemoryError(Error):
+    """Memory ran out even after the allocator's cache was freed."""
+
+class InvalidArgumentError(Error):
+    """The caller passed something wrong: retrying the same call cannot succeed."""
+
+class ParseError(InvalidArgumentError):
+    """Kernel text that does not parse or validate; ``line`` and ``col`` say where."""
+
+class TimeoutError(Error):
+    """A wait ran out of time; the work may still complete."""
+
+class CompileError(Error):
+    """Rendering, compiling or loading a kernel failed."""
+
+class LaunchError(Error):
+    """A launch was refused before it ran (buffer count, dtype, length, device)."""
+
+class OutOfBoundsError(LaunchError):
+    """An access no proof keeps inside its buffer (or a guarded access that tried to leave
+    it); ``node`` and ``line`` say which."""
+
+class UnavailableError(Error):
+    """A device, backend or tool is not present."""
+
+class IoError(Error):
+    """The kernel cache or a host file failed."""
+
+class DriverError(Error):
+    """Any other (non-fatal) driver failure."""
+
+class DeviceInfo:
+    """One row of ``devices()``."""
+
+    name: str
+    """``"CPU"``, ``"OPENCL:0"``, or the backend's name when it has no usable device."""
+    available: bool
+    """Whether ``Device(name)`` can open it."""
+    description: str
+    """The device's description when available, else why it is not."""
+
+def devices() -> list[DeviceInfo]:
+    """Every device of every backend this build has, available or not and why not (as
+    ``kiln devices``)."""
+
+def from_dlpack(x: Any, device: Optional[Device] = None) -> Buffer:
+    """A buffer sharing ``x``'s memory (a numpy array or any DLPack tensor) when the device
+    (the CPU unless given) can use it in place: host memory, writable, aligned to its element
+    size. Otherwise a copy on the device. The buffer keeps ``x``'s memory alive.
+
+    Raises ``TypeError`` when ``x`` has no ``__dlpack__``, ``BufferError`` for strided memory."""
+
+class Device:
+    """A compute device, opened by name: ``Device("CPU")``, ``Device("OPENCL:0")``,
+    ``Device("CUDA:0")``. A device is opened once per process and shared by every handle.
+    Usable as a context manager, which closes the handle."""
+
+    def __init__(self, name: str) -> None: ...
+    @property
+    def name(self) -> str:
+        """The device's name (``"CPU"``, ``"OPENCL:0"``)."""
+    @property
+    def description(self) -> str:
+        """Model, driver and compiler, in words."""
+    @property
+    def properties(self) -> dict[str, Any]:
+        """``isa``, ``vector_bytes``, ``l1d_bytes``, ``l2_bytes``, ``l3_bytes`` (``None`` when unknown)."""
+    @property
+    def generation(self) -> int:
+        """0 when opened, +1 per ``reset()``; objects of an older generation raise ``DeviceLostError``."""
+    @property
+    def is_lost(self) -> bool:
+        """Whether a fatal error lost the device (``reset()`` recovers it)."""
+    bounds_policy: str
+    """``"guard"`` (run the guarded form of a kernel whose accesses no proof covers) or
+    ``"refuse"`` (raise ``OutOfBoundsError``); applies to kernels compiled afterwards."""
+    def reset(self) -> None:
+        """Starts a new generation: every buffer, kernel and plan made before raises
+        ``DeviceLostError`` from now on."""
+    def synchronize(self) -> None:
+        """Waits for every launch made from Python on this device and raises the first error
+        among them, or the error that lost the device. (On a host device such as the CPU a
+        launch has completed when it returns.)"""
+    def memory_stats(self) -> dict[str, Optional[int]]:
+        """``in_use``, ``cached``, ``high_water`` (bytes), ``hits``, ``misses``, ``budget``."""
+    def trim(self) -> int:
+        """Frees the allocator's cached blocks; returns the bytes released."""
+    def compile(self, source: Source, name: Optional[str] = None) -> Kernel:
+        """Compiles kernel text or a ``.kiln`` file through the kernel cache. Parse and
+        validation errors raise ``ParseError`` with ``line`` and ``col``. The name defaults
+        to the file's stem."""
+    def compile_many(self, sources: Iterable[Union[Source, Tuple[Source, Optional[str]]]]) -> list[Kernel]:
+        """Compiles several kernels on all cores; each entry is a source or ``(source, name)``.
+        Returns the kernels in order; raises the first failing entry's error."""
+    def empty(self, dtype: DType, n: int) -> Buffer:
+        """An uninitialized buffer of ``n`` elements of ``dtype``."""
+    def from_numpy(self, array: Any) -> Buffer:
+        """A buffer holding a copy of ``array`` (any shape, flattened in C order)."""
+    def close(self) -> None:
+        """Closes this handle: later calls through it raise ``InvalidArgumentError``."""
+    def __enter__(self) -> Device: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class Buffer:
+    """A typed window onto device memory. Views share the memory, which stays alive as long
+    as any view, numpy array or DLPack tensor made from it. Host buffers (CPU) are shared
+    with numpy without a copy: ``numpy.from_dlpack(buf)`` and ``numpy.asarray(buf)``."""
+
+    @property
+    def dtype(self) -> str:
+        """The element type, as a kiln name (``"f32"``)."""
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+    @property
+    def device(self) -> str:
+        """The device the memory lives on."""
+    @property
+    def is_host(self) -> bool:
+        """Whether the host addresses the memory (zero-copy numpy and DLPack)."""
+    def __len__(self) -> int:
+        """The number of elements."""
+    def numpy(self) -> Any:
+        """A copy of the contents as a new 1-D numpy array."""
+    def copy_from(self, source: Union[Buffer, Any]) -> None:
+        """Copies a buffer of the same byte size (any device), or an array of the same
+        dtype and element count, into this buffer."""
+    def view(self, offset: int, length: Optional[int] = None) -> Buffer:
+        """A zero-copy view of elements ``offset .. offset + length`` (to the end by default)."""
+    def reinterpret(self, dtype: DType) -> Buffer:
+        """The same bytes as another dtype."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any:
+        """A DLPack capsule sharing this buffer's memory (host: ``kDLCPU``, CUDA: ``kDLCUDA``)."""
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """``(1, 0)`` for host memory, ``(2, n)`` for CUDA device ``n``."""
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """numpy's array interface of host memory (``numpy.asarray(buf)`` shares it)."""
+
+class Kernel:
+    """A compiled kernel. Call it with its buffers in slot order and its variables by name:
+    ``kernel(a, b, out, n=1024)``. On a host device (the CPU) it has run when the call
+    returns; on OpenCL and CUDA it is queued, and reading a buffer (``numpy()``,
+    ``copy_from``, DLPack), a plan run or ``Device.synchronize()`` waits for it. Argument
+    errors are raised by the call; failures while running by the next wait."""
+
+    def __call__(self, *buffers: Buffer, **vars: int) -> None: ...
+    def launch(self, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None) -> None:
+        """``kernel(*buffers, **vars)``."""
+    @property
+    def name(self) -> str:
+        """The entry-point name."""
+    @property
+    def device(self) -> str:
+        """The device family it was compiled for."""
+    @property
+    def var_names(self) -> list[str]:
+        """The variables' names."""
+    @property
+    def vars(self) -> list[Tuple[str, int, int]]:
+        """Each variable as ``(name, min, max)``."""
+    @property
+    def params(self) -> list[Tuple[int, str]]:
+        """Each buffer parameter as ``(slot, dtype)``."""
+    @property
+    def outs(self) -> list[int]:
+        """The slots the kernel writes."""
+    @property
+    def source(self) -> str:
+        """The backend source it was rendered to."""
+
+class Plan:
+    """Records launches and copies once, then replays them with new variable values: the
+    object a compiler's JIT replays. Work is ordered by the bytes each node reads and writes."""
+
+    def __init__(self, device: Device, *, timeout: Optional[float] = None) -> None:
+        """An empty plan; ``timeout`` (seconds) bounds how long a run waits."""
+    def launch(self, kernel: Kernel, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None) -> int:
+        """Records a launch; returns the node's index. The values are the later runs' defaults."""
+    def copy(self, dst: Buffer, src: Buffer) -> int:
+        """Records a copy; returns the node's index."""
+    def run(self, **vars: int) -> None:
+        """Replays every node (variables not given keep their recorded values) and waits."""
+    def run_async(self, **vars: int) -> PlanRun:
+        """Starts a replay and returns at once; runs of one plan never overlap."""
+    @property
+    def var_names(self) -> list[str]:
+        """The plan's variables."""
+    def __len__(self) -> int:
+        """The number of recorded nodes."""
+
+class PlanRun:
+    """A replay started by ``Plan.run_async``."""
+
+    def wait(self) -> None:
+        """Waits for the run and raises its error, if any."""
+    def done(self) -> bool:
+        """Whether the run has finished."""

@@ -1,0 +1,80 @@
+//! kiln from Python: the `kiln._kiln` extension module behind the `kiln` package
+//! (`python/kiln`). Every call that compiles, launches, waits or copies releases the GIL,
+//! every object is shareable between threads, and every failure is a `kiln.Error` (Rust
+//! panics included).
+
+mod buffer;
+mod device;
+mod dlpack;
+mod dtype;
+mod errors;
+mod kernel;
+mod plan;
+mod stream;
+
+use pyo3::prelude::*;
+
+/// Every device of every backend this build has, available or not (and why not).
+#[pyfunction]
+fn devices(py: Python<'_>) -> PyResult<Vec<device::DeviceInfo>> {
+    device::devices(py)
+}
+
+/// A buffer sharing `x`'s memory (any DLPack tensor, e.g. a numpy array) when the device can
+/// use it in place, else a copy on it; the device is the CPU unless given.
+#[pyfunction]
+#[pyo3(signature = (x, device=None))]
+fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<&device::PyDevice>) -> PyResult<buffer::PyBuffer> {
+    buffer::from_dlpack(py, x, device)
+}
+
+/// Panics inside a guarded call: tests that a Rust panic reaches Python as `kiln.Error`.
+#[pyfunction]
+fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
+    errors::detached(py, None, || -> Result<(), errors::Failure> { panic!("a test panic") })
+}
+
+/// Raises the exception of a representative kiln error of each kind (`driver`, `timeout`,
+/// `fatal_driver`, `chained_oom`): tests that every error class maps to its exception, for
+/// the failures a test cannot cause on demand.
+#[pyfunction]
+fn _raise_for_test(py: Python<'_>, kind: &str) -> PyResult<()> {
+    use kiln_device::Error;
+    use std::sync::Arc;
+    let e = match kind {
+        "driver" => Error::driver("CPU", "a test failure"),
+        "timeout" => Error::Timeout { target: 2, current: 1, waited_ms: 5 },
+        "fatal_driver" => Error::Driver { backend: "CPU", code: Some(-1), fatal: true, message: "gone".into() },
+        "chained_oom" => Error::QueueFailed {
+            device: "CPU".into(),
+            cause: Arc::new(Error::SignalFailed(Arc::new(Error::OutOfMemory {
+                device: "CPU".into(),
+                requested: 64,
+                in_use: 0,
+                cached: 0,
+                budget: Some(32),
+            }))),
+        },
+        other => return Err(errors::invalid_arg(py, format!("no test error `{other}`"))),
+    };
+    Err(errors::raise(py, e))
+}
+
+#[pymodule]
+fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    kiln::session::register_backends();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_class::<device::PyDevice>()?;
+    m.add_class::<device::DeviceInfo>()?;
+    m.add_class::<buffer::PyBuffer>()?;
+    m.add_class::<kernel::PyKernel>()?;
+    m.add_class::<plan::PyPlan>()?;
+    m.add_class::<plan::PlanRun>()?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(from_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(_raise_for_test, m)?)?;
+    m.add("DTYPES", kiln_ir::Scalar::ALL.map(|s| s.name()).to_vec())?;
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! `kiln.Plan`: recorded launches and copies, replayed with new variable values.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kiln_device::Buffer;
+use kiln_runtime::{ExecutionPlan, PlanOptions};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::buffer::PyBuffer;
+use crate::device::PyDevice;
+use crate::errors::{Failure, detached, invalid_arg, no_panic};
+use crate::kernel::PyKernel;
+use crate::stream::Stream;
+
+/// Records kernel launches and copies once, then replays them: the object a compiler's JIT
+/// replays. The plan orders its work by the bytes each node reads and writes and may run
+/// independent nodes at once.
+#[pyclass(frozen, name = "Plan", module = "kiln")]
+pub struct PyPlan {
+    /// The plan; runs and recording take turns.
+    recorded: Arc<Mutex<ExecutionPlan>>,
+    /// The device's queue of launches from Python, which a run waits for first.
+    stream: Option<Arc<Stream>>,
+}
+
+fn lock(m: &Mutex<ExecutionPlan>) -> MutexGuard<'_, ExecutionPlan> {
+    // A panic while recording is reported as an error; the plan's state stays usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A run's variables by name, from keyword arguments.
+fn named(py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(String, i64)>> {
+    vars.map_or(Ok(Vec::new()), |d| {
+        d.iter()
+            .map(|(k, v)| {
+                let value =
+                    v.extract().map_err(|_| invalid_arg(py, format!("variable `{k}` must be an int, got {v}")))?;
+                Ok((k.extract()?, value))
+            })
+            .collect()
+    })
+}
+
+/// Runs `plan` with `vars` by name (variables not given keep their recorded values), after
+/// the launches made from Python on its device.
+fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)], stream: Option<&Stream>) -> Result<(), Failure> {
+    if let Some(s) = stream {
+        s.wait()?;
+    }
+    let pairs: Vec<(&str, i64)> = vars.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    Ok(plan.run(&pairs)?)
+}
+
+#[pymethods]
+impl PyPlan {
+    /// An empty plan on `device`. `timeout` (seconds) bounds how long a run waits for the
+    /// device before raising `TimeoutError`; by default it waits without limit.
+    #[new]
+    #[pyo3(signature = (device, *, timeout=None))]
+    fn new(py: Python<'_>, device: &PyDevice, timeout: Option<f64>) -> PyResult<PyPlan> {
+        let device = device.get()?;
+        let mut options = PlanOptions::default();
+        if let Some(t) = timeout {
+            options.timeout = Duration::try_from_secs_f64(t)
+                .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
+        }
+        let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
+        Ok(PyPlan { recorded: Arc::new(Mutex::new(plan)), stream: crate::stream::of(device) })
+    }
+
+    /// Records a launch of `kernel` over `buffers` with its variables (`vars`, by name);
+    /// returns the node's index. The values are checked now and are the defaults of later runs.
+    #[pyo3(signature = (kernel, buffers, vars=None))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        kernel: &PyKernel,
+        buffers: &Bound<'_, PyAny>,
+        vars: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<usize> {
+        let bufs: Vec<Buffer> = buffers
+            .try_iter()?
+            .map(|b| {
+                let b = b?;
+                b.cast::<PyBuffer>()
+                    .map(|p| p.get().buf.clone())
+                    .map_err(|_| invalid_arg(py, "a plan launches kiln.Buffer objects"))
+            })
+            .collect::<PyResult<_>>()?;
+        let mut vals = vec![0i64; kernel.kernel.spec.var_names.len()];
+        kernel.bind(py, vars, &mut vals)?;
+        let (k, recorded, text) = (&kernel.kernel, &self.recorded, kernel.text.as_deref());
+        detached(py, text, || {
+            let refs: Vec<&Buffer> = bufs.iter().collect();
+            Ok(lock(recorded).exec_vals(k, &refs, &vals)?)
+        })
+    }
+
+    /// Records a copy of `src` into `dst` (same byte size); returns the node's index.
+    fn copy(&self, py: Python<'_>, dst: &PyBuffer, src: &PyBuffer) -> PyResult<usize> {
+        let (d, s, recorded) = (&dst.buf, &src.buf, &self.recorded);
+        detached(py, None, || Ok(lock(recorded).copy(d, s)?))
+    }
+
+    /// Replays every node with these variable values (the others keep the values they were
+    /// recorded with) and waits for it.
+    #[pyo3(signature = (**vars))]
+    fn run(&self, py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        let vars = named(py, vars)?;
+        let (recorded, stream) = (&self.recorded, self.stream.clone());
+        detached(py, None, || run_named(&mut lock(recorded), &vars, stream.as_deref()))
+    }
+
+    /// Starts a replay on a helper thread and returns at once; `wait()` on the result waits.
+    /// Runs of one plan never overlap: a second run starts when the first is done.
+    #[pyo3(signature = (**vars))]
+    fn run_async(&self, py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<PlanRun> {
+        let vars = named(py, vars)?;
+        let (recorded, stream) = (self.recorded.clone(), self.stream.clone());
+        let handle = std::thread::Builder::new()
+            .name("kiln-plan-run".into())
+            .spawn(move || no_panic(|| run_named(&mut lock(&recorded), &vars, stream.as_deref())))
+            .map_err(|e| invalid_arg(py, format!("cannot start a thread for the run: {e}")))?;
+        Ok(PlanRun { handle: Mutex::new(Some(handle)), outcome: Mutex::new(None) })
+    }
+
+    /// The number of recorded nodes.
+    fn __len__(&self) -> usize {
+        lock(&self.recorded).len()
+    }
+
+    /// The plan's variables, in the order runs bind them.
+    #[getter]
+    fn var_names(&self) -> Vec<String> {
+        lock(&self.recorded).var_names().to_vec()
+    }
+
+    fn __repr__(&self) -> String {
+        let plan = lock(&self.recorded);
+        format!("<kiln.Plan {} nodes, vars {:?}>", plan.len(), plan.var_names())
+    }
+}
+
+/// A replay started by `Plan.run_async`.
+#[pyclass(frozen, name = "PlanRun", module = "kiln")]
+pub struct PlanRun {
+    handle: Mutex<Option<JoinHandle<Result<(), Failure>>>>,
+    /// The run's outcome once waited for: `None` for success, else the error's message and
+    /// class, re-raised by every later `wait()`.
+    outcome: Mutex<Option<Result<(), String>>>,
+}
+
+#[pymethods]
+impl PlanRun {
+    /// Waits for the run and raises its error, if any.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle {
+            let result = py.detach(|| handle.join()).unwrap_or_else(|_| Err(Failure::Panic("the run's thread".into())));
+            return match result {
+                Ok(()) => {
+                    *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
+                    Ok(())
+                }
+                Err(f) => {
+                    let err = f.into_py(py, None);
+                    *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(err.to_string()));
+                    Err(err)
+                }
+            };
+        }
+        match self.outcome.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(Err(message)) => Err(crate::errors::Error::new_err(message.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the run has finished (successfully or not).
+    fn done(&self) -> bool {
+        self.handle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_none_or(|h| h.is_finished())
+    }
+}

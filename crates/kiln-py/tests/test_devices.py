@@ -1,0 +1,83 @@
+"""kiln.devices(), kiln.Device: listing, properties, generation, reset, synchronize, stats."""
+
+import numpy as np
+import pytest
+from conftest import INC
+
+import kiln
+
+
+def test_devices_lists_every_backend_with_a_reason_when_unavailable():
+    rows = kiln.devices()
+    names = [r.name for r in rows]
+    assert names[0] == "CPU" and rows[0].available
+    assert any(n.startswith("OPENCL") for n in names) and any(n.startswith("CUDA") for n in names)
+    for r in rows:
+        assert isinstance(r.description, str) and r.description, r
+        assert ("unavailable" in repr(r)) == (not r.available)
+
+
+def test_device_properties_and_statistics(dev):
+    assert dev.name == "CPU" and "C compiler" in dev.description
+    props = dev.properties
+    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes"}
+    assert props["vector_bytes"] is None or props["vector_bytes"] >= 16
+    before = dev.memory_stats()
+    assert set(before) == {"in_use", "cached", "high_water", "hits", "misses", "budget"}
+    b = dev.empty("f32", 1 << 16)
+    b.copy_from(np.zeros(1 << 16, "float32"))
+    assert dev.memory_stats()["in_use"] >= before["in_use"] + (1 << 18)
+    del b
+    assert dev.trim() >= 0
+    assert "CPU" in repr(dev)
+
+
+def test_a_device_name_is_parsed_by_kiln():
+    assert kiln.Device("cpu").name == "CPU"
+    with pytest.raises(kiln.InvalidArgumentError, match="device"):
+        kiln.Device("TPU:0")
+
+
+def test_a_missing_device_is_unavailable():
+    with pytest.raises(kiln.UnavailableError):
+        kiln.Device("OPENCL:99")
+
+
+def test_reset_bumps_the_generation_and_stales_old_objects(dev, inc):
+    a, o = dev.empty("f32", 4), dev.empty("f32", 4)
+    inc(a, o, n=4)
+    gen = dev.generation
+    dev.reset()
+    assert dev.generation == gen + 1 and not dev.is_lost
+    with pytest.raises(kiln.DeviceLostError, match="generation") as e:
+        a.numpy()
+    assert "generation" in e.value.root_cause
+    with pytest.raises(kiln.DeviceLostError):
+        inc(dev.empty("f32", 4), dev.empty("f32", 4), n=4)
+    fresh = dev.compile(INC, name="inc")
+    a2, o2 = dev.from_numpy(np.ones(4, "float32")), dev.empty("f32", 4)
+    fresh(a2, o2, n=4)
+    assert o2.numpy().tolist() == [2.0] * 4
+    dev.synchronize()
+
+
+def test_a_closed_handle_refuses_work_and_works_as_a_context_manager():
+    with kiln.Device("CPU") as d:
+        d.empty("f32", 1)
+    with pytest.raises(kiln.InvalidArgumentError, match="closed"):
+        d.empty("f32", 1)
+    with pytest.raises(kiln.InvalidArgumentError, match="closed"):
+        d.synchronize()
+    kiln.Device("CPU").empty("f32", 1)  # other handles are unaffected
+
+
+def test_bounds_policy_round_trips_and_rejects_unknown_names(dev):
+    assert dev.bounds_policy in ("guard", "refuse")
+    old = dev.bounds_policy
+    try:
+        dev.bounds_policy = "refuse"
+        assert dev.bounds_policy == "refuse"
+        with pytest.raises(kiln.InvalidArgumentError, match="guard"):
+            dev.bounds_policy = "loose"
+    finally:
+        dev.bounds_policy = old

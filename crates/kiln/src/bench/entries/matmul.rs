@@ -1,0 +1,106 @@
+//! The matmul entry, against OpenBLAS (in a process of its own) or the matrixmultiply crate.
+
+use std::borrow::Cow;
+
+use kiln_device::kiln_ir::DeviceSpec;
+
+use super::{Bench, BenchArgs};
+use crate::bench::baselines::{self, openblas};
+use crate::bench::report::{BenchResult, Stats};
+use crate::bench::{kernels, kiln_err, per_sec, time_reps, wrong};
+use crate::error::CliError;
+
+/// The side of the matmul entry: n×n.
+pub(in crate::bench) const MATMUL_N: usize = 1024;
+
+/// The matmul entry's inputs, the same in the parent and the baseline child: multiples of 1/8
+/// with small numerators, so that every summation order gives the exact product.
+pub(in crate::bench) fn matmul_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
+    let b = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
+    (a, b)
+}
+
+impl Bench {
+    pub(super) fn matmul(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
+        let wanted = openblas::Wanted::from_env()
+            .map_err(|e| kiln_err("choosing the matmul baseline", kiln_device::Error::Invalid(e)))?;
+        let n = MATMUL_N;
+        let (a, b) = matmul_inputs(n);
+        let tile = kernels::MatmulTile::for_width(self.width());
+        let pack = self.compile(kernels::pack_b_f32(self.axis(), n, tile), "pack_b_f32")?;
+        // The CPU backend splits the strips over its cores; elsewhere, one tile per item.
+        let sink = if *self.device.spec() == DeviceSpec::Cpu {
+            kernels::matmul_f32(self.axis(), n, tile)
+        } else {
+            kernels::matmul_tile_f32(n, tile)
+        };
+        let mm = self.compile(sink, "matmul_f32")?;
+        let (ba, bb, bp, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?, self.zeros(n * n)?);
+        let run = || -> Result<(), CliError> {
+            self.launch(&pack, &[&bb, &bp])?;
+            self.launch(&mm, &[&ba, &bp, &bc])
+        };
+        run()?;
+        let c = self.read(&bc)?;
+        let mut reference = vec![0f32; n * n];
+        baselines::matmul(&a, &b, &mut reference, n);
+        // Inputs are multiples of 1/8 with small numerators: every product and partial sum
+        // is exact in f32, so any summation order must agree exactly.
+        if let Some(i) = (0..n * n).find(|&i| c[i] != reference[i]) {
+            return Err(wrong(
+                "matmul_f32_1024",
+                format!("C[{}, {}] = {} but the reference is {}", i / n, i % n, c[i], reference[i]),
+            ));
+        }
+        let flops = 2.0 * (n * n * n) as f64 / 1e9;
+        let t = time_reps(self.reps, run)?;
+        // Every baseline runs after kiln's reps: OpenBLAS in a process of its own, so that its
+        // threads never share this one with kiln's workers; matrixmultiply here.
+        let from_child = match wanted {
+            openblas::Wanted::MatrixMultiply => None,
+            openblas::Wanted::Auto | openblas::Wanted::OpenBlas => match baselines::openblas_in_child(args)? {
+                openblas::ChildReport::Timed { name, seconds } => Some((name, seconds)),
+                openblas::ChildReport::Unavailable { why } if wanted == openblas::Wanted::OpenBlas => {
+                    return Err(kiln_err(
+                        "choosing the matmul baseline",
+                        kiln_device::Error::Invalid(format!("{}=openblas: {why}", openblas::BASELINE_ENV)),
+                    ));
+                }
+                openblas::ChildReport::Unavailable { .. } => None,
+            },
+        };
+        let (name, base): (Cow<'static, str>, Vec<f64>) = match from_child {
+            Some((name, seconds)) => (name.into(), seconds),
+            None => {
+                let mut out = vec![f32::NAN; n * n];
+                let base = time_reps(self.reps, || {
+                    baselines::matmul(&a, &b, &mut out, n);
+                    Ok(())
+                })?;
+                if let Some(i) = (0..n * n).find(|&i| out[i] != reference[i]) {
+                    return Err(wrong(
+                        "matmul_f32_1024",
+                        format!(
+                            "the baseline gives C[{}, {}] = {}, the reference {}",
+                            i / n,
+                            i % n,
+                            out[i],
+                            reference[i]
+                        ),
+                    ));
+                }
+                (openblas::MATRIXMULTIPLY_NAME.into(), base)
+            }
+        };
+        Ok(BenchResult {
+            name: "matmul_f32_1024",
+            unit: "GFLOP/s",
+            higher_is_better: true,
+            verified: true,
+            kiln: Stats::of(per_sec(&t, flops))?,
+            baseline: Some(Stats::of(per_sec(&base, flops))?),
+            baseline_name: name,
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! The entries: each verifies its output against a host reference, then times repetitions.
+//! The device they run on is opened by [`super::run`]; this module only uses it.
+
+mod compile;
+mod gpu;
+mod matmul;
+mod process;
+mod runtime;
+mod streaming;
+
+use std::sync::Arc;
+
+use kiln_device::kiln_ir::{DeviceSpec, Scalar, UOp};
+use kiln_device::{Buffer, Device, Kernel};
+
+pub(super) use matmul::{MATMUL_N, matmul_inputs};
+pub(super) use process::disk_hit_child;
+
+use super::report::BenchResult;
+use super::{BenchArgs, kernels, kiln_err};
+use crate::error::CliError;
+
+/// The device under test and the timed repetitions per entry.
+pub(super) struct Bench {
+    pub(super) device: Arc<Device>,
+    pub(super) reps: usize,
+}
+
+impl Bench {
+    pub(super) fn axis(&self) -> kernels::Axis {
+        if *self.device.spec() == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
+    }
+
+    /// The f32 lanes of the add, sum and softmax kernels: the device's widest vector.
+    pub(super) fn width(&self) -> u8 {
+        kernels::width_for(self.device.properties().f32_lanes())
+    }
+
+    pub(super) fn compile<E: Into<kiln_device::Error>>(
+        &self,
+        sink: Result<Arc<UOp>, E>,
+        name: &str,
+    ) -> Result<Kernel, CliError> {
+        let sink = sink.map_err(|e| kiln_err(&format!("building the {name} kernel"), e.into()))?;
+        self.device.compile(&sink, Some(name)).map_err(|e| kiln_err(&format!("compiling the {name} kernel"), e))
+    }
+
+    pub(super) fn upload(&self, data: &[f32]) -> Result<Buffer, CliError> {
+        Buffer::from_slice(self.device.allocator(), data).map_err(|e| kiln_err("uploading bench input", e))
+    }
+
+    pub(super) fn zeros(&self, n: usize) -> Result<Buffer, CliError> {
+        let b = self.device.buffer(Scalar::F32, n).map_err(|e| kiln_err("allocating bench output", e))?;
+        b.copy_from_slice(&vec![0f32; n]).map_err(|e| kiln_err("clearing bench output", e))?;
+        Ok(b)
+    }
+
+    pub(super) fn launch(&self, k: &Kernel, bufs: &[&Buffer]) -> Result<(), CliError> {
+        k.launch(bufs, &[]).map_err(|e| kiln_err(&format!("running {}", k.spec.name), e))
+    }
+
+    pub(super) fn read(&self, b: &Buffer) -> Result<Vec<f32>, CliError> {
+        b.to_vec::<f32>().map_err(|e| kiln_err("reading bench output", e))
+    }
+
+    /// Runs the entry `name` (one of [`super::ENTRIES`]), with the CUDA device's own baseline
+    /// where one applies.
+    pub(super) fn entry(&self, name: &'static str, args: &BenchArgs) -> Result<BenchResult, CliError> {
+        let result = match name {
+            "bandwidth_limit" => self.bandwidth_limit(),
+            "add_f32_16m" => self.add(),
+            "add_f32_16m_guarded" => self.add_guarded(),
+            "sum_f32_16m" => self.sum(),
+            "matmul_f32_1024" => self.matmul(args),
+            "softmax_f32_4096x1024" => self.softmax(),
+            "queue_roundtrip" => self.queue_roundtrip(),
+            "plan_replay_per_kernel" => self.plan_replay(),
+            "signal_wake" => self.signal_wake(),
+            "two_queue_overlap" => self.two_queue_overlap(),
+            "compile_cold" => self.compile_cold(),
+            "compile_throughput" => self.compile_throughput(),
+            "cache_mem_hit" => self.cache_mem_hit(),
+            "cache_disk_hit" => self.cache_disk_hit(args),
+            "warm_run_process" => self.warm_run_process(args),
+            "alloc_cached" => self.alloc_cached(),
+            "device_reset" => self.device_reset(),
+            other => Err(CliError::Usage(format!("unknown bench entry `{other}`"))),
+        }?;
+        #[cfg(feature = "cuda")]
+        let result = self.cuda_baseline(result)?;
+        Ok(result)
+    }
+}
