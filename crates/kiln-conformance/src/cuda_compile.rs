@@ -41,16 +41,16 @@ impl Compiler for CrossCompiler {
 /// compiler and a memory-only kernel cache, so every kernel really goes through NVRTC.
 pub fn open() -> Result<Arc<Device>> {
     let cuda = Arc::new(CudaCompiler::new(ARCH, Output::Cubin)?);
-    let cpu = kiln_cpu::open(&DeviceSpec::Cpu)?;
+    let cpu = kiln_cpu::open(&DeviceSpec::new("CPU", 0))?;
     let description = format!("{} + CUDA {ARCH} compile", cpu.description());
     // Each generation takes the CPU device's current parts, with the cross compiler in front.
-    let device = Device::new(DeviceSpec::Cpu, description, move |_| {
+    let device = Device::new(DeviceSpec::new("CPU", 0), description, move |_| {
         let (renderer, compiler) =
             cpu.compilers().first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
         let cross = Arc::new(CrossCompiler {
             cpu: compiler,
             cuda: cuda.clone(),
-            renderer: cuda_renderer(DeviceSpec::Cuda { ordinal: 0 }),
+            renderer: cuda_renderer(DeviceSpec::new("CUDA", 0)),
         });
         let parts = DeviceParts::new(cpu.allocator(), vec![(renderer, cross)], cpu.runtime());
         Ok(match cpu.queues() {

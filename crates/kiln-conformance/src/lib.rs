@@ -12,14 +12,18 @@
 //! misbehaviour, so a caller (a test harness, a `kiln conformance` command) decides how to
 //! report it.
 //!
-//! Backends are found at run time ([`backend`]): a backend that cannot be opened is skipped
-//! with its reason, unless `KILN_REQUIRE` (a comma list such as `cpu,opencl`) names it.
+//! Backends come from kiln-device's registry (plus the suite's own, see [`REGISTRATIONS`]) and
+//! are opened at run time ([`backend`]). Each has a [`Registration`]: its peer and the tests
+//! it does not support, with the reason. A test that cannot run (its backend is absent, or
+//! unsupported there) writes `SKIPPED <test>: <reason>` to the test output (shown beside its
+//! `ok`), unless `KILN_REQUIRE` (a comma list such as `cpu,opencl`) names the backend: then
+//! an absent backend fails the test.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kiln_device::kiln_ir::{DeviceSpec, IrError};
+use kiln_device::kiln_ir::IrError;
 use kiln_device::{Device, DynQueueFactory, Error};
 
 #[cfg(all(feature = "cpu", feature = "cuda"))]
@@ -109,29 +113,81 @@ impl Mismatches {
     }
 }
 
-/// The environment variable naming the backends that must be present (`cpu,opencl`).
-pub const REQUIRE_ENV: &str = "KILN_REQUIRE";
+/// How one backend runs the suite, in the style of IREE's CTS: its peer for the
+/// cross-device checks, and every test it does not support, each with the reason.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration {
+    /// The backend's name as `KILN_REQUIRE` spells it (lower case): a registry backend's
+    /// name, or one the suite builds itself (`cpu-guarded`, `cuda-compile`).
+    pub name: &'static str,
+    /// The backend whose device the cross-device checks pair with this one.
+    pub peer: &'static str,
+    /// `(test, reason)`: the tests (by their function name in `tests/conformance.rs`) that
+    /// this backend reports as skipped, with why.
+    pub unsupported: &'static [(&'static str, &'static str)],
+}
 
-/// The backends this suite knows, by the lower-case name used in `KILN_REQUIRE`.
-/// `cpu-guarded` is the CPU device over [`kiln_cpu::GuardPageAllocator`]: every contract
-/// again, with buffers that fault at the first byte past their end. `cuda-compile` is the
-/// CPU device whose compiler also compiles every kernel to PTX and an `sm_90` cubin
-/// ([`cuda_compile`]): the CUDA toolchain checked on every conformance kernel, no GPU needed.
-pub const BACKENDS: &[&str] = &["cpu", "cpu-guarded", "opencl", "cuda", "cuda-compile"];
+/// Why a backend whose devices are the CPU's cannot run `error_foreign_buffer`.
+const SAME_DEVICE_PEER: (&str, &str) =
+    ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
 
-/// The device a backend name stands for in this suite (its first device).
-pub fn spec_of(name: &str) -> Option<DeviceSpec> {
-    match name {
-        "cpu" | "cpu-guarded" | "cuda-compile" => Some(DeviceSpec::Cpu),
-        "opencl" => Some(DeviceSpec::OpenCl { ordinal: 0 }),
-        "cuda" => Some(DeviceSpec::Cuda { ordinal: 0 }),
-        _ => None,
-    }
+/// Why the OpenCL backend skips the 8- and 16-lane f32 ALU checks: PoCL 3.1 (the driver CI
+/// runs) computes `sin` and `cos` of `float8`/`float16` wrongly for small inputs
+/// (sin(0.001) = 0.008, cos(0.001) = 0.99997), while its scalar and 4-lane forms are right.
+const POCL_VECTOR_SIN: &str = "PoCL 3.1's float8/float16 sin and cos are wrong for small inputs (sin(0.001) = 0.008); scalar and \
+     4-lane f32 are checked";
+
+/// Every backend the suite runs on, with its peer and the tests it does not support. A
+/// backend of the registry needs a line here and one line in `tests/conformance.rs`'s
+/// `backends!` (a test checks that every registered backend has both).
+///
+/// Two backends are the suite's own rather than the registry's: `cpu-guarded` is the CPU
+/// device over [`kiln_cpu::GuardPageAllocator`] (every contract again, with buffers that
+/// fault at the first byte past their end); `cuda-compile` is the CPU device whose compiler
+/// also compiles every kernel to PTX and an `sm_90` cubin ([`cuda_compile`]): the CUDA
+/// toolchain checked on every conformance kernel, no GPU needed.
+pub const REGISTRATIONS: &[Registration] = &[
+    Registration { name: "cpu", peer: "opencl", unsupported: &[] },
+    Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
+    Registration { name: "cpu-avx2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
+    Registration { name: "cpu-sse2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
+    Registration {
+        name: "opencl",
+        peer: "cpu",
+        unsupported: &[("alu_f32x8", POCL_VECTOR_SIN), ("alu_f32x16", POCL_VECTOR_SIN)],
+    },
+    Registration { name: "cuda", peer: "cpu", unsupported: &[] },
+    Registration { name: "cuda-compile", peer: "opencl", unsupported: &[] },
+];
+
+/// The registration of backend `name` (lower case).
+pub fn registration(name: &str) -> Option<&'static Registration> {
+    REGISTRATIONS.iter().find(|r| r.name == name)
+}
+
+/// Why backend `name` does not support `test`, when its registration lists it.
+pub fn unsupported(name: &str, test: &str) -> Option<&'static str> {
+    registration(name)?.unsupported.iter().find(|(t, _)| *t == test).map(|(_, why)| *why)
+}
+
+/// Registers every backend this build links with kiln-device's registry (the crate's `cpu`,
+/// `opencl` and `cuda` features). Idempotent.
+pub fn register_backends() {
+    #[cfg(feature = "cpu")]
+    kiln_cpu::register();
+    #[cfg(feature = "opencl")]
+    kiln_opencl::register();
+    #[cfg(feature = "cuda")]
+    kiln_cuda::register();
 }
 
 /// Opens a backend's first device, once per process: every later call returns the same
 /// device (or the same error), so tests running in parallel share one device and its
-/// kernel cache.
+/// kernel cache. A registry backend is opened through [`kiln_device::open_device`].
+///
+/// # Errors
+/// [`Error::Invalid`] for a name the suite does not know ([`REGISTRATIONS`]);
+/// [`Error::Unavailable`] for one this build leaves out; the errors of opening it.
 pub fn open(name: &str) -> Result<Arc<Device>, Error> {
     type Opened = HashMap<String, Result<Arc<Device>, Error>>;
     static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
@@ -139,43 +195,40 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
     if let Some(r) = opened.get(name) {
         return r.clone();
     }
-    let r = match spec_of(name) {
+    register_backends();
+    let r = match name {
         #[cfg(feature = "cpu")]
-        Some(DeviceSpec::Cpu) if name == "cpu-guarded" => {
-            kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a)))
-        }
+        "cpu-guarded" => kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a))),
         #[cfg(all(feature = "cpu", feature = "cuda"))]
-        Some(DeviceSpec::Cpu) if name == "cuda-compile" => cuda_compile::open(),
-        #[cfg(feature = "cpu")]
-        Some(spec @ DeviceSpec::Cpu) if name != "cuda-compile" => kiln_cpu::open(&spec),
-        #[cfg(feature = "opencl")]
-        Some(spec @ DeviceSpec::OpenCl { .. }) => kiln_opencl::open(&spec),
-        #[cfg(feature = "cuda")]
-        Some(spec @ DeviceSpec::Cuda { .. }) => kiln_cuda::open(&spec),
-        Some(_) => Err(Error::Unavailable(format!("this build leaves out the `{name}` feature of kiln-conformance"))),
-        None => Err(Error::Invalid(format!("unknown backend `{name}` (known: {})", BACKENDS.join(", ")))),
+        "cuda-compile" => cuda_compile::open(),
+        _ if registration(name).is_some() && kiln_device::find_backend(name).is_some() => {
+            kiln_device::open_device(name)
+        }
+        _ if registration(name).is_some() => {
+            Err(Error::Unavailable(format!("this build of kiln-conformance leaves out the `{name}` backend")))
+        }
+        _ => Err(Error::Invalid(format!("unknown backend `{name}` (known: {})", known().join(", ")))),
     };
     opened.insert(name.to_string(), r.clone());
     r
 }
 
-/// Whether `KILN_REQUIRE` names `name` (case-insensitive, comma separated).
-pub fn required(name: &str) -> bool {
-    std::env::var(REQUIRE_ENV).is_ok_and(|v| v.split(',').any(|item| item.trim().eq_ignore_ascii_case(name)))
+/// Every backend name the suite knows: [`REGISTRATIONS`]'s, lower case.
+pub fn known() -> Vec<&'static str> {
+    REGISTRATIONS.iter().map(|r| r.name).collect()
 }
 
-/// The device of backend `name`, or `None` after printing `skipped <name>: <reason>` when
-/// it cannot be opened.
+/// The device of backend `name`, or `None` after reporting `test` as skipped with the
+/// reason ([`kiln_device::skip_unless_required`]) when the backend cannot be opened.
 ///
 /// # Panics
 /// When the backend cannot be opened and `KILN_REQUIRE` names it: this is the test
 /// harness's entry point, and a required backend that is missing fails the test.
-pub fn backend(name: &str) -> Option<Arc<Device>> {
+pub fn backend(name: &str, test: &str) -> Option<Arc<Device>> {
     match open(name) {
         Ok(d) => Some(d),
-        Err(e) if required(name) => panic!("{REQUIRE_ENV} names `{name}` but it is unavailable: {e}"),
         Err(e) => {
-            println!("skipped {name}: {e}");
+            kiln_device::skip_unless_required(name, test, &e);
             None
         }
     }
@@ -212,8 +265,15 @@ mod tests {
 
     #[test]
     fn unknown_backends_are_errors_not_panics() {
-        assert!(spec_of("tpu").is_none());
+        assert!(registration("tpu").is_none());
         assert!(matches!(open("tpu"), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn unsupported_tests_have_reasons() {
+        assert_eq!(unsupported("cpu-guarded", SAME_DEVICE_PEER.0), Some(SAME_DEVICE_PEER.1));
+        assert_eq!(unsupported("cpu", SAME_DEVICE_PEER.0), None);
+        assert!(REGISTRATIONS.iter().flat_map(|r| r.unsupported).all(|(_, why)| !why.is_empty()));
     }
 
     #[test]

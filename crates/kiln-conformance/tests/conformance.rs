@@ -1,19 +1,22 @@
 //! The conformance suite, instantiated once per backend.
 //!
 //! Every test body lives in `kiln_conformance::suite`; this file only lists them once
-//! (`suite!`) and instantiates the list per backend (`backend!`). Adding a backend is one
-//! `backend!` line (plus its opener in `kiln_conformance::open`); adding a check is one line
-//! in the `suite!` list.
+//! (`suite!`) and instantiates the list per backend (`backends!`). Adding a backend is its
+//! registration in `kiln_conformance::REGISTRATIONS` (peer, unsupported tests) and one line
+//! in `backends!`; `every_registered_backend_runs_the_suite` fails until both exist. Adding a
+//! check is one line in the `suite!` list.
 //!
-//! A backend that is not present is skipped (`skipped <backend>: <reason>`) unless
-//! `KILN_REQUIRE` names it. Cross-device checks run against a peer backend and are skipped
-//! when the peer is missing (unless it is required).
+//! A test whose backend is not present, or which its registration lists as unsupported,
+//! writes `SKIPPED <test>: <reason>` beside its `ok`, unless `KILN_REQUIRE` names the backend
+//! (then an absent backend fails). Cross-device checks run against the registration's peer
+//! backend and are skipped the same way when the peer is missing.
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use kiln_conformance::{Failure, Outcome, backend};
+use kiln_conformance::{Failure, Outcome, backend, unsupported};
 use kiln_device::Device;
+use kiln_device::report_skip;
 
 /// The longest one test body may take before it counts as hung. Far above any healthy run
 /// (the whole suite takes seconds); it turns a deadlock into a failure naming the test
@@ -42,21 +45,33 @@ fn watched(label: String, body: impl FnOnce() -> Outcome + Send + 'static) {
     }
 }
 
+/// The device of backend `name` for `test` (`module::function`), or `None` once the test is
+/// reported as skipped: its registration lists it as unsupported, or the backend is absent.
+fn device_for(name: &str, test: &str) -> Option<Arc<Device>> {
+    let function = test.rsplit("::").next().unwrap_or(test);
+    if let Some(why) = unsupported(name, function) {
+        report_skip(test, &format!("unsupported by {name}: {why}"));
+        return None;
+    }
+    backend(name, test)
+}
+
 /// Runs `body` on backend `name`, panicking with the failure (this is the test harness).
-fn run(name: &str, body: fn(&Arc<Device>) -> Outcome) {
-    let Some(dev) = backend(name) else { return };
+fn run(name: &str, test: &str, body: fn(&Arc<Device>) -> Outcome) {
+    let Some(dev) = device_for(name, test) else { return };
     watched(name.to_string(), move || body(&dev));
 }
 
-/// Runs `body` on backend `name` with backend `peer` as the other device.
-fn run_pair(name: &str, peer: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outcome) {
-    let Some(dev) = backend(name) else { return };
-    let Some(other) = backend(peer) else { return };
+/// Runs `body` on backend `name` with its registration's peer as the other device.
+fn run_pair(name: &str, test: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outcome) {
+    let Some(dev) = device_for(name, test) else { return };
+    let peer = kiln_conformance::registration(name).map_or("", |r| r.peer);
+    let Some(other) = backend(peer, test) else { return };
     watched(format!("{name} with {peer}"), move || body(&dev, &other));
 }
 
 macro_rules! suite {
-    ($name:literal, $peer:literal) => {
+    ($name:literal) => {
         use kiln_conformance::suite::{bounds, buffers, errors, plans, programs, queues, signals, workgroups};
         use kiln_device::kiln_ir::Scalar;
 
@@ -93,6 +108,21 @@ macro_rules! suite {
             alu_bf16 => |d| programs::alu(d, Scalar::BF16),
             alu_f32 => |d| programs::alu(d, Scalar::F32),
             alu_f64 => |d| programs::alu(d, Scalar::F64),
+            alu_f32x4 => |d| programs::alu_lanes(d, Scalar::F32, 4),
+            alu_f32x8 => |d| programs::alu_lanes(d, Scalar::F32, 8),
+            alu_f32x16 => |d| programs::alu_lanes(d, Scalar::F32, 16),
+            alu_f64x2 => |d| programs::alu_lanes(d, Scalar::F64, 2),
+            alu_f64x4 => |d| programs::alu_lanes(d, Scalar::F64, 4),
+            alu_f64x8 => |d| programs::alu_lanes(d, Scalar::F64, 8),
+            alu_i8x16 => |d| programs::alu_lanes(d, Scalar::I8, 16),
+            alu_u8x16 => |d| programs::alu_lanes(d, Scalar::U8, 16),
+            alu_i32x4 => |d| programs::alu_lanes(d, Scalar::I32, 4),
+            alu_i32x16 => |d| programs::alu_lanes(d, Scalar::I32, 16),
+            alu_i64x2 => |d| programs::alu_lanes(d, Scalar::I64, 2),
+            alu_i64x8 => |d| programs::alu_lanes(d, Scalar::I64, 8),
+            alu_f16x4 => |d| programs::alu_lanes(d, Scalar::F16, 4),
+            alu_bf16x4 => |d| programs::alu_lanes(d, Scalar::BF16, 4),
+            alu_boolx4 => |d| programs::alu_lanes(d, Scalar::Bool, 4),
             integer_division_i8 => |d| programs::integer_division(d, Scalar::I8),
             integer_division_i16 => |d| programs::integer_division(d, Scalar::I16),
             integer_division_i32 => |d| programs::integer_division(d, Scalar::I32),
@@ -143,7 +173,7 @@ macro_rules! suite {
             error_oversized_work_group => errors::oversized_work_group,
         );
 
-        suite!(@pair $name, $peer;
+        suite!(@pair $name;
             buffer_cross_device_copies => buffers::cross_device_copies,
             queue_cross_device => queues::cross_device,
             error_foreign_buffer => errors::foreign_buffer,
@@ -151,30 +181,39 @@ macro_rules! suite {
         );
     };
     (@single $name:literal; $($test:ident => $body:expr),* $(,)?) => {
+        /// The names of this module's single-device tests.
+        pub const SINGLE: &[&str] = &[$(stringify!($test)),*];
         $(
             #[test]
             fn $test() {
-                super::run($name, $body);
+                super::run($name, concat!(module_path!(), "::", stringify!($test)), $body);
             }
         )*
     };
-    (@pair $name:literal, $peer:literal; $($test:ident => $body:expr),* $(,)?) => {
+    (@pair $name:literal; $($test:ident => $body:expr),* $(,)?) => {
+        /// The names of this module's cross-device tests.
+        pub const PAIR: &[&str] = &[$(stringify!($test)),*];
         $(
             #[test]
             fn $test() {
-                super::run_pair($name, $peer, $body);
+                super::run_pair($name, concat!(module_path!(), "::", stringify!($test)), $body);
             }
         )*
     };
 }
 
-/// One line per backend: module name, backend name (as in `KILN_REQUIRE`), peer backend
-/// for the cross-device checks.
-macro_rules! backend {
-    ($module:ident, $name:literal, peer = $peer:literal) => {
-        mod $module {
-            suite!($name, $peer);
-        }
+/// One line per backend: module name and backend name (as in `KILN_REQUIRE`); also lists
+/// every instantiated backend with its tests, for the check below.
+macro_rules! backends {
+    ($($module:ident: $name:literal),* $(,)?) => {
+        $(
+            mod $module {
+                suite!($name);
+            }
+        )*
+
+        /// Every backend this file runs the suite on, with its tests' names.
+        const INSTANTIATED: &[(&str, &[&str], &[&str])] = &[$(($name, $module::SINGLE, $module::PAIR)),*];
     };
 }
 
@@ -204,8 +243,48 @@ faults!(opencl_faults, "opencl");
 #[cfg(feature = "fault-injection")]
 faults!(cuda_faults, "cuda");
 
-backend!(cpu, "cpu", peer = "opencl");
-backend!(cpu_guarded, "cpu-guarded", peer = "cpu");
-backend!(opencl, "opencl", peer = "cpu");
-backend!(cuda, "cuda", peer = "cpu");
-backend!(cuda_compile, "cuda-compile", peer = "opencl");
+/// The fault scenarios' names (the same on every backend that runs them).
+#[cfg(feature = "fault-injection")]
+const FAULT_TESTS: [&[&str]; 3] = [cpu_faults::SINGLE, opencl_faults::SINGLE, cuda_faults::SINGLE];
+#[cfg(not(feature = "fault-injection"))]
+const FAULT_TESTS: [&[&str]; 0] = [];
+
+backends! {
+    cpu: "cpu",
+    cpu_guarded: "cpu-guarded",
+    cpu_avx2: "cpu-avx2",
+    cpu_sse2: "cpu-sse2",
+    opencl: "opencl",
+    cuda: "cuda",
+    cuda_compile: "cuda-compile",
+}
+
+/// Every backend of the registry (in any build: a backend left out of this one is still
+/// listed in the suite's registrations) and of the suite's own runs the suite, every
+/// unsupported test a registration lists is a test of it, and `KILN_REQUIRE` names only
+/// backends the suite runs (a misspelt name would otherwise require nothing).
+#[test]
+fn every_registered_backend_runs_the_suite() {
+    kiln_conformance::register_backends();
+    let instantiated = |name: &str| INSTANTIATED.iter().find(|(n, ..)| *n == name);
+    for b in kiln_device::backends() {
+        let name = b.name.to_ascii_lowercase();
+        assert!(kiln_conformance::registration(&name).is_some(), "registered backend `{name}` has no Registration");
+        assert!(instantiated(&name).is_some(), "registered backend `{name}` has no line in backends!");
+    }
+    for r in kiln_conformance::REGISTRATIONS {
+        let Some((_, single, pair)) = instantiated(r.name) else { panic!("`{}` has no line in backends!", r.name) };
+        assert!(instantiated(r.peer).is_some(), "`{}`'s peer `{}` is not a backend of the suite", r.name, r.peer);
+        for (test, _) in r.unsupported {
+            let known = single.contains(test) || pair.contains(test) || FAULT_TESTS.iter().any(|f| f.contains(test));
+            assert!(known, "`{}` lists `{test}`, which is no test", r.name);
+        }
+    }
+    for name in kiln_device::required_names() {
+        assert!(
+            instantiated(&name).is_some(),
+            "{} names `{name}`, which the suite does not run",
+            kiln_device::REQUIRE_ENV
+        );
+    }
+}

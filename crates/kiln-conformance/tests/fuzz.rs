@@ -182,8 +182,9 @@ const MAX_WORK: u128 = 1 << 22;
 
 #[test]
 fn mutated_example_kernels_are_typed_errors_or_run_in_bounds_and_agree() {
-    let Some(cpu) = backend("cpu-guarded") else { return };
-    let ocl = backend("opencl");
+    const TEST: &str = "fuzz::mutated_example_kernels_are_typed_errors_or_run_in_bounds_and_agree";
+    let Some(cpu) = backend("cpu-guarded", TEST) else { return };
+    let ocl = backend("opencl", TEST);
     let cases = env_u64("KILN_FUZZ_CASES", 1000);
     let mut rng = Rng(env_u64("KILN_FUZZ_SEED", 1));
     let corpus = seeds();

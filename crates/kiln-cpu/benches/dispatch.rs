@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar};
+use kiln_device::kiln_ir::{KernelBuilder, Scalar};
 use kiln_device::{Buffer, Kernel};
 
 fn increment(dev: &kiln_device::Device) -> Kernel {
@@ -21,7 +21,7 @@ fn increment(dev: &kiln_device::Device) -> Kernel {
 }
 
 fn dispatch(c: &mut Criterion) {
-    let dev = kiln_cpu::open(&DeviceSpec::Cpu).expect("CPU device");
+    let dev = kiln_cpu::open(&kiln_cpu::CPU).expect("CPU device");
     let kernel = increment(&dev);
     let x = Buffer::from_slice(dev.allocator(), &[0.0f32; 16]).expect("buffer");
     kernel.launch(&[&x], &[]).expect("launch");

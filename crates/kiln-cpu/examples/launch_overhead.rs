@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use kiln_cpu::{CCompiler, CpuProgram, Pool, cpu_renderer};
-use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar};
+use kiln_device::kiln_ir::{KernelBuilder, Scalar};
 use kiln_device::{Buffer, Compiler, Kernel, Renderer};
 
 fn main() -> Result<(), kiln_device::Error> {
@@ -39,7 +39,7 @@ fn main() -> Result<(), kiln_device::Error> {
     }
     println!("best render+compile+load: {:.1} ms", best * 1e3);
 
-    let device = kiln_cpu::open(&DeviceSpec::Cpu)?;
+    let device = kiln_cpu::open(&kiln_cpu::CPU)?;
     println!("device: {} | pool threads: {}", device.description(), Pool::global().threads());
     let kernel: Kernel = device.compile(&sink, Some("add"))?;
     for len in [16usize, 1 << 20] {

@@ -15,7 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use kiln_cpu::{CpuAllocator, CpuQueueFactory};
-use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar, UOp};
+use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp};
 use kiln_device::{
     Buffer, CpuTimelineSignal, HardwareQueue, Kernel, LaunchDims, Program, ProgramSpec, QueueFactory, RawView, Result,
     TimelineSignal,
@@ -141,7 +141,7 @@ fn signal_wake(name: &str, iters: u64, pause: Duration) -> Result<()> {
 fn main() -> Result<()> {
     println!("kiln CPU queue latency ({} hardware threads)", thread::available_parallelism().map_or(1, |n| n.get()));
     let sink = add_one_sink()?;
-    let spec = Arc::new(ProgramSpec::from_sink("add_one", String::new(), DeviceSpec::Cpu, &sink)?);
+    let spec = Arc::new(ProgramSpec::from_sink("add_one", String::new(), kiln_cpu::CPU.clone(), &sink)?);
     let noop = Kernel::new(spec, Arc::new(Noop));
     let alloc = Arc::new(CpuAllocator::new());
     let (a, b) = (Buffer::from_slice(alloc.clone(), &[1.0f32; 16])?, Buffer::new(alloc, Scalar::F32, 16)?);
@@ -156,7 +156,7 @@ fn main() -> Result<()> {
         Duration::ZERO,
     )?;
     queue_round_trip("  same, after 200 µs idle (worker parked)", &noop, &[&a, &b], &[16], 2_000, IDLE)?;
-    match kiln_cpu::open(&DeviceSpec::Cpu).and_then(|dev| {
+    match kiln_cpu::open(&kiln_cpu::CPU).and_then(|dev| {
         let kernel = dev.compile(&sink, Some("add_one"))?;
         let (x, y) = (Buffer::from_slice(dev.allocator(), &[1.0f32; 16])?, dev.buffer(Scalar::F32, 16)?);
         Ok((kernel, x, y))

@@ -27,7 +27,7 @@ impl Default for CpuAllocator {
 
 impl CpuAllocator {
     pub fn new() -> Self {
-        CpuAllocator { device: DeviceSpec::Cpu, in_use: AtomicUsize::new(0), high_water: AtomicUsize::new(0) }
+        CpuAllocator { device: crate::CPU.clone(), in_use: AtomicUsize::new(0), high_water: AtomicUsize::new(0) }
     }
 
     fn layout(bytes: usize) -> Result<Layout> {

@@ -1384,7 +1384,6 @@ InstalledDir: /usr/lib/llvm-14/bin
 
     #[test]
     fn a_warm_disk_cache_never_starts_the_compiler() {
-        use kiln_device::kiln_ir::DeviceSpec;
         use kiln_device::{CacheConfig, KernelCache, Program, Renderer, RuntimeFactory, Toolchain};
         let dir = test_dir();
         let log = dir.path().join("runs.log");
@@ -1401,7 +1400,7 @@ InstalledDir: /usr/lib/llvm-14/bin
             let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
             let toolchain = Toolchain::new(renderer, Arc::new(CCompiler::with_path(&cc).unwrap()), runtime.into());
             let cache = KernelCache::new(CacheConfig::at(dir.path().join("cache")));
-            cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).unwrap();
+            cache.get_or_compile(&sink, None, &crate::CPU, &toolchain).unwrap();
             cache.stats()
         };
         assert_eq!(process().misses, 1);

@@ -843,7 +843,6 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
     /// back from the disk cache: the cache deletes the entry and compiles the kernel again.
     #[test]
     fn a_cached_object_the_loader_refuses_is_deleted_and_compiled_again() {
-        use kiln_device::kiln_ir::DeviceSpec;
         use kiln_device::{
             CacheConfig, CompiledSpec, Compiler, KernelCache, LaunchDims, Program, ProgramSpec, RawView, Renderer,
             RuntimeFactory, Toolchain,
@@ -888,7 +887,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
             let cache = KernelCache::new(CacheConfig::at(dir.path()));
             let toolchain = Toolchain::new(renderer.clone(), compiler, runtime.clone().into());
             let kernel =
-                cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &toolchain).map(|k| k.program().name().to_owned());
+                cache.get_or_compile(&sink, None, &crate::CPU, &toolchain).map(|k| k.program().name().to_owned());
             (kernel, cache.stats())
         };
         let (older, stats) = cached(Arc::new(EntryPastItsCode(cc.clone())), &lax);

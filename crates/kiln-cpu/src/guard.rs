@@ -57,7 +57,7 @@ impl GuardPageAllocator {
             .filter(|p| p.is_power_of_two())
             .ok_or_else(|| Error::Unavailable(format!("the system page size is unknown (sysconf gave {page})")))?;
         Ok(GuardPageAllocator {
-            device: DeviceSpec::Cpu,
+            device: crate::CPU.clone(),
             page,
             in_use: AtomicUsize::new(0),
             high_water: AtomicUsize::new(0),
@@ -252,7 +252,7 @@ mod tests {
         struct Remote;
         impl Allocator for Remote {
             fn device(&self) -> &DeviceSpec {
-                &DeviceSpec::Cpu
+                &crate::CPU
             }
             fn alloc(&self, _: usize) -> Result<RawPtr> {
                 Err(Error::Invalid("remote".into()))

@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
-    Allocator, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend,
+    Allocator, Backend, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend,
 };
 
 pub use allocator::CpuAllocator;
@@ -39,6 +39,20 @@ pub use program::CpuProgram;
 pub use queue::{CpuQueue, CpuQueueFactory};
 pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer};
 
+/// The backend's name in device specs, in `KILN_REQUIRE` (lower case) and in the registry.
+pub const BACKEND: &str = "CPU";
+
+/// The CPU backend's one device (all the host's cores), printed `CPU`.
+pub static CPU: DeviceSpec = DeviceSpec::new(BACKEND, 0);
+
+/// The instruction-set pseudo-backends: the CPU device compiling its kernels for an older
+/// instruction set than the host's widest ([`open_with_isa`]), so that the conformance suite
+/// and `kiln --device CPU-AVX2` check the code paths an older machine takes. Each has one
+/// device, ordinal 0; its buffers and kernels are the `CPU` device's ([`Device::spec`] is
+/// `CPU`). Opening one on a CPU without that set (or of another architecture) fails with
+/// the reason.
+pub const ISA_BACKENDS: &[(&str, Isa)] = &[("CPU-AVX2", Isa::Avx2), ("CPU-SSE2", Isa::Sse2)];
+
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
 /// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
 /// C compiler is found, and with [`Error::Config`] when `KILN_CPU_ISA` is malformed or names
@@ -47,7 +61,7 @@ pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer};
 /// [`CCompiler::version`], which runs it). The device's
 /// [`Device::properties`] give the instruction set, its vector width and the cache sizes.
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
-    if *spec != DeviceSpec::Cpu {
+    if *spec != CPU {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
     open_with(CCompiler::detect()?, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
@@ -77,7 +91,7 @@ pub fn open_with_compiler(compiler: CCompiler) -> Result<Arc<Device>> {
 /// that fault at the first byte past their end. The same allocator serves every device
 /// generation: host memory stays valid across [`Device::reset`].
 pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>> {
-    if *allocator.device() != DeviceSpec::Cpu || !allocator.is_host() {
+    if *allocator.device() != crate::CPU || !allocator.is_host() {
         return Err(Error::Invalid(format!(
             "the CPU device needs a host allocator of CPU, not one of {} (host: {})",
             allocator.device(),
@@ -107,7 +121,7 @@ fn open_with(
     let compiler_isa = compiler.isa();
     // The renderer and compiler hold no device state and survive a reset; memory, queues and
     // loaded programs are built anew for every generation.
-    let device = Device::new(DeviceSpec::Cpu, description, move |_| {
+    let device = Device::new(crate::CPU.clone(), description, move |_| {
         let runtime: RuntimeFactory =
             Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
         Ok(DeviceParts::new(make_allocator()?, vec![(renderer.clone(), compiler.clone())], runtime)
@@ -117,9 +131,26 @@ fn open_with(
     Ok(Arc::new(device))
 }
 
-/// Registers [`open`] as the opener of `CPU` devices.
+/// Opens the device of an [`ISA_BACKENDS`] pseudo-backend (`CPU-AVX2`).
+///
+/// # Errors
+/// [`Error::Unavailable`] for another spec; the errors of [`IsaTarget::force`] (this CPU
+/// lacks the set) and [`open_with_isa`].
+pub fn open_isa_backend(spec: &DeviceSpec) -> Result<Arc<Device>> {
+    let isa = ISA_BACKENDS.iter().find(|(name, _)| *name == spec.base_type() && spec.ordinal() == 0);
+    let Some(&(_, isa)) = isa else {
+        return Err(Error::Unavailable(format!("{spec} is not an instruction-set pseudo-backend of the CPU")));
+    };
+    open_with_isa(IsaTarget::force(isa)?)
+}
+
+/// Registers the `CPU` backend ([`open`]) and its [`ISA_BACKENDS`] with the device registry
+/// ([`kiln_device::open_device`]). Idempotent.
 pub fn register() {
-    register_backend("CPU", open);
+    register_backend(Backend { name: BACKEND, probe: None, open });
+    for &(name, _) in ISA_BACKENDS {
+        register_backend(Backend { name, probe: None, open: open_isa_backend });
+    }
 }
 
 /// The CPU model name from `/proc/cpuinfo` (or the architecture when unavailable).

@@ -111,7 +111,7 @@ impl CpuQueue {
             .name(format!("kiln-cpu-{role}-{}", NEXT.fetch_add(1, Ordering::Relaxed)))
             .spawn(move || worker.run())
             .map_err(|e| Error::driver("CPU", format!("cannot start a queue worker thread: {e}")))?;
-        Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device: DeviceSpec::Cpu })
+        Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device: crate::CPU.clone() })
     }
 
     fn record(&mut self, command: impl FnOnce() -> Result<Command>) -> &mut Self {
@@ -130,7 +130,7 @@ impl CpuQueue {
         vals: &[i64],
         timer: Option<&Arc<dyn CommandTimer>>,
     ) -> Result<Command> {
-        if kernel.spec.device.base_type() != DeviceSpec::Cpu.base_type() {
+        if kernel.spec.device.base_type() != crate::CPU.base_type() {
             return Err(Error::Launch(format!(
                 "kernel `{}` was built for {}; a CPU queue runs CPU kernels only",
                 kernel.spec.name, kernel.spec.device
@@ -384,7 +384,7 @@ impl QueueFactory for CpuQueueFactory {
     }
 
     fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
+        &crate::CPU
     }
 }
 
@@ -525,7 +525,7 @@ mod tests {
     /// drops, fail with the typed device-lost error.
     #[test]
     fn a_queue_of_a_reset_device_refuses_work_and_fails_its_signals() {
-        let dev = crate::open(&DeviceSpec::Cpu).unwrap();
+        let dev = crate::open(&crate::CPU).unwrap();
         let f = dev.queues().unwrap();
         let mut q = f.create_dyn_compute_queue().unwrap();
         let old = f.create_dyn_signal().unwrap();
@@ -626,7 +626,7 @@ mod tests {
     /// The CPU device's own queues run a really compiled kernel, ordered by a host gate.
     #[test]
     fn device_queues_run_a_compiled_kernel() {
-        let device = match crate::open(&DeviceSpec::Cpu) {
+        let device = match crate::open(&crate::CPU) {
             Err(Error::CompilerMissing(why)) => {
                 eprintln!("no C compiler, compiled-kernel queue test skipped: {why}");
                 return;

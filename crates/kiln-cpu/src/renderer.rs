@@ -58,7 +58,7 @@ use kiln_cstyle::{
     Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_float_literal, c_vector_operator,
     saturating_cast,
 };
-use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, bf16_bits, f16_bits};
+use kiln_device::kiln_ir::{DType, Op, Scalar, bf16_bits, f16_bits};
 use kiln_device::{Error, Result};
 
 /// Renders kernels to C for [`crate::CCompiler`].
@@ -66,7 +66,7 @@ pub type CpuRenderer = CStyle<CpuDialect>;
 
 /// The CPU renderer.
 pub fn cpu_renderer() -> CpuRenderer {
-    CStyle::new(CpuDialect, DeviceSpec::Cpu)
+    CStyle::new(CpuDialect, crate::CPU.clone())
 }
 
 /// The spelling of C for the CPU backend (see the module docs).

@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar, UOp};
+use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp};
 use kiln_device::{Error, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result};
 
 /// `a[i] *= 2` over 8 f32s, one work item each: the smallest kernel with a load, a store and a
@@ -73,6 +73,6 @@ pub(crate) fn add_one_sink() -> Arc<UOp> {
 
 /// A kernel of `add_one`'s metadata whose program is a [`MockProgram`] logging to `log`.
 pub(crate) fn mock_kernel(behaviour: Behaviour, log: &Arc<Mutex<Vec<u32>>>) -> Kernel {
-    let spec = ProgramSpec::from_sink("add_one", String::new(), DeviceSpec::Cpu, &add_one_sink()).unwrap();
+    let spec = ProgramSpec::from_sink("add_one", String::new(), crate::CPU.clone(), &add_one_sink()).unwrap();
     Kernel::new(Arc::new(spec), Arc::new(MockProgram { behaviour, log: log.clone() }))
 }

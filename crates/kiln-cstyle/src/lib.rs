@@ -95,7 +95,7 @@
 //! let (a, out) = (k.param(0, Scalar::F32, 64), k.param(1, Scalar::F32, 64));
 //! let i = k.global(0, 64);
 //! k.store(&out.at(&i), &(a.at(&i).load() * 2.0));
-//! let renderer = CStyle::new(Gpu::new(Toy, true), DeviceSpec::OpenCl { ordinal: 0 });
+//! let renderer = CStyle::new(Gpu::new(Toy, true), DeviceSpec::new("OPENCL", 0));
 //! let spec = renderer.render(&k.finish().unwrap(), Some("twice")).unwrap();
 //! assert!(spec.src.contains("__kernel void twice(__global float* data0, __global float* data1)"), "{}", spec.src);
 //! ```

@@ -79,7 +79,7 @@ impl Dialect for Toy {
 }
 
 fn render(sink: &Arc<UOp>) -> Result<ProgramSpec> {
-    CStyle::new(Toy, DeviceSpec::Cpu).render(sink, Some("k"))
+    CStyle::new(Toy, DeviceSpec::new("CPU", 0)).render(sink, Some("k"))
 }
 
 #[test]

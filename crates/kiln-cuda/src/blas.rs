@@ -125,7 +125,7 @@ mod tests {
     #[test]
     fn sgemm_is_exact_or_unavailable() {
         let Some(dev) = crate::test_device() else {
-            let e = Sgemm::new(&DeviceSpec::Cuda { ordinal: 0 }).err();
+            let e = Sgemm::new(&DeviceSpec::new(crate::BACKEND, 0)).err();
             assert!(matches!(e, Some(Error::Unavailable(_))), "{e:?}");
             return;
         };

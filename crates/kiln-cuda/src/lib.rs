@@ -52,6 +52,9 @@ pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
 pub use renderer::{CudaCpp, CudaDialect, CudaRenderer, cuda_renderer};
 pub use signal::{CudaEvent, CudaSignal};
 
+/// The backend's name in device specs (`CUDA:n`), in `KILN_REQUIRE` (lower case) and in the
+/// registry.
+pub const BACKEND: &str = "CUDA";
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream (a macro in `cuda.h`, so not
 /// in the bindings). It does not synchronize with other threads' default streams.
 pub(crate) const PER_THREAD_STREAM: sys::CUstream = 2 as sys::CUstream;
@@ -306,9 +309,10 @@ pub fn cuda_device(spec: &DeviceSpec) -> Result<Arc<CudaDevice>> {
 /// the shared one after resetting its primary context if a sticky error poisoned it (see
 /// [`CudaDevice`]).
 fn open_cuda_device(spec: &DeviceSpec, reset: bool) -> Result<Arc<CudaDevice>> {
-    let DeviceSpec::Cuda { ordinal } = *spec else {
-        return Err(Error::Invalid(format!("{spec} is not a CUDA device (expected CUDA:n)")));
-    };
+    if spec.base_type() != BACKEND {
+        return Err(Error::Invalid(format!("{spec} is not a CUDA device (expected {BACKEND}:n)")));
+    }
+    let ordinal = spec.ordinal();
     let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(d) = map.get(&ordinal) {
         if !reset || d.sticky_error().is_none() {
@@ -346,7 +350,7 @@ pub fn probe() -> Result<Vec<(DeviceSpec, String)>> {
     (0..device_count()?)
         .map(|i| {
             let dev = cu::device::get(i as i32).map_err(|e| driver("cuDeviceGet", e))?;
-            Ok((DeviceSpec::Cuda { ordinal: i }, DeviceInfo::read(dev)?.description()))
+            Ok((DeviceSpec::new(crate::BACKEND, i), DeviceInfo::read(dev)?.description()))
         })
         .collect()
 }
@@ -378,9 +382,10 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
     })
 }
 
-/// Registers the `CUDA` backend with [`kiln_device::open_device`].
+/// Registers the `CUDA` backend with the device registry ([`kiln_device::open_device`]).
+/// Idempotent.
 pub fn register() {
-    kiln_device::register_backend("CUDA", open);
+    kiln_device::register_backend(kiln_device::Backend { name: BACKEND, probe: Some(probe), open });
 }
 
 /// Test support: the first CUDA device (with a memory-only kernel cache), or why the test is
@@ -388,13 +393,10 @@ pub fn register() {
 #[cfg(test)]
 pub(crate) fn test_device() -> Option<Arc<Device>> {
     let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
-    match build_device(&DeviceSpec::Cuda { ordinal: 0 }) {
+    match build_device(&DeviceSpec::new(crate::BACKEND, 0)) {
         Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
         Err(e) => {
-            let required = std::env::var("KILN_REQUIRE")
-                .is_ok_and(|v| v.split(',').any(|b| b.trim().eq_ignore_ascii_case("cuda")));
-            assert!(!required, "KILN_REQUIRE names cuda but CUDA is unavailable: {e}");
-            println!("skipped: {e}");
+            kiln_device::skip_unless_required("cuda", "this CUDA test", &e);
             None
         }
     }
@@ -413,14 +415,14 @@ mod tests {
             }
             Ok(list) => {
                 for (i, (spec, desc)) in list.iter().enumerate() {
-                    assert_eq!(*spec, DeviceSpec::Cuda { ordinal: i as u32 });
+                    assert_eq!(*spec, DeviceSpec::new(crate::BACKEND, i as u32));
                     assert!(desc.contains("sm_") && desc.contains("CUDA driver"), "{desc}");
                 }
-                let missing = DeviceSpec::Cuda { ordinal: list.len() as u32 };
+                let missing = DeviceSpec::new(crate::BACKEND, list.len() as u32);
                 assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
             }
         }
-        assert!(matches!(open(&DeviceSpec::Cpu), Err(Error::Invalid(_))));
+        assert!(matches!(open(&DeviceSpec::new("CPU", 0)), Err(Error::Invalid(_))));
     }
 
     #[test]
@@ -430,6 +432,6 @@ mod tests {
         }
         register();
         let d = kiln_device::open_device("CUDA:0").unwrap();
-        assert_eq!(d.spec(), &DeviceSpec::Cuda { ordinal: 0 });
+        assert_eq!(d.spec(), &DeviceSpec::new(crate::BACKEND, 0));
     }
 }

@@ -120,7 +120,7 @@ mod tests {
     use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar, UOp};
 
     fn render(sink: &Arc<UOp>) -> String {
-        cuda_renderer(DeviceSpec::Cuda { ordinal: 0 }).render(sink, Some("k")).unwrap().src
+        cuda_renderer(DeviceSpec::new(crate::BACKEND, 0)).render(sink, Some("k")).unwrap().src
     }
 
     #[test]

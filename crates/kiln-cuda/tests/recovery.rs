@@ -17,13 +17,10 @@ const LONG: Duration = Duration::from_secs(60);
 const N: usize = 64;
 
 fn device() -> Option<Arc<Device>> {
-    match kiln_cuda::open(&DeviceSpec::Cuda { ordinal: 0 }) {
+    match kiln_cuda::open(&DeviceSpec::new("CUDA", 0)) {
         Ok(d) => Some(d),
         Err(e) => {
-            let required = std::env::var("KILN_REQUIRE")
-                .is_ok_and(|v| v.split(',').any(|b| b.trim().eq_ignore_ascii_case("cuda")));
-            assert!(!required, "KILN_REQUIRE names cuda but CUDA is unavailable: {e}");
-            println!("skipped: {e}");
+            kiln_device::skip_unless_required("cuda", "the recovery test", &e);
             None
         }
     }

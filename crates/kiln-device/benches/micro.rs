@@ -18,7 +18,8 @@ struct HostAllocator;
 
 impl Allocator for HostAllocator {
     fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
+        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+        &SPEC
     }
     fn alloc(&self, bytes: usize) -> Result<RawPtr> {
         let layout = Layout::from_size_align(bytes, 64).map_err(|e| kiln_device::Error::Invalid(e.to_string()))?;
@@ -41,10 +42,11 @@ struct MockRenderer;
 
 impl Renderer for MockRenderer {
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
-        ProgramSpec::from_sink(name.unwrap_or("kernel"), "// src".into(), DeviceSpec::Cpu, ast)
+        ProgramSpec::from_sink(name.unwrap_or("kernel"), "// src".into(), DeviceSpec::new("CPU", 0), ast)
     }
     fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
+        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+        &SPEC
     }
 }
 
@@ -121,18 +123,18 @@ fn kernel_cache(c: &mut Criterion) {
     let tc = toolchain();
     let sink = kernel();
     let memory = KernelCache::new(CacheConfig::memory_only());
-    memory.get_or_compile(&sink, None, &DeviceSpec::Cpu, &tc).expect("warm-up compile");
+    memory.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &tc).expect("warm-up compile");
     g.bench_function("memory_hit", |b| {
-        b.iter(|| memory.get_or_compile(black_box(&sink), None, &DeviceSpec::Cpu, &tc).expect("memory hit"))
+        b.iter(|| memory.get_or_compile(black_box(&sink), None, &DeviceSpec::new("CPU", 0), &tc).expect("memory hit"))
     });
 
     let dir = tempfile::tempdir().expect("a temporary cache folder");
     let disk = KernelCache::new(CacheConfig::at(dir.path()));
-    disk.get_or_compile(&sink, None, &DeviceSpec::Cpu, &tc).expect("warm-up compile");
+    disk.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &tc).expect("warm-up compile");
     g.bench_function("disk_hit_16KiB", |b| {
         b.iter(|| {
             disk.clear_memory();
-            disk.get_or_compile(black_box(&sink), None, &DeviceSpec::Cpu, &tc).expect("disk hit")
+            disk.get_or_compile(black_box(&sink), None, &DeviceSpec::new("CPU", 0), &tc).expect("disk hit")
         })
     });
     let stats = disk.stats();

@@ -864,8 +864,8 @@ mod tests {
         let r = rig(MockCompiler::new("fp1"));
         let sink = kernel(2.0);
         let a = disk_cache(&dir);
-        let k1 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
-        let k2 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        let k1 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
+        let k2 = a.get_or_compile(&sink, Some("scale"), &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert!(Arc::ptr_eq(k1.program(), k2.program()), "the second request is a memory hit");
         assert_eq!(r.compiles(), 1);
         let s = a.stats();
@@ -877,7 +877,7 @@ mod tests {
 
         // A new process (a fresh cache) loads from disk: no render, no compile, same metadata.
         let b = disk_cache(&dir);
-        let k3 = b.get_or_compile(&sink, Some("scale"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        let k3 = b.get_or_compile(&sink, Some("scale"), &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(r.compiles(), 1);
         assert_eq!(b.stats().disk_hits, 1);
         assert_eq!(k3.spec.name, "scale");
@@ -889,7 +889,7 @@ mod tests {
 
         // Another name is another kernel.
         drop(loaded);
-        b.get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        b.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(r.compiles(), 2);
         b.clear().unwrap();
         assert_eq!(entries(&dir.0).len(), 0);
@@ -903,8 +903,8 @@ mod tests {
         c.jit = true;
         let r = rig(c);
         let sink = kernel(3.0);
-        let k1 = disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
-        let k2 = disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        let k1 = disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
+        let k2 = disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(r.compiles(), 1);
         assert_eq!(k2.spec.src, k1.spec.src, "the source comes back with the spec");
         assert_eq!(k2.spec.name, "kernel", "the renderer's default name is kept");
@@ -916,12 +916,12 @@ mod tests {
         let dir = TempDir::new(tag);
         let r = rig(MockCompiler::new("fp"));
         let sink = kernel(4.0);
-        disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         let path = only_entry(&dir.0);
         let good = fs::read(&path).unwrap();
         damage(&path);
         let c = disk_cache(&dir);
-        c.get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        c.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(r.compiles(), 2, "{tag}: the damaged entry was not loaded");
         let s = c.stats();
         assert_eq!((s.disk_hits, s.disk_rejected), (0, 1), "{tag}");
@@ -998,7 +998,7 @@ mod tests {
         let r = rig(MockCompiler::new("fp"));
         let c = disk_cache(&dir);
         // The compile still succeeds, without the disk cache.
-        c.get_or_compile(&kernel(5.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        c.get_or_compile(&kernel(5.0), None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert!(c.disk_dir().is_none());
         assert_eq!(entries(&dir.0).len(), 0);
         assert!(matches!(DiskDir::open(&dir.0, 1 << 20), Err(Error::Cache(m)) if m.contains("chmod 700")));
@@ -1010,7 +1010,7 @@ mod tests {
         fs::write(&dir.0, b"a file where the directory should be").unwrap();
         let r = rig(MockCompiler::new("fp"));
         let c = KernelCache::new(CacheConfig::at(dir.0.join("sub")));
-        let k = c.get_or_compile(&kernel(6.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        let k = c.get_or_compile(&kernel(6.0), None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(k.spec.name, "kernel");
         assert!(c.disk_dir().is_none());
         let _ = fs::remove_file(&dir.0);
@@ -1035,8 +1035,8 @@ mod tests {
         // Behaviour: a toolchain change misses and compiles next to the old entry.
         let dir = TempDir::new("fingerprint");
         let (ra, rb) = (rig(MockCompiler::new("v1")), rig(MockCompiler::new("v2")));
-        disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::Cpu, &ra.toolchain).unwrap();
-        disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::Cpu, &rb.toolchain).unwrap();
+        disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &ra.toolchain).unwrap();
+        disk_cache(&dir).get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &rb.toolchain).unwrap();
         assert_eq!((ra.compiles(), rb.compiles()), (1, 1));
         assert_eq!(entries(&dir.0).len(), 2);
         assert!(rb.loaded.lock().unwrap()[0].starts_with(b"BIN[v2]"));
@@ -1049,7 +1049,7 @@ mod tests {
         let kernels: Vec<_> = (0..4).map(|i| kernel(10.0 + i as f64)).collect();
         let c = disk_cache(&dir);
         for k in &kernels[..3] {
-            c.get_or_compile(k, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+            c.get_or_compile(k, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         }
         let paths: Vec<PathBuf> = kernels
             .iter()
@@ -1070,10 +1070,10 @@ mod tests {
         }
         // A hit on 0 makes it the most recently used.
         let limited = KernelCache::new(CacheConfig { dir: Some(dir.0.clone()), limit: 3 * size + size / 2 });
-        limited.get_or_compile(&kernels[0], None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        limited.get_or_compile(&kernels[0], None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(limited.stats().disk_hits, 1);
         // Writing a fourth entry exceeds the limit: 1, now the least recently used, goes.
-        limited.get_or_compile(&kernels[3], None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        limited.get_or_compile(&kernels[3], None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         let present: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
         assert_eq!(present, vec![true, false, true, true]);
         let s = limited.stats();
@@ -1085,7 +1085,7 @@ mod tests {
         let dir = TempDir::new("user-files");
         let r = rig(MockCompiler::new("fp"));
         let c = disk_cache(&dir);
-        c.get_or_compile(&kernel(12.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        c.get_or_compile(&kernel(12.0), None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         let entry_len = fs::metadata(only_entry(&dir.0)).unwrap().len();
         // Old and large files that an overly broad pattern would count, evict or clear.
         let user: Vec<PathBuf> =
@@ -1102,7 +1102,7 @@ mod tests {
         assert_eq!((s.disk_entries, s.disk_bytes), (1, entry_len), "only entries are counted");
         // Eviction down to one entry's size: the new entry pushes out the old one, nothing else.
         let limited = KernelCache::new(CacheConfig { dir: Some(dir.0.clone()), limit: entry_len });
-        limited.get_or_compile(&kernel(13.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        limited.get_or_compile(&kernel(13.0), None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(entries(&dir.0).len(), 1);
         limited.clear().unwrap();
         assert_eq!(entries(&dir.0).len(), 0);
@@ -1133,7 +1133,7 @@ mod tests {
         let dir = TempDir::new("stale");
         let r = rig(MockCompiler::new("fp"));
         let c = disk_cache(&dir);
-        c.get_or_compile(&kernel(7.0), None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        c.get_or_compile(&kernel(7.0), None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         let stale = dir.0.join(".kiln-bin-deadbe.tmp");
         let fresh = dir.0.join(".kiln-bin-cafe12.tmp");
         fs::write(&stale, b"partial").unwrap();
@@ -1157,7 +1157,7 @@ mod tests {
                 let (r, cache, sink, barrier) = (r.clone(), cache.clone(), sink.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
-                    cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap()
+                    cache.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap()
                 })
             })
             .collect();
@@ -1179,7 +1179,7 @@ mod tests {
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let (r, cache, sink) = (r.clone(), cache.clone(), sink.clone());
-                std::thread::spawn(move || cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain))
+                std::thread::spawn(move || cache.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain))
             })
             .collect();
         for t in threads {
@@ -1188,7 +1188,7 @@ mod tests {
         let failed = r.compiles();
         assert!((1..=4).contains(&failed));
         r.compiler.fail.store(false, Ordering::SeqCst);
-        cache.get_or_compile(&sink, None, &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        cache.get_or_compile(&sink, None, &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!(r.compiles(), failed + 1, "the error was not cached");
         assert_eq!(cache.stats().memory_entries, 1);
     }
@@ -1202,7 +1202,7 @@ mod tests {
         let open = |cache: KernelCache| {
             let pair: crate::parts::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
             let loaded = r.loaded.clone();
-            Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
+            Device::new(DeviceSpec::new("CPU", 0), "mock".into(), move |_| {
                 Ok(crate::parts::DeviceParts::new(
                     MockAllocator::new(1 << 20),
                     vec![pair.clone()],
@@ -1234,7 +1234,7 @@ mod tests {
             mc.delay = Duration::from_millis(100);
             let r = rig(mc);
             let c = KernelCache::new(CacheConfig::at(&dir));
-            let k = c.get_or_compile(&kernel(42.0), Some("shared"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
+            let k = c.get_or_compile(&kernel(42.0), Some("shared"), &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
             assert_eq!(k.spec.name, "shared");
             assert!(c.disk_dir().is_some());
             return;
@@ -1264,7 +1264,7 @@ mod tests {
         // The entry is valid: a fresh cache loads it without compiling.
         let r = rig(MockCompiler::new("fp"));
         let c = disk_cache(&dir);
-        c.get_or_compile(&kernel(42.0), Some("shared"), &DeviceSpec::Cpu, &r.toolchain).unwrap();
+        c.get_or_compile(&kernel(42.0), Some("shared"), &DeviceSpec::new("CPU", 0), &r.toolchain).unwrap();
         assert_eq!((r.compiles(), c.stats().disk_hits), (0, 1));
     }
 

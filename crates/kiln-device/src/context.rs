@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn stamps_follow_generations_and_loss() {
-        let ctx = DeviceContext::new(DeviceSpec::Cpu);
+        let ctx = DeviceContext::new(DeviceSpec::new("CPU", 0));
         let old = ctx.stamp();
         old.check("x").unwrap();
         let s: Arc<dyn TimelineSignal> = Arc::new(CpuTimelineSignal::new());

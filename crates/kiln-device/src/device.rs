@@ -1,9 +1,9 @@
 //! A device: its generations of parts ([`DeviceParts`]), its kernel cache and bounds
-//! policy, and the process-wide device registry.
+//! policy.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 use kiln_ir::{DeviceSpec, Scalar, UOp};
 
@@ -155,7 +155,7 @@ impl Device {
         self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The device's name and ordinal (`OPENCL:1`); the key of [`open_device`]'s registry.
+    /// The device's name and ordinal (`OPENCL:1`); the key of [`crate::open_device`]'s registry.
     pub fn spec(&self) -> &DeviceSpec {
         self.context.spec()
     }
@@ -228,7 +228,7 @@ impl Device {
     }
 
     /// The device family without ordinal: compiled kernels are shared across its members.
-    pub fn base_device_key(&self) -> &'static str {
+    pub fn base_device_key(&self) -> &str {
         self.spec().base_type()
     }
 
@@ -361,78 +361,35 @@ impl Device {
     }
 }
 
-/// Opens a device of one backend family, given the full spec (with ordinal).
-pub type DeviceOpener = fn(&DeviceSpec) -> Result<Arc<Device>>;
-
-struct Registry {
-    openers: HashMap<&'static str, DeviceOpener>,
-    open: HashMap<DeviceSpec, Arc<Device>>,
-}
-
-fn registry() -> &'static Mutex<Registry> {
-    static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(Registry { openers: HashMap::new(), open: HashMap::new() }))
-}
-
-/// Registers the opener of a backend family (`"CPU"`, `"OPENCL"`, ...).
-pub fn register_backend(base_type: &'static str, opener: DeviceOpener) {
-    registry().lock().unwrap_or_else(|p| p.into_inner()).openers.insert(base_type, opener);
-}
-
-/// Opens `name` (e.g. `"CPU"`, `"OPENCL:0"`) once per process and returns the shared device.
-/// A device that a fatal error lost is reset in place before it is handed out again.
-///
-/// # Errors
-/// [`Error::Ir`] when `name` is not a device name; [`Error::Unavailable`] when no backend of
-/// its family is registered in this build; the opener's errors (e.g. [`Error::Unavailable`]
-/// for a missing device); the errors of [`Device::reset`] for a lost device.
-pub fn open_device(name: &str) -> Result<Arc<Device>> {
-    let spec: DeviceSpec = name.parse()?;
-    let opener = {
-        let r = registry().lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = r.open.get(&spec) {
-            let d = d.clone();
-            drop(r);
-            if d.is_lost() {
-                d.reset()?;
-            }
-            return Ok(d);
-        }
-        *r.openers.get(spec.base_type()).ok_or_else(|| {
-            let crate_name = format!("kiln_{}", spec.base_type().to_ascii_lowercase());
-            Error::Unavailable(format!(
-                "no {} backend is registered in this process: link the {crate_name} crate and call \
-                     `{crate_name}::register()` once before opening its devices (or open one directly, \
-                     e.g. `kiln_cpu::open(&DeviceSpec::Cpu)`)",
-                spec.base_type()
-            ))
-        })?
-    };
-    // Open outside the lock: opening may be slow (driver start-up).
-    let device = opener(&spec)?;
-    let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
-    Ok(r.open.entry(spec).or_insert(device).clone())
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::sync::Mutex;
+
     use super::*;
     use crate::testing::MockAllocator;
 
-    /// A backend nobody registered names the crate and the call that registers it.
-    #[test]
-    fn an_unregistered_backend_says_which_call_registers_it() {
-        let e = open_device("OPENCL:3").unwrap_err().to_string();
-        assert!(e.contains("no OPENCL backend is registered") && e.contains("`kiln_opencl::register()`"), "{e}");
-    }
     use crate::cache::CacheConfig;
     use crate::testing::{MockCompiler, MockRenderer, kernel, rig, runtime};
 
-    /// A mock device whose every generation gets a fresh allocator (kept in `allocators`).
+    /// A mock device of `spec` for tests of the registry: its allocators are not kept.
+    pub(crate) fn registry_mock(spec: DeviceSpec) -> Device {
+        mock_device_of(spec, &rig(MockCompiler::new("fp")), &Arc::new(Mutex::new(Vec::new())))
+    }
+
+    /// A mock `CPU` device whose every generation gets a fresh allocator (kept in `allocators`).
     fn mock_device(r: &crate::testing::Rig, allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>) -> Device {
+        mock_device_of(DeviceSpec::new("CPU", 0), r, allocators)
+    }
+
+    /// [`mock_device`] of `spec`.
+    fn mock_device_of(
+        spec: DeviceSpec,
+        r: &crate::testing::Rig,
+        allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>,
+    ) -> Device {
         let pair: CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
         let (loaded, allocators) = (r.loaded.clone(), allocators.clone());
-        Device::new(DeviceSpec::Cpu, "mock".into(), move |_| {
+        Device::new(spec, "mock".into(), move |_| {
             let a = MockAllocator::new(1 << 20);
             allocators.lock().unwrap().push(a.clone());
             Ok(DeviceParts::new(a, vec![pair.clone()], runtime(loaded.clone())))
@@ -540,21 +497,5 @@ mod tests {
         assert!(!dev.is_lost());
         dev.compile(&kernel(1.0), None).unwrap();
         dev.buffer(Scalar::F32, 4).unwrap().raw().unwrap();
-    }
-
-    #[test]
-    fn the_registry_resets_a_lost_device_in_place() {
-        fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
-            let r = rig(MockCompiler::new("fp"));
-            let d = mock_device(&r, &Arc::new(Mutex::new(Vec::new())));
-            assert_eq!(spec, d.spec());
-            Ok(Arc::new(d))
-        }
-        register_backend("CPU", open);
-        let d = open_device("CPU").unwrap();
-        d.context().mark_lost(Error::Driver { backend: "mock", code: None, fatal: true, message: "gone".into() });
-        let again = open_device("CPU").unwrap();
-        assert!(Arc::ptr_eq(&d, &again) && !again.is_lost());
-        assert_eq!(again.generation(), 1);
     }
 }

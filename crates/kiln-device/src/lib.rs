@@ -19,6 +19,7 @@ pub mod kernel;
 pub mod parts;
 pub mod program;
 pub mod queue;
+pub mod registry;
 pub mod ring;
 pub mod signal;
 pub mod stream;
@@ -30,7 +31,7 @@ pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
-pub use device::{Device, DeviceOpener, DeviceProperties, open_device, register_backend};
+pub use device::{Device, DeviceProperties};
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphFactory, GraphLaunch, LaunchGraph};
 pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch};
@@ -42,6 +43,10 @@ pub use program::{
     Variable, special_axis,
 };
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
+pub use registry::{
+    Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, device_names, find_backend, open_device,
+    register_backend, report_skip, required, required_names, skip_unless_required,
+};
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
 pub use stream::StreamQueue;

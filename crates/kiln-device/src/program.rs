@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn metadata_is_derived_from_the_graph() {
-        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &elementwise()).unwrap();
         assert_eq!(spec.globals, vec![0, 1]);
         assert_eq!(spec.ins, vec![0]);
         assert_eq!(spec.outs, vec![1]);
@@ -491,7 +491,7 @@ mod tests {
 
     #[test]
     fn bad_launches_are_errors() {
-        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &elementwise()).unwrap();
         // n / 4 == 0 for n = 3: a zero dimension.
         assert!(matches!(spec.launch_dims(&[3]), Err(Error::Launch(_))));
         assert!(matches!(spec.launch_dims(&[1 << 21]), Err(Error::Ir(kiln_ir::IrError::VarOutOfRange { .. }))));
@@ -500,7 +500,7 @@ mod tests {
 
     #[test]
     fn program_value_round_trips() {
-        let spec = ProgramSpec::from_sink("k", "src".into(), DeviceSpec::Cpu, &elementwise()).unwrap();
+        let spec = ProgramSpec::from_sink("k", "src".into(), DeviceSpec::new("CPU", 0), &elementwise()).unwrap();
         let p = spec.to_uop(Some(b"bin")).unwrap();
         let back = ProgramSpec::from_uop(&p).unwrap();
         assert_eq!(back.src, "src");
@@ -531,7 +531,7 @@ mod bounds_tests {
         assert!(files.len() >= 11, "{files:?}");
         for file in files {
             let sink = kiln_ir::parse_kernel(&std::fs::read_to_string(&file).unwrap()).unwrap();
-            let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+            let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &sink).unwrap();
             for pick in 0..4 {
                 let vals: Vec<i64> = spec
                     .vars

@@ -513,7 +513,7 @@ mod tests {
                 signals: vec![],
                 timers: vec![],
                 error: None,
-                device: DeviceSpec::Cpu,
+                device: DeviceSpec::new("CPU", 0),
             })
         }
         fn create_copy_queue(&self) -> Result<Option<LogQueue>> {
@@ -523,7 +523,8 @@ mod tests {
             Ok(Arc::new(CpuTimelineSignal::new()))
         }
         fn device(&self) -> &DeviceSpec {
-            &DeviceSpec::Cpu
+            static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+            &SPEC
         }
     }
 
@@ -542,7 +543,8 @@ mod tests {
     struct NoMemory;
     impl crate::buffer::Allocator for NoMemory {
         fn device(&self) -> &DeviceSpec {
-            &DeviceSpec::Cpu
+            static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+            &SPEC
         }
         fn alloc(&self, bytes: usize) -> Result<crate::buffer::RawPtr> {
             Err(Error::Invalid(format!("test allocator asked for {bytes} B")))
@@ -578,7 +580,7 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["wait 0 (now 0)", "copy 3", "barrier", "signal 7"]);
         s.wait(7, Duration::ZERO).unwrap();
         assert!(f.create_dyn_copy_queue().unwrap().is_none());
-        assert_eq!(f.dyn_device(), &DeviceSpec::Cpu);
+        assert_eq!(f.dyn_device(), &DeviceSpec::new("CPU", 0));
     }
 
     /// Collects the spans reported to it.

@@ -39,7 +39,8 @@ impl MockAllocator {
 
 impl Allocator for MockAllocator {
     fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
+        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+        &SPEC
     }
     fn alloc(&self, bytes: usize) -> Result<RawPtr> {
         let live = self.live.load(Ordering::SeqCst);
@@ -78,10 +79,11 @@ pub struct MockRenderer;
 impl Renderer for MockRenderer {
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
         let src = format!("// kernel {}", ast.content_hash().to_hex());
-        ProgramSpec::from_sink(name.unwrap_or("kernel"), src, DeviceSpec::Cpu, ast)
+        ProgramSpec::from_sink(name.unwrap_or("kernel"), src, DeviceSpec::new("CPU", 0), ast)
     }
     fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
+        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+        &SPEC
     }
 }
 

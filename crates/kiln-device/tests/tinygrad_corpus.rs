@@ -40,7 +40,7 @@ fn tinygrad_kernels_are_proven_in_bounds() {
         let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(path).expect("a readable corpus file");
         let spec = parse_kernel(&text).map_err(|e| e.to_string()).and_then(|sink| {
-            ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &sink).map_err(|e| e.to_string())
+            ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &sink).map_err(|e| e.to_string())
         });
         let spec = match spec {
             Ok(spec) => spec,

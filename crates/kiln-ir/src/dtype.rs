@@ -4,6 +4,7 @@
 //! (the type of effects such as STORE and SINK). Every dtype has exactly one text form,
 //! printed by `Display` and read back by `FromStr`, so the kernel text format is exact.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -325,71 +326,72 @@ impl FromStr for DType {
     }
 }
 
-/// Names a device: its backend type and, for multi-device backends, an ordinal.
+/// Names a device: its backend's name (`CPU`, `OPENCL`, `CUDA`, or any backend registered
+/// with kiln-device) and the device's ordinal among that backend's devices.
+///
+/// The set of backends is open: kiln-ir knows no backend by name, and parsing accepts any
+/// well-formed name. Whether a backend of that name exists is for kiln-device's registry
+/// to say when the device is opened.
+///
+/// Printed `NAME` for ordinal 0 and `NAME:n` otherwise (`OPENCL` and `OPENCL:0` are the same
+/// device), so a single-device backend such as the CPU reads as `CPU`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceSpec {
-    /// The host CPU (one device: all its cores). Printed `CPU`.
-    Cpu,
-    /// An OpenCL device, numbered across every platform's devices. Printed `OPENCL:n`.
-    OpenCl {
-        /// The device's index in the order `kiln devices` lists them.
-        ordinal: u32,
-    },
-    /// A CUDA device. Printed `CUDA:n`.
-    Cuda {
-        /// The CUDA device index.
-        ordinal: u32,
-    },
+pub struct DeviceSpec {
+    backend: Cow<'static, str>,
+    ordinal: u32,
 }
 
 impl DeviceSpec {
-    /// The backend name without ordinal: kernels compiled for `CUDA:0` serve `CUDA:1`.
-    pub fn base_type(&self) -> &'static str {
-        match self {
-            DeviceSpec::Cpu => "CPU",
-            DeviceSpec::OpenCl { .. } => "OPENCL",
-            DeviceSpec::Cuda { .. } => "CUDA",
-        }
+    /// Device `ordinal` of the backend `backend`, whose name must be upper case (as
+    /// [`DeviceSpec::from_str`] spells it): `DeviceSpec::new("OPENCL", 1)`.
+    pub const fn new(backend: &'static str, ordinal: u32) -> DeviceSpec {
+        DeviceSpec { backend: Cow::Borrowed(backend), ordinal }
     }
 
-    /// Which device of its backend this is (0 for the CPU).
+    /// The backend name without ordinal: kernels compiled for `CUDA:0` serve `CUDA:1`.
+    pub fn base_type(&self) -> &str {
+        &self.backend
+    }
+
+    /// Which device of its backend this is (0 for a single-device backend such as the CPU).
     pub fn ordinal(&self) -> u32 {
-        match self {
-            DeviceSpec::Cpu => 0,
-            DeviceSpec::OpenCl { ordinal } | DeviceSpec::Cuda { ordinal } => *ordinal,
-        }
+        self.ordinal
     }
 }
 
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSpec::Cpu => f.write_str("CPU"),
-            other => write!(f, "{}:{}", other.base_type(), other.ordinal()),
+        match self.ordinal {
+            0 => f.write_str(&self.backend),
+            n => write!(f, "{}:{n}", self.backend),
         }
     }
 }
 
 impl FromStr for DeviceSpec {
     type Err = IrError;
-    /// Accepts `CPU`, `OPENCL`, `OPENCL:1`, `CUDA:0`, case-insensitively (`CL` = OpenCL).
+    /// Accepts `NAME` or `NAME:n` (`CPU`, `OPENCL`, `opencl:1`, `CUDA:0`), case-insensitively:
+    /// a name of ASCII letters, digits, `-` and `_` that starts with a letter, and a
+    /// non-negative ordinal (0 when left out).
     fn from_str(s: &str) -> Result<Self, IrError> {
-        let upper = s.trim().to_ascii_uppercase();
-        let (base, ordinal) = match upper.split_once(':') {
-            Some((b, o)) => {
+        let (name, ordinal) = match s.trim().split_once(':') {
+            Some((name, o)) => {
                 let ordinal = o.parse::<u32>().map_err(|_| {
                     IrError::Invalid(format!("device `{s}`: ordinal `{o}` is not a non-negative integer"))
                 })?;
-                (b.to_string(), Some(ordinal))
+                (name.to_ascii_uppercase(), ordinal)
             }
-            None => (upper.clone(), None),
+            None => (s.trim().to_ascii_uppercase(), 0),
         };
-        match (base.as_str(), ordinal) {
-            ("CPU", None | Some(0)) => Ok(DeviceSpec::Cpu),
-            ("OPENCL" | "CL", o) => Ok(DeviceSpec::OpenCl { ordinal: o.unwrap_or(0) }),
-            ("CUDA" | "GPU", o) => Ok(DeviceSpec::Cuda { ordinal: o.unwrap_or(0) }),
-            _ => Err(IrError::Invalid(format!("unknown device `{s}` (expected CPU, OPENCL[:n] or CUDA[:n])"))),
+        let well_formed = name.starts_with(|c: char| c.is_ascii_alphabetic())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !well_formed {
+            return Err(IrError::Invalid(format!(
+                "`{s}` is not a device name (expected a backend name and an optional ordinal, such as CPU, \
+                 OPENCL or CUDA:1)"
+            )));
         }
+        Ok(DeviceSpec { backend: Cow::Owned(name), ordinal })
     }
 }
 
@@ -416,12 +418,16 @@ mod tests {
 
     #[test]
     fn device_spec_parses_and_prints() {
-        assert_eq!("CPU".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
-        assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda { ordinal: 1 });
-        assert_eq!("OPENCL:0".parse::<DeviceSpec>().unwrap().to_string(), "OPENCL:0");
-        assert_eq!(DeviceSpec::Cuda { ordinal: 1 }.base_type(), "CUDA");
-        assert!("TPU".parse::<DeviceSpec>().is_err());
-        assert!("CUDA:x".parse::<DeviceSpec>().is_err());
-        assert!("CPU:1".parse::<DeviceSpec>().is_err());
+        assert_eq!("CPU".parse::<DeviceSpec>().unwrap(), DeviceSpec::new("CPU", 0));
+        assert_eq!("cuda:1".parse::<DeviceSpec>().unwrap(), DeviceSpec::new("CUDA", 1));
+        assert_eq!("OPENCL:0".parse::<DeviceSpec>().unwrap(), "opencl".parse::<DeviceSpec>().unwrap());
+        assert_eq!("OPENCL:0".parse::<DeviceSpec>().unwrap().to_string(), "OPENCL");
+        assert_eq!(DeviceSpec::new("OPENCL", 2).to_string(), "OPENCL:2");
+        assert_eq!(DeviceSpec::new("CUDA", 1).base_type(), "CUDA");
+        // Any well-formed name parses: whether it is a backend is the registry's question.
+        assert_eq!("cpu-avx2".parse::<DeviceSpec>().unwrap().base_type(), "CPU-AVX2");
+        for bad in ["CUDA:x", "CUDA:-1", "", ":", "1CPU", "C PU", "CPU:1:2"] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
     }
 }

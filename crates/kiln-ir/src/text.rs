@@ -1215,9 +1215,9 @@ mod tests {
         let sink = elementwise();
         let mut stages = Vec::new();
         for (dev, name, bytes) in [
-            (DeviceSpec::Cpu, Arg::Str("add \"v2\"\n\\x".into()), (0..=255u8).collect::<Vec<u8>>()),
-            (DeviceSpec::Cuda { ordinal: 1 }, Arg::None, vec![]),
-            (DeviceSpec::OpenCl { ordinal: 0 }, Arg::Str(String::new()), vec![0x7f, 0x45]),
+            (DeviceSpec::new("CPU", 0), Arg::Str("add \"v2\"\n\\x".into()), (0..=255u8).collect::<Vec<u8>>()),
+            (DeviceSpec::new("CUDA", 1), Arg::None, vec![]),
+            (DeviceSpec::new("OPENCL", 0), Arg::Str(String::new()), vec![0x7f, 0x45]),
         ] {
             let device = UOp::new(Op::Device, DType::Void, Arg::Device(dev), vec![]);
             let linear = UOp::new(Op::Linear, DType::Void, Arg::None, linearize(&sink).unwrap());
@@ -1244,7 +1244,7 @@ mod tests {
             Kind::Bool => Arg::Bool(true),
             Kind::Str => Arg::Str("a \"b\"\n".into()),
             Kind::Var => Arg::Var { name: "v\t".into(), min: i64::MIN, max: i64::MAX },
-            Kind::Device => Arg::Device(DeviceSpec::OpenCl { ordinal: 3 }),
+            Kind::Device => Arg::Device(DeviceSpec::new("OPENCL", 3)),
             Kind::Bytes => Arg::Bytes(vec![0, 1, 0xfe]),
         };
         let dtypes = [
@@ -1357,7 +1357,7 @@ mod tests {
             ("%p = PARAM ptr<f32> \"a\"", 1, 21, "PARAM takes its slot"),
             ("%n = CONST i32 4\n%i = SPECIAL i32 \"n\" 1 2 (%n)", 2, 18, "got a variable"),
             ("\u{feff}%a = CONST i32 1\n%b = NEG i32 (%q)", 2, 15, "undefined %q"),
-            ("%d = DEVICE void device TPU", 1, 25, "unknown device `TPU`"),
+            ("%d = DEVICE void device CUDA:x", 1, 25, "ordinal `x` is not a non-negative integer"),
             ("%d = DEVICE void device", 1, 24, "expected a device name"),
             ("%b = BINARY void 0xabc", 1, 18, "even number of hex digits"),
             ("%b = BINARY void 0xzz", 1, 18, "hex digits"),
@@ -1446,7 +1446,7 @@ mod tests {
     fn mutated_and_truncated_input_never_panics() {
         let seeds = [print(&elementwise()), print(&matmul()), {
             let src = UOp::new(Op::Source, DType::Void, Arg::Str("a\"\\\n".into()), vec![]);
-            let dev = UOp::new(Op::Device, DType::Void, Arg::Device(DeviceSpec::Cpu), vec![]);
+            let dev = UOp::new(Op::Device, DType::Void, Arg::Device(DeviceSpec::new("CPU", 0)), vec![]);
             let bin = UOp::new(Op::Binary, DType::Void, Arg::Bytes(vec![1, 2, 3]), vec![]);
             print(&UOp::new(Op::Program, DType::Void, Arg::Str("p".into()), vec![dev, src, bin]))
         }];

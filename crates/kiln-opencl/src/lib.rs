@@ -42,6 +42,9 @@ pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
 pub use renderer::{OpenClC, OpenClDialect, OpenClRenderer, opencl_renderer, opencl_renderer_for};
 pub use signal::{ClEvent, OpenClSignal};
 
+/// The backend's name in device specs (`OPENCL:n`), in `KILN_REQUIRE` (lower case) and in the
+/// registry.
+pub const BACKEND: &str = "OPENCL";
 /// `clGetPlatformIDs` when the ICD loader finds no driver (`CL_PLATFORM_NOT_FOUND_KHR`).
 const PLATFORM_NOT_FOUND_KHR: i32 = -1001;
 /// opencl3's code for "libOpenCL could not be loaded".
@@ -262,9 +265,10 @@ pub fn cl_device(spec: &DeviceSpec) -> Result<Arc<ClDevice>> {
 /// The [`ClDevice`] of `spec`: the shared one, or (`fresh`) a new context that replaces it
 /// (a device reset: the old context lives on only through the old generation's objects).
 fn open_cl_device(spec: &DeviceSpec, fresh: bool) -> Result<Arc<ClDevice>> {
-    let DeviceSpec::OpenCl { ordinal } = *spec else {
-        return Err(Error::Invalid(format!("{spec} is not an OpenCL device (expected OPENCL:n)")));
-    };
+    if spec.base_type() != BACKEND {
+        return Err(Error::Invalid(format!("{spec} is not an OpenCL device (expected {BACKEND}:n)")));
+    }
+    let ordinal = spec.ordinal();
     let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(d) = map.get(&ordinal).filter(|_| !fresh) {
         return Ok(d.clone());
@@ -288,7 +292,7 @@ pub fn probe() -> Result<Vec<(DeviceSpec, String)>> {
         .into_iter()
         .enumerate()
         .map(|(i, at)| {
-            let spec = DeviceSpec::OpenCl { ordinal: i as u32 };
+            let spec = DeviceSpec::new(crate::BACKEND, i as u32);
             Ok((spec, DeviceInfo::read(at)?.description()))
         })
         .collect()
@@ -324,24 +328,23 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
     })
 }
 
-/// Registers the `OPENCL` backend with [`kiln_device::open_device`].
+/// Registers the `OPENCL` backend with the device registry ([`kiln_device::open_device`]).
+/// Idempotent.
 pub fn register() {
-    kiln_device::register_backend("OPENCL", open);
+    kiln_device::register_backend(kiln_device::Backend { name: BACKEND, probe: Some(probe), open });
 }
 
 /// Test support: the first OpenCL device, or why the test is skipped. With `KILN_REQUIRE`
-/// containing `opencl`, a missing device fails the test instead.
+/// naming `opencl`, a missing device fails the test instead.
 #[cfg(test)]
 pub(crate) fn test_device() -> Option<Arc<Device>> {
-    let spec = DeviceSpec::OpenCl { ordinal: 0 };
+    let spec = DeviceSpec::new(crate::BACKEND, 0);
     // A memory-only kernel cache, so every test really exercises the compiler.
     let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
     match build_device(&spec) {
         Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
         Err(e) => {
-            let required = std::env::var("KILN_REQUIRE").is_ok_and(|v| v.to_ascii_lowercase().contains("opencl"));
-            assert!(!required, "KILN_REQUIRE contains opencl but OpenCL is unavailable: {e}");
-            println!("skipped: {e}");
+            kiln_device::skip_unless_required("opencl", "this OpenCL test", &e);
             None
         }
     }
@@ -358,13 +361,13 @@ mod tests {
         assert!(!list.is_empty());
         assert_eq!(list, devices(), "two enumerations give the same order");
         for (i, (spec, desc)) in list.iter().enumerate() {
-            assert_eq!(*spec, DeviceSpec::OpenCl { ordinal: i as u32 });
+            assert_eq!(*spec, DeviceSpec::new(crate::BACKEND, i as u32));
             assert!(desc.contains("driver"), "{desc}");
         }
         assert_eq!(dev.description(), list[0].1);
-        let missing = DeviceSpec::OpenCl { ordinal: list.len() as u32 };
+        let missing = DeviceSpec::new(crate::BACKEND, list.len() as u32);
         assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
-        assert!(matches!(open(&DeviceSpec::Cpu), Err(Error::Invalid(_))));
+        assert!(matches!(open(&DeviceSpec::new("CPU", 0)), Err(Error::Invalid(_))));
     }
 
     /// The first discovery of a process, from many threads at once, agrees (PoCL 3.1 reports
@@ -388,6 +391,6 @@ mod tests {
         }
         register();
         let d = kiln_device::open_device("OPENCL:0").unwrap();
-        assert_eq!(*d.spec(), DeviceSpec::OpenCl { ordinal: 0 });
+        assert_eq!(*d.spec(), DeviceSpec::new(crate::BACKEND, 0));
     }
 }

@@ -421,7 +421,7 @@ mod tests {
         let done = factory.create_signal().unwrap();
         for host in [true, false] {
             let other: Arc<dyn Allocator> =
-                Arc::new(OtherDevice { spec: DeviceSpec::Cpu, host, blocks: Mutex::new(Vec::new()) });
+                Arc::new(OtherDevice { spec: DeviceSpec::new("CPU", 0), host, blocks: Mutex::new(Vec::new()) });
             let far = Buffer::from_slice(other.clone(), &[1.0f32, 2.0, 3.0, 4.0, 5.0]).unwrap();
             let (near, near2) = (f32s(&dev, &[0.0; 8]), f32s(&dev, &[0.0; 8]));
             let back = Buffer::from_slice(other, &[0.0f32; 3]).unwrap();
@@ -460,7 +460,7 @@ mod tests {
         let n = 1 << 16;
         let (a, c, d) = (f32s(&dev, &vec![1.0; n]), f32s(&dev, &vec![0.0; n]), f32s(&dev, &vec![0.0; n]));
         let other: Arc<dyn Allocator> =
-            Arc::new(OtherDevice { spec: DeviceSpec::Cpu, host: false, blocks: Mutex::new(Vec::new()) });
+            Arc::new(OtherDevice { spec: DeviceSpec::new("CPU", 0), host: false, blocks: Mutex::new(Vec::new()) });
         let far = Buffer::from_slice(other, &vec![0.0f32; n]).unwrap();
         let before = Instant::now();
         q.exec_timed(&k, &[&a, &c], &[n as i64], &timer)

@@ -93,7 +93,7 @@ mod tests {
     use kiln_device::{Error, Renderer};
 
     fn render(sink: &Arc<UOp>) -> String {
-        opencl_renderer_for(DeviceSpec::OpenCl { ordinal: 0 }, true).render(sink, Some("k")).unwrap().src
+        opencl_renderer_for(DeviceSpec::new(crate::BACKEND, 0), true).render(sink, Some("k")).unwrap().src
     }
 
     #[test]
@@ -119,7 +119,7 @@ mod tests {
         let i = k.global(0, 4);
         k.store(&a.at(&i), &Val::constant(DType::F64, 1.0));
         let sink = k.finish().unwrap();
-        let r = opencl_renderer_for(DeviceSpec::OpenCl { ordinal: 0 }, false).render(&sink, None);
+        let r = opencl_renderer_for(DeviceSpec::new(crate::BACKEND, 0), false).render(&sink, None);
         assert!(matches!(r, Err(Error::Render(m)) if m.contains("cl_khr_fp64")));
         assert!(render(&sink).contains("cl_khr_fp64 : enable"));
     }

@@ -43,7 +43,7 @@ fn mapped_bytes() -> u64 {
 }
 
 fn child() {
-    let spec = DeviceSpec::OpenCl { ordinal: 0 };
+    let spec = DeviceSpec::new("OPENCL", 0);
     let (dev, cl) = match kiln_opencl::open(&spec).and_then(|d| Ok((d, kiln_opencl::cl_device(&spec)?))) {
         Ok(d) => d,
         Err(e) => return println!("skipped: {e}"),

@@ -310,7 +310,7 @@ fn current(
     let mut result = compiled;
     for _ in 0..TRIES {
         let stale = match &result {
-            Ok(k) => matches!(k.program.check_current(), Err(KilnError::DeviceLost { .. })),
+            Ok(k) => matches!(k.check_current(), Err(KilnError::DeviceLost { .. })),
             Err(e) => matches!(e, KilnError::DeviceLost { .. }),
         };
         if !stale {

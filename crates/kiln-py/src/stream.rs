@@ -51,7 +51,7 @@ impl Stream {
         // Checked here as well as by the queue, under the lock: a stale kernel or buffer (of
         // a generation a reset ended) found by the queue fails the queue, which other threads
         // share. (A reset after this check ends the queue's generation as well.)
-        kernel.program.check_current()?;
+        kernel.check_current()?;
         for b in bufs {
             b.raw()?;
         }

@@ -9,7 +9,7 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let kernels: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let iterations: i64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(200_000);
-    let cpu = kiln_cpu::open(&DeviceSpec::Cpu)?;
+    let cpu = kiln_cpu::open(&DeviceSpec::new("CPU", 0))?;
     let device = cpu;
     println!("{}", device.description());
     println!("{}", bench::replay_overhead(&device, kernels, 30)?);

@@ -322,9 +322,9 @@ fn interpret(program: &Program, sizes: &HashMap<Dim, usize>, inputs: &[(Tensor, 
 
 fn main() -> Result<()> {
     let spec: DeviceSpec = std::env::args().nth(1).as_deref().unwrap_or("CPU").parse()?;
-    let device = match spec {
-        DeviceSpec::Cpu => kiln_cpu::open(&spec)?,
-        DeviceSpec::OpenCl { .. } => kiln_opencl::open(&spec)?,
+    let device = match spec.base_type() {
+        kiln_cpu::BACKEND => kiln_cpu::open(&spec)?,
+        kiln_opencl::BACKEND => kiln_opencl::open(&spec)?,
         other => return Err(format!("this example runs on CPU or OPENCL:n, not {other}").into()),
     };
 

@@ -186,7 +186,7 @@ mod tests {
     fn a_fused_segment_checks_its_generation_once() {
         use kiln_device::kiln_ir::{KernelBuilder, Scalar};
         use kiln_device::{Error, Kernel};
-        let dev = match kiln_cpu::open(&DeviceSpec::Cpu) {
+        let dev = match kiln_cpu::open(&DeviceSpec::new("CPU", 0)) {
             Ok(d) => d,
             Err(Error::CompilerMissing(m)) => return eprintln!("skipping: no C compiler ({m})"),
             Err(e) => panic!("the CPU device does not open: {e}"),

@@ -11,7 +11,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use kiln_device::{Buffer, kiln_ir::{DeviceSpec, KernelBuilder, Scalar}};
 //! use kiln_runtime::ExecutionPlan;
-//! let device = kiln_cpu::open(&DeviceSpec::Cpu)?;
+//! let device = kiln_cpu::open(&DeviceSpec::new("CPU", 0))?;
 //! // y[i] = 2·x[i] over n elements
 //! let mut k = KernelBuilder::new();
 //! let n = k.var("n", 1, 1024);

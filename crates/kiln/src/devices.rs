@@ -6,13 +6,13 @@ use std::fmt::Write;
 use kiln_device::{AllocatorStats, CacheStats};
 use kiln_ir::DeviceSpec;
 
-use crate::cache;
 use crate::error::CliError;
+use crate::{cache, session};
 
 /// `kiln devices [--verbose]`.
 #[derive(Debug, Default, clap::Args)]
-#[command(after_help = "Lists every device of every backend (CPU always; OPENCL:n when an OpenCL driver is present; \
-CUDA:n when the NVIDIA driver is present). \
+#[command(after_help = "Lists every device of every backend this kiln registers (the CPU and its instruction-set \
+variants CPU-AVX2 and CPU-SSE2; OPENCL:n when an OpenCL driver is present; CUDA:n when the NVIDIA driver is present). \
 A backend that cannot be used is listed as unavailable with the reason. \
 The CPU row names the C compiler its kernels are built with and why that one: KILN_CC when set, \
 else clang when it is on PATH, else cc.")]
@@ -25,7 +25,7 @@ pub struct DevicesArgs {
 /// One line of the listing.
 #[derive(Debug)]
 pub struct DeviceRow {
-    /// `CPU`, `OPENCL:0`, or the backend name when it has no usable device.
+    /// `CPU`, `OPENCL:1`, or the backend name when it has no usable device.
     pub name: String,
     /// The description, or why the device or backend is unavailable.
     pub status: Result<String, String>,
@@ -34,59 +34,39 @@ pub struct DeviceRow {
     pub cache: Option<CacheStats>,
 }
 
-/// Probes every backend. Opening a device is only needed for `--verbose` (allocator stats)
-/// and for the CPU (whose availability depends on a C compiler being found).
+/// Probes every backend of the device registry, in registration order, then lists the
+/// backends this binary was built without. Opening a device is only needed for `--verbose`
+/// (allocator stats) and for a backend without a probe of its own (the CPU, whose
+/// availability depends on a C compiler being found).
 pub fn probe(open: bool) -> Vec<DeviceRow> {
     let mut rows = Vec::new();
-    let row = |spec: &DeviceSpec, described: Option<String>| {
-        let opened = if open || described.is_none() { Some(kiln_device::open_device(&spec.to_string())) } else { None };
-        let (status, stats, cache) = match (described, opened) {
-            (_, Some(Err(e))) => (Err(e.to_string()), None, None),
-            (_, Some(Ok(d))) => (Ok(d.description().to_string()), Some(d.allocator().stats()), Some(d.cache().stats())),
-            (Some(desc), None) => (Ok(desc), None, None),
-            (None, None) => (Err("not probed".into()), None, None),
-        };
-        DeviceRow { name: spec.to_string(), status, stats, cache }
-    };
-    if cfg!(feature = "cpu") {
-        rows.push(row(&DeviceSpec::Cpu, None));
-    } else {
-        rows.push(not_built("CPU", "cpu"));
-    }
-    #[cfg(feature = "opencl")]
-    match kiln_opencl::probe() {
-        Ok(list) if list.is_empty() => rows.push(DeviceRow {
-            name: "OPENCL".into(),
-            status: Err("the OpenCL loader reports no devices".into()),
-            stats: None,
-            cache: None,
-        }),
-        Ok(list) => {
-            for (spec, desc) in list {
-                rows.push(row(&spec, Some(desc)));
-            }
+    for backend in kiln_device::backends() {
+        match backend.devices() {
+            Ok(list) if list.is_empty() => rows.push(unavailable(backend.name, "it reports no devices".into())),
+            Ok(list) => rows.extend(list.into_iter().map(|(spec, description)| row(&spec, description, open))),
+            Err(e) => rows.push(unavailable(backend.name, e.to_string())),
         }
-        Err(e) => rows.push(DeviceRow { name: "OPENCL".into(), status: Err(e.to_string()), stats: None, cache: None }),
     }
-    #[cfg(not(feature = "opencl"))]
-    rows.push(not_built("OPENCL", "opencl"));
-    #[cfg(feature = "cuda")]
-    match kiln_cuda::probe() {
-        Ok(list) => {
-            for (spec, desc) in list {
-                rows.push(row(&spec, Some(desc)));
-            }
-        }
-        Err(e) => rows.push(DeviceRow { name: "CUDA".into(), status: Err(e.to_string()), stats: None, cache: None }),
+    for (name, feature) in session::left_out() {
+        let why = format!("this kiln was built without the `{feature}` feature (cargo build --features {feature})");
+        rows.push(unavailable(name, why));
     }
-    #[cfg(not(feature = "cuda"))]
-    rows.push(not_built("CUDA", "cuda"));
     rows
 }
 
-/// The row of a backend this binary was built without (its cargo `feature` was off).
-fn not_built(name: &str, feature: &str) -> DeviceRow {
-    let why = format!("this kiln was built without the `{feature}` feature (cargo build --features {feature})");
+/// The row of a device its backend's probe found, opened (for its counters) when `open`.
+fn row(spec: &DeviceSpec, description: String, open: bool) -> DeviceRow {
+    let opened = if open { Some(kiln_device::open_device(&spec.to_string())) } else { None };
+    let (status, stats, cache) = match opened {
+        Some(Err(e)) => (Err(e.to_string()), None, None),
+        Some(Ok(d)) => (Ok(d.description().to_string()), Some(d.allocator().stats()), Some(d.cache().stats())),
+        None => (Ok(description), None, None),
+    };
+    DeviceRow { name: spec.to_string(), status, stats, cache }
+}
+
+/// The row of a backend that has no usable device, saying why.
+fn unavailable(name: &str, why: String) -> DeviceRow {
     DeviceRow { name: name.into(), status: Err(why), stats: None, cache: None }
 }
 
@@ -155,8 +135,11 @@ mod tests {
         crate::session::register_backends();
         let rows = probe(false);
         assert_eq!(rows[0].name, "CPU");
+        // Every registered backend: its devices, or one row saying why there are none.
+        for b in kiln_device::backends() {
+            assert!(rows.iter().any(|r| r.name.split(':').next() == Some(b.name)), "{}", b.name);
+        }
         assert!(rows.iter().any(|r| r.name.starts_with("OPENCL")));
-        // CUDA: its devices, or one row saying why there are none.
         assert!(rows.iter().any(|r| r.name.starts_with("CUDA")));
     }
 }

@@ -22,7 +22,7 @@ pub mod trace;
 use std::ffi::OsString;
 use std::io::Write;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use error::CliError;
 
 const AFTER_HELP: &str = "\
@@ -70,6 +70,12 @@ pub enum Command {
     },
 }
 
+/// The command line: the derived [`Cli`], with every `--device` help naming the backends
+/// of the device registry ([`session::with_device_help`]).
+fn command() -> clap::Command {
+    session::with_device_help(Cli::command())
+}
+
 /// Runs the command line `args` (without the program name) and returns the exit status.
 /// Output goes to stdout (`--help` and `--version` included), errors to stderr as `error: ...`.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
@@ -89,7 +95,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
 }
 
 fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError> {
-    let cli = match Cli::try_parse_from(std::iter::once(OsString::from("kiln")).chain(args)) {
+    let parsed = command()
+        .try_get_matches_from(std::iter::once(OsString::from("kiln")).chain(args))
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         // `--help`, `help` and `--version` are answers, not errors.
         Err(e) if !e.use_stderr() => {
@@ -103,7 +112,7 @@ fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError
     };
     match cli.command {
         None => {
-            let mut cli = Cli::command();
+            let mut cli = command();
             let names: Vec<String> = cli.get_subcommands().map(|c| c.get_name().to_string()).collect();
             let message = format!("missing command (commands: {})", names.join(", "));
             Err(CliError::Args(cli.error(clap::error::ErrorKind::MissingSubcommand, message)))
@@ -115,7 +124,7 @@ fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError
         Some(Command::Cache(a)) => cache::run(&a),
         Some(Command::Completions { shell }) => {
             let mut script = Vec::new();
-            clap_complete::generate(shell, &mut Cli::command(), "kiln", &mut script);
+            clap_complete::generate(shell, &mut command(), "kiln", &mut script);
             Ok(String::from_utf8_lossy(&script).into_owned())
         }
     }

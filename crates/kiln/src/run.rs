@@ -25,7 +25,7 @@ Two destinations may not name one file (also through a link): one output would o
 pub struct RunArgs {
     /// The kernel text file
     pub file: PathBuf,
-    /// The device to run on: CPU, OPENCL or OPENCL:n
+    /// The device to run on
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// Bind a kernel variable (every variable needs exactly one)

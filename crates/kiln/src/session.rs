@@ -11,7 +11,8 @@ use kiln_ir::{DeviceSpec, UOp};
 use crate::error::{CliError, Context};
 
 /// Registers every backend compiled into this binary (its `cpu`, `opencl` and `cuda` features) with
-/// the device registry. Idempotent.
+/// the device registry. Idempotent. Every command that names devices (`devices`, `run`, `bench`,
+/// `compile`, their `--device` help) then reads the registry.
 pub fn register_backends() {
     #[cfg(feature = "cpu")]
     kiln_cpu::register();
@@ -19,6 +20,29 @@ pub fn register_backends() {
     kiln_opencl::register();
     #[cfg(feature = "cuda")]
     kiln_cuda::register();
+}
+
+/// The backends this binary was built without, as `(backend, cargo feature)`: `kiln devices`
+/// lists them with the feature that adds them.
+pub fn left_out() -> Vec<(&'static str, &'static str)> {
+    let features = [("CPU", "cpu", cfg!(feature = "cpu")), ("OPENCL", "opencl", cfg!(feature = "opencl"))];
+    let cuda = [("CUDA", "cuda", cfg!(feature = "cuda"))];
+    features.into_iter().chain(cuda).filter(|(.., built)| !built).map(|(name, feature, _)| (name, feature)).collect()
+}
+
+/// `cmd` with the help of every subcommand's `--device` completed by the registered backends:
+/// `The device to run on: CPU, CPU-AVX2, CPU-SSE2, OPENCL or CUDA (NAME:n for device n)`.
+pub fn with_device_help(cmd: clap::Command) -> clap::Command {
+    let names = kiln_device::device_names();
+    cmd.mut_subcommands(|sub| {
+        if !sub.get_arguments().any(|a| a.get_id() == "device") {
+            return sub;
+        }
+        sub.mut_arg("device", |arg| {
+            let what = arg.get_help().map(ToString::to_string).unwrap_or_else(|| "The device".into());
+            arg.help(format!("{what}: {names} (NAME:n for a backend's device n)"))
+        })
+    })
 }
 
 /// A kernel read from a text file.
@@ -84,9 +108,14 @@ pub fn open_device(spec: &DeviceSpec) -> Result<Arc<Device>, CliError> {
     kiln_device::open_device(&spec.to_string()).context(|| format!("cannot open device {spec}"))
 }
 
-/// Parses `--device` text (a clap value parser: the message follows clap's "invalid value").
+/// Parses `--device` text (a clap value parser: the message follows clap's "invalid value"):
+/// a device of a registered backend.
 pub fn parse_device(text: &str) -> Result<DeviceSpec, String> {
-    text.parse().map_err(|e: kiln_ir::IrError| e.to_string())
+    let spec: DeviceSpec = text.parse().map_err(|e: kiln_ir::IrError| e.to_string())?;
+    match kiln_device::find_backend(spec.base_type()) {
+        Some(_) => Ok(spec),
+        None => Err(format!("unknown device `{text}` (this kiln's backends: {})", kiln_device::device_names())),
+    }
 }
 
 /// Parses `--var NAME=VALUE` (a clap value parser).
@@ -146,7 +175,7 @@ mod tests {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "kiln") {
                 let k = KernelFile::load(&path).unwrap_or_else(|e| panic!("{}: {}", path.display(), e.report()));
-                let spec = ProgramSpec::from_sink(&k.name, String::new(), DeviceSpec::Cpu, &k.sink).unwrap();
+                let spec = ProgramSpec::from_sink(&k.name, String::new(), DeviceSpec::new("CPU", 0), &k.sink).unwrap();
                 assert!(!spec.outs.is_empty(), "{} writes nothing", path.display());
                 let text = std::fs::read_to_string(&path).unwrap();
                 assert!(text.contains("kiln run examples/kernels/"), "{} has no example command", path.display());
@@ -183,7 +212,7 @@ mod tests {
         let i = k.global(0, &n);
         k.store(&a.at(&i), &kiln_ir::Val::f32(1.0));
         let sink = k.finish().unwrap();
-        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &sink).unwrap();
+        let spec = ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &sink).unwrap();
         assert_eq!(bind_vars(&spec, &[("n".into(), 5)]).unwrap(), vec![5]);
         let missing = bind_vars(&spec, &[]).unwrap_err().report();
         assert!(missing.contains("variable `n` has no value"), "{missing}");

@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn spec_lists_every_fact() {
-        let s = ProgramSpec::from_sink("k", String::new(), DeviceSpec::Cpu, &kernel()).unwrap();
+        let s = ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &kernel()).unwrap();
         let text = spec(&s, &kiln_ir::print(&kernel()));
         assert!(text.contains("slot 0:    f32 x (n * 4) (in+out)"), "{text}");
         assert!(text.contains("accesses:    2 (2 proven in bounds when built"), "{text}");

@@ -113,11 +113,12 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
 fn devices(s: &Scratch) -> Vec<String> {
     let listing = ok(s.kiln(&["devices"], &[]));
     let mut out = vec!["CPU".to_string()];
-    let cl_available = listing.lines().any(|l| l.starts_with("OPENCL:0") && l.contains(" available "));
-    let required = std::env::var("KILN_REQUIRE").is_ok_and(|r| r.to_ascii_lowercase().contains("opencl"));
+    let cl_available =
+        listing.lines().any(|l| l.split_whitespace().next() == Some("OPENCL") && l.contains(" available "));
+    let required = kiln_device::required("opencl");
     assert!(cl_available || !required, "KILN_REQUIRE names opencl but `kiln devices` says:\n{listing}");
     if cl_available {
-        out.push("OPENCL:0".into());
+        out.push("OPENCL".into());
     }
     out
 }
@@ -546,6 +547,14 @@ fn help_version_and_completions_are_generated() {
         assert!(run_help.contains(want), "expected `{want}` in:\n{run_help}");
     }
     assert_eq!(ok(s.kiln(&["help", "run"], &[])), run_help);
+    // The --device help lists the backends this build registers, from the registry.
+    kiln::session::register_backends();
+    let backends = kiln_device::device_names();
+    assert!(backends.starts_with("CPU, CPU-AVX2") && backends.contains("CPU-SSE2"), "{backends}");
+    for command in ["run", "bench", "compile"] {
+        let help = ok(s.kiln(&[command, "--help"], &[]));
+        assert!(help.contains(&format!(": {backends} (NAME:n for a backend's device n)")), "{command}:\n{help}");
+    }
     assert!(ok(s.kiln(&["bench", "-h"], &[])).contains("--only <NAME,...>"));
     assert!(!ok(s.kiln(&["bench", "-h"], &[])).contains("disk-hit-child"), "internal flags stay hidden");
     assert_eq!(ok(s.kiln(&["--version"], &[])), format!("kiln {}\n", env!("CARGO_PKG_VERSION")));

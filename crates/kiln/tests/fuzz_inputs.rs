@@ -309,7 +309,7 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
     let dir = tempfile::tempdir().unwrap();
     let lookup = || {
         let cache = KernelCache::new(CacheConfig::at(dir.path()));
-        cache.get_or_compile(&sink, Some("add"), &DeviceSpec::Cpu, &toolchain).unwrap();
+        cache.get_or_compile(&sink, Some("add"), &DeviceSpec::new("CPU", 0), &toolchain).unwrap();
         cache.stats()
     };
     lookup();

@@ -75,15 +75,28 @@ fn conditions() -> Vec<Value> {
 /// Slots: a, b, c (operands), g (WHERE condition), out (one
 /// block of N per value op), cmp (one block of N per comparison).
 pub fn alu(dev: &Arc<Device>, s: Scalar) -> Outcome {
-    let dt = DType::Scalar(s);
+    alu_lanes(dev, s, 1)
+}
+
+/// [`alu`] on `width`-lane vectors of `s` (`width` divides N): every op lane-wise, the
+/// comparisons as bool vectors, WHERE with a bool-vector condition. On the CPU, the wider
+/// vectors take the instruction-set-specific paths of its dialect (AVX-512, AVX2, SSE2 on
+/// the `cpu`, `cpu-avx2` and `cpu-sse2` backends).
+pub fn alu_lanes(dev: &Arc<Device>, s: Scalar, width: u8) -> Outcome {
+    let (w, dt) = (usize::from(width), DType::vec(s, width));
+    ensure!(w > 0 && N.is_multiple_of(w), "suite bug: {width} lanes do not divide {N} samples");
     let ops: Vec<Op> = [reference::unary_ops(s), reference::binary_ops(s), reference::ternary_ops(s)].concat();
     let mut k = KernelBuilder::new();
     let (pa, pb, pc) = (k.param(0, s, N), k.param(1, s, N), k.param(2, s, N));
     let pg = k.param(3, Scalar::Bool, N);
     let out = k.param(4, s, N * ops.len());
     let cmp = k.param(5, Scalar::Bool, N * COMPARISONS.len());
-    let i = k.global(0, N);
-    let (x, y, z, g) = (pa.at(&i).load(), pb.at(&i).load(), pc.at(&i).load(), pg.at(&i).load());
+    let i = k.global(0, N / w);
+    let at = |p: &Val, block: usize| {
+        let idx = &(&i * w as i64) + (block * N) as i64;
+        if width == 1 { p.at(&idx) } else { p.at_vec(&idx, width) }
+    };
+    let (x, y, z, g) = (at(&pa, 0).load(), at(&pb, 0).load(), at(&pc, 0).load(), at(&pg, 0).load());
     for (j, &op) in ops.iter().enumerate() {
         let v = match op {
             Op::Where => node(op, dt, &[&g, &x, &z]),
@@ -91,13 +104,13 @@ pub fn alu(dev: &Arc<Device>, s: Scalar) -> Outcome {
             op if op.is_unary() => node(op, dt, &[&x]),
             op => node(op, dt, &[&x, &y]),
         };
-        k.store(&out.at(&(&i + (j * N) as i64)), &v);
+        k.store(&at(&out, j), &v);
     }
     for (j, &op) in COMPARISONS.iter().enumerate() {
-        k.store(&cmp.at(&(&i + (j * N) as i64)), &node(op, DType::BOOL, &[&x, &y]));
+        k.store(&at(&cmp, j), &node(op, DType::vec(Scalar::Bool, width), &[&x, &y]));
     }
     let sink = k.finish()?;
-    let name = format!("conf_alu_{s}");
+    let name = if width == 1 { format!("conf_alu_{s}") } else { format!("conf_alu_{s}x{width}") };
     let Some(kernel) = compile_for(dev, &sink, &name, &[s])? else { return Ok(()) };
 
     let [a, b, c] = samples(s);
@@ -130,7 +143,7 @@ pub fn alu(dev: &Arc<Device>, s: Scalar) -> Outcome {
             }
         }
     }
-    bad.finish(&format!("{} ALU ops on {s}", dev.spec()))
+    bad.finish(&format!("{} ALU ops on {dt}", dev.spec()))
 }
 
 /// IDIV and MOD on integer dtype `s` over a table of edge cases (zero divisors, `MIN / -1`,
@@ -866,7 +879,7 @@ pub fn nontemporal_stores(dev: &Arc<Device>) -> Outcome {
     for (s, w) in [(Scalar::F32, 1u8), (Scalar::I64, 1), (Scalar::F32, 4), (Scalar::F32, 8), (Scalar::F32, 16)] {
         let nt = kernel(s, w, StoreHint::NonTemporal)?;
         let name = format!("conf_nt_{}x{w}", s.name());
-        if *dev.spec() != kiln_device::kiln_ir::DeviceSpec::Cpu {
+        if *dev.spec() != kiln_device::kiln_ir::DeviceSpec::new("CPU", 0) {
             let plain = dev.renderer().render(&kernel(s, w, StoreHint::Normal)?, Some(&name))?;
             let hinted = dev.renderer().render(&nt, Some(&name))?;
             ensure!(hinted.src == plain.src, "{}: the non-temporal hint changed the {name} source", dev.spec());

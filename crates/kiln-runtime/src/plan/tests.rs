@@ -19,7 +19,7 @@ struct HostAllocator {
 
 impl HostAllocator {
     fn shared() -> Arc<dyn Allocator> {
-        Arc::new(HostAllocator { device: DeviceSpec::Cpu })
+        Arc::new(HostAllocator { device: DeviceSpec::new("CPU", 0) })
     }
 
     fn layout(bytes: usize) -> Result<std::alloc::Layout> {
@@ -121,7 +121,7 @@ fn affine_spec(len: Option<usize>) -> Arc<ProgramSpec> {
     let v = x.at(&i).load() * 2.0f32 + 1.0f32;
     k.store(&y.at(&i), &v);
     let sink = k.finish().expect("valid kernel");
-    Arc::new(ProgramSpec::from_sink("affine", String::new(), DeviceSpec::Cpu, &sink).expect("valid spec"))
+    Arc::new(ProgramSpec::from_sink("affine", String::new(), DeviceSpec::new("CPU", 0), &sink).expect("valid spec"))
 }
 
 fn affine(len: Option<usize>, mul: f32, add: f32) -> Kernel {
@@ -184,7 +184,7 @@ fn recording_checks_arguments() {
     assert!(matches!(p.copy(&a, &small), Err(Error::Buffer(_))), "size mismatch");
     assert!(matches!(p.copy(&a.view(0, 4).expect("view"), &a.view(2, 4).expect("view")), Err(Error::Buffer(_))));
     let mut foreign_spec = (*affine_spec(Some(8))).clone();
-    foreign_spec.device = DeviceSpec::OpenCl { ordinal: 0 };
+    foreign_spec.device = DeviceSpec::new("OPENCL", 0);
     let foreign = Kernel::new(Arc::new(foreign_spec), Arc::new(AffineProgram { mul: 1.0, add: 0.0 }));
     assert!(matches!(p.exec(&foreign, &[&a, &a], &[]), Err(Error::Launch(m)) if m.contains("OPENCL")));
     assert_eq!(p.len(), 1, "failed recordings add nothing");
@@ -484,7 +484,7 @@ mod cpu_backend {
 
     /// The CPU device with its queues.
     fn device() -> Option<Arc<Device>> {
-        let d = match kiln_cpu::open(&DeviceSpec::Cpu) {
+        let d = match kiln_cpu::open(&DeviceSpec::new("CPU", 0)) {
             Ok(d) => d,
             Err(Error::CompilerMissing(m)) => {
                 eprintln!("skipping: no C compiler ({m})");
@@ -646,7 +646,7 @@ mod opencl_backend {
 
     #[test]
     fn branches_copies_and_replay_match_serial() {
-        let dev = match kiln_opencl::open(&DeviceSpec::OpenCl { ordinal: 0 }) {
+        let dev = match kiln_opencl::open(&DeviceSpec::new("OPENCL", 0)) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("skipping: no OpenCL device ({e})");

@@ -380,7 +380,7 @@ mod tests {
                     check_bandwidth_kernels(&dev, "idx0", w).unwrap();
                 }
             }
-            Err(e) if !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+            Err(e) if !kiln_device::required("opencl") => {
                 println!("skipped OPENCL:0: {e}")
             }
             Err(e) => panic!("OPENCL:0: {e}"),
@@ -468,7 +468,7 @@ mod tests {
         for (name, axis) in [("CPU", "gidx0"), ("OPENCL:0", "idx0")] {
             let dev = match kiln_device::open_device(name) {
                 Ok(d) => d,
-                Err(e) if name != "CPU" && !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+                Err(e) if name != "CPU" && !kiln_device::required("opencl") => {
                     println!("skipped {name}: {e}");
                     continue;
                 }

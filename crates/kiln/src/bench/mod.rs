@@ -48,7 +48,7 @@ process (an 8-element add on a warm kernel cache), against a bare `kiln --versio
 are shared and noisy."
 )]
 pub struct BenchArgs {
-    /// The device to benchmark: CPU, OPENCL or OPENCL:n
+    /// The device to benchmark
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// Print {"device", "results": [...]} instead of a table

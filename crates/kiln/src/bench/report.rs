@@ -148,7 +148,7 @@ mod tests {
         };
         let odd = "q\"uote\\back\nslash";
         let results = [result(odd, Some(Stats { median: 4.0, ..stats })), result("plain", None)];
-        let json = to_json(&DeviceSpec::OpenCl { ordinal: 1 }, &results).unwrap();
+        let json = to_json(&DeviceSpec::new("OPENCL", 1), &results).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
         assert_eq!(v["device"], "OPENCL:1");
         let first = &v["results"][0];
@@ -167,7 +167,7 @@ mod tests {
         let second = &v["results"][1];
         assert!(second["baseline"].is_null() && second["baseline_median"].is_null() && second["ratio"].is_null());
         let nan = [BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) }];
-        let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::Cpu, &nan).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::new("CPU", 0), &nan).unwrap()).unwrap();
         assert!(v["results"][0]["median"].is_null(), "a non-finite figure is null, as before");
     }
 }

@@ -59,11 +59,12 @@ struct SpecOnly;
 
 impl Renderer for SpecOnly {
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
-        ProgramSpec::from_sink(name.unwrap_or("affine 1 0"), String::new(), DeviceSpec::Cpu, ast)
+        ProgramSpec::from_sink(name.unwrap_or("affine 1 0"), String::new(), DeviceSpec::new("CPU", 0), ast)
     }
 
     fn device(&self) -> &DeviceSpec {
-        &DeviceSpec::Cpu
+        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
+        &SPEC
     }
 }
 
@@ -93,7 +94,7 @@ fn load_affine(compiled: &CompiledSpec) -> Result<Arc<dyn Program>> {
 /// A CPU-family device of `AffineProgram`s with mock graphs answering as `mode` says.
 fn graph_device(mode: Mode, counts: &Arc<Counts>) -> Device {
     let counts = counts.clone();
-    Device::new(DeviceSpec::Cpu, "mock graphs".into(), move |_| {
+    Device::new(DeviceSpec::new("CPU", 0), "mock graphs".into(), move |_| {
         let pair: CompilerPair = (Arc::new(SpecOnly), Arc::new(SpecOnly));
         Ok(DeviceParts::new(HostAllocator::shared(), vec![pair], Arc::new(load_affine))
             .with_queues(queue_factory())

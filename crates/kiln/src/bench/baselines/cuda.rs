@@ -8,8 +8,6 @@
 //!
 //! Each baseline is verified before it is timed, like kiln's figures.
 
-use kiln_device::kiln_ir::DeviceSpec;
-
 use crate::bench::entries::{Bench, matmul_inputs};
 use crate::bench::report::{BenchResult, Stats};
 use crate::bench::{kiln_err, per_sec, time_reps, wrong};
@@ -18,7 +16,7 @@ use crate::error::CliError;
 impl Bench {
     /// `r` with its baseline replaced by the CUDA device's own, where one applies.
     pub(in crate::bench) fn cuda_baseline(&self, r: BenchResult) -> Result<BenchResult, CliError> {
-        if !matches!(self.device.spec(), DeviceSpec::Cuda { .. }) {
+        if self.device.spec().base_type() != kiln_cuda::BACKEND {
             return Ok(r);
         }
         match r.name {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kiln_device::Kernel;
 use kiln_device::kiln_ir::rewrite::RewriteRules;
-use kiln_device::kiln_ir::{DeviceSpec, IrError, Op, UOp, parse_kernel};
+use kiln_device::kiln_ir::{IrError, Op, UOp, parse_kernel};
 
 use super::Bench;
 use crate::error::CliError;
@@ -53,7 +53,7 @@ impl Bench {
     /// partial sums) and the number of partial sums; `None` on devices that keep the
     /// CPU-shaped partial sums.
     pub(super) fn gpu_sum_kernels(&self, n: usize) -> Result<Option<(Kernel, Kernel, usize)>, CliError> {
-        if !matches!(self.device.spec(), DeviceSpec::Cuda { .. }) {
+        if self.device.spec().base_type() != "CUDA" {
             return Ok(None);
         }
         let partials = n / (GROUP * PER_ITEM);
@@ -80,7 +80,7 @@ mod tests {
         assert!(cpu.compile(&first, Some("sum_groups")).is_err(), "the CPU has no work groups");
         let dev = match kiln_device::open_device("OPENCL:0") {
             Ok(d) => d,
-            Err(e) if !std::env::var("KILN_REQUIRE").is_ok_and(|r| r.contains("opencl")) => {
+            Err(e) if !kiln_device::required("opencl") => {
                 return println!("skipped OPENCL:0: {e}");
             }
             Err(e) => panic!("OPENCL:0: {e}"),
@@ -107,7 +107,7 @@ mod tests {
             Ok(c) => c,
             Err(e) => return println!("skipped: {e}"),
         };
-        let spec = cuda_renderer(DeviceSpec::Cuda { ordinal: 0 })
+        let spec = cuda_renderer(kiln_device::kiln_ir::DeviceSpec::new(kiln_cuda::BACKEND, 0))
             .render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups"))
             .unwrap();
         assert!(spec.src.contains("__shared__ float") && spec.src.contains("__syncthreads()"), "{}", spec.src);

@@ -30,7 +30,7 @@ impl Bench {
         let tile = kernels::MatmulTile::for_width(self.width());
         let pack = self.compile(kernels::pack_b_f32(self.axis(), n, tile), "pack_b_f32")?;
         // The CPU backend splits the strips over its cores; elsewhere, one tile per item.
-        let sink = if *self.device.spec() == DeviceSpec::Cpu {
+        let sink = if *self.device.spec() == DeviceSpec::new("CPU", 0) {
             kernels::matmul_f32(self.axis(), n, tile)
         } else {
             kernels::matmul_tile_f32(n, tile)

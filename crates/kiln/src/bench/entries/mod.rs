@@ -28,7 +28,7 @@ pub(super) struct Bench {
 
 impl Bench {
     pub(super) fn axis(&self) -> kernels::Axis {
-        if *self.device.spec() == DeviceSpec::Cpu { "gidx0" } else { "idx0" }
+        if *self.device.spec() == DeviceSpec::new("CPU", 0) { "gidx0" } else { "idx0" }
     }
 
     /// The f32 lanes of the add, sum and softmax kernels: the device's widest vector.
