@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
+use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output, cuda_renderer};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
     CacheConfig, CompiledSpec, Compiler, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer, Result,
@@ -50,7 +50,7 @@ pub fn open() -> Result<Arc<Device>> {
         let cross = Arc::new(CrossCompiler {
             cpu: compiler,
             cuda: cuda.clone(),
-            renderer: CudaRenderer::new(DeviceSpec::new("CUDA", 0)),
+            renderer: cuda_renderer(DeviceSpec::new("CUDA", 0)),
         });
         let parts = DeviceParts::new(cpu.allocator(), vec![(renderer, cross)], cpu.runtime());
         Ok(match cpu.queues() {

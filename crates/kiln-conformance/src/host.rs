@@ -5,8 +5,7 @@
 use std::fmt;
 
 use half::{bf16, f16};
-use kiln_device::cstyle::{bf16_bits, f16_bits};
-use kiln_device::kiln_ir::Scalar;
+use kiln_device::kiln_ir::{Scalar, bf16_bits, f16_bits};
 use kiln_device::{Buffer, Device};
 
 use crate::Failure;

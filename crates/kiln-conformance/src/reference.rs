@@ -1,6 +1,6 @@
 //! The reference semantics every backend must reproduce, written in plain Rust.
 //!
-//! These are the rules of `kiln_device::cstyle` (the "Semantics" section), stated once more
+//! These are the rules of `kiln_cstyle` (the "Semantics" section), stated once more
 //! independently of any renderer:
 //! - integer ADD/SUB/MUL/NEG/ABS/MULACC wrap (two's complement); IDIV truncates toward zero
 //!   and MOD takes the sign of the dividend (Rust's `/` and `%`), with `x / 0 == 0`,

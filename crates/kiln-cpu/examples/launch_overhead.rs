@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kiln_cpu::{CCompiler, CpuProgram, CpuRenderer, Pool};
+use kiln_cpu::{CCompiler, CpuProgram, Pool, cpu_renderer};
 use kiln_device::kiln_ir::{KernelBuilder, Scalar};
 use kiln_device::{Buffer, Compiler, Kernel, Renderer};
 
@@ -22,7 +22,7 @@ fn main() -> Result<(), kiln_device::Error> {
     let mut best = f64::MAX;
     for round in 0..5 {
         let t = Instant::now();
-        let spec = CpuRenderer::new().render(&sink, Some(&format!("add{round}")))?;
+        let spec = cpu_renderer().render(&sink, Some(&format!("add{round}")))?;
         let t_render = t.elapsed();
         let compiled = cc.compile(&spec)?;
         let t_compile = t.elapsed();

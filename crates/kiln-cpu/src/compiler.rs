@@ -851,7 +851,7 @@ mod tests {
         let r = v.mul_acc(&v, &v).max(v.exp()).min(v.lt(v.gep(3).broadcast(16)).select(&v, &(&v * 2.0)));
         assert_eq!(r.dtype(), DType::vec(Scalar::F32, 16));
         b.store(&y.at_vec(&(&i * 16), 16), &r);
-        let src = crate::CpuRenderer::new().render(&b.finish().unwrap(), Some("wide")).unwrap().src;
+        let src = crate::cpu_renderer().render(&b.finish().unwrap(), Some("wide")).unwrap().src;
         let cc = CCompiler::detect().unwrap();
         let asm = assembly(&cc.clone().with_isa(avx2), &src);
         assert!(asm.contains("ymm"), "the AVX2 build uses 32-byte vectors");
@@ -866,14 +866,14 @@ mod tests {
 
     #[test]
     fn kernels_include_no_system_header_and_declare_every_math_function() {
+        use kiln_cstyle::MathFn;
         use kiln_device::Renderer;
-        use kiln_device::cstyle::MathFn;
         use kiln_device::kiln_ir::{KernelBuilder, Scalar};
         let mut b = KernelBuilder::new();
         let a = b.param(0, Scalar::F32, 8);
         let i = b.special("gidx0", 8);
         b.store(&a.at(&i), &(a.at(&i).load() * 2.0));
-        let src = crate::CpuRenderer::new().render(&b.finish().unwrap(), Some("k")).unwrap().src;
+        let src = crate::cpu_renderer().render(&b.finish().unwrap(), Some("k")).unwrap().src;
         assert!(!src.contains("#include"), "{src}");
         use MathFn::*;
         for f in [Sqrt, Exp2, Log2, Exp, Log, Sin, Cos, Trunc, Fabs, Pow, Fmax, Fmin, Fma] {
@@ -1355,6 +1355,33 @@ InstalledDir: /usr/lib/llvm-14/bin
         assert_eq!(lines(&log), ["--version"], "`--version` runs once, when asked for");
     }
 
+    /// No renderer version is part of the kernel cache's key: the rendered source is, and
+    /// besides it the compiler's identity and flags, so compiling the same source for another
+    /// instruction set is another entry.
+    #[test]
+    fn the_disk_key_follows_the_compiler_flags() {
+        use crate::isa::{Isa, IsaTarget};
+        use kiln_device::{Program, Renderer, RuntimeFactory, Toolchain};
+        let Ok(sse2) = IsaTarget::force(Isa::Sse2) else {
+            println!("skipped: this CPU has no SSE2");
+            return;
+        };
+        let cc = CCompiler::detect().unwrap();
+        if cc.isa() == sse2 {
+            println!("skipped: SSE2 is already this compiler's target");
+            return;
+        }
+        let sink = crate::testing::double_in_place();
+        let src = crate::cpu_renderer().render(&sink, None).unwrap().src;
+        let key = |cc: CCompiler| {
+            let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
+            Toolchain::new(Arc::new(crate::cpu_renderer()), Arc::new(cc), runtime.into())
+                .disk_key(&sink, None, "CPU", &src)
+        };
+        assert_eq!(key(cc.clone()), key(cc.clone()), "the key is stable");
+        assert_ne!(key(cc.clone()), key(cc.with_isa(sse2)), "the flags are part of the key");
+    }
+
     #[test]
     fn a_warm_disk_cache_never_starts_the_compiler() {
         use kiln_device::{CacheConfig, KernelCache, Program, Renderer, RuntimeFactory, Toolchain};
@@ -1369,7 +1396,7 @@ InstalledDir: /usr/lib/llvm-14/bin
         let sink = crate::testing::double_in_place();
         // What a new process does: locate the compiler, open the cache, ask for the kernel.
         let process = || {
-            let renderer: Arc<dyn Renderer> = Arc::new(crate::CpuRenderer::new());
+            let renderer: Arc<dyn Renderer> = Arc::new(crate::cpu_renderer());
             let runtime: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
             let toolchain = Toolchain::new(renderer, Arc::new(CCompiler::with_path(&cc).unwrap()), runtime.into());
             let cache = KernelCache::new(CacheConfig::at(dir.path().join("cache")));

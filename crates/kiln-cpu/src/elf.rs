@@ -880,7 +880,7 @@ __asm__(".text\n.globl asm_relocs\n.type asm_relocs,@function\nasm_relocs:\n"
         let sink = crate::testing::double_in_place();
         let dir = tempfile::Builder::new().prefix("kiln-elf-cache-").tempdir().unwrap();
         let cc = CCompiler::detect().unwrap();
-        let renderer: Arc<dyn Renderer> = Arc::new(crate::CpuRenderer::new());
+        let renderer: Arc<dyn Renderer> = Arc::new(crate::cpu_renderer());
         let lax: RuntimeFactory = Arc::new(|_| Ok(Arc::new(NeverRun) as Arc<dyn Program>));
         let real: RuntimeFactory = Arc::new(|c| Ok(Arc::new(crate::CpuProgram::load(c)?) as Arc<dyn Program>));
         let cached = |compiler: Arc<dyn Compiler>, runtime: &RuntimeFactory| {

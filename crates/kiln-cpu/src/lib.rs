@@ -37,7 +37,7 @@ pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{CpuQueue, CpuQueueFactory};
-pub use renderer::{CpuDialect, CpuRenderer};
+pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer};
 
 /// The backend's name in device specs, in `KILN_REQUIRE` (lower case) and in the registry.
 pub const BACKEND: &str = "CPU";
@@ -117,7 +117,7 @@ fn open_with(
         compiler.choice(),
         isa::describe(compiler.isa(), caches)
     );
-    let renderer = Arc::new(CpuRenderer::new());
+    let renderer = Arc::new(cpu_renderer());
     let compiler_isa = compiler.isa();
     // The renderer and compiler hold no device state and survive a reset; memory, queues and
     // loaded programs are built anew for every generation.

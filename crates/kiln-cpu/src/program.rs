@@ -410,7 +410,7 @@ mod tests {
             name: "k".into(),
             src: None,
             bytes,
-            spec: Arc::new(crate::CpuRenderer::new().render(&tiny_kernel(), Some("k")).unwrap()),
+            spec: Arc::new(crate::cpu_renderer().render(&tiny_kernel(), Some("k")).unwrap()),
         };
         match CpuProgram::load(&compiled(cc.compile_source("k", src).unwrap())) {
             Err(Error::Load(m)) => assert!(m.contains("kiln_nowhere"), "{m}"),
@@ -435,7 +435,7 @@ mod tests {
             name: "k".into(),
             src: None,
             bytes: library(1),
-            spec: Arc::new(crate::CpuRenderer::new().render(&tiny_kernel(), Some("k")).unwrap()),
+            spec: Arc::new(crate::cpu_renderer().render(&tiny_kernel(), Some("k")).unwrap()),
         };
         match CpuProgram::load(&compiled) {
             Err(Error::Load(m)) => assert!(m.contains("kernel `k`") && m.contains("shared library"), "{m}"),

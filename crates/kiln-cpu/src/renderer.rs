@@ -53,48 +53,20 @@
 //! SSE2 or NEON keep the libm lane loop.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
-use kiln_device::cstyle::{
-    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, bf16_bits, c_float_literal,
-    c_int_literal, f16_bits,
+use kiln_cstyle::{
+    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_float_literal, c_vector_operator,
+    saturating_cast,
 };
-use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
-use kiln_device::{Error, ProgramSpec, Renderer, Result};
-
-/// Bumped whenever the generated C changes: it is part of every cache key.
-const RENDERER_VERSION: u32 = 7;
+use kiln_device::kiln_ir::{DType, Op, Scalar, bf16_bits, f16_bits};
+use kiln_device::{Error, Result};
 
 /// Renders kernels to C for [`crate::CCompiler`].
-#[derive(Debug, Clone)]
-pub struct CpuRenderer {
-    core: CStyle<CpuDialect>,
-}
+pub type CpuRenderer = CStyle<CpuDialect>;
 
-impl Default for CpuRenderer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CpuRenderer {
-    pub fn new() -> Self {
-        CpuRenderer { core: CStyle::new(CpuDialect, crate::CPU.clone()) }
-    }
-}
-
-impl Renderer for CpuRenderer {
-    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
-        self.core.render(ast, name)
-    }
-
-    fn device(&self) -> &DeviceSpec {
-        &self.core.device
-    }
-
-    fn cache_key(&self) -> String {
-        format!("cpu-c-v{RENDERER_VERSION}")
-    }
+/// The CPU renderer.
+pub fn cpu_renderer() -> CpuRenderer {
+    CStyle::new(CpuDialect, crate::CPU.clone())
 }
 
 /// The spelling of C for the CPU backend (see the module docs).
@@ -145,28 +117,9 @@ impl CpuDialect {
     fn float_to_int(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
         let f = if from == Scalar::F64 { Scalar::F64 } else { Scalar::F32 };
         let name = format!("kiln_{}_to_{}", f.name(), to.name());
-        let (min, max): (i128, i128) = match to {
-            Scalar::I8 => (i8::MIN.into(), i8::MAX.into()),
-            Scalar::I16 => (i16::MIN.into(), i16::MAX.into()),
-            Scalar::I32 => (i32::MIN.into(), i32::MAX.into()),
-            Scalar::I64 => (i64::MIN.into(), i64::MAX.into()),
-            Scalar::U8 => (0, u8::MAX.into()),
-            Scalar::U16 => (0, u16::MAX.into()),
-            Scalar::U32 => (0, u32::MAX.into()),
-            _ => (0, u64::MAX.into()),
-        };
         let (ft, tt) = (self.scalar_type(f, p), self.scalar_type(to, p));
-        // MIN is a power of two (or 0): exact in any float. MAX rounds to the nearest float,
-        // which is ≥ MAX, so `x >= hi` catches exactly the values that do not fit.
-        let lo = c_float_literal(min as f64, f);
-        let hi = c_float_literal(if f == Scalar::F32 { max as f32 as f64 } else { max as f64 }, f);
-        let (imin, imax) = (c_int_literal(min as i64, to), c_int_literal(max as u64 as i64, to));
-        let def_name = name.clone();
-        p.need(&name, move |_| {
-            format!(
-                "static inline {tt} {def_name}({ft} x) {{\n  return x != x ? 0 : x <= {lo} ? {imin} : x >= {hi} ? {imax} : ({tt})x;\n}}\n"
-            )
-        });
+        let def = name.clone();
+        p.need(&name, |_| saturating_cast("static inline", &def, (f, ft.as_str()), (to, tt.as_str())));
         format!("{name}({e})")
     }
 
@@ -468,7 +421,7 @@ static inline uint16_t kiln_f32_to_f16(float f) {
 
 /// `kiln_f64_to_f32_odd`: an f64 rounded to f32 by round-to-odd (itself when it is an f32,
 /// else whichever of its two f32 neighbours has an odd last bit). Rounding that once more to
-/// f16 or bf16 gives the f64 correctly rounded, as `kiln_device::cstyle::f16_bits` does for
+/// f16 or bf16 gives the f64 correctly rounded, as `kiln_ir::f16_bits` does for
 /// constants; a plain `(float)` first would round twice (a value just above a tie would end
 /// on the tie and round to even).
 const F64_TO_F32_ODD: &str = "static inline float kiln_f64_to_f32_odd(double d) {
@@ -713,16 +666,7 @@ impl Dialect for CpuDialect {
     }
 
     fn native_vector_op(&self, op: Op, dtype: DType) -> bool {
-        let Some(s) = dtype.scalar() else { return false };
-        if matches!(s, Scalar::Bool | Scalar::F16 | Scalar::BF16) {
-            return false;
-        }
-        match op {
-            Op::Add | Op::Sub | Op::Mul | Op::Neg => true,
-            Op::Div => s.is_float(),
-            Op::And | Op::Or | Op::Xor => s.is_int(),
-            _ => false,
-        }
+        dtype.scalar().is_some_and(|s| c_vector_operator(op, s))
     }
 
     /// f32/f64 vector EXP, EXP2, LOG and LOG2 as the vector math functions (module docs), and
@@ -813,8 +757,7 @@ impl Dialect for CpuDialect {
     }
 
     fn math(&self, f: MathFn, s: Scalar, args: &[String], _p: &mut Prelude) -> String {
-        let suffix = if s == Scalar::F64 { "" } else { "f" };
-        format!("{}{suffix}({})", f.c_name(), args.join(", "))
+        f.c_call(s, args)
     }
 
     fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
@@ -855,7 +798,7 @@ impl Dialect for CpuDialect {
         let ty = |d: DType, p: &mut Prelude| match d {
             DType::Vector(s, w) => Ok(self.vector_type(s, w, p)),
             DType::Scalar(s) => Ok(self.scalar_type(s, p)),
-            other => Err(kiln_device::Error::Render(format!("BITCAST of a {other}"))),
+            other => Err(Error::Render(format!("BITCAST of a {other}"))),
         };
         let f = ty(from, p)?;
         if to == DType::BOOL {

@@ -8,9 +8,8 @@
 use std::sync::{Arc, OnceLock};
 
 use kiln_conformance::suite::programs;
-use kiln_cpu::{CCompiler, CpuProgram, CpuRenderer};
-use kiln_device::cstyle::{bf16_bits, f16_bits};
-use kiln_device::kiln_ir::{Arg, DType, KernelBuilder, Op, Scalar, UOp, Val};
+use kiln_cpu::{CCompiler, CpuProgram, cpu_renderer};
+use kiln_device::kiln_ir::{Arg, DType, KernelBuilder, Op, Scalar, UOp, Val, bf16_bits, f16_bits};
 use kiln_device::{Buffer, CompiledSpec, Compiler, Device, Error, Kernel, ProgramSpec, Renderer};
 
 fn device() -> Arc<Device> {
@@ -20,7 +19,7 @@ fn device() -> Arc<Device> {
 
 fn compile(sink: &Arc<UOp>, name: &str) -> Kernel {
     device().compile(sink, Some(name)).unwrap_or_else(|e| {
-        let src = CpuRenderer::new().render(sink, Some(name)).map(|s| s.src).unwrap_or_default();
+        let src = cpu_renderer().render(sink, Some(name)).map(|s| s.src).unwrap_or_default();
         panic!("{e}\n--- source ---\n{src}")
     })
 }
@@ -292,7 +291,7 @@ fn nontemporal_stores_render_per_width_and_fence_each_call() {
         store(oh.at(&(&i * 8)), s.cast(DType::Scalar(Scalar::BF16)), None),
     ];
     let sink = UOp::new(Op::Sink, DType::Void, Arg::None, effects);
-    let src = CpuRenderer::new().render(&sink, Some("nt")).unwrap().src;
+    let src = cpu_renderer().render(&sink, Some("nt")).unwrap().src;
     if cfg!(target_arch = "x86_64") {
         for needle in ["kiln_stnt_f32x8(", "kiln_stnt_f32(", "vmovntdq %1, %0", "movnti %1, %0", "& 31) == 0"] {
             assert!(src.contains(needle), "{needle}\n{src}");
@@ -304,7 +303,7 @@ fn nontemporal_stores_render_per_width_and_fence_each_call() {
     let y = k.param(0, Scalar::F32, 8i64);
     let j = k.special("gidx0", 8i64);
     k.store(&y.at(&j), &Val::f32(1.0));
-    let plain = CpuRenderer::new().render(&k.finish().unwrap(), Some("plain")).unwrap().src;
+    let plain = cpu_renderer().render(&k.finish().unwrap(), Some("plain")).unwrap().src;
     assert!(!plain.contains("sfence") && !plain.contains("movnt"), "{plain}");
 
     let kernel = compile(&sink, "nt");
@@ -356,7 +355,7 @@ fn every_chunk_split_gives_identical_results() {
     let v = x.at(&i).load();
     k.store(&out.at(&i), &(&v * &v + i.cast(DType::F32)));
     let sink = k.finish().unwrap();
-    let spec = CpuRenderer::new().render(&sink, Some("split")).unwrap();
+    let spec = cpu_renderer().render(&sink, Some("split")).unwrap();
     let compiled = CCompiler::detect().unwrap().compile(&spec).unwrap();
     let program = CpuProgram::load(&compiled).unwrap();
     for n in [1usize, 2, 3, 13, 1001] {
@@ -449,7 +448,7 @@ fn nested_reduce_over_two_ranges_and_awkward_variable_names() {
     let total = acc.update(&(acc.get() + x.at(&(&r0 * &w + &r1)).load()));
     k.store(&out.at(&Val::int(0)), &total);
     let sink = k.finish().unwrap();
-    let src = CpuRenderer::new().render(&sink, Some("block-sum")).unwrap().src;
+    let src = cpu_renderer().render(&sink, Some("block-sum")).unwrap().src;
     assert!(src.contains("var0_for") && src.contains("void block_sum("), "{src}");
     let kernel = compile(&sink, "block-sum");
     let xs: Vec<f64> = (0..36).map(|v| v as f64 * 0.25).collect();
@@ -663,7 +662,7 @@ fn vector_kernels_include_no_header_and_use_the_x86_builtins() {
         let r = lt.select(&a.mul_acc(&b, &c), a.max(&b).min(&c)).exp();
         k.store(&out.at_vec(&at, w), &r);
         k.store(&mask.at_vec(&at, w), &a.ne(&c));
-        let src = CpuRenderer::new().render(&k.finish().unwrap(), Some("wide")).unwrap().src;
+        let src = cpu_renderer().render(&k.finish().unwrap(), Some("wide")).unwrap().src;
         assert!(!src.contains("#include"), "{s}x{w}:\n{src}");
         let pd = if s == Scalar::F32 { "ps" } else { "pd" };
         let suffix = match w as usize * s.size() {
@@ -917,7 +916,7 @@ fn missing_symbol_and_bad_source_are_typed_errors() {
     let i = k.global(0, 4);
     k.store(&a.at(&i), &Val::f32(1.0));
     let sink = k.finish().unwrap();
-    let spec = CpuRenderer::new().render(&sink, Some("real_name")).unwrap();
+    let spec = cpu_renderer().render(&sink, Some("real_name")).unwrap();
     let cc = CCompiler::detect().unwrap();
     let compiled = cc.compile(&spec).unwrap();
     let renamed =
@@ -950,8 +949,8 @@ fn program_stages_inside_a_kernel_cannot_be_rendered() {
     let spec = ProgramSpec::from_sink("p", String::new(), kiln_cpu::CPU.clone(), &sink).unwrap();
     let program = spec.to_uop(None).unwrap();
     let weird = UOp::new(Op::Sink, DType::Void, Arg::None, vec![sink.src()[0].clone(), program]);
-    assert!(CpuRenderer::new().render(&weird, None).is_err());
-    assert!(matches!(CpuRenderer::new().render(&sink.src()[0], None), Err(Error::Render(_))));
+    assert!(cpu_renderer().render(&weird, None).is_err());
+    assert!(matches!(cpu_renderer().render(&sink.src()[0], None), Err(Error::Render(_))));
 }
 
 #[test]

@@ -511,9 +511,8 @@ mod tests {
         let i = k.global(0, &n);
         let x = a.at(&i).load().cast(kiln_device::kiln_ir::DType::F32);
         k.store(&c.at(&i), &(x.exp2() * Val::f32(0.5)));
-        let spec = crate::CudaRenderer::new(DeviceSpec::new(crate::BACKEND, 0))
-            .render(&k.finish().unwrap(), Some("k"))
-            .unwrap();
+        let spec =
+            crate::cuda_renderer(DeviceSpec::new(crate::BACKEND, 0)).render(&k.finish().unwrap(), Some("k")).unwrap();
         let arch: Arch = "sm_90".parse().unwrap();
         let ptx = CudaCompiler::new(arch, Output::Ptx).unwrap().compile(&spec).unwrap().bytes;
         let text = String::from_utf8(ptx).unwrap();

@@ -7,7 +7,7 @@
 //! needs no driver and no GPU ([`compiler`]).
 //!
 //! The rooms, read top to bottom:
-//! - [`renderer`]: CUDA C++ from the kernel IR (the shared C-family core plus a dialect).
+//! - [`renderer`]: CUDA C++ from the kernel IR (kiln-cstyle with CUDA C++ as data).
 //! - [`compiler`]: NVRTC → PTX → cubin for one `sm_XX`; needs no GPU.
 //! - [`program`]: loads a cubin (`cuModuleLoadData`) and launches it.
 //! - [`allocator`]: device memory, with pinned staging for host copies.
@@ -49,7 +49,7 @@ pub use compiler::{Arch, CudaCompiler, Output};
 pub use graph::CudaGraphs;
 pub use program::CudaProgram;
 pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
-pub use renderer::CudaRenderer;
+pub use renderer::{CudaCpp, CudaDialect, CudaRenderer, cuda_renderer};
 pub use signal::{CudaEvent, CudaSignal};
 
 /// The backend's name in device specs (`CUDA:n`), in `KILN_REQUIRE` (lower case) and in the
@@ -373,7 +373,7 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
             Arc::new(move |compiled| Ok(Arc::new(CudaProgram::load(loader.clone(), compiled)?) as _));
         let allocator = Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?);
         let compilers: Vec<kiln_device::CompilerPair> = vec![(
-            Arc::new(CudaRenderer::new(ctx.spec().clone())),
+            Arc::new(cuda_renderer(ctx.spec().clone())),
             Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
         )];
         Ok(DeviceParts::new(allocator, compilers, runtime)

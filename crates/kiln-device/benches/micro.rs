@@ -48,9 +48,6 @@ impl Renderer for MockRenderer {
         static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
         &SPEC
     }
-    fn cache_key(&self) -> String {
-        "bench-renderer".into()
-    }
 }
 
 /// "Compiles" to 16 KiB of bytes, about the size of a small kernel's shared object.

@@ -11,10 +11,10 @@
 //! devices whose programs are interchangeable.
 //!
 //! **Disk.** One file per compiled kernel, `<64 hex digits>.kiln-bin`, named by a SHA-256 over
-//! the kernel's content hash, its requested name, the device family, the renderer's
-//! `cache_key()`, the compiler's `cache_key()` and `fingerprint()` (version or identity of the
-//! compiler binary, flags, target): a toolchain change changes the name, so a stale binary is
-//! never found. The cache reads, counts, evicts and clears only files named exactly so (and
+//! the kernel's content hash, its requested name, the device family, the rendered source, the
+//! compiler's `cache_key()` and `fingerprint()` (version or identity of the compiler binary,
+//! flags, target): a renderer change that changes the source, or a toolchain change, changes
+//! the name, so a stale binary is never found. The cache reads, counts, evicts and clears only files named exactly so (and
 //! its own `.kiln-bin-*.tmp` files): anything else in the folder, such as a user's `.kiln`
 //! kernel sources, is never touched. An entry stores the compiled `bytes` (or the
 //! source, for JIT backends whose bytes are empty) and the entry-point names; on a hit the
@@ -88,21 +88,20 @@ const RESCAN_EVERY: u32 = 64;
 /// A renderer, compiler and loader, with the identity of everything besides the kernel that
 /// decides the compiled bytes. Build it once per device: the fingerprint is taken here.
 pub struct Toolchain {
-    /// Turns kernels into source for the backend; its `cache_key()` is part of the disk key.
+    /// Turns kernels into source for the backend; the source is part of the disk key.
     pub renderer: Arc<dyn Renderer>,
     /// Turns source into binaries; its `cache_key()` and `fingerprint()` are part of the
     /// disk key, taken once in [`Toolchain::new`].
     pub compiler: Arc<dyn Compiler>,
     /// Loads compiled bytes into a kernel of the device.
     pub loader: Loader,
-    renderer_key: String,
     fingerprint: String,
     id: [u8; 32],
 }
 
 impl std::fmt::Debug for Toolchain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Toolchain({} / {} [{}])", self.renderer_key, self.compiler.cache_key(), self.fingerprint)
+        write!(f, "Toolchain({} [{}])", self.compiler.cache_key(), self.fingerprint)
     }
 }
 
@@ -113,15 +112,15 @@ fn put_str(h: &mut Sha256, s: &str) {
 
 impl Toolchain {
     /// Bundles the three stages and takes the compiler's fingerprint now, once: a toolchain
-    /// changed after this (a new compiler binary) is seen only by a new `Toolchain`.
+    /// changed after this (a new compiler binary) is seen only by a new `Toolchain`. The
+    /// renderer is not part of the identity: its output is (see [`Toolchain::disk_key`]), and
+    /// a device renders every kernel with one renderer.
     pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, loader: Loader) -> Toolchain {
-        let renderer_key = renderer.cache_key();
         let fingerprint = compiler.fingerprint();
         let mut h = Sha256::new();
-        put_str(&mut h, &renderer_key);
         put_str(&mut h, compiler.cache_key());
         put_str(&mut h, &fingerprint);
-        Toolchain { renderer, compiler, loader, renderer_key, fingerprint, id: h.finalize().into() }
+        Toolchain { renderer, compiler, loader, fingerprint, id: h.finalize().into() }
     }
 
     /// The disk key of `sink` compiled under `name` for the device family `family`.
@@ -140,7 +139,6 @@ impl Toolchain {
             None => h.update([0]),
         }
         put_str(&mut h, family);
-        put_str(&mut h, &self.renderer_key);
         put_str(&mut h, self.compiler.cache_key());
         put_str(&mut h, &self.fingerprint);
         put_str(&mut h, src);

@@ -8,7 +8,6 @@ pub mod backend;
 pub mod buffer;
 pub mod cache;
 pub mod context;
-pub mod cstyle;
 pub mod device;
 pub mod error;
 #[cfg(feature = "fault-injection")]

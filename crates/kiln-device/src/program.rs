@@ -401,9 +401,6 @@ pub trait Renderer: Send + Sync {
     fn decompositor(&self) -> Option<kiln_ir::rewrite::RewriteRules> {
         None
     }
-
-    /// Identifies the renderer and its version in cache keys: change it when output changes.
-    fn cache_key(&self) -> String;
 }
 
 /// Turns source into something loadable.
@@ -418,7 +415,8 @@ pub trait Compiler: Send + Sync {
     /// [`Error::Driver`] when the driver fails otherwise (a fatal one loses the device).
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec>;
 
-    /// The backend name ("clang", "opencl", ...).
+    /// The compiler's name ("clang", "opencl", ...): with [`Compiler::fingerprint`], all of
+    /// the kernel cache's key besides the kernel and its rendered source.
     fn cache_key(&self) -> &'static str;
 
     /// Everything besides the kernel that changes the binary: the compiler's identity (its

@@ -85,9 +85,6 @@ impl Renderer for MockRenderer {
         static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
         &SPEC
     }
-    fn cache_key(&self) -> String {
-        "mock-c v1".into()
-    }
 }
 
 /// Counts compiles; can be slowed down (to widen races) and made to fail.

@@ -10,6 +10,8 @@ use std::str::FromStr;
 
 use crate::IrError;
 
+pub mod half;
+
 /// A scalar element type. Integers wrap (two's complement); floats are IEEE binary formats
 /// (bf16 is the top half of an f32); `Bool` is one byte holding 0 or 1 in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

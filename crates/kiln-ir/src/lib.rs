@@ -20,6 +20,7 @@ mod uop;
 mod validate;
 
 pub use builder::{Acc, IntoVal, KernelBuilder, Val};
+pub use dtype::half::{bf16_bits, f16_bits};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use guard::{Guarded, GuardedAccess, guard};
 pub use linearize::{MAX_LOOPS, linearize};

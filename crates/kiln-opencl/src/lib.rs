@@ -39,7 +39,7 @@ pub use allocator::OpenClAllocator;
 pub use compiler::OpenClCompiler;
 pub use program::OpenClProgram;
 pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
-pub use renderer::OpenClRenderer;
+pub use renderer::{OpenClC, OpenClDialect, OpenClRenderer, opencl_renderer, opencl_renderer_for};
 pub use signal::{ClEvent, OpenClSignal};
 
 /// The backend's name in device specs (`OPENCL:n`), in `KILN_REQUIRE` (lower case) and in the
@@ -322,7 +322,7 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
             Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
         let allocator = Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?);
         let compilers: Vec<kiln_device::CompilerPair> =
-            vec![(Arc::new(OpenClRenderer::new(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))];
+            vec![(Arc::new(opencl_renderer(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))];
         Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
             .with_queues(Arc::new(OpenClQueueFactory::new(cl))))
     })

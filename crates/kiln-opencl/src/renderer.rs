@@ -1,5 +1,6 @@
-//! OpenCL C from the kernel IR: the shared C-family core ([`kiln_device::cstyle`]) with the
-//! OpenCL C dialect below. The core decides what every op means; this file only spells it.
+//! OpenCL C from the kernel IR: kiln's C-family code generator ([`kiln_cstyle`]) with OpenCL
+//! C as data for its GPU dialect. The core decides what every op means; this file only says
+//! how OpenCL C spells it.
 //!
 //! Spelling choices:
 //! - Buffers arrive as `__global T* dataN_base, ulong dataN_off` (see [`crate::program`]);
@@ -20,374 +21,84 @@
 //!   `barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)`: the IR's barrier publishes global
 //!   stores within the group too, as CUDA's `__syncthreads()` does.
 
-use std::sync::Arc;
-
-use kiln_device::cstyle::gpu::{self, HalfBits, HelperSpelling, element, store_elements, value_type};
-use kiln_device::cstyle::{
-    Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, bf16_bits, c_float_literal,
-    f16_bits,
-};
-use kiln_device::kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp};
-use kiln_device::{Error, ProgramSpec, Renderer, Result};
+use kiln_cstyle::{CStyle, Gpu, GpuLanguage, Prelude};
+use kiln_device::kiln_ir::{DeviceSpec, Scalar};
 
 use crate::ClDevice;
 
-/// Widths OpenCL C has vector types for.
-const NATIVE_WIDTHS: [u8; 5] = [2, 3, 4, 8, 16];
+/// OpenCL C as data for the GPU dialect ([`kiln_cstyle::gpu`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenClC;
 
-/// How OpenCL C spells the C-family core's constructs.
-#[derive(Debug, Clone, Default)]
-pub struct OpenClDialect;
+/// The OpenCL C dialect.
+pub type OpenClDialect = Gpu<OpenClC>;
 
-fn native_width(w: u8) -> bool {
-    NATIVE_WIDTHS.contains(&w)
+/// Renders kernels as OpenCL C for one device (or a device family: [`opencl_renderer_for`]).
+pub type OpenClRenderer = CStyle<OpenClDialect>;
+
+/// The renderer for the OpenCL device `cl`.
+pub fn opencl_renderer(cl: &ClDevice) -> OpenClRenderer {
+    opencl_renderer_for(cl.spec.clone(), cl.info.has_extension("cl_khr_fp64"))
 }
 
-/// The OpenCL C name of a scalar in registers.
-fn scalar_name(s: Scalar) -> &'static str {
-    match s {
-        Scalar::Bool => "bool",
-        Scalar::I8 => "char",
-        Scalar::I16 => "short",
-        Scalar::I32 => "int",
-        Scalar::I64 => "long",
-        Scalar::U8 => "uchar",
-        Scalar::U16 | Scalar::F16 | Scalar::BF16 => "ushort",
-        Scalar::U32 => "uint",
-        Scalar::U64 => "ulong",
-        Scalar::F32 => "float",
-        Scalar::F64 => "double",
-    }
+/// A renderer that needs no OpenCL runtime (e.g. to inspect source offline), for a device
+/// that does (or does not) have `cl_khr_fp64`.
+pub fn opencl_renderer_for(device: DeviceSpec, fp64: bool) -> OpenClRenderer {
+    CStyle::new(Gpu::new(OpenClC, fp64), device)
 }
 
-/// The element name of a scalar in memory and in vectors.
-fn element_name(s: Scalar) -> &'static str {
-    if s == Scalar::Bool { "uchar" } else { scalar_name(s) }
-}
+impl GpuLanguage for OpenClC {
+    const HEADER: &'static str = "// OpenCL C rendered by kiln";
+    const FUNCTION: &'static str = "static inline";
+    const KERNEL: &'static str = "__kernel void";
+    const BUFFER: &'static str = "__global ";
+    const BUFFER_OFFSETS: bool = true;
+    const SHARED: &'static str = "__local";
+    const BARRIER: &'static str = "barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)";
+    const GROUP_ID: [&'static str; 3] = ["get_group_id(0)", "get_group_id(1)", "get_group_id(2)"];
+    const LOCAL_ID: [&'static str; 3] = ["get_local_id(0)", "get_local_id(1)", "get_local_id(2)"];
+    const GLOBAL_ID: [&'static str; 3] = ["get_global_id(0)", "get_global_id(1)", "get_global_id(2)"];
+    const GUARD_DIRECT: bool = false;
+    const INTEGERS: [&'static str; 8] = ["char", "short", "int", "long", "uchar", "ushort", "uint", "ulong"];
+    const NATIVE_WIDTHS: &'static [u8] = &[2, 3, 4, 8, 16];
+    const OVERLOADED_MATH: bool = true;
+    /// OpenCL C's `long` is 64-bit and `long long` is reserved.
+    const LONG: &'static str = "L";
+    const CPLUSPLUS: bool = false;
+    const FLOAT_FROM_BITS: &'static str = "as_float";
+    const BITS_OF_FLOAT: &'static str = "as_uint";
+    const DOUBLE_FROM_BITS: &'static str = "as_double";
+    const BITCAST: Option<&'static str> = Some("as_");
+    const F64_EXTENSION: Option<&'static str> = Some("cl_khr_fp64");
+    /// `vload_half`/`vstore_half_rte` are core OpenCL C: no device needs `cl_khr_fp16`.
+    const F16_HELPERS: &'static str = "\
+static inline float kiln_f16_to_f32(ushort h) { return vload_half(0, (const __private half*)&h); }
+static inline ushort kiln_f32_to_f16(float f) { ushort h; vstore_half_rte(f, 0, (__private half*)&h); return h; }";
+    const F64_TO_F16: &'static str = "\
+static inline ushort kiln_f64_to_f16(double d) { ushort h; vstore_half_rte(d, 0, (__private half*)&h); return h; }";
 
-fn need_fp64(p: &mut Prelude) {
-    p.need("fp64", |_| "#pragma OPENCL EXTENSION cl_khr_fp64 : enable".into());
-}
-
-fn need_f16(p: &mut Prelude) {
-    p.need("f16", |_| {
-        "static inline float kiln_f16_to_f32(ushort h) { return vload_half(0, (const __private half*)&h); }\n\
-         static inline ushort kiln_f32_to_f16(float f) { ushort h; vstore_half_rte(f, 0, (__private half*)&h); return h; }"
-            .into()
-    });
-}
-
-impl HalfBits for OpenClDialect {
-    const HELPERS: HelperSpelling = HelperSpelling {
-        function: "static inline",
-        u16: "ushort",
-        u32: "uint",
-        float_from_bits: "as_float",
-        bits_of_float: "as_uint",
-    };
-
-    fn need_f16(&self, p: &mut Prelude) {
-        need_f16(p);
-    }
-
-    fn f64_to_f16(&self, e: &str, p: &mut Prelude) -> String {
-        p.need("f64_to_f16", |p| {
-            need_fp64(p);
-            "static inline ushort kiln_f64_to_f16(double d) { ushort h; vstore_half_rte(d, 0, (__private half*)&h); return h; }".into()
-        });
-        format!("kiln_f64_to_f16({e})")
-    }
-
-    fn float_to_int(&self, e: &str, _from: Scalar, to: Scalar, p: &mut Prelude) -> String {
-        format!("convert_{}_sat({e})", self.scalar_type(to, p))
-    }
-
-    fn native_bitcast(&self, e: &str, from: DType, to: DType, tt: &str) -> Option<String> {
-        (Self::as_type_ok(from) && Self::as_type_ok(to)).then(|| format!("as_{tt}({e})"))
-    }
-}
-
-impl OpenClDialect {
-    /// Whether `as_T` can reinterpret between OpenCL types of this dtype.
-    fn as_type_ok(dt: DType) -> bool {
-        match dt {
-            DType::Scalar(s) => s != Scalar::Bool,
-            DType::Vector(s, w) => s != Scalar::Bool && native_width(w) && w != 3,
-            _ => false,
-        }
-    }
-}
-
-impl Dialect for OpenClDialect {
-    fn header(&self) -> String {
-        "// OpenCL C rendered by kiln".into()
-    }
-
-    fn scalar_type(&self, s: Scalar, p: &mut Prelude) -> String {
-        if s == Scalar::F64 {
-            need_fp64(p);
-        }
-        scalar_name(s).into()
-    }
-
-    fn memory_type(&self, s: Scalar, p: &mut Prelude) -> String {
-        if s == Scalar::F64 {
-            need_fp64(p);
-        }
-        element_name(s).into()
-    }
-
-    fn vector_type(&self, s: Scalar, w: u8, p: &mut Prelude) -> String {
-        let elem = self.memory_type(s, p);
-        if native_width(w) {
-            return format!("{elem}{w}");
-        }
-        let name = format!("kiln_{elem}x{w}");
-        p.need(&name, |_| format!("typedef struct {{ {elem} v[{w}]; }} {name};"));
-        name
-    }
-
-    fn lane(&self, v: &str, dtype: DType, lane: u8) -> String {
-        let (s, w) = match dtype {
-            DType::Vector(s, w) => (s, w),
-            _ => return v.to_string(),
-        };
-        let e = if native_width(w) { format!("({v}).s{lane:x}") } else { format!("({v}).v[{lane}]") };
-        if s == Scalar::Bool { format!("((bool){e})") } else { e }
-    }
-
-    fn vector_literal(&self, dtype: DType, lanes: &[String], p: &mut Prelude) -> String {
-        let ty = value_type(self, dtype, p);
-        if native_width(dtype.width()) {
-            format!("(({ty})({}))", lanes.join(", "))
-        } else {
-            format!("(({ty}){{{{{}}}}})", lanes.join(", "))
-        }
-    }
-
-    fn native_vector_op(&self, op: Op, dtype: DType) -> bool {
-        let DType::Vector(s, w) = dtype else { return false };
-        if !native_width(w) || matches!(s, Scalar::Bool | Scalar::F16 | Scalar::BF16) {
-            return false;
-        }
-        match op {
-            Op::Add | Op::Sub | Op::Mul | Op::Neg => true,
-            Op::Div => s.is_float(),
-            Op::And | Op::Or | Op::Xor => s.is_int(),
-            _ => false,
-        }
-    }
-
-    /// OpenCL C's math built-ins take float and double vectors and apply the scalar function
-    /// to each lane, so a vector FMA (the matmul inner loop), max or exp is one call instead
-    /// of a literal of per-lane calls that the compiler would have to re-vectorize.
-    fn vector_alu(&self, op: Op, dtype: DType, args: &[String], p: &mut Prelude) -> Option<String> {
-        let DType::Vector(s, w) = dtype else { return None };
-        if !native_width(w) || !matches!(s, Scalar::F32 | Scalar::F64) {
-            return None;
-        }
-        let f = match op {
-            Op::MulAcc => MathFn::Fma,
-            Op::Max => MathFn::Fmax,
-            Op::Min => MathFn::Fmin,
-            Op::Sqrt => MathFn::Sqrt,
-            Op::Exp2 => MathFn::Exp2,
-            Op::Log2 => MathFn::Log2,
-            Op::Exp => MathFn::Exp,
-            Op::Log => MathFn::Log,
-            Op::Sin => MathFn::Sin,
-            Op::Cos => MathFn::Cos,
-            Op::Trunc => MathFn::Trunc,
-            Op::Abs => MathFn::Fabs,
-            _ => return None,
-        };
-        Some(self.math(f, s, args, p))
-    }
-
-    fn to_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
-        gpu::to_f32(self, e, s, p)
-    }
-
-    fn from_f32(&self, e: &str, s: Scalar, p: &mut Prelude) -> String {
-        gpu::from_f32(self, e, s, p)
-    }
-
-    fn math(&self, f: MathFn, s: Scalar, args: &[String], p: &mut Prelude) -> String {
-        if s == Scalar::F64 {
-            need_fp64(p);
-        }
-        // OpenCL C overloads the C99 double names for float and double.
-        format!("{}({})", f.c_name(), args.join(", "))
-    }
-
-    fn cast(&self, e: &str, from: Scalar, to: Scalar, p: &mut Prelude) -> String {
-        gpu::cast(self, e, from, to, p)
-    }
-
-    /// `as_T` where OpenCL C allows it; 3-lane vectors, struct vectors and bool vectors go
-    /// through a union.
-    fn bitcast(&self, e: &str, from: DType, to: DType, p: &mut Prelude) -> Result<String> {
-        gpu::bitcast(self, e, from, to, p)
-    }
-
-    fn float_const(&self, v: f64, s: Scalar, p: &mut Prelude) -> String {
-        match s {
-            Scalar::F16 => format!("((ushort){:#06x})", f16_bits(v)),
-            Scalar::BF16 => format!("((ushort){:#06x})", bf16_bits(v)),
-            Scalar::F64 => {
-                need_fp64(p);
-                if v.is_finite() { c_float_literal(v, s) } else { format!("as_double({:#x}UL)", v.to_bits()) }
-            }
-            _ => {
-                let f = v as f32;
-                if f.is_finite() { c_float_literal(v, Scalar::F32) } else { format!("as_float({:#x}u)", f.to_bits()) }
-            }
-        }
-    }
-
-    fn int_const(&self, v: i64, s: Scalar) -> String {
-        // OpenCL C's `long` is 64-bit and `long long` is reserved: use L/UL suffixes.
-        match s {
-            Scalar::I64 if v == i64::MIN => "(-9223372036854775807L - 1)".into(),
-            Scalar::I64 if v < 0 => format!("({v}L)"),
-            Scalar::I64 => format!("{v}L"),
-            Scalar::U64 => format!("{}UL", v as u64),
-            Scalar::U32 => format!("{}u", v as u32),
-            Scalar::I32 if v == i32::MIN as i64 => "(-2147483647 - 1)".into(),
-            Scalar::Bool => (if v != 0 { "true" } else { "false" }).into(),
-            _ if v < 0 => format!("({v})"),
-            _ => v.to_string(),
-        }
-    }
-
-    fn signature(&self, name: &str, params: &[KernelParam], vars: &[KernelVar], p: &mut Prelude) -> String {
-        let mut args: Vec<String> = Vec::new();
-        for kp in params {
-            let t = self.memory_type(kp.scalar, p);
-            args.push(format!("__global {t}* {}_base", kp.name));
-            args.push(format!("ulong {}_off", kp.name));
-        }
-        for v in vars {
-            let t = value_type(self, v.dtype, p);
-            args.push(format!("{t} {}", v.name));
-        }
-        format!("__kernel void {name}({}) {{", args.join(", "))
-    }
-
-    fn prologue(&self, params: &[KernelParam], _vars: &[KernelVar], p: &mut Prelude) -> Vec<String> {
-        params
-            .iter()
-            .map(|kp| {
-                let t = self.memory_type(kp.scalar, p);
-                let n = &kp.name;
-                format!("__global {t}* {n} = (__global {t}*)((__global uchar*){n}_base + {n}_off);")
-            })
-            .collect()
-    }
-
-    fn open_launch(&self, indices: &[LaunchIndex], p: &mut Prelude) -> Result<Vec<String>> {
-        indices
-            .iter()
-            .map(|ix| {
-                let f = match ix.kind {
-                    'l' => "get_local_id",
-                    'i' => "get_global_id",
-                    _ => "get_group_id",
-                };
-                let t = value_type(self, ix.dtype, p);
-                Ok(format!("const {t} {} = ({t}){f}({});", ix.name, ix.axis))
-            })
-            .collect()
-    }
-
-    fn load(&self, addr: &Address, dtype: DType, p: &mut Prelude) -> String {
-        let at = |k: u8| element(addr, k);
-        match dtype {
-            DType::Vector(_, w) if native_width(w) => format!("vload{w}(0, {})", addr.pointer()),
-            DType::Vector(_, w) => {
-                let ty = value_type(self, dtype, p);
-                let lanes: Vec<String> = (0..w).map(at).collect();
-                format!("(({ty}){{{{{}}}}})", lanes.join(", "))
-            }
-            DType::Scalar(Scalar::Bool) => format!("({} != 0)", at(0)),
-            _ => at(0),
-        }
-    }
-
-    fn store(&self, addr: &Address, value: &str, dtype: DType, _p: &mut Prelude) -> String {
-        match dtype {
-            DType::Vector(_, w) if native_width(w) => format!("vstore{w}({value}, 0, {})", addr.pointer()),
-            _ => store_elements(addr, value, dtype),
-        }
-    }
-
-    fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<String> {
-        Ok(format!("__local {} {name}[{len}]", self.memory_type(s, p)))
-    }
-
-    fn barrier(&self, _p: &mut Prelude) -> Result<String> {
-        Ok("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)".into())
-    }
-}
-
-/// Renders kernels as OpenCL C for one device (or a device family when built with
-/// [`OpenClRenderer::for_spec`]).
-pub struct OpenClRenderer {
-    core: CStyle<OpenClDialect>,
-    /// The device supports `cl_khr_fp64`.
-    fp64: bool,
-}
-
-impl OpenClRenderer {
-    pub fn new(cl: &ClDevice) -> OpenClRenderer {
-        OpenClRenderer::for_spec(cl.spec.clone(), cl.info.has_extension("cl_khr_fp64"))
-    }
-
-    /// A renderer that needs no OpenCL runtime (e.g. to inspect source offline).
-    pub fn for_spec(device: DeviceSpec, fp64: bool) -> OpenClRenderer {
-        OpenClRenderer { core: CStyle::new(OpenClDialect, device), fp64 }
-    }
-}
-
-impl Renderer for OpenClRenderer {
-    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
-        if !self.fp64 && ast.toposort().iter().any(|n| n.dtype().scalar() == Some(Scalar::F64)) {
-            return Err(Error::Render(format!(
-                "the kernel uses f64 but {} lacks cl_khr_fp64: compute in f32 or use another device",
-                self.core.device
-            )));
-        }
-        self.core.render(ast, name)
-    }
-
-    fn device(&self) -> &DeviceSpec {
-        &self.core.device
-    }
-
-    fn cache_key(&self) -> String {
-        format!("opencl-c v2 fp64={}", self.fp64)
+    /// `convert_T_sat`: saturating, NaN to 0.
+    fn float_to_int(e: &str, _from: Scalar, to: Scalar, _p: &mut Prelude) -> String {
+        format!("convert_{}_sat({e})", Self::type_name(to))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use kiln_device::kiln_ir::{KernelBuilder, Val};
+    use kiln_cstyle::{Dialect, testing};
+    use kiln_device::kiln_ir::{DType, KernelBuilder, UOp, Val};
+    use kiln_device::{Error, Renderer};
 
     fn render(sink: &Arc<UOp>) -> String {
-        OpenClRenderer::for_spec(DeviceSpec::new(crate::BACKEND, 0), true).render(sink, Some("k")).unwrap().src
+        opencl_renderer_for(DeviceSpec::new(crate::BACKEND, 0), true).render(sink, Some("k")).unwrap().src
     }
 
     #[test]
     fn launch_indices_and_buffer_offsets_are_spelled_for_opencl() {
-        let mut k = KernelBuilder::new();
-        let n = k.var("n", 1, 1 << 20);
-        let (a, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::Bool, &n));
-        let g = k.special("gidx0", &n / 4);
-        let l = k.special("lidx0", 4);
-        let i = &g * 4 + &l;
-        k.store(&c.at(&i), &a.at(&i).load().lt(1.0));
-        let src = render(&k.finish().unwrap());
+        let src = render(&testing::grouped_compare());
         assert!(src.contains("__kernel void k(__global float* data0_base, ulong data0_off"), "{src}");
         assert!(src.contains("__global uchar* data1_base"), "{src}");
         assert!(src.contains("get_group_id(0)") && src.contains("get_local_id(0)"), "{src}");
@@ -396,12 +107,9 @@ mod tests {
 
     #[test]
     fn local_memory_barriers_and_if_blocks_are_spelled_for_opencl() {
-        let text = include_str!("../../../examples/kernels/matmul_tiled.kiln");
-        let src = render(&kiln_device::kiln_ir::parse_kernel(text).unwrap());
-        let decl = src.find("__local float lmem0[256];").expect("local memory at kernel scope");
-        assert!(decl < src.find("get_group_id").unwrap_or(0), "declared before the launch indices:\n{src}");
-        assert_eq!(src.matches("barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);").count(), 2, "{src}");
-        assert!(src.contains("if (alu") && src.contains("(lmem1)["), "{src}");
+        let src = render(&testing::tiled_matmul());
+        let barrier = "barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);";
+        testing::assert_work_groups(&src, "__local float lmem0[256];", "get_group_id", barrier);
     }
 
     #[test]
@@ -411,14 +119,14 @@ mod tests {
         let i = k.global(0, 4);
         k.store(&a.at(&i), &Val::constant(DType::F64, 1.0));
         let sink = k.finish().unwrap();
-        let r = OpenClRenderer::for_spec(DeviceSpec::new(crate::BACKEND, 0), false).render(&sink, None);
+        let r = opencl_renderer_for(DeviceSpec::new(crate::BACKEND, 0), false).render(&sink, None);
         assert!(matches!(r, Err(Error::Render(m)) if m.contains("cl_khr_fp64")));
         assert!(render(&sink).contains("cl_khr_fp64 : enable"));
     }
 
     #[test]
     fn constants_use_opencl_suffixes() {
-        let d = OpenClDialect;
+        let d = Gpu::new(OpenClC, true);
         let mut p = Prelude::default();
         assert_eq!(d.int_const(i64::MIN, Scalar::I64), "(-9223372036854775807L - 1)");
         assert_eq!(d.int_const(5, Scalar::U64), "5UL");
@@ -431,6 +139,7 @@ mod tests {
     /// Kernels rendered, compiled and run on the first OpenCL device, against host results.
     mod runs {
         use super::*;
+        use kiln_device::kiln_ir::{bf16_bits, f16_bits};
         use kiln_device::{Buffer, Device, Element};
 
         use crate::test_device;

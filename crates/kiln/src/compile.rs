@@ -139,7 +139,7 @@ fn compile_for_target(
         Target::Cuda(arch) => {
             use kiln_device::{Compiler, Renderer};
             let doing = |verb: &str| format!("cannot {verb} {} for cuda:{arch}", kernel.path.display());
-            let renderer = kiln_cuda::CudaRenderer::new(DeviceSpec::new(kiln_cuda::BACKEND, 0));
+            let renderer = kiln_cuda::cuda_renderer(DeviceSpec::new(kiln_cuda::BACKEND, 0));
             let spec = renderer.render(&kernel.sink, Some(&kernel.name)).context(|| doing("render"))?;
             let output = match args.emit {
                 Emit::Ptx => kiln_cuda::Output::Ptx,

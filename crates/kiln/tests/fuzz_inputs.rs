@@ -143,7 +143,7 @@ fn text_case(text: &str, renderer: &dyn Renderer) -> Result<bool, String> {
 
 #[test]
 fn mutated_kernel_text_parses_validates_and_renders_without_panicking() {
-    let renderer = kiln_cpu::CpuRenderer::new();
+    let renderer = kiln_cpu::cpu_renderer();
     let files = kernel_files();
     let mut failures = Vec::new();
     let mut rendered = 0;
@@ -304,7 +304,7 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
         seen.lock().unwrap().push(compiled.bytes.clone());
         Ok(Arc::new(kiln_cpu::CpuProgram::load(compiled)?) as Arc<dyn Program>)
     });
-    let toolchain = Toolchain::new(Arc::new(kiln_cpu::CpuRenderer::new()), Arc::new(compiler), runtime.into());
+    let toolchain = Toolchain::new(Arc::new(kiln_cpu::cpu_renderer()), Arc::new(compiler), runtime.into());
     let sink = parse(&kernel_files()[0]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let lookup = || {

@@ -66,10 +66,6 @@ impl Renderer for SpecOnly {
         static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
         &SPEC
     }
-
-    fn cache_key(&self) -> String {
-        "spec-only".into()
-    }
 }
 
 impl Compiler for SpecOnly {

@@ -101,13 +101,13 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn group_sum_compiles_for_sm_90() {
-        use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output};
+        use kiln_cuda::{Arch, CudaCompiler, Output, cuda_renderer};
         use kiln_device::Renderer as _;
         let compiler = match CudaCompiler::new(Arch { major: 9, minor: 0 }, Output::Cubin) {
             Ok(c) => c,
             Err(e) => return println!("skipped: {e}"),
         };
-        let spec = CudaRenderer::new(kiln_device::kiln_ir::DeviceSpec::new(kiln_cuda::BACKEND, 0))
+        let spec = cuda_renderer(kiln_device::kiln_ir::DeviceSpec::new(kiln_cuda::BACKEND, 0))
             .render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups"))
             .unwrap();
         assert!(spec.src.contains("__shared__ float") && spec.src.contains("__syncthreads()"), "{}", spec.src);
