@@ -10,7 +10,7 @@ use kiln_ir::{DeviceSpec, Scalar, UOp};
 use crate::buffer::{Allocator, Buffer};
 use crate::cache::{KernelCache, Toolchain};
 use crate::context::DeviceContext;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorClass, Result};
 use crate::generation::Generation;
 use crate::guarded::BoundsPolicy;
 use crate::kernel::{Fallback, Kernel, Loader};
@@ -247,10 +247,35 @@ impl Device {
     /// [`Device::reset`] a kernel the cache holds is reloaded from its compiled form (the
     /// compiler is not called).
     ///
+    /// A compile that joins one begun before a concurrent [`Device::reset`] gets that
+    /// compile's outcome, which belongs to the ended generation (a stale kernel or its
+    /// `DeviceLost` error); it is then loaded again for the current generation (from the
+    /// cache, without compiling), up to [`Device::COMPILE_TRIES`] times while resets keep
+    /// racing it.
+    ///
     /// # Errors
     /// [`Error::DeviceFailed`] while the device is lost; the errors of
     /// [`KernelCache::get_or_compile`].
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
+        let mut tries = 1;
+        loop {
+            let result = self.compile_in_current_generation(sink, name);
+            let stale = match &result {
+                Ok(kernel) => kernel.check_current().is_err(),
+                Err(e) => e.class() == ErrorClass::DeviceLost,
+            };
+            if !stale || tries == Self::COMPILE_TRIES || self.context.stamp().check("the device").is_err() {
+                return result;
+            }
+            tries += 1;
+        }
+    }
+
+    /// How many times [`Device::compile`] loads a kernel whose generation a concurrent reset
+    /// ended before it returns the stale outcome.
+    pub const COMPILE_TRIES: usize = 3;
+
+    fn compile_in_current_generation(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
         self.context.stamp().check("the device")?;
         let current = self.current();
         let toolchain = current.toolchain.get_or_init(|| {
@@ -435,6 +460,28 @@ pub(crate) mod tests {
             (1, 0)
         );
         assert_eq!(allocators[1].frees.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    /// A compile that a reset overtakes returns a kernel of the current generation, loaded
+    /// again from the cache, not a stale one.
+    #[test]
+    fn a_compile_overtaken_by_a_reset_returns_a_current_kernel() {
+        let mut compiler = MockCompiler::new("fp");
+        compiler.delay = std::time::Duration::from_millis(200);
+        let r = rig(compiler);
+        let dev = Arc::new(mock_device(&r, &Arc::new(Mutex::new(Vec::new()))));
+        let sink = kernel(5.0);
+        let early = {
+            let (dev, sink) = (dev.clone(), sink.clone());
+            std::thread::spawn(move || dev.compile(&sink, Some("k")))
+        };
+        // The compile is under way (200 ms) when the device is reset.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        dev.reset().unwrap();
+        let early = early.join().unwrap().unwrap();
+        early.check_current().unwrap();
+        assert_eq!(dev.generation(), 1);
+        dev.compile(&sink, Some("k")).unwrap().check_current().unwrap();
     }
 
     #[test]

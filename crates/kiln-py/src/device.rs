@@ -4,8 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kiln_device::{BoundsPolicy, Device, Error as KilnError, Kernel, Result as KilnResult};
-use kiln_ir::UOp;
+use kiln_device::{BoundsPolicy, Device, Error as KilnError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
@@ -219,7 +218,7 @@ impl PyDevice {
         let name = name.or(default);
         let kernel = detached(py, Some(&text), || {
             let sink = kiln_ir::parse_kernel(&text)?;
-            current(device, device.compile(&sink, name.as_deref()), &sink, name.as_deref())
+            Ok(device.compile(&sink, name.as_deref())?)
         })?;
         PyKernel::new(py, kernel, device, Some(text.into()))
     }
@@ -240,12 +239,7 @@ impl PyDevice {
         }
         let batch: Vec<_> = sinks.iter().zip(&entries).map(|(s, (_, n))| (s.clone(), n.as_deref())).collect();
         let results = detached(py, None, || {
-            let compiled = device.compile_many(&batch);
-            Ok(compiled
-                .into_iter()
-                .zip(&batch)
-                .map(|(k, (sink, name))| current(device, k, sink, *name))
-                .collect::<Vec<_>>())
+            Ok(device.compile_many(&batch).into_iter().map(|k| k.map_err(Failure::from)).collect::<Vec<_>>())
         })?;
         let mut kernels = Vec::with_capacity(results.len());
         for (i, (result, (text, _))) in results.into_iter().zip(&entries).enumerate() {
@@ -294,31 +288,6 @@ impl PyDevice {
     fn __repr__(&self) -> String {
         format!("<kiln.Device {} generation {}>", self.device.spec(), self.device.generation())
     }
-}
-
-/// `compiled`, compiled again when a reset ended its generation: a compile that joined one
-/// started before a concurrent `reset()` gets that compile's outcome, a kernel of the older
-/// generation or its `DeviceLost` error. The recompile reloads the kernel from the kernel
-/// cache without compiling.
-fn current(
-    device: &Device,
-    compiled: KilnResult<Kernel>,
-    sink: &Arc<UOp>,
-    name: Option<&str>,
-) -> Result<Kernel, Failure> {
-    const TRIES: usize = 3;
-    let mut result = compiled;
-    for _ in 0..TRIES {
-        let stale = match &result {
-            Ok(k) => matches!(k.check_current(), Err(KilnError::DeviceLost { .. })),
-            Err(e) => matches!(e, KilnError::DeviceLost { .. }),
-        };
-        if !stale {
-            break;
-        }
-        result = device.compile(sink, name);
-    }
-    Ok(result?)
 }
 
 /// `err` with "kernel i of the batch: " before its message (same class and attributes).
