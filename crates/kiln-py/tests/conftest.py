@@ -1,5 +1,6 @@
 """Shared fixtures: the CPU device, the repository's example kernels, small kernel texts."""
 
+import os
 import pathlib
 
 import pytest
@@ -52,9 +53,13 @@ def inc(dev):
     return dev.compile(INC, name="inc")
 
 
-def opencl():
-    """The first OpenCL device, or None when the machine has none."""
+def require(backend):
+    """The first available device of `backend` ("OPENCL"); the test is skipped when the machine
+    has none, and fails instead when ``KILN_REQUIRE`` names the backend (as kiln's Rust tests)."""
     for info in kiln.devices():
-        if info.name.startswith("OPENCL:") and info.available:
+        if info.name.split(":")[0] == backend and info.available:
             return kiln.Device(info.name)
-    return None
+    required = {n.strip().upper() for n in os.environ.get("KILN_REQUIRE", "").split(",")}
+    if backend in required:
+        pytest.fail(f"KILN_REQUIRE names {backend}, but this machine has no {backend} device")
+    pytest.skip(f"no {backend} device on this machine")

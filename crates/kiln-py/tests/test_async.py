@@ -3,17 +3,14 @@ a launch is queued, and reading a buffer or synchronize() waits for the work bef
 
 import numpy as np
 import pytest
-from conftest import INC, SHIFTED, opencl
+from conftest import INC, SHIFTED, require
 
 import kiln
 
 
 @pytest.fixture
 def cl():
-    device = opencl()
-    if device is None:
-        pytest.skip("no OpenCL device on this machine")
-    return device
+    return require("OPENCL")
 
 
 def test_reading_a_buffer_waits_for_the_launches_that_write_it(cl):

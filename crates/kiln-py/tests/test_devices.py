@@ -35,6 +35,9 @@ def test_device_properties_and_statistics(dev):
 def test_a_device_name_is_parsed_by_kiln():
     assert kiln.Device("cpu").name == "CPU"
     with pytest.raises(kiln.InvalidArgumentError, match="device"):
+        kiln.Device("CPU:x")
+    # A well-formed name of a backend this build lacks is unavailable, and says so.
+    with pytest.raises(kiln.UnavailableError, match="no TPU backend"):
         kiln.Device("TPU:0")
 
 

@@ -4,7 +4,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from conftest import INC, KERNELS, SHIFTED
+from conftest import INC, KERNELS, SHIFTED, require
 
 import kiln
 
@@ -119,11 +119,8 @@ def test_bad_launch_arguments(dev, add):
 
 
 def test_a_buffer_of_another_device_is_refused(add):
-    from conftest import opencl
 
-    cl = opencl()
-    if cl is None:
-        pytest.skip("no OpenCL device on this machine")
+    cl = require("OPENCL")
     cpu = kiln.Device("CPU")
     a, b = cpu.empty("f32", 8), cpu.empty("f32", 8)
     with pytest.raises(kiln.LaunchError, match="OPENCL"):
@@ -136,11 +133,8 @@ def test_a_buffer_of_another_device_is_refused(add):
 
 
 def test_opencl_launches_when_present():
-    from conftest import opencl
 
-    cl = opencl()
-    if cl is None:
-        pytest.skip("no OpenCL device on this machine")
+    cl = require("OPENCL")
     k = cl.compile(INC, name="inc")
     a, o = cl.from_numpy(np.arange(32, dtype=np.float32)), cl.empty("f32", 32)
     k(a, o, n=32)

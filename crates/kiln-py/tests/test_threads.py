@@ -4,7 +4,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import INC
+from conftest import INC, require
 
 import kiln
 
@@ -55,11 +55,9 @@ def test_the_gil_is_released_during_a_launch(dev):
     assert during > 1000, f"the counting thread ran {during} times during the launches"
 
 
-@pytest.mark.parametrize("name", ["CPU", "OPENCL:0"])
-def test_threads_launch_while_another_resets_the_device(name):
-    if not any(d.name == name and d.available for d in kiln.devices()):
-        pytest.skip(f"no {name} on this machine")
-    dev = kiln.Device(name)
+@pytest.mark.parametrize("backend", ["CPU", "OPENCL"])
+def test_threads_launch_while_another_resets_the_device(backend):
+    dev = require(backend)
     stop, errors, lost, done = threading.Event(), [], [], []
 
     def launcher():

@@ -67,7 +67,7 @@ class DeviceInfo:
     """One row of ``devices()``."""
 
     name: str
-    """``"CPU"``, ``"OPENCL:0"``, or the backend's name when it has no usable device."""
+    """``"CPU"``, ``"OPENCL"`` (device 0), ``"OPENCL:1"``, or the backend's name when it has no usable device."""
     available: bool
     """Whether ``Device(name)`` can open it."""
     description: str
@@ -85,14 +85,14 @@ def from_dlpack(x: Any, device: Optional[Device] = None) -> Buffer:
     Raises ``TypeError`` when ``x`` has no ``__dlpack__``, ``BufferError`` for strided memory."""
 
 class Device:
-    """A compute device, opened by name: ``Device("CPU")``, ``Device("OPENCL:0")``,
+    """A compute device, opened by name: ``Device("CPU")``, ``Device("OPENCL")``,
     ``Device("CUDA:0")``. A device is opened once per process and shared by every handle.
     Usable as a context manager, which closes the handle."""
 
     def __init__(self, name: str) -> None: ...
     @property
     def name(self) -> str:
-        """The device's name (``"CPU"``, ``"OPENCL:0"``)."""
+        """The device's name (``"CPU"``, ``"OPENCL"``, ``"OPENCL:1"``)."""
     @property
     def description(self) -> str:
         """Model, driver and compiler, in words."""
