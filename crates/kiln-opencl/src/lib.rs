@@ -10,9 +10,8 @@
 //! [`kiln_device`] and builds each device's [`DeviceParts`](kiln_device::DeviceParts). Open
 //! a device with [`open`], or [`register`] the backend and open it by name with
 //! [`kiln_device::open_device`]; [`probe`] lists the devices, or says why there are none.
-//! The main types are [`OpenClRenderer`],
-//! [`OpenClCompiler`], [`OpenClProgram`], [`OpenClAllocator`], [`OpenClQueueFactory`],
-//! [`OpenClSignal`] and [`ClDevice`].
+//! The main types are [`OpenClRenderer`], [`OpenClCompiler`], [`OpenClProgram`],
+//! [`OpenClAllocator`], [`OpenClQueueFactory`], [`OpenClSignal`] and [`ClDevice`].
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
