@@ -18,6 +18,26 @@
 //! unsupported there) writes `SKIPPED <test>: <reason>` to the test output (shown beside its
 //! `ok`), unless `KILN_REQUIRE` (a comma list such as `cpu,opencl`) names the backend: then
 //! an absent backend fails the test.
+//!
+//! The crate sits at the top of kiln next to the command line (see `docs/architecture.md`):
+//! it depends on every backend it is built with (features `cpu`, `opencl`, `cuda`) and on
+//! `kiln-runtime`, and nothing that ships depends on it. Beside the [`suite`] it holds the
+//! [`reference`](mod@reference) semantics every backend must reproduce (plain Rust),
+//! [`host`] values of every dtype with their buffer upload and download, and the small
+//! [`kernels`] several bodies share. A backend is checked by running the bodies on its
+//! device:
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_conformance::suite;
+//! use kiln_device::kiln_ir::Scalar;
+//! let device = kiln_conformance::open("cpu")?; // once per process, shared by every test
+//! suite::buffers::views(&device)?; // views see and change the window of their base
+//! suite::programs::alu(&device, Scalar::F32)?; // every f32 op against the Rust reference
+//! assert!(kiln_conformance::unsupported("cpu", "views").is_none());
+//! # Ok(())
+//! # }
+//! ```
 
 use std::collections::HashMap;
 use std::fmt;

@@ -257,7 +257,7 @@ impl CCompiler {
         })
     }
 
-    /// Compiles `src` into an object or a shared library ([`OBJECT`]) and returns its bytes. `name` names the
+    /// Compiles `src` into an object or a shared library (`OBJECT`) and returns its bytes. `name` names the
     /// temporary files (and appears in diagnostics).
     pub fn compile_source(&self, name: &str, src: &str) -> Result<Vec<u8>> {
         let stem: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();

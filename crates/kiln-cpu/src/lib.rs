@@ -2,6 +2,34 @@
 //! into a relocatable object loaded by kiln's own loader (x86-64) or a shared library loaded
 //! with `dlopen` (elsewhere), and run on a persistent pool of threads.
 //!
+//! It is one of kiln's backends (see `docs/architecture.md`): it implements the contracts of
+//! [`kiln_device`] and builds the [`DeviceParts`] of its one device, [`CPU`] (all the host's
+//! cores). Open it with [`open`], or [`register`] it and open it by name with
+//! [`kiln_device::open_device`]; [`ISA_BACKENDS`] add pseudo-devices that compile for an older
+//! instruction set. The main types are [`CpuRenderer`], [`CCompiler`] (which C compiler, why,
+//! and its flags), [`CpuProgram`], [`CpuAllocator`], [`CpuQueueFactory`] and [`Pool`].
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_device::{Buffer, kiln_ir::{KernelBuilder, Scalar}};
+//! let device = kiln_cpu::open(&kiln_cpu::CPU)?;
+//! println!("{}", device.description()); // the CPU, its threads, the C compiler and the ISA
+//! // y[i] = x[i]·x[i] over n elements
+//! let mut k = KernelBuilder::new();
+//! let n = k.var("n", 1, 1 << 20);
+//! let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+//! let i = k.global(0, &n);
+//! let v = x.at(&i).load();
+//! k.store(&y.at(&i), &(&v * &v));
+//! let square = device.compile(&k.finish()?, Some("square"))?; // C → object → loaded
+//! let a = Buffer::from_slice(device.allocator(), &[1.0f32, 2.0, 3.0, 4.0])?;
+//! let b = device.buffer(Scalar::F32, 4)?;
+//! square.launch(&[&a, &b], &[4])?;
+//! assert_eq!(b.to_vec::<f32>()?, [1.0, 4.0, 9.0, 16.0]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The rooms, read top to bottom:
 //! - [`renderer`]: the C dialect of the shared C-family core and the kernel entry ABI.
 //! - [`compiler`]: finding the C compiler, its flags, compiling to object or `.so` bytes.
@@ -9,6 +37,8 @@
 //! - [`isa`]: the instruction set kernels are compiled for (`KILN_CPU_ISA`) and the caches.
 //! - [`program`]: loading the bytes and running a launch over the core pool.
 //! - [`pool`]: the persistent thread pool that runs the chunks of one launch.
+//! - [`queue`]: hardware queues, each with one worker thread running its batches in order.
+//! - [`signal`]: the host timeline signal the queues wait on and signal.
 //! - [`allocator`]: 64-byte aligned host memory.
 //! - [`guard`]: host memory whose buffers end at an inaccessible page, for tests and fuzzing.
 

@@ -26,7 +26,7 @@
 //! `_Float16` casts where the compiler has the type and the target converts in hardware
 //! (gcc ≥ 12 with F16C, AArch64), the F16C builtins where only the instructions are there
 //! (clang 14), and portable bit arithmetic otherwise; all three give the same bits (see
-//! [`F16_HELPERS`]). Vectors are GNU vector types `kiln_<dtype>`
+//! `F16_HELPERS`). Vectors are GNU vector types `kiln_<dtype>`
 //! (e.g. `kiln_f32x4`) with a power-of-two lane count; other widths are padded to the next
 //! power of two and only their first lanes are read or written. Vector loads and stores go
 //! through `memcpy`, so any element-aligned address works.
@@ -83,7 +83,7 @@ fn atom(e: &str) -> String {
 }
 
 impl CpuDialect {
-    /// `kiln_f16_to_f32` and `kiln_f32_to_f16` (see [`F16_HELPERS`]).
+    /// `kiln_f16_to_f32` and `kiln_f32_to_f16` (see `F16_HELPERS`).
     fn f16_helpers(&self, p: &mut Prelude) {
         p.need("kiln_f16", |_| F16_HELPERS.to_string());
     }
@@ -322,7 +322,7 @@ fn x86_max_min(f: &str, s: Scalar, bytes: usize, it: &str, t: &str) -> Vec<(&'st
 /// (see [`crate::compiler`]). The declarations match glibc's (the integer types come from the
 /// compiler's own `__INT*_TYPE__`, as its `<stdint.h>` does), so a header included later
 /// redeclares them compatibly. Kernels include no header at all: x86 vector instructions are
-/// reached through the compilers' builtins (see [`x86_fma`]). gcc and clang know these functions as
+/// reached through the compilers' builtins (see `x86_fma`). gcc and clang know these functions as
 /// builtins, so the calls are inlined wherever they would be with the headers; the rest are
 /// libm calls resolved when the kernel's library is loaded (see [`crate::program`]).
 const PRELUDE: &str = "#define bool _Bool
@@ -672,7 +672,7 @@ impl Dialect for CpuDialect {
     /// f32/f64 vector EXP, EXP2, LOG and LOG2 as the vector math functions (module docs), and
     /// FMA, MAX and MIN as the x86 builtins where the target has them (the compiler does not
     /// turn lane-by-lane `fmaf`/`fmaxf` into vector instructions), with a lane loop as the
-    /// portable fallback; no header is needed (see [`x86_fma`]). MAX/MIN keep `fmax`/`fmin`
+    /// portable fallback; no header is needed (see `x86_fma`). MAX/MIN keep `fmax`/`fmin`
     /// NaN semantics.
     ///
     /// Comparisons and WHERE stay lane by lane: gcc 12 vectorizes those lanes into mask

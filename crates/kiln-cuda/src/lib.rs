@@ -6,6 +6,42 @@
 //! is [`Error::Unavailable`] with the reason, never a link failure or a panic. Compiling
 //! needs no driver and no GPU ([`compiler`]).
 //!
+//! It is one of kiln's backends (see `docs/architecture.md`): it implements the contracts of
+//! [`kiln_device`] and builds each device's [`DeviceParts`], graphs included. Open a device
+//! with [`open`], or [`register`] the backend and open it by name with
+//! [`kiln_device::open_device`]; [`probe`] lists the devices, or says why there are none.
+//! The main types are [`CudaRenderer`], [`CudaCompiler`] (with its [`Arch`] and [`Output`]),
+//! [`CudaProgram`], [`CudaAllocator`], [`CudaQueueFactory`], [`CudaSignal`], [`CudaGraphs`]
+//! and [`CudaDevice`].
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_device::{Buffer, ErrorClass, kiln_ir::{DeviceSpec, KernelBuilder, Scalar}};
+//! let device = match kiln_cuda::open(&DeviceSpec::new(kiln_cuda::BACKEND, 0)) {
+//!     Ok(device) => device,
+//!     // No driver, no GPU, or no NVRTC: the error says which, and what to install.
+//!     Err(e) if e.class() == ErrorClass::Unavailable => {
+//!         eprintln!("skipped: {e}");
+//!         return Ok(());
+//!     }
+//!     Err(e) => return Err(e.into()),
+//! };
+//! println!("{}", device.description()); // name, sm_XX, memory, driver version
+//! // y[i] = 3·x[i] + 1 over n elements
+//! let mut k = KernelBuilder::new();
+//! let n = k.var("n", 1, 1 << 24);
+//! let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+//! let i = k.global(0, &n);
+//! k.store(&y.at(&i), &(x.at(&i).load() * 3.0 + 1.0));
+//! let axpb = device.compile(&k.finish()?, Some("axpb"))?; // CUDA C++ → NVRTC → cubin
+//! let a = Buffer::from_slice(device.allocator(), &[0.0f32, 1.0, 2.0])?; // copied to the GPU
+//! let b = device.buffer(Scalar::F32, 3)?;
+//! axpb.launch(&[&a, &b], &[3])?;
+//! assert_eq!(b.to_vec::<f32>()?, [1.0, 4.0, 7.0]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The rooms, read top to bottom:
 //! - [`renderer`]: CUDA C++ from the kernel IR (kiln-cstyle with CUDA C++ as data).
 //! - [`compiler`]: NVRTC → PTX → cubin for one `sm_XX`; needs no GPU.

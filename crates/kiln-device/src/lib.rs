@@ -1,5 +1,49 @@
 //! kiln-device: the contracts between kiln's kernel IR and its backends, and everything
 //! that is backend-independent (launch checks, buffers, signals, queues, the kernel cache).
+//!
+//! It sits between [`kiln_ir`] (the kernels) and the backend crates (`kiln-cpu`,
+//! `kiln-opencl`, `kiln-cuda`), which implement its traits; `kiln-runtime`'s execution plans
+//! and the `kiln` command line are written against it alone. A kernel goes down the layers
+//! (see `docs/architecture.md`):
+//!
+//! - a [`Renderer`] turns the kernel's SINK into source, and [`ProgramSpec::from_sink`]
+//!   derives its metadata (buffers, variables, launch sizes, the bounds proof of every access);
+//! - a [`Compiler`] makes a [`CompiledSpec`], cached in memory and on disk by [`KernelCache`];
+//! - a [`Loader`] loads it as the backend's [`Program`], wrapped in a [`Kernel`] that checks
+//!   every launch ([`Kernel::launch`]) against the buffers and variable values it is given;
+//! - it runs on [`Buffer`]s from the device's [`Allocator`] (usually behind an
+//!   [`LruAllocator`]), directly or on a [`HardwareQueue`] ordered by [`TimelineSignal`]s.
+//!
+//! A [`Device`] owns all of this for one backend device: it holds the [`DeviceParts`] a
+//! backend builds for each generation, and [`Device::reset`] recovers it after a fatal
+//! error. Backends register with the [`registry`] and are opened by name with
+//! [`open_device`]. Every failure is an [`Error`], and [`Error::class`] sorts it into an
+//! [`ErrorClass`] for a recovery policy.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_device::{Buffer, kiln_ir::{KernelBuilder, Scalar}};
+//! kiln_cpu::register(); // once per process, for each backend linked
+//! let device = kiln_device::open_device("CPU")?;
+//! // y[i] = x[i] + 1 over n elements
+//! let mut k = KernelBuilder::new();
+//! let n = k.var("n", 1, 1 << 20);
+//! let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+//! let i = k.global(0, &n);
+//! k.store(&y.at(&i), &(x.at(&i).load() + 1.0));
+//! let kernel = device.compile(&k.finish()?, Some("inc"))?; // render, compile, cache, load
+//! // Both accesses are proven in bounds for every n when the kernel is built.
+//! assert!(kernel.spec.access_proofs().iter().all(|a| !a.at_launch));
+//! let a = Buffer::from_slice(device.allocator(), &[1.0f32, 2.0, 3.0])?;
+//! let b = device.buffer(Scalar::F32, 3)?;
+//! kernel.launch(&[&a, &b], &[3])?; // variable values in name order: n = 3
+//! assert_eq!(b.to_vec::<f32>()?, [2.0, 3.0, 4.0]);
+//! // A launch that would touch memory past a buffer is an error, never a fault.
+//! let e = kernel.launch(&[&a, &b], &[4]).unwrap_err();
+//! assert_eq!(e.class(), kiln_device::ErrorClass::Launch);
+//! # Ok(())
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 

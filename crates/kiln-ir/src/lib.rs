@@ -3,6 +3,38 @@
 //! A kernel is a hash-consed [`UOp`] DAG rooted at SINK. Build one with [`KernelBuilder`] or
 //! parse it from text ([`parse()`]); [`validate`] checks it, [`linearize`] orders it for a
 //! renderer, [`print()`] writes it back out (the round trip is exact).
+//!
+//! This is the bottom layer of kiln (see `docs/architecture.md`): it knows nothing of devices
+//! beyond their names ([`DeviceSpec`]). `kiln-device` renders, compiles and runs what is
+//! built here. Besides the graph itself the crate owns the dtypes ([`Scalar`], [`DType`]),
+//! the pattern [`rewrite`] rules, size expressions ([`eval_int`], [`variables`]), and the
+//! [`bounds`] proof that every LOAD and STORE stays inside its buffer, with the [`guard()`]
+//! rewrite for the accesses left to launch time. Every malformed input is an [`IrError`]
+//! that points at the node or the line.
+//!
+//! Nodes are hash-consed: two structurally equal graphs are the same `Arc`, and
+//! [`UOp::content_hash`] is stable across processes (it keys kiln's disk cache).
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_ir::{KernelBuilder, Scalar};
+//! // c[i] = a[i] · b[i] for i < n
+//! let mut k = KernelBuilder::new();
+//! let n = k.var("n", 1, 4096);
+//! let (a, b, c) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n), k.param(2, Scalar::F32, &n));
+//! let i = k.global(0, &n);
+//! k.store(&c.at(&i), &(a.at(&i).load() * b.at(&i).load()));
+//! let sink = k.finish()?; // validated
+//! let text = kiln_ir::print(&sink);
+//! assert!(text.contains("MUL f32"));
+//! // Parsing the text gives back the very same node.
+//! assert!(std::sync::Arc::ptr_eq(&kiln_ir::parse(&text)?, &sink));
+//! // The order a renderer walks: operands before their users, the SINK last.
+//! let order = kiln_ir::linearize(&sink)?;
+//! assert_eq!(order.last().map(|u| u.op()), Some(kiln_ir::Op::Sink));
+//! # Ok(())
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 

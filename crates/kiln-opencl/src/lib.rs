@@ -6,6 +6,41 @@
 //! (opencl3's `dynamic` feature), so a machine without an ICD loader or without any driver
 //! gets [`Error::Unavailable`] with the reason, never a link failure or a panic.
 //!
+//! It is one of kiln's backends (see `docs/architecture.md`): it implements the contracts of
+//! [`kiln_device`] and builds each device's [`DeviceParts`](kiln_device::DeviceParts). Open
+//! a device with [`open`], or [`register`] the backend and open it by name with
+//! [`kiln_device::open_device`]; [`probe`] lists the devices, or says why there are none.
+//! The main types are [`OpenClRenderer`], [`OpenClCompiler`], [`OpenClProgram`],
+//! [`OpenClAllocator`], [`OpenClQueueFactory`], [`OpenClSignal`] and [`ClDevice`].
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kiln_device::{Buffer, ErrorClass, kiln_ir::{DeviceSpec, KernelBuilder, Scalar}};
+//! let device = match kiln_opencl::open(&DeviceSpec::new(kiln_opencl::BACKEND, 0)) {
+//!     Ok(device) => device,
+//!     // No ICD loader, no driver or no device: the error says which, and what to install.
+//!     Err(e) if e.class() == ErrorClass::Unavailable => {
+//!         eprintln!("skipped: {e}");
+//!         return Ok(());
+//!     }
+//!     Err(e) => return Err(e.into()),
+//! };
+//! println!("{}", device.description()); // name, platform, OpenCL and driver versions
+//! // z[i] = max(x[i], 0) over n elements
+//! let mut k = KernelBuilder::new();
+//! let n = k.var("n", 1, 1 << 20);
+//! let (x, z) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+//! let i = k.global(0, &n);
+//! k.store(&z.at(&i), &x.at(&i).load().max(0.0));
+//! let relu = device.compile(&k.finish()?, Some("relu"))?; // OpenCL C → clBuildProgram → binary
+//! let a = Buffer::from_slice(device.allocator(), &[-1.0f32, 2.0, -3.0])?;
+//! let b = device.buffer(Scalar::F32, 3)?;
+//! relu.launch(&[&a, &b], &[3])?;
+//! assert_eq!(b.to_vec::<f32>()?, [0.0, 2.0, 0.0]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The rooms, read top to bottom:
 //! - [`renderer`]: OpenCL C from the kernel IR (the shared C-family core plus a dialect).
 //! - [`compiler`]: `clBuildProgram`; the device binary is the cached artifact.

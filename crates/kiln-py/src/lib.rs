@@ -2,6 +2,39 @@
 //! (`python/kiln`). Every call that compiles, launches, waits or copies releases the GIL,
 //! every object is shareable between threads, and every failure is a `kiln.Error` (Rust
 //! panics included).
+//!
+//! The package sits on top of kiln (see `docs/architecture.md`): it opens devices through
+//! the `kiln` command line's crate (which registers the backends of the features `cpu`,
+//! `opencl` and `cuda`), launches through `kiln-device` and replays through `kiln-runtime`;
+//! the Rust crates below it know nothing of Python. Its modules: `device` (`kiln.Device`,
+//! `kiln.devices()`), `buffer` (`kiln.Buffer`: numpy copies, zero-copy views), `dlpack`
+//! (export and `kiln.from_dlpack`), `kernel` (`kiln.Kernel`), `plan` (`kiln.Plan`,
+//! `kiln.PlanRun`), `stream` (asynchronous launches on OpenCL and CUDA), `dtype` (element
+//! types between kiln, numpy and DLPack) and `errors` (one exception per
+//! `kiln_device::ErrorClass`, under `kiln.Error`). The stubs in `python/kiln/_kiln.pyi`
+//! document every call; `pip install ./crates/kiln-py` (maturin) builds the package and
+//! `pytest crates/kiln-py/tests` tests it. From the repository root:
+//!
+//! ```python
+//! import kiln, numpy as np
+//!
+//! dev = kiln.Device("CPU")                        # or "OPENCL:0", "CUDA:0"
+//! add = dev.compile("examples/kernels/add.kiln")  # a path, or the kernel text itself
+//! a = dev.from_numpy(np.ones(8, np.float32))
+//! b = dev.from_numpy(np.arange(8, dtype=np.float32))
+//! c = dev.empty("f32", 8)
+//! add(a, b, c, n=8)                               # buffers in slot order, variables by name
+//! print(c.numpy())                                # [1. 2. 3. 4. 5. 6. 7. 8.]
+//!
+//! plan = kiln.Plan(dev)                           # record once, replay with new values
+//! plan.launch(add, [a, b, c], {"n": 8})
+//! plan.run(n=4)
+//!
+//! try:
+//!     add(a, b, c, n=9)                           # longer than the 8-element buffers
+//! except kiln.LaunchError as e:                   # every kiln failure is a kiln.Error
+//!     print(e)
+//! ```
 
 mod buffer;
 mod device;

@@ -7,6 +7,13 @@
 //! host cost per node. [`ExecutionPlan::run_profiled`] times every node on the executing
 //! side and writes the timeline as a Chrome trace ([`Profile::write_chrome_trace`]).
 //!
+//! It sits above the device layer (see `docs/architecture.md`): it is written against
+//! `kiln-device`'s [`Device`](kiln_device::Device), [`Kernel`](kiln_device::Kernel) and
+//! hardware queues alone, so a plan runs on every backend, and as one GPU graph where the
+//! device has one. [`PlanOptions`] sets how many queues a plan spreads over, [`PlanRun`] is a
+//! replay in flight, a [`Hazard`] says why one node must run after another, and
+//! [`bench`](mod@bench) measures replay for `kiln bench`.
+//!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use kiln_device::{Buffer, kiln_ir::{DeviceSpec, KernelBuilder, Scalar}};

@@ -7,6 +7,23 @@
 //! adding a subcommand is one module plus one [`Command`] variant.
 //! Nothing here panics on user input: every failure is a [`CliError`], printed as
 //! `error: <message>` with its cause chain, exit status 2 for usage errors and 1 otherwise.
+//!
+//! The crate is the top of kiln (see `docs/architecture.md`): it opens devices through
+//! `kiln-device`'s registry (the backends are the features `cpu`, `opencl` and `cuda`),
+//! replays plans with `kiln-runtime`, and adds what only a command line needs: kernel files
+//! and `--var` values ([`session`]), `.npy` arrays ([`npy`]), human-readable views
+//! ([`show`]), Chrome traces ([`trace`]) and the benchmark suite ([`bench`](mod@bench)).
+//! The binary only calls [`main`] (on a thread with a big stack), so the library runs the
+//! same command lines a shell does:
+//!
+//! ```
+//! use std::ffi::OsString;
+//! let add = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/kernels/add.kiln");
+//! // `kiln compile add.kiln --emit spec`: the buffers, variables and access proofs, on stdout.
+//! assert_eq!(kiln::main(["compile", add, "--emit", "spec"].map(OsString::from)), 0);
+//! // A usage error is reported on stderr with exit status 2.
+//! assert_eq!(kiln::main(["compile", add, "--emit", "nonsense"].map(OsString::from)), 2);
+//! ```
 
 pub mod bench;
 pub mod cache;
