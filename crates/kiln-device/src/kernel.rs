@@ -56,15 +56,15 @@ impl Origin {
     ///
     /// # Errors
     /// The gate's refusal.
-    pub fn admit_current(&self, program: &str) -> Result<()> {
-        self.gate.as_ref().map_or(Ok(()), |gate| self.stamp.observe(gate(program)))
+    pub fn admit_current(&self, program: &dyn Program) -> Result<()> {
+        self.gate.as_ref().map_or(Ok(()), |gate| self.stamp.observe(gate(program.name())))
     }
 
     /// [`Stamp::check`], then [`Origin::admit_current`].
     ///
     /// # Errors
     /// [`Error::DeviceLost`] / [`Error::DeviceFailed`], or the gate's refusal.
-    pub fn admit(&self, program: &str) -> Result<()> {
+    pub fn admit(&self, program: &dyn Program) -> Result<()> {
         self.stamp.check("a kernel")?;
         self.admit_current(program)
     }
@@ -104,13 +104,8 @@ impl Loader {
             }
             None => (self.runtime)(compiled)?,
         };
-        Ok(Kernel {
-            spec,
-            program,
-            origin: self.origin.clone(),
-            compiled: Some(Arc::new(compiled.clone())),
-            fallback: None,
-        })
+        let loaded = Loaded { program, origin: self.origin.clone(), compiled: Some(compiled.clone()) };
+        Ok(Kernel { spec, loaded: Arc::new(loaded), fallback: None })
     }
 }
 
@@ -120,17 +115,24 @@ pub struct Kernel {
     /// What the kernel takes (buffers, variables, launch sizes); every launch is checked
     /// against it.
     pub spec: Arc<ProgramSpec>,
-    /// The backend's loaded program; shared by every clone and reentrant, so clones may
-    /// launch from several threads at once.
-    program: Arc<dyn Program>,
-    /// The device generation it was loaded under; `None` for a kernel built by hand.
-    origin: Option<Arc<Origin>>,
-    /// The compiled form it was loaded from: a reset device reloads it without compiling.
-    compiled: Option<Arc<CompiledSpec>>,
+    /// The program and where it came from, shared by every clone (one reference count for a
+    /// clone to take: kernels are cloned on every cache hit).
+    loaded: Arc<Loaded>,
     /// The guarded form a launch falls back to when its proof fails
     /// ([`crate::guarded`]); `None` for kernels proven when built, and under
     /// [`crate::BoundsPolicy::Refuse`].
     pub(crate) fallback: Option<Arc<Fallback>>,
+}
+
+/// What a [`Loader`] made of one compiled kernel.
+struct Loaded {
+    /// The backend's loaded program; reentrant, so clones of the kernel may launch from
+    /// several threads at once.
+    program: Arc<dyn Program>,
+    /// The device generation it was loaded under; `None` for a kernel built by hand.
+    origin: Option<Arc<Origin>>,
+    /// The compiled form it was loaded from: a reset device reloads it without compiling.
+    compiled: Option<CompiledSpec>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -144,28 +146,28 @@ impl Kernel {
     /// check, launch gate or graphs), no compiled form, no guarded fallback (a launch that
     /// cannot be proven in bounds is refused).
     pub fn new(spec: Arc<ProgramSpec>, program: Arc<dyn Program>) -> Kernel {
-        Kernel { spec, program, origin: None, compiled: None, fallback: None }
+        Kernel { spec, loaded: Arc::new(Loaded { program, origin: None, compiled: None }), fallback: None }
     }
 
     /// The backend's program, for a queue that enqueues it natively (downcast it: `Program:
     /// Any`) after [`Kernel::admit`]. Run it through [`Kernel::execute`] otherwise.
     pub fn program(&self) -> &Arc<dyn Program> {
-        &self.program
+        &self.loaded.program
     }
 
     /// The device generation the kernel was loaded under; `None` for one built by hand.
     pub fn origin(&self) -> Option<&Arc<Origin>> {
-        self.origin.as_ref()
+        self.loaded.origin.as_ref()
     }
 
     /// The graph factory of the kernel's device, when it has one ([`crate::graph`]).
     pub fn graphs(&self) -> Option<&Arc<dyn GraphFactory>> {
-        self.origin.as_ref().and_then(|o| o.graphs.as_ref())
+        self.loaded.origin.as_ref().and_then(|o| o.graphs.as_ref())
     }
 
     /// The compiled form the kernel was loaded from, when it was loaded by a device.
     pub fn compiled(&self) -> Option<&CompiledSpec> {
-        self.compiled.as_deref()
+        self.loaded.compiled.as_ref()
     }
 
     /// Whether the kernel may still run: [`Error::DeviceLost`] once its device was reset (it
@@ -175,7 +177,7 @@ impl Kernel {
     /// # Errors
     /// [`Error::DeviceLost`] or [`Error::DeviceFailed`], as above.
     pub fn check_current(&self) -> Result<()> {
-        self.origin.as_ref().map_or(Ok(()), |o| o.stamp.check("a kernel"))
+        self.loaded.origin.as_ref().map_or(Ok(()), |o| o.stamp.check("a kernel"))
     }
 
     /// Admits one launch that a queue enqueues natively, just before the enqueue: the
@@ -185,7 +187,7 @@ impl Kernel {
     /// # Errors
     /// [`Error::DeviceLost`] / [`Error::DeviceFailed`], or the gate's refusal.
     pub fn admit(&self) -> Result<()> {
-        self.origin.as_ref().map_or(Ok(()), |o| o.admit(self.program.name()))
+        self.loaded.origin.as_ref().map_or(Ok(()), |o| o.admit(&*self.loaded.program))
     }
 
     /// Runs the program to completion on the calling thread after [`Kernel::admit`]; a fatal
@@ -212,15 +214,15 @@ impl Kernel {
     /// # Safety
     /// As [`Kernel::execute`].
     pub unsafe fn execute_current(&self, views: &[RawView], vals: &[i64], dims: &LaunchDims) -> Result<()> {
-        match &self.origin {
+        match &self.loaded.origin {
             None => {
                 // SAFETY: forwarded from this function's contract.
-                unsafe { self.program.execute(views, vals, dims) }
+                unsafe { self.loaded.program.execute(views, vals, dims) }
             }
             Some(o) => {
-                o.admit_current(self.program.name())?;
+                o.admit_current(&*self.loaded.program)?;
                 // SAFETY: forwarded from this function's contract.
-                o.stamp.observe(unsafe { self.program.execute(views, vals, dims) })
+                o.stamp.observe(unsafe { self.loaded.program.execute(views, vals, dims) })
             }
         }
     }
