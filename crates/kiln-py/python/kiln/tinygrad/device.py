@@ -1,0 +1,209 @@
+"""tinygrad's `KILN` device: renderer, compiler, allocator and program over kiln.
+
+tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x` and taking its `XDevice`; the
+import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.runtime.ops_kiln`.
+
+- The renderer names the kiln backend: `DEV=KILN` (or `KILN:CPU`) runs on kiln's CPU,
+  `DEV=KILN:OPENCL` and `DEV=KILN:CUDA` on kiln's OpenCL and CUDA devices (tinygrad's own
+  `DEVICE:RENDERER` convention, `Target.parse`). A tensor's `KILN:1` is the backend's device 1.
+- The renderer converts tinygrad's linearized UOps to kiln text (`kiln.tinygrad.render`); its
+  capability flags are those of the backend, so tinygrad emits only what that backend runs.
+- The compiler is kiln's `Device.compile` (through kiln's kernel cache); the text is the binary.
+- Memory is kiln buffers of bytes, viewed as each kernel parameter's dtype at launch; host
+  (CPU) buffers are shared with numpy without a copy.
+- A program call is one kiln kernel launch, bounds-proven by kiln; a refused launch raises
+  kiln's error with the kernel's name, never a silent wrong result.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from tinygrad.device import Allocator, BufferSpec, Compiled, CompileError, Compiler, TinyELF
+from tinygrad.dtype import DType, dtypes
+from tinygrad.helpers import Target
+from tinygrad.renderer import Renderer
+from tinygrad.uop.ops import KernelInfo, UOp
+
+import kiln
+
+from .render import ALU, Converter, Unsupported, render
+
+# tinygrad's dtypes that kiln has (kiln's names in `kiln.DTYPES`)
+KILN_DTYPES = {
+    dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
+    dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64,
+}
+
+HEADER = "tinygrad kernel "
+
+
+def kernel_name(src: str) -> Optional[str]:
+    """The kernel name the renderer wrote in the text's header, if any."""
+    for line in src.splitlines()[:3]:
+        if line.startswith("# " + HEADER):
+            return line[len("# " + HEADER) :].strip()
+    return None
+
+
+class KilnCompiler(Compiler):
+    """Compiles kiln text with kiln's `Device.compile` (through its kernel cache) and keeps the
+    kernel for the program that loads it; the text itself is the binary tinygrad stores."""
+
+    def __init__(self, device: kiln.Device):
+        super().__init__(None)
+        self.device = device
+        self.kernels: dict[str, kiln.Kernel] = {}
+
+    def kernel(self, src: str) -> kiln.Kernel:
+        if (k := self.kernels.get(src)) is None:
+            name = kernel_name(src)
+            try:
+                k = self.device.compile(src, name)
+            except kiln.Error as e:
+                raise CompileError(f"kiln could not compile tinygrad kernel {name}: {e}") from e
+            self.kernels[src] = k
+        return k
+
+    def compile(self, src: str) -> bytes:
+        self.kernel(src)
+        return src.encode()
+
+
+class KilnRenderer(Renderer):
+    """Renders linear UOps as kiln text for one kiln backend (`backend`, set by each subclass)."""
+
+    backend = ""
+    # the ALU ops kiln has: tinygrad keeps these and rewrites the others in terms of them
+    code_for_op = {op: (lambda *args, name=name, **kw: name) for op, name in ALU.items()}
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        self.device = kiln.Device(self.backend)
+        self.compiler = KilnCompiler(self.device)
+
+    def supported_dtypes(self) -> set[DType]:
+        return {d for d in super().supported_dtypes() if d in KILN_DTYPES}
+
+    def render(self, uops: list[UOp]) -> str:
+        sink = uops[-1].arg
+        name = sink.function_name if isinstance(sink, KernelInfo) else "kernel"
+        try:
+            root = Converter(uops).convert()
+        except Unsupported as e:
+            raise CompileError(f"tinygrad kernel {name} has what kiln's IR lacks: {e}") from e
+        return render(root, [HEADER + name])
+
+
+class KilnCPURenderer(KilnRenderer):
+    """kiln's CPU: no work groups or local memory; `core_id` threads, one chunk per core."""
+
+    backend = "CPU"
+    has_local = False
+    has_shared = False
+    has_threads = True
+    supports_float4 = True
+
+    @property
+    def global_max(self) -> tuple[int, ...]:  # type: ignore[override]
+        return (os.cpu_count() or 1, 0, 0)
+
+
+class KilnOpenCLRenderer(KilnRenderer):
+    """kiln's OpenCL: work groups, local memory (at most 32 KiB a kernel) and barriers."""
+
+    backend = "OPENCL"
+    has_local = True
+    has_shared = True
+    shared_max = 32768
+
+
+class KilnCUDARenderer(KilnRenderer):
+    """kiln's CUDA: work groups, local memory (at most 32 KiB a kernel) and barriers."""
+
+    backend = "CUDA"
+    has_local = True
+    has_shared = True
+    shared_max = 32768
+
+
+class KilnAllocator(Allocator["KilnDevice"]):
+    """Buffers are kiln `u8` buffers of the requested bytes, viewed as each kernel parameter's
+    dtype at launch."""
+
+    def __init__(self, dev: KilnDevice):
+        super().__init__(dev, supports_copy_from_disk=False, supports_transfer=True)
+
+    def _alloc(self, size: int, options: BufferSpec) -> kiln.Buffer:
+        if options.external_ptr is not None:
+            raise RuntimeError("the KILN device does not adopt external pointers")
+        try:
+            return self.dev.kiln.empty("u8", size)
+        except kiln.OutOfMemoryError as e:
+            raise MemoryError(str(e)) from e
+
+    def _offset(self, buf: kiln.Buffer, size: int, offset: int) -> kiln.Buffer:
+        return buf.view(offset, size)
+
+    def _as_buffer(self, src: kiln.Buffer) -> memoryview:
+        if not src.is_host:
+            raise RuntimeError(f"{src.device} memory is not addressable from the host")
+        return memoryview(np.asarray(src))
+
+    def _copyin(self, dest: kiln.Buffer, src: memoryview) -> None:
+        dest.copy_from(np.frombuffer(src, dtype=np.uint8))
+
+    def _copyout(self, dest: memoryview, src: kiln.Buffer) -> None:
+        np.frombuffer(dest, dtype=np.uint8)[:] = np.asarray(src) if src.is_host else src.numpy()
+
+    def _transfer(self, dest: kiln.Buffer, src: kiln.Buffer, sz: int, src_dev: KilnDevice, dest_dev: KilnDevice) -> None:
+        dest.copy_from(src)
+
+
+class KilnProgram:
+    """One compiled kernel; a call is one kiln launch (tinygrad's launch sizes are the kernel's
+    own SPECIAL extents in kiln, so they are not passed again)."""
+
+    def __init__(self, dev: KilnDevice, obj: TinyELF):
+        self.dev, self.name = dev, obj.name
+        self.kernel = dev.renderer.compiler.kernel(obj.lib.decode())
+        # the signature lists the buffers (in the order tinygrad passes them) and then the variables
+        self.dtypes = [dt for _, dt in sorted(self.kernel.params)]
+        nbufs = len(self.dtypes)
+        # kiln numbers the buffers in the order of tinygrad's slots
+        self.order = sorted(range(nbufs), key=lambda i: obj.signature[i][1])
+        self.var_names = [entry[0] for entry in obj.signature[nbufs:]]
+        self.wanted = set(self.kernel.var_names)
+
+    def __call__(self, *bufs: kiln.Buffer, global_size: Any = None, local_size: Any = None, vals: tuple[Optional[int], ...] = (),
+                 wait: bool = False, **kw: Any) -> Optional[float]:
+        args = [bufs[i].reinterpret(dt) for i, dt in zip(self.order, self.dtypes)]
+        named = {n: v for n, v in zip(self.var_names, vals) if v is not None and n in self.wanted}
+        try:
+            if wait:
+                import time
+
+                st = time.perf_counter()
+                self.kernel.launch(args, named)
+                self.dev.kiln.synchronize()
+                return time.perf_counter() - st
+            self.kernel.launch(args, named)
+        except kiln.Error as e:
+            raise type(e)(f"tinygrad kernel {self.name}: {e}") from e
+        return None
+
+
+class KilnDevice(Compiled):
+    """A tinygrad device backed by one kiln device (the renderer's backend, this ordinal)."""
+
+    def __init__(self, device: str = ""):
+        renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer]
+        super().__init__(device, KilnAllocator(self), renderers, KilnProgram)  # type: ignore[arg-type]
+        backend = type(self.renderer).backend  # type: ignore[attr-defined]
+        self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")
+
+    def synchronize(self) -> None:
+        self.kiln.synchronize()
