@@ -1,8 +1,9 @@
-"""tinygrad programs on kiln's tinygrad device (`KILN`, kiln's CPU) against numpy.
+"""tinygrad programs on kiln's tinygrad device (`KILN`) against numpy.
 
 Each test builds tensors on `KILN`, so every kernel tinygrad schedules is rendered to kiln text,
-compiled through kiln's kernel cache and launched by kiln. Skipped when tinygrad 0.14.0 (the
-version `kiln.tinygrad` is written against) is not installed.
+compiled through kiln's kernel cache and launched by kiln. The kiln backend is tinygrad's
+renderer choice: kiln's CPU by default, kiln's OpenCL with `DEV=KILN:OPENCL` in the environment.
+Skipped when tinygrad 0.14.0 (the version `kiln.tinygrad` is written against) is not installed.
 """
 
 import importlib.metadata
@@ -16,9 +17,11 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
 
 import kiln.tinygrad  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
+from tinygrad.helpers import DEV as TARGETS  # noqa: E402
 
 kiln.tinygrad.install()
 DEV = "KILN"
+BACKEND = TARGETS.target(DEV).renderer or "CPU"
 
 
 def t(x):
@@ -32,8 +35,8 @@ def rand(*shape, seed=0, dtype=np.float32):
 def test_the_device_is_kiln():
     dev = Device[DEV]
     assert type(dev).__name__ == "KilnDevice"
-    assert dev.kiln.name == "CPU"
-    assert not dev.renderer.has_local and not dev.renderer.has_shared
+    assert dev.kiln.name == BACKEND
+    assert dev.renderer.has_local == dev.renderer.has_shared == (BACKEND != "CPU")
 
 
 def test_smoke():

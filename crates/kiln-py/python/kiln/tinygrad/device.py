@@ -148,11 +148,6 @@ class KilnAllocator(Allocator["KilnDevice"]):
     def _offset(self, buf: kiln.Buffer, size: int, offset: int) -> kiln.Buffer:
         return buf.view(offset, size)
 
-    def _as_buffer(self, src: kiln.Buffer) -> memoryview:
-        if not src.is_host:
-            raise RuntimeError(f"{src.device} memory is not addressable from the host")
-        return memoryview(np.asarray(src))
-
     def _copyin(self, dest: kiln.Buffer, src: memoryview) -> None:
         dest.copy_from(np.frombuffer(src, dtype=np.uint8))
 
@@ -161,6 +156,13 @@ class KilnAllocator(Allocator["KilnDevice"]):
 
     def _transfer(self, dest: kiln.Buffer, src: kiln.Buffer, sz: int, src_dev: KilnDevice, dest_dev: KilnDevice) -> None:
         dest.copy_from(src)
+
+
+class KilnHostAllocator(KilnAllocator):
+    """Host memory (kiln's CPU): tinygrad reads it as numpy without a copy."""
+
+    def _as_buffer(self, src: kiln.Buffer) -> memoryview:
+        return memoryview(np.asarray(src))
 
 
 class KilnProgram:
@@ -204,6 +206,8 @@ class KilnDevice(Compiled):
         super().__init__(device, KilnAllocator(self), renderers, KilnProgram)  # type: ignore[arg-type]
         backend = type(self.renderer).backend  # type: ignore[attr-defined]
         self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")
+        if self.kiln.empty("u8", 1).is_host:
+            self.allocator = KilnHostAllocator(self)
 
     def synchronize(self) -> None:
         self.kiln.synchronize()
