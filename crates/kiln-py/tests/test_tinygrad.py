@@ -215,3 +215,35 @@ def test_random_is_reproducible():
     b = Tensor.rand(1000, device=DEV).numpy()
     np.testing.assert_array_equal(a, b)
     assert 0.0 <= a.min() and a.max() < 1.0 and 0.4 < a.mean() < 0.6
+
+
+# Writes o[i + 1] for i < n over a buffer of n: the last store leaves the buffer.
+SHIFTED = """\
+# tinygrad kernel shifted
+%n   = DEFINE_VAR i32 "n" 1 1024
+%o   = PARAM ptr<f32> 0 (%n)
+%i   = SPECIAL i32 "idx0" (%n)
+%one = CONST i32 1
+%j   = ADD i32 (%i, %one)
+%po  = INDEX ptr<f32> (%o, %j)
+%v   = CONST f32 2.0
+%st  = STORE void (%po, %v)
+SINK void (%st)
+"""
+
+
+def test_a_refused_launch_names_the_kernel():
+    from tinygrad.device import TinyELF
+
+    dev = Device[DEV]
+    policy = dev.kiln.bounds_policy
+    dev.kiln.bounds_policy = "refuse"
+    try:
+        sig = ((None, 0, dtypes.float32, (8,)), ("n", 1, dtypes.int32, ()))
+        prg = dev.runtime(TinyELF(SHIFTED.encode(), "shifted", dev.renderer.target, sig))
+        buf = dev.allocator.alloc(8 * 4)
+        with pytest.raises(kiln.OutOfBoundsError, match="tinygrad kernel shifted"):
+            prg(buf, vals=(8,))
+            dev.synchronize()
+    finally:
+        dev.kiln.bounds_policy = policy

@@ -18,6 +18,7 @@ import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -77,8 +78,9 @@ class KilnRenderer(Renderer):
     """Renders linear UOps as kiln text for one kiln backend (`backend`, set by each subclass)."""
 
     backend = ""
-    # the ALU ops kiln has: tinygrad keeps these and rewrites the others in terms of them
-    code_for_op = {op: (lambda *args, name=name, **kw: name) for op, name in ALU.items()}
+    # the ALU ops kiln has (tinygrad reads only the keys: it keeps these ops and rewrites the
+    # others in terms of them)
+    code_for_op = dict(ALU)
 
     def __init__(self, target: Target):
         super().__init__(target)
@@ -186,8 +188,6 @@ class KilnProgram:
         named = {n: v for n, v in zip(self.var_names, vals) if v is not None and n in self.wanted}
         try:
             if wait:
-                import time
-
                 st = time.perf_counter()
                 self.kernel.launch(args, named)
                 self.dev.kiln.synchronize()
