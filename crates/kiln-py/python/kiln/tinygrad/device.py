@@ -114,22 +114,23 @@ class KilnCPURenderer(KilnRenderer):
         return (os.cpu_count() or 1, 0, 0)
 
 
-class KilnOpenCLRenderer(KilnRenderer):
-    """kiln's OpenCL: work groups, local memory (at most 32 KiB a kernel) and barriers."""
+class KilnGPURenderer(KilnRenderer):
+    """kiln's GPU backends: work groups, local memory (at most 32 KiB a kernel) and barriers;
+    launch indices are kiln's `i32`, so no extent may pass its maximum."""
 
+    has_local = True
+    has_shared = True
+    shared_max = 32768
+    global_max = (2**31 - 1,) * 3
+    local_max = (2**31 - 1,) * 3
+
+
+class KilnOpenCLRenderer(KilnGPURenderer):
     backend = "OPENCL"
-    has_local = True
-    has_shared = True
-    shared_max = 32768
 
 
-class KilnCUDARenderer(KilnRenderer):
-    """kiln's CUDA: work groups, local memory (at most 32 KiB a kernel) and barriers."""
-
+class KilnCUDARenderer(KilnGPURenderer):
     backend = "CUDA"
-    has_local = True
-    has_shared = True
-    shared_max = 32768
 
 
 class KilnAllocator(Allocator["KilnDevice"]):
