@@ -10,18 +10,17 @@ import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.
   capability flags are those of the backend, so tinygrad emits only what that backend runs.
 - The compiler is kiln's `Device.compile` (through kiln's kernel cache); the text is the binary.
 - Memory is kiln buffers of bytes, viewed as each kernel parameter's dtype at launch; host
-  (CPU) buffers are shared with numpy without a copy.
+  (CPU) buffers are shared with tinygrad (and so numpy) without a copy. numpy is not needed.
 - A program call is one kiln kernel launch, bounds-proven by kiln; a refused launch raises
   kiln's error with the kernel's name, never a silent wrong result.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from typing import Any, Optional
-
-import numpy as np
 
 from tinygrad.device import Allocator, BufferSpec, Compiled, CompileError, Compiler, TinyELF
 from tinygrad.dtype import DType, dtypes
@@ -133,9 +132,18 @@ class KilnCUDARenderer(KilnGPURenderer):
     backend = "CUDA"
 
 
+def host_memory(buf: kiln.Buffer) -> memoryview:
+    """The bytes of a host buffer, shared (no numpy needed: kiln's array interface gives the
+    address); the view keeps the buffer alive."""
+    window = (ctypes.c_uint8 * buf.nbytes).from_address(buf.__array_interface__["data"][0])
+    window.owner = buf  # type: ignore[attr-defined]
+    return memoryview(window).cast("B")
+
+
 class KilnAllocator(Allocator["KilnDevice"]):
     """Buffers are kiln `u8` buffers of the requested bytes, viewed as each kernel parameter's
-    dtype at launch."""
+    dtype at launch. Host buffers (kiln's CPU) are read and written in place, and tinygrad reads
+    them without a copy; other devices' buffers go through a host buffer of kiln's CPU."""
 
     def __init__(self, dev: KilnDevice):
         super().__init__(dev, supports_copy_from_disk=False, supports_transfer=True)
@@ -152,20 +160,26 @@ class KilnAllocator(Allocator["KilnDevice"]):
         return buf.view(offset, size)
 
     def _copyin(self, dest: kiln.Buffer, src: memoryview) -> None:
-        dest.copy_from(np.frombuffer(src, dtype=np.uint8))
+        host = dest if dest.is_host else kiln.Device("CPU").empty("u8", dest.nbytes)
+        host_memory(host)[:] = src.cast("B")
+        if host is not dest:
+            dest.copy_from(host)
 
     def _copyout(self, dest: memoryview, src: kiln.Buffer) -> None:
-        np.frombuffer(dest, dtype=np.uint8)[:] = np.asarray(src) if src.is_host else src.numpy()
+        host = src if src.is_host else kiln.Device("CPU").empty("u8", src.nbytes)
+        if host is not src:
+            host.copy_from(src)
+        dest.cast("B")[:] = host_memory(host)
 
     def _transfer(self, dest: kiln.Buffer, src: kiln.Buffer, sz: int, src_dev: KilnDevice, dest_dev: KilnDevice) -> None:
         dest.copy_from(src)
 
 
 class KilnHostAllocator(KilnAllocator):
-    """Host memory (kiln's CPU): tinygrad reads it as numpy without a copy."""
+    """Host memory (kiln's CPU): tinygrad reads it without a copy."""
 
     def _as_buffer(self, src: kiln.Buffer) -> memoryview:
-        return memoryview(np.asarray(src))
+        return host_memory(src)
 
 
 class KilnProgram:
