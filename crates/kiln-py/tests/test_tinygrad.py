@@ -247,3 +247,31 @@ def test_a_refused_launch_names_the_kernel():
             dev.synchronize()
     finally:
         dev.kiln.bounds_policy = policy
+
+
+def test_tinyjit_replays_with_new_sizes():
+    @TinyJit
+    def f(a, n):
+        return (a[:n] * 3).sum().realize()
+
+    x = rand(32, 4, seed=19)
+    n = Variable("n", 1, 32)
+    for size in (5, 9, 17, 32):
+        np.testing.assert_allclose(f(t(x), n.bind(size)).numpy(), (x[:size] * 3).sum(), rtol=1e-5, atol=1e-4)
+
+
+def test_transfers_between_devices():
+    x = rand(3, 5, seed=20)
+    on_cpu = (t(x) + 1).to("CPU")
+    np.testing.assert_array_equal(on_cpu.numpy(), x + 1)
+    back = (Tensor(x, device="CPU") * 2).to(DEV)
+    np.testing.assert_array_equal(back.numpy(), x * 2)
+
+
+def test_transfer_to_a_second_kiln_device():
+    count = sum(1 for d in kiln.devices() if d.name.split(":")[0] == BACKEND and d.available)
+    if BACKEND != "CPU" and count < 2:  # the CPU serves every ordinal
+        pytest.skip(f"this machine has one {BACKEND} device")
+    x = rand(3, 5, seed=21)
+    second = (t(x) - 1).to(f"{DEV}:1")
+    np.testing.assert_array_equal((second * 2).numpy(), (x - 1) * 2)
