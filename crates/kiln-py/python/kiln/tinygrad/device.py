@@ -51,26 +51,26 @@ def kernel_name(src: str) -> Optional[str]:
 
 class KilnCompiler(Compiler):
     """Compiles kiln text with kiln's `Device.compile` (through its kernel cache) and keeps the
-    kernel for the program that loads it; the text itself is the binary tinygrad stores."""
+    kernel until a program loads it; the text itself is the binary tinygrad stores."""
 
     def __init__(self, device: kiln.Device):
         super().__init__(None)
         self.device = device
-        self.kernels: dict[str, kiln.Kernel] = {}
-
-    def kernel(self, src: str) -> kiln.Kernel:
-        if (k := self.kernels.get(src)) is None:
-            name = kernel_name(src)
-            try:
-                k = self.device.compile(src, name)
-            except kiln.Error as e:
-                raise CompileError(f"kiln could not compile tinygrad kernel {name}: {e}") from e
-            self.kernels[src] = k
-        return k
+        self.compiled: dict[str, kiln.Kernel] = {}
 
     def compile(self, src: str) -> bytes:
-        self.kernel(src)
+        name = kernel_name(src)
+        try:
+            self.compiled[src] = self.device.compile(src, name)
+        except kiln.Error as e:
+            raise CompileError(f"kiln could not compile tinygrad kernel {name}: {e}") from e
         return src.encode()
+
+    def load(self, src: str) -> kiln.Kernel:
+        """The kernel compiled from `src` (compiled again, from kiln's cache, if it was taken)."""
+        if src not in self.compiled:
+            self.compile(src)
+        return self.compiled.pop(src)
 
 
 class KilnRenderer(Renderer):
@@ -188,7 +188,7 @@ class KilnProgram:
 
     def __init__(self, dev: KilnDevice, obj: TinyELF):
         self.dev, self.name = dev, obj.name
-        self.kernel = dev.renderer.compiler.kernel(obj.lib.decode())
+        self.kernel = dev.renderer.compiler.load(obj.lib.decode())
         # the signature lists the buffers (in the order tinygrad passes them) and then the variables
         self.dtypes = [dt for _, dt in sorted(self.kernel.params)]
         nbufs = len(self.dtypes)
