@@ -13,7 +13,9 @@
 //! types between kiln, numpy and DLPack) and `errors` (one exception per
 //! `kiln_device::ErrorClass`, under `kiln.Error`). The stubs in `python/kiln/_kiln.pyi`
 //! document every call; `pip install ./crates/kiln-py` (maturin) builds the package and
-//! `pytest crates/kiln-py/tests` tests it. From the repository root:
+//! `pytest crates/kiln-py/tests` tests it. The package's pure-Python `kiln.tinygrad`
+//! (`python/kiln/tinygrad`) is tinygrad 0.14.0's `KILN` device (`DEV=KILN`), registered at
+//! start-up by the wheel's `kiln-tinygrad.pth`. From the repository root:
 //!
 //! ```python
 //! import kiln, numpy as np

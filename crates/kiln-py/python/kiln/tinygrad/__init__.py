@@ -1,0 +1,19 @@
+"""kiln as a tinygrad device: `DEV=KILN` runs any tinygrad program on kiln (tinygrad 0.14.0).
+
+    DEV=KILN python -c "from tinygrad import Tensor; print((Tensor([1,2,3])+1).tolist())"
+
+`DEV=KILN` (or `KILN:CPU`) is kiln's CPU, `DEV=KILN:OPENCL` and `DEV=KILN:CUDA` kiln's OpenCL and
+CUDA devices: tinygrad's `DEVICE:RENDERER` target convention, where the renderer names the kiln
+backend. A tensor's device `KILN:1` is the backend's device 1.
+
+Registration. tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x`. kiln's wheel
+installs `kiln-tinygrad.pth`, which runs `_kiln_tinygrad.install()` at interpreter start-up:
+that puts a finder on `sys.meta_path` answering only the name `tinygrad.runtime.ops_kiln` with a
+module whose `KilnDevice` is `kiln.tinygrad.device.KilnDevice`. Nothing is imported until
+tinygrad asks for the device, and no tinygrad file changes. Where `.pth` files are not processed
+(`python -S`), calling `kiln.tinygrad.install()` before tinygrad opens a device does the same.
+"""
+
+from _kiln_tinygrad import install
+
+__all__ = ["install"]

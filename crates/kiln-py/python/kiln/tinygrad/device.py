@@ -1,0 +1,228 @@
+"""tinygrad's `KILN` device: renderer, compiler, allocator and program over kiln.
+
+tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x` and taking its `XDevice`; the
+import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.runtime.ops_kiln`.
+
+- The renderer names the kiln backend: `DEV=KILN` (or `KILN:CPU`) runs on kiln's CPU,
+  `DEV=KILN:OPENCL` and `DEV=KILN:CUDA` on kiln's OpenCL and CUDA devices (tinygrad's own
+  `DEVICE:RENDERER` convention, `Target.parse`). A tensor's `KILN:1` is the backend's device 1.
+- The renderer converts tinygrad's linearized UOps to kiln text (`kiln.tinygrad.render`); its
+  capability flags are those of the backend, so tinygrad emits only what that backend runs.
+- The compiler is kiln's `Device.compile` (through kiln's kernel cache); the text is the binary.
+- Memory is kiln buffers of bytes, viewed as each kernel parameter's dtype at launch; host
+  (CPU) buffers are shared with tinygrad (and so numpy) without a copy. numpy is not needed.
+- A program call is one kiln kernel launch, bounds-proven by kiln; a refused launch raises
+  kiln's error with the kernel's name, never a silent wrong result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any, Optional
+
+from tinygrad.device import Allocator, BufferSpec, Compiled, CompileError, Compiler, TinyELF
+from tinygrad.dtype import DType, dtypes
+from tinygrad.helpers import Target
+from tinygrad.renderer import Renderer
+from tinygrad.uop.ops import KernelInfo, UOp
+
+import kiln
+
+from .render import ALU, Converter, Unsupported, render
+
+# tinygrad's dtypes that kiln has (kiln's names in `kiln.DTYPES`)
+KILN_DTYPES = {
+    dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16,
+    dtypes.uint32, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64,
+}
+
+HEADER = "tinygrad kernel "
+
+
+def kernel_name(src: str) -> Optional[str]:
+    """The kernel name the renderer wrote in the text's header, if any."""
+    for line in src.splitlines()[:3]:
+        if line.startswith("# " + HEADER):
+            return line[len("# " + HEADER) :].strip()
+    return None
+
+
+class KilnCompiler(Compiler):
+    """Compiles kiln text with kiln's `Device.compile` (through its kernel cache) and keeps the
+    kernel until a program loads it; the text itself is the binary tinygrad stores."""
+
+    def __init__(self, device: kiln.Device):
+        super().__init__(None)
+        self.device = device
+        self.compiled: dict[str, kiln.Kernel] = {}
+
+    def compile(self, src: str) -> bytes:
+        name = kernel_name(src)
+        try:
+            self.compiled[src] = self.device.compile(src, name)
+        except kiln.Error as e:
+            raise CompileError(f"kiln could not compile tinygrad kernel {name}: {e}") from e
+        return src.encode()
+
+    def load(self, src: str) -> kiln.Kernel:
+        """The kernel compiled from `src` (compiled again, from kiln's cache, if it was taken)."""
+        if src not in self.compiled:
+            self.compile(src)
+        return self.compiled.pop(src)
+
+
+class KilnRenderer(Renderer):
+    """Renders linear UOps as kiln text for one kiln backend (`backend`, set by each subclass)."""
+
+    backend = ""
+    # the ALU ops kiln has (tinygrad reads only the keys: it keeps these ops and rewrites the
+    # others in terms of them)
+    code_for_op = dict(ALU)
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        self.device = kiln.Device(self.backend)
+        self.compiler = KilnCompiler(self.device)
+
+    def supported_dtypes(self) -> set[DType]:
+        return {d for d in super().supported_dtypes() if d in KILN_DTYPES}
+
+    def render(self, uops: list[UOp]) -> str:
+        sink = uops[-1].arg
+        name = sink.function_name if isinstance(sink, KernelInfo) else "kernel"
+        try:
+            root = Converter(uops).convert()
+        except Unsupported as e:
+            raise CompileError(f"tinygrad kernel {name} has what kiln's IR lacks: {e}") from e
+        return render(root, [HEADER + name])
+
+
+class KilnCPURenderer(KilnRenderer):
+    """kiln's CPU: no work groups or local memory; `core_id` threads, one chunk per core."""
+
+    backend = "CPU"
+    has_local = False
+    has_shared = False
+    has_threads = True
+    supports_float4 = True
+
+    @property
+    def global_max(self) -> tuple[int, ...]:  # type: ignore[override]
+        return (os.cpu_count() or 1, 0, 0)
+
+
+class KilnGPURenderer(KilnRenderer):
+    """kiln's GPU backends: work groups, local memory (at most 32 KiB a kernel) and barriers;
+    launch indices are kiln's `i32`, so no extent may pass its maximum."""
+
+    has_local = True
+    has_shared = True
+    shared_max = 32768
+    global_max = (2**31 - 1,) * 3
+    local_max = (2**31 - 1,) * 3
+
+
+class KilnOpenCLRenderer(KilnGPURenderer):
+    backend = "OPENCL"
+
+
+class KilnCUDARenderer(KilnGPURenderer):
+    backend = "CUDA"
+
+
+def host_memory(buf: kiln.Buffer) -> memoryview:
+    """The bytes of a host buffer, shared (no numpy needed: kiln's array interface gives the
+    address); the view keeps the buffer alive."""
+    window = (ctypes.c_uint8 * buf.nbytes).from_address(buf.__array_interface__["data"][0])
+    window.owner = buf  # type: ignore[attr-defined]
+    return memoryview(window).cast("B")
+
+
+class KilnAllocator(Allocator["KilnDevice"]):
+    """Buffers are kiln `u8` buffers of the requested bytes, viewed as each kernel parameter's
+    dtype at launch. Host buffers (kiln's CPU) are read and written in place, and tinygrad reads
+    them without a copy; other devices' buffers go through a host buffer of kiln's CPU."""
+
+    def __init__(self, dev: KilnDevice):
+        super().__init__(dev, supports_copy_from_disk=False, supports_transfer=True)
+
+    def _alloc(self, size: int, options: BufferSpec) -> kiln.Buffer:
+        if options.external_ptr is not None:
+            raise RuntimeError("the KILN device does not adopt external pointers")
+        try:
+            return self.dev.kiln.empty("u8", size)
+        except kiln.OutOfMemoryError as e:
+            raise MemoryError(str(e)) from e
+
+    def _offset(self, buf: kiln.Buffer, size: int, offset: int) -> kiln.Buffer:
+        return buf.view(offset, size)
+
+    def _copyin(self, dest: kiln.Buffer, src: memoryview) -> None:
+        host = dest if dest.is_host else kiln.Device("CPU").empty("u8", dest.nbytes)
+        host_memory(host)[:] = src.cast("B")
+        if host is not dest:
+            dest.copy_from(host)
+
+    def _copyout(self, dest: memoryview, src: kiln.Buffer) -> None:
+        host = src if src.is_host else kiln.Device("CPU").empty("u8", src.nbytes)
+        if host is not src:
+            host.copy_from(src)
+        dest.cast("B")[:] = host_memory(host)
+
+    def _transfer(self, dest: kiln.Buffer, src: kiln.Buffer, sz: int, src_dev: KilnDevice, dest_dev: KilnDevice) -> None:
+        dest.copy_from(src)
+
+
+class KilnHostAllocator(KilnAllocator):
+    """Host memory (kiln's CPU): tinygrad reads it without a copy."""
+
+    def _as_buffer(self, src: kiln.Buffer) -> memoryview:
+        return host_memory(src)
+
+
+class KilnProgram:
+    """One compiled kernel; a call is one kiln launch (tinygrad's launch sizes are the kernel's
+    own SPECIAL extents in kiln, so they are not passed again)."""
+
+    def __init__(self, dev: KilnDevice, obj: TinyELF):
+        self.dev, self.name = dev, obj.name
+        self.kernel = dev.renderer.compiler.load(obj.lib.decode())
+        # the signature lists the buffers (in the order tinygrad passes them) and then the variables
+        self.dtypes = [dt for _, dt in sorted(self.kernel.params)]
+        nbufs = len(self.dtypes)
+        # kiln numbers the buffers in the order of tinygrad's slots
+        self.order = sorted(range(nbufs), key=lambda i: obj.signature[i][1])
+        self.var_names = [entry[0] for entry in obj.signature[nbufs:]]
+        self.wanted = set(self.kernel.var_names)
+
+    def __call__(self, *bufs: kiln.Buffer, global_size: Any = None, local_size: Any = None, vals: tuple[Optional[int], ...] = (),
+                 wait: bool = False, **kw: Any) -> Optional[float]:
+        args = [bufs[i].reinterpret(dt) for i, dt in zip(self.order, self.dtypes)]
+        named = {n: v for n, v in zip(self.var_names, vals) if v is not None and n in self.wanted}
+        try:
+            if wait:
+                st = time.perf_counter()
+                self.kernel.launch(args, named)
+                self.dev.kiln.synchronize()
+                return time.perf_counter() - st
+            self.kernel.launch(args, named)
+        except kiln.Error as e:
+            raise type(e)(f"tinygrad kernel {self.name}: {e}") from e
+        return None
+
+
+class KilnDevice(Compiled):
+    """A tinygrad device backed by one kiln device (the renderer's backend, this ordinal)."""
+
+    def __init__(self, device: str = ""):
+        renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer]
+        super().__init__(device, KilnAllocator(self), renderers, KilnProgram)  # type: ignore[arg-type]
+        backend = type(self.renderer).backend  # type: ignore[attr-defined]
+        self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")
+        if self.kiln.empty("u8", 1).is_host:
+            self.allocator = KilnHostAllocator(self)
+
+    def synchronize(self) -> None:
+        self.kiln.synchronize()

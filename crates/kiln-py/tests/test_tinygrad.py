@@ -1,0 +1,277 @@
+"""tinygrad programs on kiln's tinygrad device (`KILN`) against numpy.
+
+Each test builds tensors on `KILN`, so every kernel tinygrad schedules is rendered to kiln text,
+compiled through kiln's kernel cache and launched by kiln. The kiln backend is tinygrad's
+renderer choice: kiln's CPU by default, kiln's OpenCL with `DEV=KILN:OPENCL` in the environment.
+Skipped when tinygrad 0.14.0 (the version `kiln.tinygrad` is written against) is not installed.
+"""
+
+import importlib.metadata
+
+import numpy as np
+import pytest
+
+tinygrad = pytest.importorskip("tinygrad", reason="tinygrad is not installed (pip install tinygrad==0.14.0)")
+if importlib.metadata.version("tinygrad") != "0.14.0":
+    pytest.skip("kiln.tinygrad is written against tinygrad 0.14.0", allow_module_level=True)
+
+import kiln.tinygrad  # noqa: E402
+from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
+from tinygrad.helpers import DEV as TARGETS  # noqa: E402
+
+kiln.tinygrad.install()
+DEV = "KILN"
+BACKEND = TARGETS.target(DEV).renderer or "CPU"
+
+
+def t(x):
+    return Tensor(np.asarray(x), device=DEV)
+
+
+def rand(*shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def test_the_device_is_kiln():
+    dev = Device[DEV]
+    assert type(dev).__name__ == "KilnDevice"
+    assert dev.kiln.name == BACKEND
+    assert dev.renderer.has_local == dev.renderer.has_shared == (BACKEND != "CPU")
+
+
+def test_smoke():
+    assert (t([1, 2, 3]) + 1).tolist() == [2, 3, 4]
+
+
+INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=lambda d: np.dtype(d).name)
+def test_integer_elementwise(dtype):
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(1)
+    a = rng.integers(max(info.min, -100), min(info.max, 100), 37).astype(dtype)
+    b = rng.integers(1, min(info.max, 50), 37).astype(dtype)
+    ta, tb = t(a), t(b)
+    np.testing.assert_array_equal((ta + tb).numpy(), a + b)
+    np.testing.assert_array_equal((ta * tb).numpy(), a * b)
+    np.testing.assert_array_equal((ta - tb).numpy(), a - b)
+    np.testing.assert_array_equal(ta.maximum(tb).numpy(), np.maximum(a, b))
+    np.testing.assert_array_equal((ta < tb).numpy(), a < b)
+    np.testing.assert_array_equal((ta == tb).where(ta, tb).numpy(), np.where(a == b, a, b))
+    np.testing.assert_array_equal((ta ^ tb).numpy(), a ^ b)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_float_elementwise(dtype):
+    a = rand(5, 7, seed=2, dtype=dtype)
+    b = np.abs(rand(5, 7, seed=3, dtype=dtype)) + dtype(0.5)
+    ta, tb = t(a), t(b)
+    tol = {"rtol": 2e-3, "atol": 2e-3} if dtype == np.float16 else {"rtol": 1e-5, "atol": 1e-6}
+    np.testing.assert_allclose((ta + tb).numpy(), a + b, **tol)
+    np.testing.assert_allclose((ta / tb).numpy(), a / b, **tol)
+    np.testing.assert_allclose(ta.exp().numpy(), np.exp(a), **tol)
+    np.testing.assert_allclose(tb.log().numpy(), np.log(b), **tol)
+    np.testing.assert_allclose(tb.sqrt().numpy(), np.sqrt(b), **tol)
+    np.testing.assert_allclose(ta.sin().numpy(), np.sin(a), **tol)
+    np.testing.assert_allclose(ta.relu().numpy(), np.maximum(a, 0), **tol)
+    np.testing.assert_allclose((-ta).numpy(), -a, **tol)
+
+
+def test_bool_elementwise():
+    a = np.array([True, False, True, False])
+    b = np.array([True, True, False, False])
+    np.testing.assert_array_equal((t(a) & t(b)).numpy(), a & b)
+    np.testing.assert_array_equal((t(a) | t(b)).numpy(), a | b)
+    np.testing.assert_array_equal(t(a).logical_not().numpy(), ~a)
+
+
+def test_bfloat16_round_trip():
+    a = np.array([1.0, -2.5, 3.25, 1024.0], np.float32)  # exact in bf16
+    out = (t(a).cast(dtypes.bfloat16) * 2).cast(dtypes.float32).numpy()
+    np.testing.assert_array_equal(out, a * 2)
+
+
+def test_casts():
+    a = np.array([-3.7, -0.5, 0.0, 2.9, 300.2], np.float32)
+    np.testing.assert_array_equal(t(a).cast(dtypes.int32).numpy(), a.astype(np.int32))
+    np.testing.assert_array_equal(t(a).cast(dtypes.bool).numpy(), a.astype(bool))
+    i = np.array([1, -2, 70000], np.int32)
+    np.testing.assert_array_equal(t(i).cast(dtypes.int16).numpy(), i.astype(np.int16))
+    np.testing.assert_array_equal(t(a).bitcast(dtypes.uint32).numpy(), a.view(np.uint32))
+
+
+def test_reductions():
+    a = rand(7, 19, seed=4)
+    ta = t(a)
+    np.testing.assert_allclose(ta.sum(axis=1).numpy(), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ta.sum().numpy(), a.sum(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(ta.max(axis=0).numpy(), a.max(axis=0))
+    np.testing.assert_array_equal(ta.argmax(axis=1).numpy(), a.argmax(axis=1))
+    np.testing.assert_allclose(ta.mean().numpy(), a.mean(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ta.var(axis=1).numpy(), a.var(axis=1, ddof=1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ta.cumsum(axis=1).numpy(), a.cumsum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul():
+    a, b = rand(33, 17, seed=5), rand(17, 29, seed=6)
+    np.testing.assert_allclose((t(a) @ t(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_matmul():
+    a, b = rand(3, 8, 5, seed=7), rand(3, 5, 6, seed=8)
+    np.testing.assert_allclose((t(a) @ t(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_softmax_and_layernorm():
+    a = rand(6, 10, seed=9)
+    e = np.exp(a - a.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(t(a).softmax(axis=1).numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    norm = (a - a.mean(axis=1, keepdims=True)) / np.sqrt(a.var(axis=1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(t(a).layernorm(axis=1).numpy(), norm, rtol=1e-4, atol=1e-4)
+
+
+def conv2d_reference(x, w, pad):
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1
+    out = np.zeros((n, o, oh, ow), np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i : i + oh, j : j + ow], w[:, :, i, j])
+    return out
+
+
+def test_conv2d_with_padding():
+    x, w = rand(2, 3, 9, 8, seed=10), rand(4, 3, 3, 3, seed=11)
+    out = t(x).conv2d(t(w), padding=1).numpy()
+    np.testing.assert_allclose(out, conv2d_reference(x, w, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_pooling():
+    x = rand(1, 2, 6, 6, seed=12)
+    expect = x.reshape(1, 2, 3, 2, 3, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(t(x).max_pool2d(kernel_size=2).numpy(), expect)
+    np.testing.assert_allclose(t(x).avg_pool2d(kernel_size=2).numpy(), x.reshape(1, 2, 3, 2, 3, 2).mean(axis=(3, 5)), rtol=1e-5, atol=1e-6)
+
+
+def test_padding():
+    x = rand(3, 4, seed=13)
+    np.testing.assert_array_equal(t(x).pad(((1, 2), (0, 3))).numpy(), np.pad(x, ((1, 2), (0, 3))))
+
+
+def test_indexing_and_gather():
+    x = rand(6, 9, seed=14)
+    np.testing.assert_array_equal(t(x)[1:5, ::2].numpy(), x[1:5, ::2])
+    np.testing.assert_array_equal(t(x)[:, 3].numpy(), x[:, 3])
+    idx = np.random.default_rng(15).integers(0, 9, (6, 4)).astype(np.int32)
+    np.testing.assert_array_equal(t(x).gather(1, t(idx)).numpy(), np.take_along_axis(x, idx, 1))
+    rows = np.array([5, 0, 2], np.int32)
+    np.testing.assert_array_equal(t(x)[t(rows)].numpy(), x[rows])
+
+
+def test_setitem():
+    x = rand(4, 5, seed=16)
+    tx = t(x.copy())
+    tx[1:3, 2] = 7.0
+    x[1:3, 2] = 7.0
+    np.testing.assert_array_equal(tx.numpy(), x)
+
+
+def test_sort_and_topk():
+    x = rand(12, seed=17)
+    values, indices = t(x).topk(4)
+    order = np.argsort(-x)[:4]
+    np.testing.assert_array_equal(values.numpy(), x[order])
+    np.testing.assert_array_equal(indices.numpy(), order)
+    np.testing.assert_array_equal(t(x).sort()[0].numpy(), np.sort(x))
+
+
+def test_symbolic_shape():
+    x = rand(64, 8, seed=18)
+    n = Variable("n", 1, 64)
+    for size in (3, 10, 64):
+        out = (t(x)[: n.bind(size)] * 2).sum()
+        np.testing.assert_allclose(out.numpy(), (x[:size] * 2).sum(), rtol=1e-5, atol=1e-4)
+
+
+def test_tinyjit_replays_with_new_inputs():
+    @TinyJit
+    def f(a, b):
+        return ((a @ b).relu() + 1).realize()
+
+    for seed in range(4):
+        a, b = rand(8, 16, seed=seed), rand(16, 4, seed=seed + 10)
+        out = f(t(a), t(b)).numpy()
+        np.testing.assert_allclose(out, np.maximum(a @ b, 0) + 1, rtol=1e-4, atol=1e-4)
+    assert f.cnt == 4 and f.captured is not None
+
+
+def test_random_is_reproducible():
+    Tensor.manual_seed(3)
+    a = Tensor.rand(1000, device=DEV).numpy()
+    Tensor.manual_seed(3)
+    b = Tensor.rand(1000, device=DEV).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert 0.0 <= a.min() and a.max() < 1.0 and 0.4 < a.mean() < 0.6
+
+
+# Writes o[i + 1] for i < n over a buffer of n: the last store leaves the buffer.
+SHIFTED = """\
+# tinygrad kernel shifted
+%n   = DEFINE_VAR i32 "n" 1 1024
+%o   = PARAM ptr<f32> 0 (%n)
+%i   = SPECIAL i32 "idx0" (%n)
+%one = CONST i32 1
+%j   = ADD i32 (%i, %one)
+%po  = INDEX ptr<f32> (%o, %j)
+%v   = CONST f32 2.0
+%st  = STORE void (%po, %v)
+SINK void (%st)
+"""
+
+
+def test_a_refused_launch_names_the_kernel():
+    from tinygrad.device import TinyELF
+
+    dev = Device[DEV]
+    policy = dev.kiln.bounds_policy
+    dev.kiln.bounds_policy = "refuse"
+    try:
+        sig = ((None, 0, dtypes.float32, (8,)), ("n", 1, dtypes.int32, ()))
+        prg = dev.runtime(TinyELF(SHIFTED.encode(), "shifted", dev.renderer.target, sig))
+        buf = dev.allocator.alloc(8 * 4)
+        with pytest.raises(kiln.OutOfBoundsError, match="tinygrad kernel shifted"):
+            prg(buf, vals=(8,))
+            dev.synchronize()
+    finally:
+        dev.kiln.bounds_policy = policy
+
+
+def test_tinyjit_replays_with_new_sizes():
+    @TinyJit
+    def f(a, n):
+        return (a[:n] * 3).sum().realize()
+
+    x = rand(32, 4, seed=19)
+    n = Variable("n", 1, 32)
+    for size in (5, 9, 17, 32):
+        np.testing.assert_allclose(f(t(x), n.bind(size)).numpy(), (x[:size] * 3).sum(), rtol=1e-5, atol=1e-4)
+
+
+def test_transfers_between_devices():
+    x = rand(3, 5, seed=20)
+    on_cpu = (t(x) + 1).to("CPU")
+    np.testing.assert_array_equal(on_cpu.numpy(), x + 1)
+    back = (Tensor(x, device="CPU") * 2).to(DEV)
+    np.testing.assert_array_equal(back.numpy(), x * 2)
+
+
+def test_transfer_to_a_second_kiln_device():
+    count = sum(1 for d in kiln.devices() if d.name.split(":")[0] == BACKEND and d.available)
+    if BACKEND != "CPU" and count < 2:  # the CPU serves every ordinal
+        pytest.skip(f"this machine has one {BACKEND} device")
+    x = rand(3, 5, seed=21)
+    second = (t(x) - 1).to(f"{DEV}:1")
+    np.testing.assert_array_equal((second * 2).numpy(), (x - 1) * 2)
