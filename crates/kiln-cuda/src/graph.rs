@@ -2,17 +2,19 @@
 //! ([`CudaGraphs`]): a plan's launches become one
 //! graph, built explicitly as a chain of kernel nodes (each depends on the one before, so
 //! they run in capture order), instantiated once and launched with one `cuGraphLaunch` per
-//! run on the calling thread's default stream. New variable values update the nodes in
+//! run on the calling thread's default stream, followed by an event that a timeline signal
+//! of the graph's own waits on (with the plan's timeout). New variable values update the nodes in
 //! place (`cuGraphExecKernelNodeSetParams`); a launch the driver refuses to update makes the
 //! plan capture again.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use kiln_device::{GraphFactory, GraphLaunch, LaunchGraph, Program, Result};
+use kiln_device::{GraphFactory, GraphLaunch, LaunchGraph, Program, Result, TimelineSignal};
 
 use crate::program::{Arguments, CudaProgram};
+use crate::signal::{CudaEvent, CudaSignal};
 use crate::{CudaDevice, PER_THREAD_STREAM, driver};
 
 /// The CUDA program behind each launch, if every launch is a CUDA program of `cu`.
@@ -59,6 +61,9 @@ pub struct CudaGraph {
     nodes: Vec<sys::CUgraphNode>,
     /// The programs of the nodes, in order: their modules must outlive the graph.
     programs: Vec<Arc<dyn Program>>,
+    /// Reaches `n` when the `n`th launch finished.
+    done: CudaSignal,
+    launched: u64,
 }
 
 // SAFETY: the graph handles are driver objects used only through `&mut self` (one thread
@@ -81,6 +86,8 @@ impl CudaGraph {
             exec: std::ptr::null_mut(),
             nodes: Vec::with_capacity(launches.len()),
             programs: launches.iter().map(|l| l.program.clone()).collect(),
+            done: CudaSignal::default(),
+            launched: 0,
         };
         for a in &mut args {
             let params = a.node_params();
@@ -126,9 +133,13 @@ impl LaunchGraph for CudaGraph {
         // SAFETY: `exec` is live; the caller guarantees every node's arguments (this
         // function's contract); the per-thread stream is valid in the current context.
         check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(self.exec, PER_THREAD_STREAM) })?;
-        // SAFETY: as above.
-        unsafe { cu::stream::synchronize(PER_THREAD_STREAM) }
-            .map_err(|e| driver("a plan's CUDA graph while running (cuStreamSynchronize)", e))
+        let event = CudaEvent::record(&self.cu, PER_THREAD_STREAM, false)?;
+        self.launched += 1;
+        self.done.record(self.launched, event)
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        self.done.wait(self.launched, timeout)
     }
 }
 
@@ -188,6 +199,8 @@ mod tests {
         let mut graph = graphs.capture(&first).unwrap().expect("CUDA programs capture a graph");
         // SAFETY: the launches were checked by Kernel::check and the buffers outlive the graph.
         unsafe { graph.launch() }.unwrap();
+        graph.wait(Duration::MAX).unwrap();
+        graph.wait(Duration::ZERO).expect("a finished graph's wait returns at once");
         let want = |n: usize| -> Vec<f32> {
             xs.iter().enumerate().map(|(i, x)| if i < n { (x * 2.0 + 1.0) * 2.0 + 1.0 } else { -1.0 }).collect()
         };
@@ -195,6 +208,7 @@ mod tests {
         assert!(graph.update(&launches(&k, &[(&a, &b), (&b, &c)], 1024)).unwrap(), "same programs update in place");
         // SAFETY: as above.
         unsafe { graph.launch() }.unwrap();
+        graph.wait(Duration::from_secs(60)).unwrap();
         assert_eq!(c.to_vec::<f32>().unwrap(), want(1024));
         assert!(!graph.update(&first[..1]).unwrap(), "another sequence is refused, not applied");
     }

@@ -9,12 +9,13 @@
 //! | `compile` | a [`Compiler::compile`] call | [`Error::Compile`] |
 //! | `alloc` | an [`Allocator::alloc`] call | [`Error::OutOfMemory`] |
 //! | `kernel` | a launch of a kernel of the device: a host execute, a native enqueue or one launch of a replayed graph (the generation's [`crate::LaunchGate`]) | a fatal [`Error::Driver`] with code [`KERNEL_FAULT`] |
-//! | `timeout` | a host [`TimelineSignal::wait`] on a signal of the device | [`Error::Timeout`], at once |
+//! | `timeout` | a host [`TimelineSignal::wait`] on a signal of the device, or a [`LaunchGraph::wait`] for one of its graphs | [`Error::Timeout`], at once |
 //! | `loss` | an allocation, host transfer, program load or launch | a fatal [`Error::Driver`] with code [`DEVICE_LOSS`] |
 //!
 //! The wrapper sits over any backend's [`DeviceParts`] (as wgpu-hal's `noop` backend sits
 //! beside the real ones): [`inject`] wraps the allocator, the compilers, the program loader
-//! and the queue factory's signals, adds a launch gate, and otherwise forwards every call.
+//! the queue factory's signals and the graphs' waits, adds a launch gate, and otherwise
+//! forwards every call.
 //! Programs are not wrapped: a backend queue still enqueues them natively and the device's
 //! graphs still capture them. It never marks the
 //! device lost itself: a fatal error it returns reaches the device's context the way a real
@@ -33,6 +34,7 @@ use kiln_ir::DeviceSpec;
 
 use crate::buffer::{Allocator, AllocatorStats, RawPtr, RawView};
 use crate::error::{Error, Result};
+use crate::graph::{GraphFactory, GraphLaunch, LaunchGraph};
 use crate::kernel::LaunchGate;
 use crate::parts::{DeviceParts, PartsBuilder};
 use crate::program::{CompiledSpec, Compiler, ProgramSpec, RuntimeFactory};
@@ -203,6 +205,17 @@ impl FaultPlan {
         }
         self.device_op("a kernel launch")
     }
+
+    /// An injected [`Error::Timeout`] for a wait for `target` (at `current`) of `timeout`.
+    fn timeout(&self, target: u64, current: u64, timeout: Duration) -> Result<()> {
+        match self.hit(FaultKind::Timeout) {
+            Some(_) => {
+                let waited_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+                Err(Error::Timeout { target, current, waited_ms })
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 fn fatal(code: i64, message: String) -> Error {
@@ -232,7 +245,7 @@ pub fn inject(parts: DeviceParts, plan: &Arc<FaultPlan>) -> DeviceParts {
         queues: parts
             .queues
             .map(|q| Arc::new(FaultQueues { inner: q, plan: plan.clone() }) as Arc<dyn DynQueueFactory>),
-        graphs: parts.graphs,
+        graphs: parts.graphs.map(|g| Arc::new(FaultGraphs { inner: g, plan: plan.clone() }) as Arc<dyn GraphFactory>),
         gate: Some(Arc::new(move |program: &str| {
             launches.launch(program)?;
             inner_gate.as_ref().map_or(Ok(()), |g| g(program))
@@ -384,10 +397,7 @@ impl TimelineSignal for FaultSignal {
     /// An injected timeout returns at once, as if `timeout` had passed: the signal is not
     /// failed and a later wait may succeed (the [`TimelineSignal`] contract of a timeout).
     fn wait(&self, value: u64, timeout: Duration) -> Result<()> {
-        if self.plan.hit(FaultKind::Timeout).is_some() {
-            let waited_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            return Err(Error::Timeout { target: value, current: self.inner.value(), waited_ms });
-        }
+        self.plan.timeout(value, self.inner.value(), timeout)?;
         self.inner.wait(value, timeout)
     }
 
@@ -401,6 +411,41 @@ impl TimelineSignal for FaultSignal {
 
     fn is_reached(&self, value: u64) -> bool {
         self.inner.is_reached(value)
+    }
+}
+
+/// A graph factory whose graphs' waits time out as the plan says.
+struct FaultGraphs {
+    inner: Arc<dyn GraphFactory>,
+    plan: Arc<FaultPlan>,
+}
+
+impl GraphFactory for FaultGraphs {
+    fn capture(&self, launches: &[GraphLaunch]) -> Result<Option<Box<dyn LaunchGraph>>> {
+        let graph = self.inner.capture(launches)?;
+        Ok(graph.map(|inner| Box::new(FaultGraph { inner, plan: self.plan.clone() }) as Box<dyn LaunchGraph>))
+    }
+}
+
+struct FaultGraph {
+    inner: Box<dyn LaunchGraph>,
+    plan: Arc<FaultPlan>,
+}
+
+impl LaunchGraph for FaultGraph {
+    fn update(&mut self, launches: &[GraphLaunch]) -> Result<bool> {
+        self.inner.update(launches)
+    }
+
+    unsafe fn launch(&mut self) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.inner.launch() }
+    }
+
+    /// An injected timeout returns at once; the graph still runs, as after a real one.
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        self.plan.timeout(1, 0, timeout)?;
+        self.inner.wait(timeout)
     }
 }
 

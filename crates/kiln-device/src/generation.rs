@@ -3,6 +3,7 @@
 //! [`Origin`] its kernels are loaded with.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use kiln_ir::DeviceSpec;
 
@@ -216,5 +217,9 @@ impl LaunchGraph for ContextGraph {
         }
         // SAFETY: forwarded from this function's contract.
         self.stamp.observe(unsafe { self.inner.launch() })
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        self.stamp.observe(self.inner.wait(timeout))
     }
 }

@@ -13,6 +13,7 @@
 //! to forward.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::buffer::RawView;
 use crate::error::Result;
@@ -53,14 +54,24 @@ pub trait LaunchGraph: Send {
     /// The backend's error when updating fails in a way a new capture would not fix.
     fn update(&mut self, launches: &[GraphLaunch]) -> Result<bool>;
 
-    /// Runs every launch in order and returns when the last one finished.
+    /// Starts every launch, in order, and returns without waiting for them: [`LaunchGraph::wait`]
+    /// waits. A launch before the last one finished runs after it.
     ///
     /// # Errors
-    /// The first failing launch's error (a fatal one loses the device, as with
-    /// [`Program::execute`]).
+    /// The driver's error when the graph cannot be started (a fatal one loses the device, as
+    /// with [`Program::execute`]).
     ///
     /// # Safety
     /// Every launch's arguments, as captured or last updated, satisfy the contract of
-    /// [`Program::execute`] now: the memory is live, large enough and unraced.
+    /// [`Program::execute`] until [`LaunchGraph::wait`] returned `Ok`: the memory is live,
+    /// large enough and unraced.
     unsafe fn launch(&mut self) -> Result<()>;
+
+    /// Waits up to `timeout` (`Duration::MAX`: without limit) for the last launch to finish.
+    ///
+    /// # Errors
+    /// [`crate::Error::Timeout`] when it has not finished in time: the graph still runs and a
+    /// later wait may succeed. The first failing launch's error otherwise (a fatal one loses
+    /// the device).
+    fn wait(&mut self, timeout: Duration) -> Result<()>;
 }

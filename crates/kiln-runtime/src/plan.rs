@@ -150,6 +150,8 @@ pub struct ExecutionPlan {
     epoch: Instant,
     /// Replay as a device graph (see [`graph`]).
     graph: GraphState,
+    /// Whether the graph's last launch may still run (its wait timed out).
+    graph_running: bool,
 }
 
 impl std::fmt::Debug for ExecutionPlan {
@@ -202,6 +204,7 @@ impl ExecutionPlan {
             base: Vec::new(),
             epoch: Instant::now(),
             graph: GraphState::Untried,
+            graph_running: false,
         }
     }
 
@@ -352,6 +355,8 @@ impl ExecutionPlan {
         self.nodes.push(Node { kind, deps, cost, stamps: Arc::new(Stamps::default()) });
         self.schedule = None;
         self.checked = None;
+        // The graph's buffers outlive it, but a new node must not race with its last run.
+        let _ = self.wait_graph();
         self.graph = GraphState::Untried;
         index
     }
@@ -626,7 +631,7 @@ impl ExecutionPlan {
     /// Waits for a run that was submitted and never waited for (its handle was leaked), so
     /// two runs never overlap.
     fn drain(&mut self) -> Result<()> {
-        let mut first = None;
+        let mut first = self.wait_graph().err();
         for (signal, value) in std::mem::take(&mut self.in_flight) {
             if let Err(e) = signal.wait(value, self.options.timeout) {
                 first.get_or_insert(e);

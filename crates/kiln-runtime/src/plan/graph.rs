@@ -8,6 +8,8 @@
 //! values changed. A device without graphs (or whose capture fails) marks the plan
 //! "unsupported" and every run replays through the queues, as before.
 //! Recording a node drops the graph. Graph runs do not advance the queues' timelines.
+//! A run waits for its graph with the plan's timeout; after a timeout the graph may still
+//! run, and the next run, recording or [`ExecutionPlan::drain`] waits for it first.
 
 use std::sync::Arc;
 
@@ -65,8 +67,27 @@ impl ExecutionPlan {
         // sizes, launch dims, bounds of every access); the plan holds every buffer it
         // recorded, and no queued run of this plan is in flight (drained above).
         unsafe { graph.launch() }?;
-        self.graph = GraphState::Ready(graph, vals.to_vec());
-        Ok(true)
+        match graph.wait(self.options.timeout) {
+            Ok(()) => {
+                self.graph = GraphState::Ready(graph, vals.to_vec());
+                Ok(true)
+            }
+            Err(e @ Error::Timeout { .. }) => {
+                self.graph = GraphState::Ready(graph, vals.to_vec());
+                self.graph_running = true;
+                Err(e)
+            }
+            // A failed run: the next run captures again.
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits (with the plan's timeout) for a graph launch whose run's wait timed out.
+    pub(super) fn wait_graph(&mut self) -> Result<()> {
+        match &mut self.graph {
+            GraphState::Ready(graph, _) if std::mem::take(&mut self.graph_running) => graph.wait(self.options.timeout),
+            _ => Ok(()),
+        }
     }
 
     /// The graph factory of the one device generation every node's kernel was loaded under;

@@ -29,6 +29,8 @@ struct Counts {
     captures: AtomicUsize,
     updates: AtomicUsize,
     launches: AtomicUsize,
+    /// Updates and launches made while an earlier launch had not been waited for.
+    overlaps: AtomicUsize,
 }
 
 impl Counts {
@@ -51,7 +53,8 @@ impl GraphFactory for MockGraphs {
         if self.mode == Mode::CaptureFails {
             return Err(Error::driver("mock", "stream capture is not supported here"));
         }
-        Ok(Some(Box::new(MockGraph { launches: launches.to_vec(), mode: self.mode, counts: self.counts.clone() })))
+        let (mode, counts) = (self.mode, self.counts.clone());
+        Ok(Some(Box::new(MockGraph { launches: launches.to_vec(), running: Vec::new(), mode, counts })))
     }
 }
 
@@ -104,15 +107,27 @@ fn graph_device(mode: Mode, counts: &Arc<Counts>) -> Device {
     .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())))
 }
 
-/// Runs its launches in order, like a device graph would.
+/// Runs its launches in order, like a device graph would: a launch takes the arguments as
+/// they are, and the work is done when it is waited for.
 struct MockGraph {
     launches: Vec<GraphLaunch>,
+    /// Launched sequences not waited for yet.
+    running: Vec<Vec<GraphLaunch>>,
     mode: Mode,
     counts: Arc<Counts>,
 }
 
+impl MockGraph {
+    fn note_overlap(&self) {
+        if !self.running.is_empty() {
+            self.counts.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 impl LaunchGraph for MockGraph {
     fn update(&mut self, launches: &[GraphLaunch]) -> Result<bool> {
+        self.note_overlap();
         if self.mode == Mode::NoUpdates {
             return Ok(false);
         }
@@ -122,10 +137,18 @@ impl LaunchGraph for MockGraph {
     }
 
     unsafe fn launch(&mut self) -> Result<()> {
+        self.note_overlap();
         self.counts.launches.fetch_add(1, Ordering::SeqCst);
-        for l in &self.launches {
-            // SAFETY: forwarded from this function's contract.
-            unsafe { l.program.execute(&l.views, &l.vals, &l.dims) }?;
+        self.running.push(self.launches.clone());
+        Ok(())
+    }
+
+    fn wait(&mut self, _timeout: Duration) -> Result<()> {
+        for run in std::mem::take(&mut self.running) {
+            for l in run {
+                // SAFETY: `launch`'s contract holds until this wait returns.
+                unsafe { l.program.execute(&l.views, &l.vals, &l.dims) }?;
+            }
         }
         Ok(())
     }
@@ -258,6 +281,24 @@ fn a_profiled_plan_still_replays_as_a_graph() {
 /// A fault-injected device keeps its graphs: the plan captures and replays them, every
 /// replayed launch passes the injection's launch gate, and an injected kernel fault in a
 /// replay fails the run and loses the device, as on the queues.
+#[test]
+fn a_graph_run_that_times_out_is_waited_for_before_the_next() {
+    use kiln_device::faults::{FaultKind, FaultPlan};
+    let counts = Arc::new(Counts::default());
+    let faults = FaultPlan::new();
+    let device = graph_device(Mode::Graphs, &counts).with_faults(faults.clone()).expect("fault-injected device");
+    let (mut p, [a, _, c]) = plan_on(&device, true);
+    let input = a.to_vec::<f32>().expect("read");
+    faults.after(FaultKind::Timeout, 1);
+    let e = p.run(&[("n", 4)]).expect_err("the injected timeout");
+    assert_eq!(e.class(), kiln_device::ErrorClass::Timeout, "{e}");
+    assert!(!device.is_lost(), "a timeout does not lose the device");
+    p.run(&[("n", 8)]).expect("the run after a timed-out one");
+    assert_eq!(counts.get(), (1, 1, 2), "one capture, updated in place");
+    assert_eq!(counts.overlaps.load(Ordering::SeqCst), 0, "the timed-out run was waited for first");
+    assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 8));
+}
+
 #[test]
 fn a_fault_injected_device_still_replays_as_a_graph() {
     use kiln_device::faults::{FaultKind, FaultPlan, KERNEL_FAULT};

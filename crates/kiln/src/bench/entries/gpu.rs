@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kiln_device::Kernel;
 use kiln_device::kiln_ir::rewrite::RewriteRules;
-use kiln_device::kiln_ir::{IrError, Op, UOp, parse_kernel};
+use kiln_device::kiln_ir::{IrError, KernelBuilder, Op, Scalar, UOp, parse_kernel};
 
 use super::Bench;
 use crate::error::CliError;
@@ -48,12 +48,35 @@ pub fn sum_groups_f32(n: usize) -> Result<Arc<UOp>, IrError> {
     Ok(bind.rewrite(&sink))
 }
 
+/// `c[i] = a[i] + b[i]` for `n` elements: one work item per element, so the items of a warp
+/// touch consecutive floats (coalesced), in a direct launch (`idx0`) whose block the backend
+/// picks. (kiln's CUDA C splits vector accesses into scalar ones, since a buffer window need
+/// not be 16-byte aligned, so wider items would only stride the warp's accesses.)
+///
+/// # Errors
+/// [`IrError`] when `n` is 0 or not below 2^31.
+pub fn add_f32(n: usize) -> Result<Arc<UOp>, IrError> {
+    if n == 0 || n > i32::MAX as usize {
+        return Err(IrError::Invalid(format!("the GPU add needs 1 to 2^31 - 1 elements, got {n}")));
+    }
+    let mut k = KernelBuilder::new();
+    let (a, b, c) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n), k.param(2, Scalar::F32, n));
+    let i = k.special("idx0", n as i64);
+    k.store(&c.at(&i), &(a.at(&i).load() + b.at(&i).load()));
+    k.finish()
+}
+
 impl Bench {
+    /// Whether the device runs the GPU-shaped kernels of this module (see the module docs).
+    pub(super) fn gpu_shaped(&self) -> bool {
+        self.device.spec().base_type() == "CUDA"
+    }
+
     /// The two kernels of `sum_f32_16m` on a GPU (the group sum over `n`, then over its
     /// partial sums) and the number of partial sums; `None` on devices that keep the
     /// CPU-shaped partial sums.
     pub(super) fn gpu_sum_kernels(&self, n: usize) -> Result<Option<(Kernel, Kernel, usize)>, CliError> {
-        if self.device.spec().base_type() != "CUDA" {
+        if !self.gpu_shaped() {
             return Ok(None);
         }
         let partials = n / (GROUP * PER_ITEM);
@@ -97,7 +120,33 @@ mod tests {
         assert_eq!(bo.to_vec::<f32>().unwrap(), vec![partials.iter().sum::<f32>()]);
     }
 
-    /// The group sum compiles to an sm_90 cubin (H100) where NVRTC is installed.
+    /// The GPU add is exact on OpenCL when present (and wherever `idx0` runs: the CPU too);
+    /// sizes outside its indices are refused when the kernel is built.
+    #[test]
+    fn the_gpu_add_is_exact() {
+        crate::session::register_backends();
+        assert!(add_f32(0).is_err() && add_f32(1 << 31).is_err());
+        let n = 1usize << 16;
+        let a: Vec<f32> = (0..n).map(|i| (i % 13) as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.5).collect();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        for (name, backend) in [("CPU", "cpu"), ("OPENCL:0", "opencl")] {
+            let dev = match kiln_device::open_device(name) {
+                Ok(d) => d,
+                Err(e) if !kiln_device::required(backend) => {
+                    println!("skipped {name}: {e}");
+                    continue;
+                }
+                Err(e) => panic!("{name}: {e}"),
+            };
+            let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
+            let (ba, bb, bc) = (buf(&a), buf(&b), buf(&vec![f32::NAN; n]));
+            dev.compile(&add_f32(n).unwrap(), Some("add_gpu")).unwrap().launch(&[&ba, &bb, &bc], &[]).unwrap();
+            assert_eq!(bc.to_vec::<f32>().unwrap(), want, "on {name}");
+        }
+    }
+
+    /// The group sum and the add compile to an sm_90 cubin (H100) where NVRTC is installed.
     #[cfg(feature = "cuda")]
     #[test]
     fn group_sum_compiles_for_sm_90() {
@@ -107,11 +156,13 @@ mod tests {
             Ok(c) => c,
             Err(e) => return println!("skipped: {e}"),
         };
-        let spec = cuda_renderer(kiln_device::kiln_ir::DeviceSpec::new(kiln_cuda::BACKEND, 0))
-            .render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups"))
-            .unwrap();
+        let renderer = cuda_renderer(kiln_device::kiln_ir::DeviceSpec::new(kiln_cuda::BACKEND, 0));
+        let spec = renderer.render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups")).unwrap();
         assert!(spec.src.contains("__shared__ float") && spec.src.contains("__syncthreads()"), "{}", spec.src);
-        let (ptx, cubin) = compiler.ptx_and_cubin(&spec.src, &spec.name).unwrap();
-        assert!(!ptx.is_empty() && !cubin.is_empty());
+        let add = renderer.render(&add_f32(1 << 24).unwrap(), Some("add_gpu")).unwrap();
+        for spec in [spec, add] {
+            let (ptx, cubin) = compiler.ptx_and_cubin(&spec.src, &spec.name).unwrap();
+            assert!(!ptx.is_empty() && !cubin.is_empty());
+        }
     }
 }

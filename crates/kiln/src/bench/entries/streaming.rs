@@ -1,6 +1,8 @@
 //! Memory-bound entries: the bandwidth limit, add (plain and guarded), sum and softmax.
 
-use kiln_device::kiln_ir::{Op, Scalar};
+use std::sync::Arc;
+
+use kiln_device::kiln_ir::{Op, Scalar, UOp};
 
 use super::Bench;
 use crate::bench::baselines::{self, stream};
@@ -41,12 +43,22 @@ impl Bench {
         stream::limit(&a, &b, self.reps).map_err(|e| wrong(entry, e))
     }
 
+    /// The add of `n` f32: [`super::gpu::add_f32`] on a GPU, else the CPU-shaped
+    /// [`kernels::add_f32`] (`nontemporal` when the data does not fit in the cache).
+    fn add_kernel(&self, n: usize) -> Result<Arc<UOp>, CliError> {
+        let built = if self.gpu_shaped() {
+            super::gpu::add_f32(n)
+        } else {
+            kernels::add_f32(self.axis(), n, self.width(), exceeds_cache(self.device.properties(), 4 * n))
+        };
+        built.map_err(|e| kiln_err("building the add_f32 kernel", e.into()))
+    }
+
     /// kiln's `add` against the bandwidth limit measured right after it.
     pub(super) fn add(&self) -> Result<BenchResult, CliError> {
         let n = ADD_N;
         let (a, b) = Self::add_inputs();
-        let nontemporal = exceeds_cache(self.device.properties(), 4 * n);
-        let k = self.compile(kernels::add_f32(self.axis(), n, self.width(), nontemporal), "add_f32")?;
+        let k = self.compile(Ok::<_, kiln_device::Error>(self.add_kernel(n)?), "add_f32")?;
         let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n)?);
         self.launch(&k, &[&ba, &bb, &bc])?;
         let c = self.read(&bc)?;
@@ -74,9 +86,7 @@ impl Bench {
     pub(super) fn add_guarded(&self) -> Result<BenchResult, CliError> {
         let n = ADD_N;
         let (a, b) = Self::add_inputs();
-        let nontemporal = exceeds_cache(self.device.properties(), 4 * n);
-        let sink = kernels::add_f32(self.axis(), n, self.width(), nontemporal)
-            .map_err(|e| kiln_err("building the add_f32 kernel", e.into()))?;
+        let sink = self.add_kernel(n)?;
         let accesses: Vec<usize> = sink
             .toposort()
             .iter()
