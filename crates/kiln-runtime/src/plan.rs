@@ -26,6 +26,7 @@ use crate::profile::{self, Profile, ProfileEvent, Stamps};
 use crate::schedule::{Lane, QueueLayout, Schedule, schedule};
 
 mod graph;
+mod rebind;
 use graph::GraphState;
 
 /// How many queues a plan spreads its nodes over.
@@ -102,6 +103,23 @@ struct Node {
     stamps: Arc<Stamps>,
 }
 
+impl NodeKind {
+    /// The byte ranges the node reads and writes, for the hazard tracker.
+    fn accesses(&self) -> Vec<Access> {
+        let access = |buf: &Buffer, write: bool| {
+            let (alloc, range) = buf.byte_range();
+            Access { alloc, range, write }
+        };
+        match self {
+            NodeKind::Exec { kernel, bufs, .. } => [(&kernel.spec.ins, false), (&kernel.spec.outs, true)]
+                .into_iter()
+                .flat_map(|(slots, write)| slots.iter().filter_map(move |&s| bufs.get(s).map(|b| access(b, write))))
+                .collect(),
+            NodeKind::Copy { dst, src, .. } => vec![access(src, false), access(dst, true)],
+        }
+    }
+}
+
 impl Node {
     fn name(&self) -> &str {
         match &self.kind {
@@ -128,6 +146,8 @@ pub struct ExecutionPlan {
     options: PlanOptions,
     nodes: Vec<Node>,
     tracker: HazardTracker,
+    /// Whether a rebinding changed buffers since the tracker saw them (see [`rebind`]).
+    tracker_stale: bool,
     /// Plan variables: names and the values they were recorded with.
     var_names: Vec<String>,
     var_defaults: Vec<i64>,
@@ -192,6 +212,7 @@ impl ExecutionPlan {
             options,
             nodes: Vec::new(),
             tracker: HazardTracker::new(),
+            tracker_stale: false,
             var_names: Vec::new(),
             var_defaults: Vec::new(),
             node_vals: Vec::new(),
@@ -295,20 +316,6 @@ impl ExecutionPlan {
                 },
             }
         }
-        let mut accesses = Vec::with_capacity(spec.ins.len() + spec.outs.len());
-        for (slots, write) in [(&spec.ins, false), (&spec.outs, true)] {
-            for &slot in slots {
-                let buf = bufs.get(slot).ok_or_else(|| {
-                    Error::Launch(format!(
-                        "kernel `{}` uses slot {slot}, only {} buffer(s) given",
-                        spec.name,
-                        bufs.len()
-                    ))
-                })?;
-                let (alloc, range) = buf.byte_range();
-                accesses.push(Access { alloc, range, write });
-            }
-        }
         let work = dims.global.iter().chain(dims.local.iter().flatten()).fold(1u64, |a, &d| a.saturating_mul(d as u64));
 
         for (name, v) in new_vars {
@@ -323,6 +330,7 @@ impl ExecutionPlan {
             var_index,
             vals_at,
         };
+        let accesses = kind.accesses();
         Ok(self.push(kind, &accesses, work))
     }
 
@@ -342,15 +350,21 @@ impl ExecutionPlan {
         if dst.overlaps(src) {
             return Err(Error::Buffer("copy between overlapping windows of one buffer".into()));
         }
-        let (sa, sr) = src.byte_range();
-        let (da, dr) = dst.byte_range();
-        let accesses = [Access { alloc: sa, range: sr, write: false }, Access { alloc: da, range: dr, write: true }];
         let kind = NodeKind::Copy { dst: dst.clone(), src: src.clone(), markers: None };
+        let accesses = kind.accesses();
         Ok(self.push(kind, &accesses, (dst.nbytes() / 16) as u64))
     }
 
     fn push(&mut self, kind: NodeKind, accesses: &[Access], cost: u64) -> usize {
         let index = self.nodes.len();
+        if std::mem::take(&mut self.tracker_stale) {
+            // The recorded nodes' orders stay as they were (a rebinding keeps them valid);
+            // the tracker learns their current buffers for the new node's dependencies.
+            self.tracker = HazardTracker::new();
+            for (i, n) in self.nodes.iter().enumerate() {
+                self.tracker.record(i, &n.kind.accesses());
+            }
+        }
         let deps = self.tracker.record(index, accesses);
         self.nodes.push(Node { kind, deps, cost, stamps: Arc::new(Stamps::default()) });
         self.schedule = None;

@@ -25,8 +25,9 @@ pub(super) enum GraphState {
     Untried,
     /// The backend has no graph for this plan: runs go through the queues.
     Unsupported,
-    /// A captured graph and the plan values its launches were last bound to.
-    Ready(Box<dyn LaunchGraph>, Vec<i64>),
+    /// A captured graph and the plan values its launches were last bound to (`None` after
+    /// a rebinding changed their buffers).
+    Ready(Box<dyn LaunchGraph>, Option<Vec<i64>>),
 }
 
 impl ExecutionPlan {
@@ -49,7 +50,7 @@ impl ExecutionPlan {
         let Some(launches) = self.graph_launches(vals)? else { return Ok(false) };
         // An update error (like `Ok(false)`) is answered by capturing again.
         let reused = match std::mem::take(&mut self.graph) {
-            GraphState::Ready(g, old) if old == vals => Some(g),
+            GraphState::Ready(g, Some(old)) if old == vals => Some(g),
             GraphState::Ready(mut g, _) => g.update(&launches).unwrap_or(false).then_some(g),
             _ => None,
         };
@@ -69,11 +70,11 @@ impl ExecutionPlan {
         unsafe { graph.launch() }?;
         match graph.wait(self.options.timeout) {
             Ok(()) => {
-                self.graph = GraphState::Ready(graph, vals.to_vec());
+                self.graph = GraphState::Ready(graph, Some(vals.to_vec()));
                 Ok(true)
             }
             Err(e @ Error::Timeout { .. }) => {
-                self.graph = GraphState::Ready(graph, vals.to_vec());
+                self.graph = GraphState::Ready(graph, Some(vals.to_vec()));
                 self.graph_running = true;
                 Err(e)
             }

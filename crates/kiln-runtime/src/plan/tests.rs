@@ -691,3 +691,4 @@ mod opencl_backend {
 }
 
 mod graph_replay;
+mod rebind;

@@ -202,6 +202,18 @@ fn a_plan_is_captured_once_then_replayed_and_updated_with_new_values() {
 }
 
 #[test]
+fn new_buffers_update_the_captured_graph() {
+    let counts = Arc::new(Counts::default());
+    let (mut p, [_, _, c]) = two_step_plan(Mode::Graphs, &counts, true);
+    p.run(&[("n", 16)]).expect("run");
+    let a2 = filled(&HostAllocator::shared(), 16, 3.0);
+    p.rebind(&[(0, 0, &a2)]).expect("rebind the input");
+    p.run(&[("n", 16)]).expect("run");
+    assert_eq!(counts.get(), (1, 1, 2), "same values, a new buffer: updated in place");
+    assert_eq!(c.to_vec::<f32>().expect("read"), expected(&a2.to_vec::<f32>().expect("read"), 16));
+}
+
+#[test]
 fn a_refused_update_captures_again() {
     let counts = Arc::new(Counts::default());
     let (mut p, [a, _, c]) = two_step_plan(Mode::NoUpdates, &counts, true);
