@@ -52,7 +52,7 @@ impl ExecutionPlan {
         }
         let kept: HashSet<usize> = self
             .arguments()
-            .filter(|(at, _)| at.map_or(true, |at| !changed.contains_key(&at)))
+            .filter(|(at, _)| at.is_none_or(|at| !changed.contains_key(&at)))
             .map(|(_, b)| b.byte_range().0)
             .collect();
         let mut renames: HashMap<usize, (&Window, Range<usize>)> = HashMap::with_capacity(changed.len());
