@@ -6,7 +6,9 @@
 Each device runs in its own process (tinygrad's `DEV` is process-wide) on the same random
 weights (numpy, fixed seed) and the same prompt; the JIT is warmed up by a first generation, then
 a second one is timed token by token. Prints tokens/s (the median token time), kernels per token
-and the tokens, and fails unless both devices generated the same tokens.
+(those the decode JIT launches, inside its graphs too) and the calls that launch them (a graph
+replay is one call: `DEV=KILN` replays TinyJit's graphs as kiln plans, tinygrad's CPU has no
+graph), and the tokens, and fails unless both devices generated the same tokens.
 
 tinygrad 0.14.0's wheel lacks `tinygrad/llm/kernels/`, so `import tinygrad.llm.model` fails as
 shipped. Its plain Llama path needs only that package's `Linear` (`nn.Linear`) and
@@ -39,6 +41,20 @@ def provide_llm_kernels() -> None:
     amd.gated_delta_prefill = amd.flash_attention = missing  # type: ignore[attr-defined]
     pkg.amd = amd  # type: ignore[attr-defined]
     sys.modules.update({"tinygrad.llm.kernels": pkg, "tinygrad.llm.kernels.amd": amd})
+
+
+def kernels_per_call(jit: object) -> int:
+    """Kernel launches in one call of a captured TinyJit, counting those inside its graphs
+    (tinygrad's own counter counts a replayed graph as one)."""
+    from tinygrad.uop.ops import Ops
+
+    def count(call: object) -> int:
+        ast = call.src[0]  # type: ignore[attr-defined]
+        if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
+            return sum(count(c) for c in ast.src[0].src)
+        return int(ast.op is Ops.PROGRAM)
+
+    return sum(count(c) for c in jit.captured.linear.src)  # type: ignore[attr-defined]
 
 
 def run_device(args: argparse.Namespace) -> dict:
@@ -86,7 +102,8 @@ def run_device(args: argparse.Namespace) -> dict:
     decode = times[1:]  # the first token includes the prompt
     return {
         "device": Device.DEFAULT, "renderer": type(Device[Device.DEFAULT].renderer).__name__, "tokens": tokens,
-        "tok_s": 1.0 / statistics.median(decode), "kernels_per_token": statistics.median(kernels[1:]),
+        "tok_s": 1.0 / statistics.median(decode), "kernels_per_token": kernels_per_call(model.rollout_jit),
+        "graph_batches": statistics.median(kernels[1:]),
         "weights_mb": weights / 1e6,
     }
 
@@ -116,8 +133,8 @@ def main() -> int:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         results.append(r)
-        print(f"{r['device']:<12} {r['renderer']:<18} {r['tok_s']:8.1f} tokens/s  {r['kernels_per_token']:5.0f} kernels/token"
-              f"  weights {r['weights_mb']:.0f} MB", flush=True)
+        print(f"{r['device']:<12} {r['renderer']:<18} {r['tok_s']:8.1f} tokens/s  {r['kernels_per_token']:5d} kernels/token"
+              f" in {r['graph_batches']:3.0f} calls  weights {r['weights_mb']:.0f} MB", flush=True)
     same = all(r["tokens"] == results[0]["tokens"] for r in results)
     if results:
         print("tokens", results[0]["tokens"], "equal on every device" if same else "DIFFER")

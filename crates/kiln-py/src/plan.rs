@@ -99,6 +99,31 @@ impl PyPlan {
         })
     }
 
+    /// Binds new buffers to recorded launches for the runs that follow: each
+    /// `(node, slot, buffer)` replaces the buffer of parameter `slot` of launch `node`. All
+    /// are applied or none. Refused when the new buffers would share memory in a way the
+    /// recorded ones did not (the plan's order may not hold): record a new plan then.
+    fn rebind(&self, py: Python<'_>, bindings: &Bound<'_, PyAny>) -> PyResult<()> {
+        let bindings: Vec<(usize, usize, Buffer)> = bindings
+            .try_iter()?
+            .map(|b| {
+                let (node, slot, buf): (usize, usize, Bound<'_, PyAny>) = b?
+                    .extract()
+                    .map_err(|_| invalid_arg(py, "rebind takes (node, slot, kiln.Buffer) tuples"))?;
+                let buf = buf
+                    .cast::<PyBuffer>()
+                    .map(|p| p.get().buf.clone())
+                    .map_err(|_| invalid_arg(py, "rebind takes (node, slot, kiln.Buffer) tuples"))?;
+                Ok((node, slot, buf))
+            })
+            .collect::<PyResult<_>>()?;
+        let recorded = &self.recorded;
+        detached(py, None, || {
+            let refs: Vec<(usize, usize, &Buffer)> = bindings.iter().map(|(n, s, b)| (*n, *s, b)).collect();
+            Ok(lock(recorded).rebind(&refs)?)
+        })
+    }
+
     /// Records a copy of `src` into `dst` (same byte size); returns the node's index.
     fn copy(&self, py: Python<'_>, dst: &PyBuffer, src: &PyBuffer) -> PyResult<usize> {
         let (d, s, recorded) = (&dst.buf, &src.buf, &self.recorded);

@@ -27,6 +27,25 @@ def test_record_and_replay_with_new_sizes(dev, inc):
     np.testing.assert_array_equal(c.numpy()[16:], np.arange(16, 64) + 2)
 
 
+def test_rebind_runs_on_new_buffers(dev, inc):
+    a, b, c = dev.from_numpy(np.arange(8, dtype=np.float32)), dev.empty("f32", 8), dev.empty("f32", 8)
+    plan = kiln.Plan(dev)
+    plan.launch(inc, [a, b], {"n": 8})
+    plan.launch(inc, [b, c], {"n": 8})
+    a2, c2 = dev.from_numpy(np.full(8, 5, np.float32)), dev.empty("f32", 8)
+    plan.rebind([(0, 0, a2), (1, 1, c2)])
+    plan.run()
+    np.testing.assert_array_equal(c2.numpy(), 7)
+    with pytest.raises(kiln.LaunchError, match="shares memory"):
+        plan.rebind([(0, 0, c2)])  # the output of node 1 as the input of node 0
+    with pytest.raises(kiln.LaunchError, match="no node 5"):
+        plan.rebind([(5, 0, a)])
+    with pytest.raises(kiln.InvalidArgumentError, match="tuples"):
+        plan.rebind([(0, 0, np.zeros(8))])
+    plan.run()  # a refused rebinding changed nothing
+    np.testing.assert_array_equal(c2.numpy(), 7)
+
+
 def test_run_async_returns_a_waitable(dev, inc):
     a = dev.from_numpy(np.zeros(1024, np.float32))
     b = dev.empty("f32", 1024)

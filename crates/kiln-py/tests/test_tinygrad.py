@@ -17,7 +17,10 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
     pytest.skip("kiln.tinygrad is written against tinygrad 0.14.0", allow_module_level=True)
 
 import kiln.tinygrad  # noqa: E402
+from kiln.tinygrad.device import KilnGraph  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
+from tinygrad.engine.realize import graph_cache  # noqa: E402
+from tinygrad.uop.ops import Ops  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
 
 kiln.tinygrad.install()
@@ -207,6 +210,56 @@ def test_tinyjit_replays_with_new_inputs():
         out = f(t(a), t(b)).numpy()
         np.testing.assert_allclose(out, np.maximum(a @ b, 0) + 1, rtol=1e-4, atol=1e-4)
     assert f.cnt == 4 and f.captured is not None
+
+
+def kiln_graphs(f: TinyJit) -> list[KilnGraph]:
+    """The kiln plans behind a captured TinyJit's graphs."""
+    asts = [c.src[0] for c in f.captured.linear.src if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph"]
+    return [graph_cache[ast] for ast in asts]
+
+
+def test_tinyjit_graphs_replay_as_kiln_plans_with_new_inputs_and_sizes():
+    @TinyJit
+    def f(a, b, n):
+        s = (a + b).contiguous()
+        return (s * 2 + a).realize(), (s[:n] - b[:n]).exp().sum().realize()
+
+    n = Variable("n", 1, 64)
+    for seed, size in [(0, 64), (1, 64), (2, 17), (3, 40), (4, 1)]:
+        a, b = rand(64, seed=seed), rand(64, seed=seed + 10)
+        x, y = f(t(a), t(b), n.bind(size))
+        np.testing.assert_allclose(x.numpy(), (a + b) * 2 + a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y.numpy(), np.exp(a[:size]).sum(), rtol=1e-5, atol=1e-5)
+    graphs = kiln_graphs(f)
+    assert graphs and all(isinstance(g, KilnGraph) for g in graphs), graphs
+    assert sum(len(g.calls) for g in graphs) >= 2
+
+
+class RefusingPlan:
+    """A plan whose rebindings are all refused, as kiln refuses new inputs that alias."""
+
+    def __init__(self, plan: kiln.Plan):
+        self.plan = plan
+
+    def rebind(self, bindings: object) -> None:
+        raise kiln.LaunchError("refused for the test")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.plan, name)
+
+
+def test_a_refused_rebinding_records_the_graph_again():
+    @TinyJit
+    def f(a, b):
+        return ((a + b).contiguous() * a).realize()
+
+    for seed in range(3):
+        f(t(rand(16, seed=seed)), t(rand(16, seed=seed + 1)))
+    (graph,) = kiln_graphs(f)
+    graph.plan = RefusingPlan(graph.plan)  # type: ignore[assignment]
+    a, b = rand(16, seed=7), rand(16, seed=8)
+    np.testing.assert_allclose(f(t(a), t(b)).numpy(), (a + b) * a, rtol=1e-6)
+    assert isinstance(graph.plan, kiln.Plan), "recorded again over the new inputs"
 
 
 def test_random_is_reproducible():

@@ -218,6 +218,11 @@ class Plan:
         """An empty plan; ``timeout`` (seconds) bounds how long a run waits."""
     def launch(self, kernel: Kernel, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None) -> int:
         """Records a launch; returns the node's index. The values are the later runs' defaults."""
+    def rebind(self, bindings: Iterable[Tuple[int, int, Buffer]]) -> None:
+        """Binds new buffers to recorded launches for the runs that follow: each (node, slot,
+        buffer) replaces the buffer of parameter `slot` of launch `node`. All are applied or
+        none; refused (LaunchError) when the new buffers would share memory in a way
+        the recorded ones did not."""
     def copy(self, dst: Buffer, src: Buffer) -> int:
         """Records a copy; returns the node's index."""
     def run(self, **vars: int) -> None:

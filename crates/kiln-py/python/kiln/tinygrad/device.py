@@ -20,9 +20,11 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from tinygrad.device import Allocator, BufferSpec, Compiled, CompileError, Compiler, TinyELF
+from tinygrad.device import Device as TinyDevice
+from tinygrad.engine.jit import GraphRunner
 from tinygrad.dtype import DType, dtypes
 from tinygrad.helpers import Target
 from tinygrad.renderer import Renderer
@@ -195,6 +197,8 @@ class KilnProgram:
         # kiln numbers the buffers in the order of tinygrad's slots
         self.order = sorted(range(nbufs), key=lambda i: obj.signature[i][1])
         self.var_names = [entry[0] for entry in obj.signature[nbufs:]]
+        # the call's argument positions of the buffers tinygrad passes, in the order it passes them
+        self.globals = sorted(entry[1] for entry in obj.signature[:nbufs])
         self.wanted = set(self.kernel.var_names)
 
     def __call__(self, *bufs: kiln.Buffer, global_size: Any = None, local_size: Any = None, vals: tuple[Optional[int], ...] = (),
@@ -213,12 +217,63 @@ class KilnProgram:
         return None
 
 
+class KilnGraph(GraphRunner):
+    """TinyJit's graph on kiln: a captured batch of kernel calls is one `kiln.Plan`, recorded
+    once and replayed with each call's variable values and input buffers (`Plan.rebind`).
+    The plan orders the kernels by the bytes they share and runs independent ones at once.
+    A rebinding the plan refuses (the new inputs share memory the recorded ones did not)
+    records the plan again over the new buffers."""
+
+    def __init__(self, linear: UOp, input_uops: tuple[UOp, ...] = ()):
+        super().__init__(linear, input_uops)
+        self.kdev: KilnDevice = TinyDevice[self.calls[0][2][0].device]  # type: ignore[assignment]
+        # per call: (kernel slot, call argument position) of every buffer the kernel takes
+        self.slots = [[(k, prg.globals[prg.order[k]]) for k in range(len(prg.dtypes))] for prg in self._programs()]
+        self.plan = self._record(input_uops)
+
+    def _programs(self) -> list[KilnProgram]:
+        return [cast(KilnProgram, rt) for rt in self.runtimes]
+
+    def _buffer(self, j: int, k: int, buf: Any) -> kiln.Buffer:
+        return cast(kiln.Buffer, buf.ensure_allocated()._buf).reinterpret(self._programs()[j].dtypes[k])
+
+    def _record(self, input_uops: tuple[UOp, ...]) -> kiln.Plan:
+        plan = kiln.Plan(self.kdev.kiln)
+        for j, prg in enumerate(self._programs()):
+            bufs = self.calls[j][2]
+            inputs = dict(self.uop_replace[j])
+            args = [
+                self._buffer(j, k, input_uops[inputs[pos]].buffer if pos in inputs and input_uops else bufs[pos])
+                for k, pos in self.slots[j]
+            ]
+            # recorded at each variable's lower bound; every run binds the values it is given
+            lows = {name: lo for name, lo, _ in prg.kernel.vars}
+            plan.launch(prg.kernel, args, lows)
+        return plan
+
+    def __call__(self, input_uops: tuple[UOp, ...], var_vals: dict[str, int], wait: bool = False) -> Optional[float]:
+        bindings = []
+        for j, replace in enumerate(self.uop_replace):
+            inputs = dict(replace)
+            bindings += [(j, k, self._buffer(j, k, input_uops[inputs[pos]].buffer)) for k, pos in self.slots[j] if pos in inputs]
+        try:
+            self.plan.rebind(bindings)
+        except kiln.LaunchError:
+            self.plan = self._record(input_uops)
+        st = time.perf_counter()
+        try:
+            self.plan.run(**{n: var_vals[n] for n in self.plan.var_names if n in var_vals})
+        except kiln.Error as e:
+            raise type(e)(f"tinygrad graph of {len(self.calls)} kernels: {e}") from e
+        return time.perf_counter() - st if wait else None
+
+
 class KilnDevice(Compiled):
     """A tinygrad device backed by one kiln device (the renderer's backend, this ordinal)."""
 
     def __init__(self, device: str = ""):
         renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer]
-        super().__init__(device, KilnAllocator(self), renderers, KilnProgram)  # type: ignore[arg-type]
+        super().__init__(device, KilnAllocator(self), renderers, KilnProgram, graph=KilnGraph)  # type: ignore[arg-type]
         backend = type(self.renderer).backend  # type: ignore[attr-defined]
         self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")
         if self.kiln.empty("u8", 1).is_host:
