@@ -17,7 +17,8 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
     pytest.skip("kiln.tinygrad is written against tinygrad 0.14.0", allow_module_level=True)
 
 import kiln.tinygrad  # noqa: E402
-from kiln.tinygrad.device import KilnGraph  # noqa: E402
+from conftest import SHIFTED  # noqa: E402
+from kiln.tinygrad.device import HEADER, KilnGraph  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.engine.realize import graph_cache  # noqa: E402
 from tinygrad.uop.ops import Ops  # noqa: E402
@@ -271,21 +272,6 @@ def test_random_is_reproducible():
     assert 0.0 <= a.min() and a.max() < 1.0 and 0.4 < a.mean() < 0.6
 
 
-# Writes o[i + 1] for i < n over a buffer of n: the last store leaves the buffer.
-SHIFTED = """\
-# tinygrad kernel shifted
-%n   = DEFINE_VAR i32 "n" 1 1024
-%o   = PARAM ptr<f32> 0 (%n)
-%i   = SPECIAL i32 "idx0" (%n)
-%one = CONST i32 1
-%j   = ADD i32 (%i, %one)
-%po  = INDEX ptr<f32> (%o, %j)
-%v   = CONST f32 2.0
-%st  = STORE void (%po, %v)
-SINK void (%st)
-"""
-
-
 def test_a_refused_launch_names_the_kernel():
     from tinygrad.device import TinyELF
 
@@ -294,7 +280,7 @@ def test_a_refused_launch_names_the_kernel():
     dev.kiln.bounds_policy = "refuse"
     try:
         sig = ((None, 0, dtypes.float32, (8,)), ("n", 1, dtypes.int32, ()))
-        prg = dev.runtime(TinyELF(SHIFTED.encode(), "shifted", dev.renderer.target, sig))
+        prg = dev.runtime(TinyELF(f"# {HEADER}shifted\n{SHIFTED}".encode(), "shifted", dev.renderer.target, sig))
         buf = dev.allocator.alloc(8 * 4)
         with pytest.raises(kiln.OutOfBoundsError, match="tinygrad kernel shifted"):
             prg(buf, vals=(8,))
