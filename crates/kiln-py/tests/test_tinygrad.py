@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import require
 
 tinygrad = pytest.importorskip("tinygrad", reason="tinygrad is not installed (pip install tinygrad==0.14.0)")
 if importlib.metadata.version("tinygrad") != "0.14.0":
@@ -19,6 +20,9 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
 import kiln.tinygrad  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
+from tinygrad.helpers import Target  # noqa: E402
+
+from kiln.tinygrad.device import KilnCUDARenderer, KilnOpenCLRenderer  # noqa: E402
 
 kiln.tinygrad.install()
 DEV = "KILN"
@@ -38,6 +42,14 @@ def test_the_device_is_kiln():
     assert type(dev).__name__ == "KilnDevice"
     assert dev.kiln.name == BACKEND
     assert dev.renderer.has_local == dev.renderer.has_shared == (BACKEND != "CPU")
+
+
+@pytest.mark.parametrize("backend", ["OPENCL", "CUDA"])
+def test_gpu_renderers_take_work_group_limits_from_the_device(backend):
+    props = require(backend).properties
+    renderer = {"OPENCL": KilnOpenCLRenderer, "CUDA": KilnCUDARenderer}[backend](Target.parse(f"KILN:{backend}"))
+    assert renderer.local_max == tuple(props["max_work_group_dims"])
+    assert renderer.shared_max == min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
 
 
 def test_smoke():

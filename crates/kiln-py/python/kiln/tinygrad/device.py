@@ -114,14 +114,20 @@ class KilnCPURenderer(KilnRenderer):
 
 
 class KilnGPURenderer(KilnRenderer):
-    """kiln's GPU backends: work groups, local memory (at most 32 KiB a kernel) and barriers;
-    launch indices are kiln's `i32`, so no extent may pass its maximum."""
+    """kiln's GPU backends: work groups, local memory and barriers. Work groups and local memory
+    are the device's (`kiln.Device.properties`), local memory at most what a kiln kernel may
+    declare (`kiln.MAX_LOCAL_BYTES`); launch indices are kiln's `i32`, so no global extent may
+    pass its maximum."""
 
     has_local = True
     has_shared = True
-    shared_max = 32768
     global_max = (2**31 - 1,) * 3
-    local_max = (2**31 - 1,) * 3
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        props = self.device.properties
+        self.local_max = tuple(props["max_work_group_dims"])
+        self.shared_max = min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
 
 
 class KilnOpenCLRenderer(KilnGPURenderer):
