@@ -102,7 +102,8 @@ def compiler_used() -> str:
     compiler = dev.renderer.compiler
     if type(compiler).__name__ == "ClangCompiler":  # tinygrad runs `$CC`, else `clang`, from PATH
         cc = os.environ.get("CC", "clang")
-        return f"{shutil.which(cc) or cc} ({type(compiler).__name__})"
+        path = shutil.which(cc)
+        return f"{os.path.realpath(path) if path else cc} ({type(compiler).__name__}, {cc} on PATH)"
     return type(compiler).__name__
 
 
@@ -134,7 +135,7 @@ def run_device(args: argparse.Namespace) -> dict:
         ms = 1e3 * statistics.median(times)
         runs.append({"batch": batch, "ms": ms, "images_s": batch / ms * 1e3, "kernels": statistics.median(kernels),
                      "logits": out.numpy().tolist()})
-    return {"device": Device.DEFAULT, "renderer": type(dev.renderer).__name__, "compiler": compiler_used(), "runs": runs}
+    return {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__, "compiler": compiler_used(), "runs": runs}
 
 
 def main() -> int:
