@@ -11,7 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import require
+from conftest import INC, require
 
 tinygrad = pytest.importorskip("tinygrad", reason="tinygrad is not installed (pip install tinygrad==0.14.0)")
 if importlib.metadata.version("tinygrad") != "0.14.0":
@@ -20,7 +20,7 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
 import kiln.tinygrad  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
-from tinygrad.helpers import Target  # noqa: E402
+from tinygrad.helpers import Context, Target  # noqa: E402
 
 from kiln.tinygrad.device import KilnCUDARenderer, KilnOpenCLRenderer  # noqa: E402
 
@@ -219,6 +219,24 @@ def test_tinyjit_replays_with_new_inputs():
         out = f(t(a), t(b)).numpy()
         np.testing.assert_allclose(out, np.maximum(a @ b, 0) + 1, rtol=1e-4, atol=1e-4)
     assert f.cnt == 4 and f.captured is not None
+
+
+def test_beam_compiles_each_round_of_candidates_in_one_batch(monkeypatch):
+    compiler = Device[DEV].renderer.compiler
+    batches = []
+    batch = compiler.compile_batch
+    monkeypatch.setattr(compiler, "compile_batch", lambda sources: batches.append(len(sources)) or batch(sources))
+    a, b = rand(8, 16, seed=30), rand(16, 8, seed=31)
+    ta, tb = t(a).realize(), t(b).realize()
+    with Context(BEAM=2, CACHELEVEL=0):  # no cached search result: BEAM searches
+        out = (ta @ tb).numpy()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    assert batches and max(batches) > 1, batches
+
+
+def test_a_compile_batch_names_the_kernels_that_do_not_compile():
+    bad = INC.replace("ADD f32", "FROB f32")
+    assert Device[DEV].renderer.compiler.compile_batch([INC, bad, INC]) == {bad}
 
 
 def test_random_is_reproducible():
