@@ -79,7 +79,7 @@ class KilnCompiler(Compiler):
         try:
             self.device.compile_many(batch)
             return set()
-        except kiln.Error:  # which ones: each compiles from the cache but the failing ones
+        except kiln.Error:  # some did not compile: compile each (the others from the cache) to know which
             failed = set()
             for src, name in batch:
                 try:
