@@ -286,6 +286,8 @@ pub fn properties(target: IsaTarget, caches: CacheSizes) -> DeviceProperties {
         l1d_bytes: caches.l1d,
         l2_bytes: caches.l2,
         l3_bytes: caches.l3,
+        // no work groups or local memory
+        ..DeviceProperties::default()
     }
 }
 

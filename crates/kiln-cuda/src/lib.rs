@@ -78,7 +78,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, DeviceParts, Error, LruAllocator, Result};
+use kiln_device::{Device, DeviceParts, DeviceProperties, Error, LruAllocator, Result};
 
 pub use allocator::CudaAllocator;
 pub use compiler::{Arch, CudaCompiler, Output};
@@ -177,6 +177,8 @@ pub struct DeviceInfo {
     pub max_threads_per_block: u32,
     pub max_block_dims: [u32; 3],
     pub max_grid_dims: [u32; 3],
+    /// Shared memory one block may use without opting in to more, in bytes.
+    pub max_shared_memory_per_block: u32,
 }
 
 impl DeviceInfo {
@@ -211,7 +213,18 @@ impl DeviceInfo {
                 positive(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
                 positive(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
             ],
+            max_shared_memory_per_block: positive(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
         })
+    }
+
+    /// What kernel generators may rely on: the block limits and shared memory.
+    pub fn properties(&self) -> DeviceProperties {
+        DeviceProperties {
+            max_work_group_size: Some(self.max_threads_per_block as usize),
+            max_work_group_dims: Some(self.max_block_dims.map(|d| d as usize)),
+            local_memory_bytes: Some(self.max_shared_memory_per_block as usize),
+            ..DeviceProperties::default()
+        }
     }
 
     /// One line for `kiln devices`: name, architecture, memory and driver version.
@@ -399,10 +412,11 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 }
 
 fn build_device(spec: &DeviceSpec) -> Result<Device> {
-    let description = cuda_device(spec)?.info.description();
+    let info = &cuda_device(spec)?.info;
+    let (description, properties) = (info.description(), info.properties());
     // Every generation gets a fresh allocator, program loader and queue factory; a reset
     // after a sticky error also resets the primary context (see [`CudaDevice`]).
-    Device::new(spec.clone(), description, |ctx| {
+    let device = Device::new(spec.clone(), description, |ctx| {
         let cu = open_cuda_device(ctx.spec(), ctx.generation() > 0)?;
         let loader = cu.clone();
         let runtime: kiln_device::RuntimeFactory =
@@ -415,7 +429,8 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         Ok(DeviceParts::new(allocator, compilers, runtime)
             .with_queues(Arc::new(CudaQueueFactory::new(cu.clone())))
             .with_graphs(Arc::new(CudaGraphs::new(cu))))
-    })
+    })?;
+    Ok(device.with_properties(properties))
 }
 
 /// Registers the `CUDA` backend with the device registry ([`kiln_device::open_device`]).
@@ -469,5 +484,19 @@ mod tests {
         register();
         let d = kiln_device::open_device("CUDA:0").unwrap();
         assert_eq!(d.spec(), &DeviceSpec::new(crate::BACKEND, 0));
+    }
+
+    /// The device's properties carry the driver's block limits and shared memory, and they are
+    /// those of every GPU since compute capability 2.0: 1024 threads a block and 48 KiB of shared
+    /// memory without opting in.
+    #[test]
+    fn block_limits_and_shared_memory_are_reported() {
+        let Some(dev) = test_device() else { return };
+        let p = dev.properties();
+        let (size, dims, shared) =
+            (p.max_work_group_size.unwrap(), p.max_work_group_dims.unwrap(), p.local_memory_bytes.unwrap());
+        assert_eq!(size, 1024, "{p:?}");
+        assert!(dims.iter().all(|&d| (1..=size).contains(&d)), "{p:?}");
+        assert_eq!(shared, 48 << 10, "{p:?}");
     }
 }

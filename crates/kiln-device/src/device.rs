@@ -34,6 +34,15 @@ pub struct DeviceProperties {
     pub l2_bytes: Option<usize>,
     /// Last-level (L3) cache, shared by the cores that see it, in bytes.
     pub l3_bytes: Option<usize>,
+    /// The most work items one work group may have (OpenCL's `CL_DEVICE_MAX_WORK_GROUP_SIZE`,
+    /// CUDA's threads per block); `None` on devices without work groups.
+    pub max_work_group_size: Option<usize>,
+    /// The most work items a work group may have along each dimension (x, y, z); their product
+    /// may exceed [`DeviceProperties::max_work_group_size`], which bounds it too.
+    pub max_work_group_dims: Option<[usize; 3]>,
+    /// Local (work-group shared) memory one work group may use, in bytes. A kiln kernel
+    /// declares at most [`kiln_ir::MAX_LOCAL_BYTES`] whatever the device has.
+    pub local_memory_bytes: Option<usize>,
 }
 
 impl DeviceProperties {

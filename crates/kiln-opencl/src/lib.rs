@@ -63,7 +63,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::{Device, Error, LruAllocator, Result};
+use kiln_device::{Device, DeviceProperties, Error, LruAllocator, Result};
 use opencl3::command_queue::{CL_QUEUE_PROFILING_ENABLE, CommandQueue};
 use opencl3::context::Context;
 use opencl3::device::{CL_DEVICE_NOT_FOUND, CL_DEVICE_TYPE_ALL};
@@ -159,6 +159,8 @@ pub struct DeviceInfo {
     pub extensions: String,
     pub max_work_group_size: usize,
     pub max_work_item_sizes: [usize; 3],
+    /// `CL_DEVICE_LOCAL_MEM_SIZE`: local memory one work group may use, in bytes.
+    pub local_mem_size: u64,
     pub max_mem_alloc_size: u64,
     pub global_mem_size: u64,
     /// `CL_DEVICE_ADDRESS_BITS`: the width of the device's `size_t` (32 or 64).
@@ -187,6 +189,7 @@ impl DeviceInfo {
             extensions: q("CL_DEVICE_EXTENSIONS", d.extensions())?,
             max_work_group_size: d.max_work_group_size().map_err(|e| driver("CL_DEVICE_MAX_WORK_GROUP_SIZE", e))?,
             max_work_item_sizes,
+            local_mem_size: d.local_mem_size().map_err(|e| driver("CL_DEVICE_LOCAL_MEM_SIZE", e))?,
             max_mem_alloc_size: d.max_mem_alloc_size().map_err(|e| driver("CL_DEVICE_MAX_MEM_ALLOC_SIZE", e))?,
             global_mem_size: d.global_mem_size().map_err(|e| driver("CL_DEVICE_GLOBAL_MEM_SIZE", e))?,
             address_bits: d.address_bits().map_err(|e| driver("CL_DEVICE_ADDRESS_BITS", e))?,
@@ -214,6 +217,16 @@ impl DeviceInfo {
 
     pub fn has_extension(&self, ext: &str) -> bool {
         self.extensions.split_whitespace().any(|e| e == ext)
+    }
+
+    /// What kernel generators may rely on: the work-group limits and local memory.
+    pub fn properties(&self) -> DeviceProperties {
+        DeviceProperties {
+            max_work_group_size: Some(self.max_work_group_size),
+            max_work_group_dims: Some(self.max_work_item_sizes),
+            local_memory_bytes: Some(usize::try_from(self.local_mem_size).unwrap_or(usize::MAX)),
+            ..DeviceProperties::default()
+        }
     }
 }
 
@@ -347,10 +360,11 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 }
 
 fn build_device(spec: &DeviceSpec) -> Result<Device> {
-    let description = cl_device(spec)?.info.description();
+    let info = &cl_device(spec)?.info;
+    let (description, properties) = (info.description(), info.properties());
     // Every generation gets its own context (a reset opens a new one); the first uses the
     // shared context of the device.
-    Device::new(spec.clone(), description, |ctx| {
+    let device = Device::new(spec.clone(), description, |ctx| {
         let cl = open_cl_device(ctx.spec(), ctx.generation() > 0)?;
         let loader = cl.clone();
         let runtime: kiln_device::RuntimeFactory =
@@ -360,7 +374,8 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
             vec![(Arc::new(opencl_renderer(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))];
         Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
             .with_queues(Arc::new(OpenClQueueFactory::new(cl))))
-    })
+    })?;
+    Ok(device.with_properties(properties))
 }
 
 /// Registers the `OPENCL` backend with the device registry ([`kiln_device::open_device`]).
@@ -403,6 +418,25 @@ mod tests {
         let missing = DeviceSpec::new(crate::BACKEND, list.len() as u32);
         assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
         assert!(matches!(open(&DeviceSpec::new("CPU", 0)), Err(Error::Invalid(_))));
+    }
+
+    /// The device's properties carry the driver's work-group limits and local memory, and
+    /// they are sane: every dimension allows a work item, and a full-profile device (PoCL is
+    /// one) has at least OpenCL 1.0's 16 KiB of local memory.
+    #[test]
+    fn work_group_limits_and_local_memory_are_reported() {
+        let Some(dev) = test_device() else { return };
+        let p = dev.properties();
+        let (size, dims, local) =
+            (p.max_work_group_size.unwrap(), p.max_work_group_dims.unwrap(), p.local_memory_bytes.unwrap());
+        let info = &cl_device(dev.spec()).unwrap().info;
+        assert_eq!(
+            (size, dims, local as u64),
+            (info.max_work_group_size, info.max_work_item_sizes, info.local_mem_size)
+        );
+        assert!(size >= 1 && dims.iter().all(|&d| d >= 1), "{p:?}");
+        assert!(local >= 16 << 10, "{p:?}: less local memory than a full-profile device has");
+        assert_eq!((p.isa.as_deref(), p.vector_bytes), (None, None), "an OpenCL device reports no instruction set");
     }
 
     /// The first discovery of a process, from many threads at once, agrees (PoCL 3.1 reports

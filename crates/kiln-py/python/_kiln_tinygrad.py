@@ -15,8 +15,10 @@ class _Loader(importlib.abc.Loader):
         return None  # the default module
 
     def exec_module(self, module):
+        from kiln.tinygrad import beam
         from kiln.tinygrad.device import KilnDevice
 
+        beam.install()
         module.KilnDevice = KilnDevice
         module.__all__ = ["KilnDevice"]
 

@@ -123,7 +123,8 @@ impl PyDevice {
     }
 
     /// What kernel generators may rely on: `isa`, `vector_bytes`, `l1d_bytes`, `l2_bytes`,
-    /// `l3_bytes` (each `None` when unknown).
+    /// `l3_bytes`, `max_work_group_size`, `max_work_group_dims`, `local_memory_bytes` (each
+    /// `None` when unknown or, for the work-group ones, on a device without work groups).
     #[getter]
     fn properties<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.device.properties();
@@ -133,6 +134,9 @@ impl PyDevice {
         d.set_item("l1d_bytes", p.l1d_bytes)?;
         d.set_item("l2_bytes", p.l2_bytes)?;
         d.set_item("l3_bytes", p.l3_bytes)?;
+        d.set_item("max_work_group_size", p.max_work_group_size)?;
+        d.set_item("max_work_group_dims", p.max_work_group_dims)?;
+        d.set_item("local_memory_bytes", p.local_memory_bytes)?;
         Ok(d)
     }
 

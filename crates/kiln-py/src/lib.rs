@@ -111,5 +111,6 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_for_test, m)?)?;
     m.add("DTYPES", kiln_ir::Scalar::ALL.map(|s| s.name()).to_vec())?;
+    m.add("MAX_LOCAL_BYTES", kiln_ir::MAX_LOCAL_BYTES)?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import INC
+from conftest import INC, require
 
 import kiln
 
@@ -20,8 +20,10 @@ def test_devices_lists_every_backend_with_a_reason_when_unavailable():
 def test_device_properties_and_statistics(dev):
     assert dev.name == "CPU" and "C compiler" in dev.description
     props = dev.properties
-    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes"}
+    work_groups = {"max_work_group_size", "max_work_group_dims", "local_memory_bytes"}
+    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes"} | work_groups
     assert props["vector_bytes"] is None or props["vector_bytes"] >= 16
+    assert all(props[k] is None for k in work_groups), "kiln's CPU has no work groups"
     before = dev.memory_stats()
     assert set(before) == {"in_use", "cached", "high_water", "hits", "misses", "budget"}
     b = dev.empty("f32", 1 << 16)
@@ -30,6 +32,14 @@ def test_device_properties_and_statistics(dev):
     del b
     assert dev.trim() >= 0
     assert "CPU" in repr(dev)
+
+
+@pytest.mark.parametrize("backend", ["OPENCL", "CUDA"])
+def test_gpu_properties_give_the_work_group_limits(backend):
+    props = require(backend).properties
+    size, dims, local = props["max_work_group_size"], props["max_work_group_dims"], props["local_memory_bytes"]
+    assert size >= 1 and len(dims) == 3 and all(d >= 1 for d in dims), props
+    assert local >= 16 << 10, props  # OpenCL 1.0's full profile has 16 KiB, CUDA 48 KiB
 
 
 def test_a_device_name_is_parsed_by_kiln():

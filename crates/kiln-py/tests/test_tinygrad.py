@@ -11,18 +11,19 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import INC, SHIFTED, require
 
 tinygrad = pytest.importorskip("tinygrad", reason="tinygrad is not installed (pip install tinygrad==0.14.0)")
 if importlib.metadata.version("tinygrad") != "0.14.0":
     pytest.skip("kiln.tinygrad is written against tinygrad 0.14.0", allow_module_level=True)
 
 import kiln.tinygrad  # noqa: E402
-from conftest import SHIFTED  # noqa: E402
-from kiln.tinygrad.device import HEADER, KilnGraph  # noqa: E402
+from kiln.tinygrad.device import HEADER, KilnCUDARenderer, KilnGraph, KilnOpenCLRenderer  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.engine.realize import graph_cache  # noqa: E402
-from tinygrad.uop.ops import Ops  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
+from tinygrad.helpers import Context, Target  # noqa: E402
+from tinygrad.uop.ops import Ops  # noqa: E402
 
 kiln.tinygrad.install()
 DEV = "KILN"
@@ -42,6 +43,14 @@ def test_the_device_is_kiln():
     assert type(dev).__name__ == "KilnDevice"
     assert dev.kiln.name == BACKEND
     assert dev.renderer.has_local == dev.renderer.has_shared == (BACKEND != "CPU")
+
+
+@pytest.mark.parametrize("backend", ["OPENCL", "CUDA"])
+def test_gpu_renderers_take_work_group_limits_from_the_device(backend):
+    props = require(backend).properties
+    renderer = {"OPENCL": KilnOpenCLRenderer, "CUDA": KilnCUDARenderer}[backend](Target.parse(f"KILN:{backend}"))
+    assert renderer.local_max == tuple(props["max_work_group_dims"])
+    assert renderer.shared_max == min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
 
 
 def test_smoke():
@@ -261,6 +270,24 @@ def test_a_refused_rebinding_records_the_graph_again():
     a, b = rand(16, seed=7), rand(16, seed=8)
     np.testing.assert_allclose(f(t(a), t(b)).numpy(), (a + b) * a, rtol=1e-6)
     assert isinstance(graph.plan, kiln.Plan), "recorded again over the new inputs"
+
+
+def test_beam_compiles_each_round_of_candidates_in_one_batch(monkeypatch):
+    compiler = Device[DEV].renderer.compiler
+    batches = []
+    batch = compiler.compile_batch
+    monkeypatch.setattr(compiler, "compile_batch", lambda sources: batches.append(len(sources)) or batch(sources))
+    a, b = rand(8, 16, seed=30), rand(16, 8, seed=31)
+    ta, tb = t(a).realize(), t(b).realize()
+    with Context(BEAM=2, CACHELEVEL=0):  # no cached search result: BEAM searches
+        out = (ta @ tb).numpy()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    assert batches and max(batches) > 1, batches
+
+
+def test_a_compile_batch_names_the_kernels_that_do_not_compile():
+    bad = INC.replace("ADD f32", "FROB f32")
+    assert Device[DEV].renderer.compiler.compile_batch([INC, bad, INC]) == {bad}
 
 
 def test_random_is_reproducible():

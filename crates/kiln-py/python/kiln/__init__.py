@@ -12,6 +12,7 @@ OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions and rep
 
 from ._kiln import (
     DTYPES,
+    MAX_LOCAL_BYTES,
     Buffer,
     CompileError,
     Device,
@@ -37,6 +38,7 @@ from ._kiln import (
 
 __all__ = [
     "DTYPES",
+    "MAX_LOCAL_BYTES",
     "Buffer",
     "CompileError",
     "Device",

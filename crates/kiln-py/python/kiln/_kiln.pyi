@@ -8,6 +8,10 @@ __version__: str
 DTYPES: list[str]
 """kiln's dtype names: ``bool``, ``i8`` … ``u64``, ``f16``, ``bf16``, ``f32``, ``f64``."""
 
+MAX_LOCAL_BYTES: int
+"""The most local (work-group shared) memory one kernel may declare, in bytes, whatever its
+device has (``Device.properties["local_memory_bytes"]``)."""
+
 DType = Union[str, Any]
 """A kiln dtype name (``"f32"``), a numpy name (``"float32"``, ``"bfloat16"``) or anything
 ``numpy.dtype()`` accepts (``numpy.float32``)."""
@@ -98,7 +102,9 @@ class Device:
         """Model, driver and compiler, in words."""
     @property
     def properties(self) -> dict[str, Any]:
-        """``isa``, ``vector_bytes``, ``l1d_bytes``, ``l2_bytes``, ``l3_bytes`` (``None`` when unknown)."""
+        """``isa``, ``vector_bytes``, ``l1d_bytes``, ``l2_bytes``, ``l3_bytes``;
+        ``max_work_group_size``, ``max_work_group_dims`` (x, y, z) and ``local_memory_bytes`` on
+        devices with work groups (OpenCL, CUDA). Each is ``None`` when unknown or absent."""
     @property
     def generation(self) -> int:
         """0 when opened, +1 per ``reset()``; objects of an older generation raise ``DeviceLostError``."""

@@ -53,20 +53,42 @@ def kernel_name(src: str) -> Optional[str]:
 
 class KilnCompiler(Compiler):
     """Compiles kiln text with kiln's `Device.compile` (through its kernel cache) and keeps the
-    kernel until a program loads it; the text itself is the binary tinygrad stores."""
+    kernel until a program loads it; the text itself is the binary tinygrad stores. While
+    `deferred` is a list, compiling only adds the text to it, for `compile_batch`
+    (`kiln.tinygrad.beam`)."""
 
     def __init__(self, device: kiln.Device):
         super().__init__(None)
         self.device = device
         self.compiled: dict[str, kiln.Kernel] = {}
+        self.deferred: Optional[list[str]] = None
 
     def compile(self, src: str) -> bytes:
+        if self.deferred is not None:
+            self.deferred.append(src)
+            return src.encode()
         name = kernel_name(src)
         try:
             self.compiled[src] = self.device.compile(src, name)
         except kiln.Error as e:
             raise CompileError(f"kiln could not compile tinygrad kernel {name}: {e}") from e
         return src.encode()
+
+    def compile_batch(self, sources: list[str]) -> set[str]:
+        """Compiles the distinct `sources` at once on all cores (`compile_many`) into kiln's
+        kernel cache, where loading them finds them; returns those that do not compile."""
+        batch = [(src, kernel_name(src)) for src in dict.fromkeys(sources)]
+        try:
+            self.device.compile_many(batch)
+            return set()
+        except kiln.Error:  # some did not compile: compile each (the others from the cache) to know which
+            failed = set()
+            for src, name in batch:
+                try:
+                    self.device.compile(src, name)
+                except kiln.Error:
+                    failed.add(src)
+            return failed
 
     def load(self, src: str) -> kiln.Kernel:
         """The kernel compiled from `src` (compiled again, from kiln's cache, if it was taken)."""
@@ -116,14 +138,20 @@ class KilnCPURenderer(KilnRenderer):
 
 
 class KilnGPURenderer(KilnRenderer):
-    """kiln's GPU backends: work groups, local memory (at most 32 KiB a kernel) and barriers;
-    launch indices are kiln's `i32`, so no extent may pass its maximum."""
+    """kiln's GPU backends: work groups, local memory and barriers. Work groups and local memory
+    are the device's (`kiln.Device.properties`), local memory at most what a kiln kernel may
+    declare (`kiln.MAX_LOCAL_BYTES`); launch indices are kiln's `i32`, so no global extent may
+    pass its maximum."""
 
     has_local = True
     has_shared = True
-    shared_max = 32768
     global_max = (2**31 - 1,) * 3
-    local_max = (2**31 - 1,) * 3
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        props = self.device.properties
+        self.local_max = tuple(props["max_work_group_dims"])
+        self.shared_max = min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
 
 
 class KilnOpenCLRenderer(KilnGPURenderer):
