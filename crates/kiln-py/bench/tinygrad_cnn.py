@@ -23,9 +23,10 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
+
+from tinygrad_common import kernels_per_call, run_children
 
 
 def build_model(widths: list[int], blocks: int, classes: int):
@@ -133,7 +134,8 @@ def run_device(args: argparse.Namespace) -> dict:
             times.append(time.perf_counter() - st)
             kernels.append(GlobalCounters.kernel_count - k0)
         ms = 1e3 * statistics.median(times)
-        runs.append({"batch": batch, "ms": ms, "images_s": batch / ms * 1e3, "kernels": statistics.median(kernels),
+        runs.append({"batch": batch, "ms": ms, "images_s": batch / ms * 1e3, "kernels": kernels_per_call(forward),
+                     "calls": statistics.median(kernels),
                      "logits": out.numpy().tolist()})
     return {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__, "compiler": compiler_used(), "runs": runs}
 
@@ -156,15 +158,7 @@ def main() -> int:
         return 0
     import numpy as np
 
-    results, failed = [], []
-    for dev in args.devices.split(","):
-        cmd = [sys.executable, __file__, "--child", *sys.argv[1:]]
-        out = subprocess.run(cmd, env={**os.environ, "DEV": dev}, capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            print(f"DEV={dev} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-            failed.append(dev)
-            continue
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    results, failed = run_children(__file__, args.devices)
     same = True
     for r in results[1:]:
         for mine, theirs in zip(r["runs"], results[0]["runs"]):
@@ -181,7 +175,7 @@ def main() -> int:
         print(f"{r['device']:<12} {r['renderer']:<18} compiler: {r['compiler']}")
         for run in r["runs"]:
             print(f"  batch {run['batch']:>3}  {run['ms']:9.2f} ms/forward  {run['images_s']:9.1f} images/s"
-                  f"  {run['kernels']:4.0f} kernels/forward")
+                  f"  {run['kernels']:4d} kernels/forward in {run['calls']:3.0f} calls")
     for r in results[1:]:
         for mine, theirs in zip(results[0]["runs"], r["runs"]):
             print(f"batch {mine['batch']:>3}: {results[0]['device']} runs {theirs['ms'] / mine['ms']:.2f}x as fast as {r['device']}")

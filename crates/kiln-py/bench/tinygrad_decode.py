@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import types
+
+from tinygrad_common import kernels_per_call, run_children
 
 
 def provide_llm_kernels() -> None:
@@ -41,20 +41,6 @@ def provide_llm_kernels() -> None:
     amd.gated_delta_prefill = amd.flash_attention = missing  # type: ignore[attr-defined]
     pkg.amd = amd  # type: ignore[attr-defined]
     sys.modules.update({"tinygrad.llm.kernels": pkg, "tinygrad.llm.kernels.amd": amd})
-
-
-def kernels_per_call(jit: object) -> int:
-    """Kernel launches in one call of a captured TinyJit, counting those inside its graphs
-    (tinygrad's own counter counts a replayed graph as one)."""
-    from tinygrad.uop.ops import Ops
-
-    def count(call: object) -> int:
-        ast = call.src[0]  # type: ignore[attr-defined]
-        if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
-            return sum(count(c) for c in ast.src[0].src)
-        return int(ast.op is Ops.PROGRAM)
-
-    return sum(count(c) for c in jit.captured.linear.src)  # type: ignore[attr-defined]
 
 
 def run_device(args: argparse.Namespace) -> dict:
@@ -123,18 +109,10 @@ def main() -> int:
     if args.child:
         print(json.dumps(run_device(args)))
         return 0
-    results, failed = [], []
-    for dev in args.devices.split(","):
-        cmd = [sys.executable, __file__, "--child", *sys.argv[1:]]
-        out = subprocess.run(cmd, env={**os.environ, "DEV": dev}, capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            print(f"DEV={dev} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-            failed.append(dev)
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        results.append(r)
+    results, failed = run_children(__file__, args.devices)
+    for r in results:
         print(f"{r['device']:<12} {r['renderer']:<18} {r['tok_s']:8.1f} tokens/s  {r['kernels_per_token']:5d} kernels/token"
-              f" in {r['graph_batches']:3.0f} calls  weights {r['weights_mb']:.0f} MB", flush=True)
+              f" in {r['graph_batches']:3.0f} calls  weights {r['weights_mb']:.0f} MB")
     same = all(r["tokens"] == results[0]["tokens"] for r in results)
     if results:
         print("tokens", results[0]["tokens"], "equal on every device" if same else "DIFFER")
