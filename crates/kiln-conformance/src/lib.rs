@@ -178,6 +178,7 @@ pub const REGISTRATIONS: &[Registration] = &[
     },
     Registration { name: "cuda", peer: "cpu", unsupported: &[] },
     Registration { name: "cuda-compile", peer: "opencl", unsupported: &[] },
+    Registration { name: "webgpu", peer: "cpu", unsupported: &[] },
 ];
 
 /// The registration of backend `name` (lower case).
@@ -199,6 +200,8 @@ pub fn register_backends() {
     kiln_opencl::register();
     #[cfg(feature = "cuda")]
     kiln_cuda::register();
+    #[cfg(feature = "webgpu")]
+    kiln_webgpu::register();
 }
 
 /// Opens a backend's first device, once per process: every later call returns the same

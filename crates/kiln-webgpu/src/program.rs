@@ -1,0 +1,196 @@
+//! Compute pipelines: a compiled kernel's WGSL becomes a shader module and a pipeline with
+//! an explicit layout (binding 0: the argument block; binding `1 + slot`: buffer `slot`).
+//!
+//! A launch writes the argument block (kiln's work-group counts, each view's element offset,
+//! the variables), binds every buffer whole, and dispatches the 2-D grid of
+//! [`renderer::grid`](crate::renderer::grid). [`Program::execute`] waits for it;
+//! [`WgpuProgram::encode`] only records it (the queues submit).
+
+use std::sync::Arc;
+
+use kiln_device::{CompiledSpec, Error, LaunchDims, Program, ProgramSpec, RawView, Result};
+
+use crate::renderer::{ARGS, group_counts, grid, work_group_size};
+use crate::{WgpuDevice, driver};
+
+/// A loaded kernel: its pipeline on one wgpu device.
+pub struct WgpuProgram {
+    gpu: Arc<WgpuDevice>,
+    spec: Arc<ProgramSpec>,
+    name: String,
+    group: [u32; 3],
+    layout: wgpu::BindGroupLayout,
+    pipeline: wgpu::ComputePipeline,
+}
+
+impl WgpuProgram {
+    /// Builds the pipeline of `compiled` (its bytes are WGSL).
+    pub fn load(gpu: Arc<WgpuDevice>, compiled: &CompiledSpec) -> Result<WgpuProgram> {
+        gpu.check_lost()?;
+        let src = std::str::from_utf8(&compiled.bytes)
+            .map_err(|e| Error::Load(format!("kernel `{}` is not WGSL text: {e}", compiled.name)))?;
+        let spec = compiled.spec.clone();
+        let group = work_group_size(&spec)?;
+        let l = &gpu.limits;
+        let per_axis = [l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z];
+        let total: u64 = group.iter().map(|g| *g as u64).product();
+        if group.iter().zip(per_axis).any(|(g, m)| *g > m) || total > l.max_compute_invocations_per_workgroup as u64 {
+            return Err(Error::Launch(format!(
+                "kernel `{}` has work groups of {group:?} items; {} allows at most {per_axis:?} per axis and {} in all",
+                compiled.name, gpu.spec, l.max_compute_invocations_per_workgroup
+            )));
+        }
+        let storage = |binding: u32| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only: false },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        entries.extend(spec.params.iter().map(|p| storage(p.slot as u32 + 1)));
+        if spec.params.len() as u32 > l.max_storage_buffers_per_shader_stage {
+            return Err(Error::Load(format!(
+                "kernel `{}` takes {} buffers; {} binds at most {} per kernel",
+                compiled.name,
+                spec.params.len(),
+                gpu.spec,
+                l.max_storage_buffers_per_shader_stage
+            )));
+        }
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layout =
+            gpu.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: None, entries: &entries });
+        let pipeline_layout = gpu.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: None,
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&compiled.name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&compiled.name),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some("kiln_main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = crate::ready("pop_error_scope", scope.pop())? {
+            return Err(Error::Load(format!("wgpu refused the pipeline of `{}`: {e}", compiled.name)));
+        }
+        Ok(WgpuProgram { name: compiled.name.clone(), gpu, spec, group, layout, pipeline })
+    }
+
+    /// The device the pipeline was built on.
+    pub fn device(&self) -> &Arc<WgpuDevice> {
+        &self.gpu
+    }
+
+    /// The dispatch grid of a launch, or why it cannot be dispatched.
+    pub fn grid(&self, launch: &LaunchDims) -> Result<([u64; 3], [u32; 3])> {
+        let groups = group_counts(self.spec.local_size.is_none(), launch.global, self.group);
+        if let Some(local) = launch.local {
+            let want = self.group.map(|g| g as usize);
+            if local != want {
+                return Err(Error::Launch(format!(
+                    "kernel `{}` was compiled for work groups of {want:?}, launched with {local:?}",
+                    self.name
+                )));
+            }
+        }
+        let grid = grid(groups).filter(|_| groups.iter().all(|g| *g <= u32::MAX as u64)).ok_or_else(|| {
+            Error::Launch(format!("kernel `{}`: {groups:?} work groups are more than one dispatch holds", self.name))
+        })?;
+        Ok((groups, grid))
+    }
+
+    /// Records the launch into `encoder`.
+    pub fn encode(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        bufs: &[RawView],
+        vals: &[i64],
+        launch: &LaunchDims,
+    ) -> Result<()> {
+        let (groups, grid) = self.grid(launch)?;
+        let mut words = [0u32; ARGS];
+        words[..3].copy_from_slice(&groups.map(|g| g as u32));
+        let mut buffers = Vec::with_capacity(self.spec.params.len());
+        for (k, p) in self.spec.params.iter().enumerate() {
+            let view = bufs.get(p.slot).ok_or_else(|| {
+                Error::Launch(format!("kernel `{}` takes buffer {}, got {} buffer(s)", self.name, p.slot, bufs.len()))
+            })?;
+            let size = p.scalar.size();
+            if view.offset % size != 0 {
+                return Err(Error::Launch(format!(
+                    "buffer {} of kernel `{}` is a view at byte {}, not on a {} element",
+                    p.slot,
+                    self.name,
+                    view.offset,
+                    p.scalar.name()
+                )));
+            }
+            words[3 + k] = u32::try_from(view.offset / size)
+                .map_err(|_| Error::Launch(format!("buffer {} starts past 2^32 elements", p.slot)))?;
+            buffers.push((p.slot, self.gpu.buffer(view.base)?));
+        }
+        for (i, v) in vals.iter().enumerate() {
+            let v = i32::try_from(*v)
+                .map_err(|_| Error::Launch(format!("variable {i} = {v} of kernel `{}` does not fit an i32", self.name)))?;
+            words[3 + self.spec.params.len() + i] = v as u32;
+        }
+        let args = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln args"),
+            size: (ARGS * 4) as u64,
+            usage: wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: true,
+        });
+        args.get_mapped_range_mut(..)
+            .map_err(|e| driver("get_mapped_range_mut", e, false))?
+            .copy_from_slice(&words.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>());
+        args.unmap();
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: args.as_entire_binding() }];
+        entries.extend(
+            buffers.iter().map(|(slot, b)| wgpu::BindGroupEntry { binding: *slot as u32 + 1, resource: b.as_entire_binding() }),
+        );
+        let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.layout,
+            entries: &entries,
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
+    }
+}
+
+impl Program for WgpuProgram {
+    unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
+        self.gpu.check_lost()?;
+        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+        self.encode(&mut encoder, bufs, vals, launch)?;
+        let index = self.gpu.queue.submit([encoder.finish()]);
+        self.gpu.wait(Some(index))
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+}

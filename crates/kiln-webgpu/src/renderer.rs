@@ -1,0 +1,975 @@
+//! kiln IR → WGSL.
+//!
+//! One walk over the kernel's linear order, as kiln-cstyle's emitter walks it, writing WGSL
+//! instead of C (WGSL has no ternary, no casts by parenthesis, no pointers to elements and no
+//! narrow integers, so the C core does not fit it).
+//!
+//! # The shader's interface
+//! - `@group(0) @binding(0)`: a uniform block of `u32` words, [`ARGS`] long at most: the
+//!   work-group counts of kiln's launch (3 words), each buffer parameter's element offset
+//!   (its view's start) and each variable's value (bit-cast `i32`), in that order.
+//! - `@binding(1 + slot)`: buffer parameter `slot`, bound whole (`array<T>`); every access adds
+//!   the parameter's offset. Bounds come from kiln's proof, not from WGSL's robust access.
+//! - Launch: WebGPU caps each dispatch axis at 65,535 work groups. The runtime dispatches
+//!   kiln's `G0·G1·G2` groups as a 2-D grid ([`grid`]) and the shader folds the grid back into
+//!   kiln's three group indices, so the kernel never sees the fold.
+//!
+//! # Types
+//! Registers: `bool`, `i32` (i8, i16, i32), `u32` (u8, u16, u32), `f32`, and `f16`, `i64`,
+//! `u64` where the adapter has them. Narrow integers live in 32-bit registers and are wrapped
+//! back into their range after every operation that can leave it. In buffers, 8- and 16-bit
+//! types and bools are packed into `atomic<u32>` words (stores are an atomic AND then OR of
+//! the element's bits, so neighbours written by other items are kept), as tinygrad's WGSL
+//! renderer packs them. Vectors are `array<T, N>` values, computed lane by lane. f64 and
+//! bf16 have no WGSL type: rendering a kernel that uses them is [`Error::Render`] naming the
+//! dtype, as is i64/u64 or f16 on an adapter without the feature.
+//!
+//! # Semantics kiln fixes and WGSL does not
+//! Integer division by zero (`x / 0 == 0`, `x % 0 == x`), float → integer casts (saturating,
+//! NaN → 0), `fmax`/`fmin` with a NaN operand, and shift amounts (modulo the width) are
+//! rendered explicitly; MULACC on floats is `fma`.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use kiln_cstyle::{kernel_name, wrap_int};
+use kiln_device::{Error, ProgramSpec, Renderer, Result, special_axis};
+use kiln_ir::{AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, UOp, linearize, validate};
+
+/// Words in the uniform argument block: group counts, then offsets, then variables.
+pub const ARGS: usize = 256;
+/// The work-group size of kernels launched with direct indices (`idxN`), on axis 0.
+pub const DIRECT_GROUP: u32 = 64;
+/// WebGPU's limit on work groups per dispatch axis.
+pub const MAX_GROUPS_PER_AXIS: u32 = 65_535;
+
+/// What the adapter offers that the WGSL depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Caps {
+    /// `SHADER_F16`: `f16` values and storage.
+    pub f16: bool,
+    /// `SHADER_INT64`: `i64`/`u64` values and storage.
+    pub int64: bool,
+}
+
+/// Renders kiln kernels to WGSL for one device.
+pub struct WgslRenderer {
+    device: DeviceSpec,
+    caps: Caps,
+}
+
+impl WgslRenderer {
+    pub fn new(device: DeviceSpec, caps: Caps) -> WgslRenderer {
+        WgslRenderer { device, caps }
+    }
+
+    pub fn caps(&self) -> Caps {
+        self.caps
+    }
+}
+
+impl Renderer for WgslRenderer {
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        if ast.op() != Op::Sink {
+            return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
+        }
+        validate(ast)?;
+        let name = kernel_name(name, ast);
+        let mut spec = ProgramSpec::from_sink(&name, String::new(), self.device.clone(), ast)?;
+        let linear = linearize(ast)?;
+        spec.src = Emitter::new(self.caps).run(&spec, &linear)?;
+        Ok(spec)
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.device
+    }
+}
+
+/// The work-group size a kernel is compiled with: its constant local extents, or
+/// [`DIRECT_GROUP`] items on axis 0 for a kernel with direct indices.
+pub fn work_group_size(spec: &ProgramSpec) -> Result<[u32; 3]> {
+    let Some(local) = &spec.local_size else { return Ok([DIRECT_GROUP, 1, 1]) };
+    let mut out = [1u32; 3];
+    for (axis, e) in local.iter().enumerate() {
+        let v = e.arg_int().filter(|_| e.op() == Op::Const).ok_or_else(|| {
+            Error::Render(format!(
+                "the work-group size on axis {axis} is not a constant: WGSL fixes @workgroup_size when the \
+                 shader is compiled"
+            ))
+        })?;
+        out[axis] = u32::try_from(v).ok().filter(|v| *v >= 1).ok_or_else(|| {
+            Error::Render(format!("the work-group size on axis {axis} is {v}; it must be in 1..=2^32-1"))
+        })?;
+    }
+    Ok(out)
+}
+
+/// Kiln's work-group counts for a launch of `global` (items for direct indices, groups
+/// otherwise) with work groups of `group`.
+pub fn group_counts(direct: bool, global: [usize; 3], group: [u32; 3]) -> [u64; 3] {
+    std::array::from_fn(|k| if direct { (global[k] as u64).div_ceil(group[k] as u64) } else { global[k] as u64 })
+}
+
+/// The dispatch grid for `groups` kiln work groups: `G0·G1·G2` groups laid out row by row in
+/// at most [`MAX_GROUPS_PER_AXIS`] columns; `None` when even that does not fit.
+pub fn grid(groups: [u64; 3]) -> Option<[u32; 3]> {
+    let total = groups.iter().try_fold(1u64, |a, g| a.checked_mul(*g))?;
+    let cap = MAX_GROUPS_PER_AXIS as u64;
+    let x = total.min(cap);
+    let rows = total.div_ceil(cap.max(1));
+    let y = rows.min(cap);
+    let z = rows.div_ceil(cap);
+    (z <= cap).then_some([x as u32, y as u32, z as u32])
+}
+
+/// The register type of scalar `s`.
+fn reg(s: Scalar, caps: Caps) -> Result<&'static str> {
+    Ok(match s {
+        Scalar::Bool => "bool",
+        Scalar::I8 | Scalar::I16 | Scalar::I32 => "i32",
+        Scalar::U8 | Scalar::U16 | Scalar::U32 => "u32",
+        Scalar::F32 => "f32",
+        Scalar::F16 if caps.f16 => "f16",
+        Scalar::I64 if caps.int64 => "i64",
+        Scalar::U64 if caps.int64 => "u64",
+        Scalar::F16 | Scalar::I64 | Scalar::U64 => {
+            return Err(Error::Render(format!(
+                "dtype {} needs the adapter feature {}, which this WebGPU adapter lacks",
+                s.name(),
+                if s == Scalar::F16 { "SHADER_F16" } else { "SHADER_INT64" }
+            )));
+        }
+        Scalar::F64 => return Err(Error::Render("dtype f64: WGSL has no 64-bit float type".into())),
+        Scalar::BF16 => return Err(Error::Render("dtype bf16: WGSL has no bfloat16 type".into())),
+    })
+}
+
+/// Whether buffers of `s` are packed into `atomic<u32>` words.
+fn packed(s: Scalar) -> bool {
+    s.size() < 4 && s != Scalar::F16
+}
+
+/// `e` (a register of `s`) brought back into the range of `s` (narrow integers only).
+fn wrap(e: &str, s: Scalar) -> String {
+    match s {
+        Scalar::I8 => format!("(bitcast<i32>(bitcast<u32>({e}) << 24u) >> 24u)"),
+        Scalar::I16 => format!("(bitcast<i32>(bitcast<u32>({e}) << 16u) >> 16u)"),
+        Scalar::U8 => format!("({e} & 0xffu)"),
+        Scalar::U16 => format!("({e} & 0xffffu)"),
+        _ => e.to_string(),
+    }
+}
+
+/// An integer constant of scalar `s` (already wrapped into its range).
+fn int_lit(v: i64, s: Scalar) -> String {
+    let v = wrap_int(v, s);
+    match s {
+        Scalar::Bool => (v != 0).to_string(),
+        Scalar::I8 | Scalar::I16 | Scalar::I32 if v == i32::MIN as i64 => "i32(-2147483648)".into(),
+        Scalar::I8 | Scalar::I16 | Scalar::I32 => format!("{v}i"),
+        Scalar::U8 | Scalar::U16 | Scalar::U32 => format!("{}u", v as u32),
+        Scalar::I64 if v == i64::MIN => "i64(-9223372036854775807li - 1li)".into(),
+        Scalar::I64 => format!("{v}li"),
+        Scalar::U64 => format!("{}lu", v as u64),
+        Scalar::F16 => float_lit(v as f64, s),
+        _ => float_lit(v as f64, Scalar::F32),
+    }
+}
+
+/// A float constant of `s` (f32 or f16); non-finite values through their bits.
+fn float_lit(v: f64, s: Scalar) -> String {
+    if s == Scalar::F16 {
+        let h = half::f16::from_f64(v);
+        if h.is_finite() {
+            return format!("f16({:?}f)", h.to_f32());
+        }
+        return format!("bitcast<vec2<f16>>({}u).x", h.to_bits() as u32);
+    }
+    let f = v as f32;
+    if f.is_finite() { format!("{f:?}f") } else { format!("bitcast<f32>({}u)", f.to_bits()) }
+}
+
+/// A value: an expression, or the address of buffer or local elements.
+#[derive(Clone, Debug)]
+enum Value {
+    Expr(String),
+    Addr(Address),
+}
+
+/// Where an element sits: `base` (a buffer or local array), the element index expression
+/// (already including the buffer's view offset) and its scalar.
+#[derive(Clone, Debug)]
+struct Address {
+    base: String,
+    index: String,
+    scalar: Scalar,
+    space: AddrSpace,
+}
+
+struct Block {
+    range: Option<ContentHash>,
+    commits: Vec<(String, String)>,
+}
+
+#[derive(Clone)]
+struct Carry {
+    name: String,
+    value: ContentHash,
+    dtype: DType,
+}
+
+struct Emitter {
+    caps: Caps,
+    values: HashMap<ContentHash, Value>,
+    lines: Vec<String>,
+    module: Vec<String>,
+    indent: usize,
+    blocks: Vec<Block>,
+    counter: usize,
+    carries: HashMap<ContentHash, Vec<Carry>>,
+    offsets: HashMap<usize, String>,
+    helpers: HashSet<&'static str>,
+}
+
+fn render_err(node: &UOp, msg: impl std::fmt::Display) -> Error {
+    Error::Render(format!("{} {}: {msg}", node.op(), node.dtype()))
+}
+
+/// The uniform word `k` of the argument block.
+fn arg_word(k: usize) -> String {
+    format!("kiln_args[{}][{}]", k / 4, k % 4)
+}
+
+impl Emitter {
+    fn new(caps: Caps) -> Emitter {
+        Emitter {
+            caps,
+            values: HashMap::new(),
+            lines: Vec::new(),
+            module: Vec::new(),
+            indent: 1,
+            blocks: vec![Block { range: None, commits: Vec::new() }],
+            counter: 0,
+            carries: HashMap::new(),
+            offsets: HashMap::new(),
+            helpers: HashSet::new(),
+        }
+    }
+
+    fn run(mut self, spec: &ProgramSpec, linear: &[Arc<UOp>]) -> Result<String> {
+        let words = 3 + spec.params.len() + spec.vars.len();
+        if words > ARGS {
+            return Err(Error::Render(format!(
+                "{} buffers and {} variables need {words} argument words; the WebGPU backend passes at most {ARGS}",
+                spec.params.len(),
+                spec.vars.len()
+            )));
+        }
+        for n in linear {
+            if matches!(n.op(), Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary) {
+                return Err(render_err(n, "compiled-program stages cannot appear inside a kernel"));
+            }
+            for dt in [n.dtype()] {
+                if let Some(s) = dt.scalar() {
+                    reg(s, self.caps)?;
+                }
+            }
+        }
+        let group = work_group_size(spec)?;
+        let direct = spec.local_size.is_none();
+
+        // Buffers.
+        let mut decls = Vec::new();
+        for (k, p) in spec.params.iter().enumerate() {
+            let elem = if packed(p.scalar) { "atomic<u32>".to_string() } else { reg(p.scalar, self.caps)?.to_string() };
+            decls.push(format!(
+                "@group(0) @binding({}) var<storage, read_write> data{}: array<{elem}>;",
+                p.slot + 1,
+                p.slot
+            ));
+            self.offsets.insert(p.slot, format!("kiln_off{}", p.slot));
+            let _ = k;
+        }
+        for n in linear {
+            match (n.op(), n.arg()) {
+                (Op::Param, Arg::Int(slot)) => {
+                    self.values.insert(n.content_hash(), Value::Expr(format!("data{slot}")));
+                }
+                (Op::DefineVar, Arg::Var { name, .. }) => {
+                    let position = spec.var_names.iter().position(|v| v == name).unwrap_or(0);
+                    self.values.insert(n.content_hash(), Value::Expr(format!("kiln_var{position}")));
+                }
+                _ => {}
+            }
+        }
+
+        // Carried END values are declared before their loop.
+        for n in linear {
+            if n.op() == Op::End && n.dtype() != DType::Void && acc_of(n).is_none() {
+                let name = self.fresh("end");
+                self.carries.entry(n.src()[0].content_hash()).or_default().push(Carry {
+                    name: name.clone(),
+                    value: n.src()[1].content_hash(),
+                    dtype: n.dtype(),
+                });
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+        }
+
+        // The fold of the dispatch grid into kiln's group indices.
+        self.line("let kiln_lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);".into());
+        self.line(format!("if (kiln_lin >= {} * {} * {}) {{ return; }}", arg_word(0), arg_word(1), arg_word(2)));
+        self.line(format!("let kiln_g0 = kiln_lin % {};", arg_word(0)));
+        self.line(format!("let kiln_g1 = (kiln_lin / {}) % {};", arg_word(0), arg_word(1)));
+        self.line(format!("let kiln_g2 = kiln_lin / ({} * {});", arg_word(0), arg_word(1)));
+        for p in &spec.params {
+            self.line(format!("let kiln_off{} = i32({});", p.slot, arg_word(3 + spec.params.iter().position(|q| q.slot == p.slot).unwrap_or(0))));
+        }
+        for i in 0..spec.vars.len() {
+            self.line(format!("let kiln_var{i} = bitcast<i32>({});", arg_word(3 + spec.params.len() + i)));
+        }
+
+        // Launch extents (hoisted) and the launch indices.
+        let specials: Vec<&Arc<UOp>> = linear.iter().filter(|n| n.op() == Op::Special).collect();
+        let hoisted = extent_closure(&specials)?;
+        for n in linear.iter().filter(|n| hoisted.contains(&n.content_hash())) {
+            self.node(n)?;
+        }
+        let mut guards = Vec::new();
+        let mut seen = HashSet::new();
+        for s in &specials {
+            let name = s.arg_name().unwrap_or_default().to_string();
+            let (kind, axis) =
+                special_axis(&name).ok_or_else(|| render_err(s, format!("unknown launch index `{name}`")))?;
+            if !seen.insert(name.clone()) {
+                return Err(render_err(s, format!("launch index `{name}` appears twice")));
+            }
+            let xyz = ["x", "y", "z"][axis];
+            let v = match kind {
+                'l' => format!("i32(lid.{xyz})"),
+                'i' => {
+                    let extent = self.expr(&s.src()[0])?;
+                    guards.push(format!("(kiln_{name} < {extent})"));
+                    format!("i32(kiln_g{axis} * {}u + lid.{xyz})", group[axis])
+                }
+                _ => format!("i32(kiln_g{axis})"),
+            };
+            let v = if kind == 'i' {
+                self.line(format!("let kiln_{name} = {v};"));
+                format!("kiln_{name}")
+            } else {
+                v
+            };
+            let local = self.fresh("sp");
+            self.line(format!("let {local} = {v};"));
+            self.values.insert(s.content_hash(), Value::Expr(local));
+        }
+        if direct && linear.iter().any(|n| matches!(n.op(), Op::DefineLocal | Op::Barrier)) {
+            return Err(Error::Render(
+                "work-group local memory and barriers need work groups: launch with gidxN/lidxN, not idxN".into(),
+            ));
+        }
+        let guarded = !guards.is_empty();
+        if guarded {
+            self.line(format!("if ({}) {{", guards.join(" && ")));
+            self.indent += 1;
+        }
+        for n in linear.iter().filter(|n| !hoisted.contains(&n.content_hash())) {
+            self.node(n)?;
+        }
+        if self.blocks.len() != 1 {
+            return Err(Error::Render("a loop is still open at the end of the kernel".into()));
+        }
+        for (acc, value) in std::mem::take(&mut self.blocks[0].commits) {
+            self.line(format!("{acc} = {value};"));
+        }
+        if guarded {
+            self.indent -= 1;
+            self.line("}".into());
+        }
+
+        let mut out = String::new();
+        if self.uses(linear, Scalar::F16) {
+            out.push_str("enable f16;\n");
+        }
+        let _ = writeln!(out, "// kiln kernel `{}`", spec.name);
+        let _ = writeln!(out, "@group(0) @binding(0) var<uniform> kiln_args: array<vec4<u32>, {}>;", ARGS / 4);
+        for d in &decls {
+            out.push_str(d);
+            out.push('\n');
+        }
+        for m in &self.module {
+            out.push_str(m);
+            out.push('\n');
+        }
+        let mut helpers: Vec<&&str> = self.helpers.iter().collect();
+        helpers.sort();
+        for h in helpers {
+            out.push_str(h);
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "\n@compute @workgroup_size({}, {}, {})\nfn kiln_main(@builtin(workgroup_id) wid: vec3<u32>, \
+             @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{",
+            group[0], group[1], group[2]
+        );
+        for l in &self.lines {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push_str("}\n");
+        Ok(out)
+    }
+
+    fn uses(&self, linear: &[Arc<UOp>], s: Scalar) -> bool {
+        linear.iter().any(|n| {
+            n.dtype().scalar() == Some(s)
+                || n.src().iter().any(|x| x.dtype().scalar() == Some(s))
+        })
+    }
+
+    fn line(&mut self, text: String) {
+        self.lines.push(format!("{}{text}", "  ".repeat(self.indent)));
+    }
+
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.counter += 1;
+        format!("{prefix}{}", self.counter)
+    }
+
+    fn value(&self, n: &UOp) -> Result<Value> {
+        self.values.get(&n.content_hash()).cloned().ok_or_else(|| render_err(n, "used before it is defined"))
+    }
+
+    fn expr(&mut self, n: &UOp) -> Result<String> {
+        if n.op() == Op::Const {
+            return self.constant(n);
+        }
+        match self.value(n)? {
+            Value::Expr(e) => Ok(e),
+            Value::Addr(_) => Err(render_err(n, "a pointer used as a value (WGSL has no element pointers)")),
+        }
+    }
+
+    fn address(&mut self, n: &UOp) -> Result<Address> {
+        match self.value(n)? {
+            Value::Addr(a) => Ok(a),
+            Value::Expr(base) => match n.dtype() {
+                DType::Ptr { scalar, space, .. } => {
+                    let index = self.base_offset(n, &base);
+                    Ok(Address { base, index, scalar, space })
+                }
+                other => Err(render_err(n, format!("is used as an address but has dtype {other}"))),
+            },
+        }
+    }
+
+    /// The element offset of a buffer parameter's view (`0` for local memory).
+    fn base_offset(&self, n: &UOp, base: &str) -> String {
+        let mut node = n;
+        while matches!(node.op(), Op::After | Op::Cast) {
+            node = &node.src()[0];
+        }
+        match (node.op(), node.arg_int()) {
+            (Op::Param, Some(slot)) => self.offsets.get(&(slot as usize)).cloned().unwrap_or_else(|| "0i".into()),
+            _ => {
+                let _ = base;
+                "0i".into()
+            }
+        }
+    }
+
+    fn ty(&self, n: &UOp, dt: DType) -> Result<String> {
+        match dt {
+            DType::Scalar(s) => Ok(reg(s, self.caps)?.to_string()),
+            DType::Vector(s, w) => Ok(format!("array<{}, {w}>", reg(s, self.caps)?)),
+            other => Err(render_err(n, format!("has no value type for {other}"))),
+        }
+    }
+
+    fn declare(&mut self, n: &UOp, prefix: &str, init: String) -> Result<()> {
+        let ty = self.ty(n, n.dtype())?;
+        let name = self.fresh(prefix);
+        self.line(format!("let {name}: {ty} = {init};"));
+        self.values.insert(n.content_hash(), Value::Expr(name));
+        Ok(())
+    }
+
+    fn constant(&mut self, n: &UOp) -> Result<String> {
+        let DType::Scalar(s) = n.dtype() else {
+            return Err(render_err(n, "constants are scalars (broadcast vectors with VECTORIZE)"));
+        };
+        reg(s, self.caps)?;
+        Ok(match n.arg() {
+            Arg::Bool(b) => int_lit(*b as i64, s),
+            Arg::Int(v) if s.is_float() => float_lit(*v as f64, s),
+            Arg::Int(v) => int_lit(*v, s),
+            Arg::Float(v) if s.is_float() => float_lit(*v, s),
+            Arg::Float(v) => int_lit(*v as i64, s),
+            other => return Err(render_err(n, format!("unsupported constant {other}"))),
+        })
+    }
+
+    fn node(&mut self, n: &Arc<UOp>) -> Result<()> {
+        let src = n.src();
+        match n.op() {
+            Op::Sink | Op::Param | Op::DefineVar | Op::Special | Op::Const => {}
+            Op::Bind => {
+                let v = self.value_or_const(&src[1])?;
+                self.values.insert(n.content_hash(), v);
+            }
+            Op::After => {
+                let v = self.value_or_const(&src[0])?;
+                self.values.insert(n.content_hash(), v);
+            }
+            Op::Range => {
+                let ty = self.ty(n, n.dtype())?;
+                let extent = self.expr(&src[0])?;
+                let name = self.fresh("ridx");
+                for carry in self.carries.get(&n.content_hash()).cloned().unwrap_or_default() {
+                    let ty = self.ty(n, carry.dtype)?;
+                    let zero = self.zero(n, carry.dtype)?;
+                    self.line(format!("var {}: {ty} = {zero};", carry.name));
+                }
+                let zero = self.zero(n, n.dtype())?;
+                self.line(format!("for (var {name}: {ty} = {zero}; {name} < {extent}; {name}++) {{"));
+                self.indent += 1;
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::End | Op::EndIf => self.end(n)?,
+            Op::If => {
+                let cond = self.expr(&src[0])?;
+                self.line(format!("if ({cond}) {{"));
+                self.indent += 1;
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+            }
+            Op::DefineLocal => {
+                let (DType::Ptr { scalar, .. }, Some(len)) = (n.dtype(), src[0].arg_int()) else {
+                    return Err(render_err(n, "local memory needs a pointer dtype and a constant size"));
+                };
+                let name = self.fresh("lmem");
+                let ty = reg(scalar, self.caps)?;
+                self.module.push(format!("var<workgroup> {name}: array<{ty}, {len}>;"));
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::Barrier => {
+                self.line("storageBarrier();".into());
+                self.line("workgroupBarrier();".into());
+            }
+            Op::Index => {
+                let base = self.address(&src[0])?;
+                let idx = self.expr(&src[1])?;
+                let DType::Ptr { scalar, space, .. } = n.dtype() else {
+                    return Err(render_err(n, "INDEX must yield a pointer"));
+                };
+                let index = if base.index == "0i" { idx } else { format!("({} + {idx})", base.index) };
+                self.values.insert(n.content_hash(), Value::Addr(Address { base: base.base, index, scalar, space }));
+            }
+            Op::Load => {
+                let addr = self.address(&src[0])?;
+                let ty = self.ty(n, n.dtype())?;
+                let load = self.load(&addr, n.dtype())?;
+                let name = self.fresh("val");
+                if src.len() == 3 {
+                    let (alt, gate) = (self.expr(&src[1])?, self.expr(&src[2])?);
+                    self.line(format!("var {name}: {ty} = {alt};"));
+                    self.line(format!("if ({gate}) {{ {name} = {load}; }}"));
+                } else {
+                    self.line(format!("let {name}: {ty} = {load};"));
+                }
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::Store => {
+                let addr = self.address(&src[0])?;
+                let value = self.expr(&src[1])?;
+                let stmt = self.store(&addr, &value, src[1].dtype())?;
+                if src.len() == 3 {
+                    let gate = self.expr(&src[2])?;
+                    self.line(format!("if ({gate}) {{ {stmt} }}"));
+                } else {
+                    self.line(stmt);
+                }
+            }
+            Op::DefineAcc => {
+                let ty = self.ty(n, n.dtype())?;
+                let init = self.expr(&src[0])?;
+                let name = self.fresh("acc");
+                self.line(format!("var {name}: {ty} = {init};"));
+                self.values.insert(n.content_hash(), Value::Expr(name));
+            }
+            Op::Assign => {
+                let acc = self.expr(&src[0])?;
+                let value = self.expr(&src[1])?;
+                if let Some(block) = self.blocks.last_mut() {
+                    block.commits.push((acc, value.clone()));
+                }
+                self.values.insert(n.content_hash(), Value::Expr(value));
+            }
+            op if op.is_alu() => {
+                let args = src.iter().map(|s| Ok((self.expr(s)?, s.dtype()))).collect::<Result<Vec<_>>>()?;
+                let e = self.alu(n, op, &args)?;
+                self.declare(n, "alu", e)?;
+            }
+            Op::Cast | Op::Bitcast => {
+                let v = self.expr(&src[0])?;
+                let bitcast = n.op() == Op::Bitcast;
+                let e = match (src[0].dtype(), n.dtype()) {
+                    (DType::Scalar(a), DType::Scalar(b)) => self.convert(n, &v, a, b, bitcast)?,
+                    (DType::Vector(a, w), DType::Vector(b, w2)) if w == w2 => {
+                        let ty = self.ty(n, n.dtype())?;
+                        let lanes = (0..w)
+                            .map(|i| self.convert(n, &format!("{v}[{i}]"), a, b, bitcast))
+                            .collect::<Result<Vec<_>>>()?;
+                        format!("{ty}({})", lanes.join(", "))
+                    }
+                    (a, b) => return Err(render_err(n, format!("cannot convert {a} to {b} in WGSL"))),
+                };
+                self.declare(n, "cast", e)?;
+            }
+            Op::Vectorize => {
+                let w = n.dtype().width() as usize;
+                let lanes: Vec<String> = if src.len() == 1 {
+                    vec![self.expr(&src[0])?; w]
+                } else {
+                    src.iter().map(|s| self.expr(s)).collect::<Result<_>>()?
+                };
+                let ty = self.ty(n, n.dtype())?;
+                self.declare(n, "vec", format!("{ty}({})", lanes.join(", ")))?;
+            }
+            Op::Gep => {
+                let v = self.expr(&src[0])?;
+                let lane = n.arg_int().unwrap_or(0);
+                self.declare(n, "gep", format!("{v}[{lane}]"))?;
+            }
+            op => return Err(render_err(n, format!("{op} cannot be rendered to WGSL"))),
+        }
+        Ok(())
+    }
+
+    fn value_or_const(&mut self, n: &UOp) -> Result<Value> {
+        if n.op() == Op::Const { Ok(Value::Expr(self.constant(n)?)) } else { self.value(n) }
+    }
+
+    fn zero(&self, n: &UOp, dt: DType) -> Result<String> {
+        match dt {
+            DType::Scalar(s) => Ok(int_lit(0, s)),
+            DType::Vector(s, w) => {
+                let ty = self.ty(n, dt)?;
+                Ok(format!("{ty}({})", vec![int_lit(0, s); w as usize].join(", ")))
+            }
+            other => Err(render_err(n, format!("cannot carry a {other} out of a loop"))),
+        }
+    }
+
+    /// Element `k` of `addr` (as a register value of its scalar).
+    fn load_elem(&mut self, addr: &Address, k: u8) -> String {
+        let idx = if k == 0 { addr.index.clone() } else { format!("({} + {k})", addr.index) };
+        let s = addr.scalar;
+        if addr.space != AddrSpace::Global || !packed(s) {
+            return format!("{}[{idx}]", addr.base);
+        }
+        let bits = s.size() * 8;
+        let per = 4 / s.size();
+        let mask = if bits == 8 { "0xffu" } else { "0xffffu" };
+        let word = format!(
+            "((atomicLoad(&{}[u32({idx}) / {per}u]) >> ((u32({idx}) % {per}u) * {bits}u)) & {mask})",
+            addr.base
+        );
+        match s {
+            Scalar::Bool => format!("({word} != 0u)"),
+            Scalar::I8 | Scalar::I16 => wrap(&format!("bitcast<i32>({word})"), s),
+            _ => word,
+        }
+    }
+
+    fn load(&mut self, addr: &Address, dt: DType) -> Result<String> {
+        Ok(match dt {
+            DType::Vector(s, w) => {
+                let lanes: Vec<String> = (0..w).map(|k| self.load_elem(addr, k)).collect();
+                format!("array<{}, {w}>({})", reg(s, self.caps)?, lanes.join(", "))
+            }
+            _ => self.load_elem(addr, 0),
+        })
+    }
+
+    fn store_elem(&mut self, addr: &Address, k: u8, value: &str) -> String {
+        let idx = if k == 0 { addr.index.clone() } else { format!("({} + {k})", addr.index) };
+        let s = addr.scalar;
+        if addr.space != AddrSpace::Global || !packed(s) {
+            return format!("{}[{idx}] = {value};", addr.base);
+        }
+        let bits = s.size() * 8;
+        let per = 4 / s.size();
+        let mask = if bits == 8 { "0xffu" } else { "0xffffu" };
+        let v = match s {
+            Scalar::Bool => format!("select(0u, 1u, {value})"),
+            Scalar::I8 | Scalar::I16 => format!("bitcast<u32>({value})"),
+            _ => value.to_string(),
+        };
+        let (w, sh) = (self.fresh("kw"), self.fresh("ks"));
+        format!(
+            "{{ let {w} = u32({idx}) / {per}u; let {sh} = (u32({idx}) % {per}u) * {bits}u; \
+             atomicAnd(&{b}[{w}], ~({mask} << {sh})); atomicOr(&{b}[{w}], ({v} & {mask}) << {sh}); }}",
+            b = addr.base
+        )
+    }
+
+    fn store(&mut self, addr: &Address, value: &str, dt: DType) -> Result<String> {
+        Ok(match dt {
+            DType::Vector(_, w) => (0..w).map(|k| self.store_elem(addr, k, &format!("{value}[{k}]"))).collect::<Vec<_>>().join(" "),
+            _ => self.store_elem(addr, 0, value),
+        })
+    }
+
+    fn end(&mut self, n: &Arc<UOp>) -> Result<()> {
+        let range = n.src()[0].content_hash();
+        if self.blocks.last().is_some_and(|b| b.range == Some(range)) {
+            let block = self.blocks.pop().unwrap_or(Block { range: None, commits: Vec::new() });
+            for (acc, value) in block.commits {
+                self.line(format!("{acc} = {value};"));
+            }
+            let carries: Vec<(String, ContentHash)> = self
+                .carries
+                .get(&range)
+                .map(|cs| cs.iter().map(|c| (c.name.clone(), c.value)).collect())
+                .unwrap_or_default();
+            for (name, value) in carries {
+                let v = match self.values.get(&value) {
+                    Some(Value::Expr(e)) => e.clone(),
+                    _ => return Err(render_err(n, "the value carried out of the loop is not defined in it")),
+                };
+                self.line(format!("{name} = {v};"));
+            }
+            self.indent -= 1;
+            self.line("}".into());
+        } else if self.blocks.iter().any(|b| b.range == Some(range)) {
+            return Err(render_err(n, "closes a loop while an inner loop is still open"));
+        }
+        if n.dtype() != DType::Void
+            && let Some(acc) = acc_of(n)
+        {
+            let v = self.value(&acc)?;
+            if let Value::Expr(name) = &v {
+                let mut pending = Vec::new();
+                for block in &mut self.blocks {
+                    block.commits.retain(|(a, value)| {
+                        let keep = a != name;
+                        if !keep {
+                            pending.push(value.clone());
+                        }
+                        keep
+                    });
+                }
+                for value in pending {
+                    self.line(format!("{name} = {value};"));
+                }
+            }
+            self.values.insert(n.content_hash(), v);
+        }
+        Ok(())
+    }
+
+    /// A scalar conversion (CAST) or reinterpretation (BITCAST) of register `v` from `a` to `b`.
+    fn convert(&mut self, n: &UOp, v: &str, a: Scalar, b: Scalar, bitcast: bool) -> Result<String> {
+        let rb = reg(b, self.caps)?;
+        let ra = reg(a, self.caps)?;
+        if a == b {
+            return Ok(v.to_string());
+        }
+        if bitcast {
+            if a.size() != b.size() {
+                return Err(render_err(n, format!("bitcast between {} and {} of different sizes", a.name(), b.name())));
+            }
+            return Ok(match (a, b) {
+                (Scalar::F16, _) => {
+                    let bits = format!("(bitcast<u32>(vec2<f16>({v}, f16(0.0))) & 0xffffu)");
+                    if b.is_signed() { wrap(&format!("bitcast<i32>({bits})"), b) } else { bits }
+                }
+                (_, Scalar::F16) => {
+                    let bits = if a.is_signed() { format!("(bitcast<u32>({v}) & 0xffffu)") } else { v.to_string() };
+                    format!("bitcast<vec2<f16>>({bits}).x")
+                }
+                _ if ra == rb => v.to_string(),
+                _ if a.size() < 4 => wrap(&format!("bitcast<{rb}>({v})"), b),
+                _ => format!("bitcast<{rb}>({v})"),
+            });
+        }
+        if b == Scalar::Bool {
+            let zero = int_lit(0, a);
+            return Ok(format!("({v} != {zero})"));
+        }
+        if a == Scalar::Bool {
+            return Ok(format!("select({}, {}, {v})", int_lit(0, b), int_lit(1, b)));
+        }
+        if b.is_float() {
+            return Ok(format!("{rb}({v})"));
+        }
+        if a.is_float() {
+            // Saturating, NaN → 0 (Rust's `as`), computed in f32 (f16's range is inside it).
+            let x = if a == Scalar::F16 { format!("f32({v})") } else { v.to_string() };
+            let (min, max) = b.int_range().unwrap_or((0, 0));
+            let (lo, hi) = (min as f64, max as f64 + 1.0);
+            let (lo_lit, hi_lit) = (float_lit(lo, Scalar::F32), float_lit(hi, Scalar::F32));
+            let name = self.fresh("sat");
+            self.line(format!("let {name} = {x};"));
+            let inner = if b.size() < 4 { format!("{rb}(i32({name}))") } else { format!("{rb}({name})") };
+            let min_v = int_lit(min as i64, b);
+            let max_v = if b == Scalar::U64 { "18446744073709551615lu".into() } else { int_lit(max as i64, b) };
+            return Ok(format!(
+                "select(select(select({inner}, {max_v}, {name} >= {hi_lit}), {min_v}, {name} <= {lo_lit}), {}, {name} != {name})",
+                int_lit(0, b)
+            ));
+        }
+        // Integer to integer: convert the register (sign- or zero-extending from `a`), then wrap.
+        let conv = if ra == rb {
+            v.to_string()
+        } else if a.size() <= 4 && b.size() <= 4 {
+            format!("bitcast<{rb}>({v})")
+        } else if a.size() == 8 && b.size() == 8 {
+            format!("bitcast<{rb}>({v})")
+        } else if a.size() == 8 {
+            // Truncation: the low 32 bits.
+            format!("bitcast<{rb}>(u32({v} & {}))", if a.is_signed() { "0xffffffffli" } else { "0xfffffffflu" })
+        } else if b.is_signed() {
+            format!("i64({v})")
+        } else if a.is_signed() {
+            format!("bitcast<u64>(i64({v}))")
+        } else {
+            format!("u64({v})")
+        };
+        Ok(wrap(&conv, b))
+    }
+
+    fn alu(&mut self, n: &UOp, op: Op, args: &[(String, DType)]) -> Result<String> {
+        let operand = args.get(if op == Op::Where { 1 } else { 0 }).map(|a| a.1).unwrap_or(DType::Void);
+        match operand {
+            DType::Scalar(s) => {
+                let exprs: Vec<String> = args.iter().map(|a| a.0.clone()).collect();
+                self.scalar_alu(n, op, s, &exprs)
+            }
+            DType::Vector(s, w) => {
+                let ty = self.ty(n, n.dtype())?;
+                let mut lanes = Vec::with_capacity(w as usize);
+                for i in 0..w {
+                    let exprs: Vec<String> = args
+                        .iter()
+                        .map(|(e, dt)| if matches!(dt, DType::Vector(..)) { format!("{e}[{i}]") } else { e.clone() })
+                        .collect();
+                    lanes.push(self.scalar_alu(n, op, s, &exprs)?);
+                }
+                Ok(format!("{ty}({})", lanes.join(", ")))
+            }
+            other => Err(render_err(n, format!("arithmetic on {other}"))),
+        }
+    }
+
+    fn scalar_alu(&mut self, n: &UOp, op: Op, s: Scalar, a: &[String]) -> Result<String> {
+        if op == Op::Where {
+            return Ok(format!("select({}, {}, {})", a[2], a[1], a[0]));
+        }
+        let bits = s.size() * 8;
+        let shift = |b: &str| -> String {
+            let amount = if s.is_signed() || s == Scalar::U64 { format!("u32({b})") } else { b.to_string() };
+            format!("({amount} & {}u)", bits - 1)
+        };
+        if s == Scalar::Bool {
+            return Ok(match op {
+                Op::Neg | Op::Not => format!("(!{})", a[0]),
+                Op::And | Op::Mul | Op::Min => format!("({} && {})", a[0], a[1]),
+                Op::Or | Op::Max | Op::Add => format!("({} || {})", a[0], a[1]),
+                Op::Xor | Op::Ne | Op::Sub => format!("({} != {})", a[0], a[1]),
+                Op::Eq => format!("({} == {})", a[0], a[1]),
+                Op::Lt => format!("(!{} && {})", a[0], a[1]),
+                Op::Le => format!("(!{} || {})", a[0], a[1]),
+                op => return Err(render_err(n, format!("{op} is not an ALU op on bool in WGSL"))),
+            });
+        }
+        let r = match op {
+            Op::Neg if s.is_float() || s.is_signed() => format!("(-{})", a[0]),
+            Op::Neg => format!("({} - {})", int_lit(0, s), a[0]),
+            Op::Not if s.is_int() => format!("(~{})", a[0]),
+            Op::Sqrt => format!("sqrt({})", a[0]),
+            Op::Exp2 => format!("exp2({})", a[0]),
+            Op::Log2 => format!("log2({})", a[0]),
+            Op::Exp => format!("exp({})", a[0]),
+            Op::Log => format!("log({})", a[0]),
+            Op::Sin => format!("sin({})", a[0]),
+            Op::Cos => format!("cos({})", a[0]),
+            Op::Trunc => format!("trunc({})", a[0]),
+            Op::Recip => format!("({} / {})", float_lit(1.0, s), a[0]),
+            Op::Abs if s.is_float() || s.is_signed() => format!("abs({})", a[0]),
+            Op::Abs => a[0].clone(),
+            Op::Max | Op::Min if s.is_float() => {
+                let f = if op == Op::Max { "max" } else { "min" };
+                format!("select(select({f}({0}, {1}), {0}, {1} != {1}), {1}, {0} != {0})", a[0], a[1])
+            }
+            Op::Max => format!("max({}, {})", a[0], a[1]),
+            Op::Min => format!("min({}, {})", a[0], a[1]),
+            Op::Pow => format!("pow({}, {})", a[0], a[1]),
+            Op::MulAcc if s.is_float() => format!("fma({}, {}, {})", a[0], a[1], a[2]),
+            Op::MulAcc => format!("({} * {} + {})", a[0], a[1], a[2]),
+            Op::Shl => format!("({} << {})", a[0], shift(&a[1])),
+            Op::Shr => format!("({} >> {})", a[0], shift(&a[1])),
+            Op::Idiv | Op::Mod if s.is_int() => {
+                let zero = int_lit(0, s);
+                let one = int_lit(1, s);
+                let is_zero = format!("({} == {zero})", a[1]);
+                let symbol = if op == Op::Idiv { "/" } else { "%" };
+                let by_zero = if op == Op::Idiv { zero } else { a[0].clone() };
+                format!("select(({} {symbol} select({}, {one}, {is_zero})), {by_zero}, {is_zero})", a[0], a[1])
+            }
+            Op::Add => format!("({} + {})", a[0], a[1]),
+            Op::Sub => format!("({} - {})", a[0], a[1]),
+            Op::Mul => format!("({} * {})", a[0], a[1]),
+            Op::Div => format!("({} / {})", a[0], a[1]),
+            Op::And if s.is_int() => format!("({} & {})", a[0], a[1]),
+            Op::Or if s.is_int() => format!("({} | {})", a[0], a[1]),
+            Op::Xor if s.is_int() => format!("({} ^ {})", a[0], a[1]),
+            Op::Lt => format!("({} < {})", a[0], a[1]),
+            Op::Le => format!("({} <= {})", a[0], a[1]),
+            Op::Eq => format!("({} == {})", a[0], a[1]),
+            Op::Ne => format!("({} != {})", a[0], a[1]),
+            op => return Err(render_err(n, format!("{op} is not an ALU op on {}", s.name()))),
+        };
+        let wraps = matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs | Op::Idiv);
+        Ok(if wraps && s.is_int() && s.size() < 4 { wrap(&r, s) } else { r })
+    }
+}
+
+/// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
+fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
+    let mut node = n.clone();
+    loop {
+        let next = match node.op() {
+            Op::DefineAcc => return Some(node),
+            Op::Assign | Op::After => node.src()[0].clone(),
+            Op::End if node.dtype() != DType::Void && node.src().len() > 1 => node.src()[1].clone(),
+            _ => return None,
+        };
+        node = next;
+    }
+}
+
+/// Every node the SPECIAL extents depend on (emitted before the launch indices exist).
+fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
+    let mut out = HashSet::new();
+    let mut stack: Vec<Arc<UOp>> = specials.iter().map(|s| s.src()[0].clone()).collect();
+    while let Some(n) = stack.pop() {
+        if !out.insert(n.content_hash()) {
+            continue;
+        }
+        let ok = matches!(n.op(), Op::Const | Op::DefineVar | Op::Bind | Op::Cast) || n.op().is_alu();
+        if !ok {
+            return Err(render_err(
+                &n,
+                "a launch extent may only use constants, variables and arithmetic (no loads, loops or launch indices)",
+            ));
+        }
+        stack.extend(n.src().iter().cloned());
+    }
+    Ok(out)
+}
