@@ -50,7 +50,7 @@ pub(crate) fn read(gpu: &WgpuDevice, buffer: &wgpu::Buffer, start: u64, end: u64
     });
     let mut encoder = gpu.device.create_command_encoder(&Default::default());
     encoder.copy_buffer_to_buffer(buffer, start, &staging, 0, size);
-    gpu.queue.submit([encoder.finish()]);
+    gpu.submit(Some(encoder))?;
     let (tx, rx) = mpsc::channel();
     staging.map_async(wgpu::MapMode::Read, .., move |r| {
         let _ = tx.send(r);
@@ -64,13 +64,36 @@ pub(crate) fn read(gpu: &WgpuDevice, buffer: &wgpu::Buffer, start: u64, end: u64
     Ok(out)
 }
 
+/// Records `dst <- src` (word-aligned windows of equal size) into `encoder`. Two windows of
+/// one buffer go through a scratch buffer (wgpu copies between two buffers only).
+pub(crate) fn encode_copy(gpu: &WgpuDevice, encoder: &mut wgpu::CommandEncoder, dst: RawView, src: RawView) -> Result<()> {
+    let (d, s) = (gpu.buffer(dst.base)?, gpu.buffer(src.base)?);
+    let bytes = src.bytes as u64;
+    if bytes == 0 {
+        return Ok(());
+    }
+    if d != s {
+        encoder.copy_buffer_to_buffer(&s, src.offset as u64, &d, dst.offset as u64, bytes);
+        return Ok(());
+    }
+    let scratch = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("kiln copy scratch"),
+        size: bytes,
+        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    encoder.copy_buffer_to_buffer(&s, src.offset as u64, &scratch, 0, bytes);
+    encoder.copy_buffer_to_buffer(&scratch, 0, &d, dst.offset as u64, bytes);
+    Ok(())
+}
+
 /// Writes whole words `data` at `start` of `buffer` and waits until the write landed.
 fn write(gpu: &WgpuDevice, buffer: &wgpu::Buffer, start: u64, data: &[u8]) -> Result<()> {
     if data.is_empty() {
         return Ok(());
     }
     gpu.queue.write_buffer(buffer, start, data);
-    let index = gpu.queue.submit([]);
+    let index = gpu.submit(None)?;
     gpu.wait(Some(index))
 }
 
@@ -156,10 +179,9 @@ impl Allocator for WgpuAllocator {
                 return self.copyin(dst, &host);
             }
         }
-        let (d, s) = (self.gpu.buffer(dst.base)?, self.gpu.buffer(src.base)?);
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&s, src.offset as u64, &d, dst.offset as u64, src.bytes as u64);
-        let index = self.gpu.queue.submit([encoder.finish()]);
+        encode_copy(&self.gpu, &mut encoder, dst, src)?;
+        let index = self.gpu.submit(Some(encoder))?;
         self.gpu.wait(Some(index))
     }
 

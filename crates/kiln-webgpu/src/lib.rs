@@ -109,6 +109,7 @@ pub struct WgpuDevice {
     pub queue: wgpu::Queue,
     buffers: Mutex<HashMap<usize, wgpu::Buffer>>,
     next: AtomicUsize,
+    submitting: Mutex<()>,
     lost: Arc<Mutex<Option<String>>>,
 }
 
@@ -161,6 +162,7 @@ impl WgpuDevice {
             queue,
             buffers: Mutex::new(HashMap::new()),
             next: AtomicUsize::new(1),
+            submitting: Mutex::new(()),
             lost,
         })
     }
@@ -197,6 +199,19 @@ impl WgpuDevice {
             .get(&(ptr.0 as usize))
             .cloned()
             .ok_or_else(|| Error::Launch(format!("address {:p} is no buffer of {}", ptr.0, self.spec)))
+    }
+
+    /// Finishes `encoder` (if any) and submits it to the device's queue; a command wgpu
+    /// refuses is [`Error::Driver`] with wgpu's message, and nothing of it runs. Submissions
+    /// are made one at a time, so each index is known to `poll` once it is returned.
+    pub fn submit(&self, encoder: Option<wgpu::CommandEncoder>) -> Result<wgpu::SubmissionIndex> {
+        let _one = self.submitting.lock().unwrap_or_else(|p| p.into_inner());
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let index = self.queue.submit(encoder.map(|e| e.finish()));
+        match ready("pop_error_scope", scope.pop())? {
+            Some(e) => Err(driver("Queue::submit", e, false)),
+            None => Ok(index),
+        }
     }
 
     /// Blocks until submission `index` (or everything submitted, for `None`) completed.

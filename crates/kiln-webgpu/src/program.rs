@@ -19,8 +19,9 @@ pub struct WgpuProgram {
     spec: Arc<ProgramSpec>,
     name: String,
     group: [u32; 3],
-    layout: wgpu::BindGroupLayout,
-    pipeline: wgpu::ComputePipeline,
+    /// The pipeline, or (for work groups beyond the device's limits) why every launch is
+    /// refused.
+    built: std::result::Result<(wgpu::BindGroupLayout, wgpu::ComputePipeline), String>,
 }
 
 impl WgpuProgram {
@@ -35,10 +36,11 @@ impl WgpuProgram {
         let per_axis = [l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z];
         let total: u64 = group.iter().map(|g| *g as u64).product();
         if group.iter().zip(per_axis).any(|(g, m)| *g > m) || total > l.max_compute_invocations_per_workgroup as u64 {
-            return Err(Error::Launch(format!(
+            let why = format!(
                 "kernel `{}` has work groups of {group:?} items; {} allows at most {per_axis:?} per axis and {} in all",
                 compiled.name, gpu.spec, l.max_compute_invocations_per_workgroup
-            )));
+            );
+            return Ok(WgpuProgram { name: compiled.name.clone(), gpu, spec, group, built: Err(why) });
         }
         let storage = |binding: u32| wgpu::BindGroupLayoutEntry {
             binding,
@@ -93,7 +95,7 @@ impl WgpuProgram {
         if let Some(e) = crate::ready("pop_error_scope", scope.pop())? {
             return Err(Error::Load(format!("wgpu refused the pipeline of `{}`: {e}", compiled.name)));
         }
-        Ok(WgpuProgram { name: compiled.name.clone(), gpu, spec, group, layout, pipeline })
+        Ok(WgpuProgram { name: compiled.name.clone(), gpu, spec, group, built: Ok((layout, pipeline)) })
     }
 
     /// The device the pipeline was built on.
@@ -103,6 +105,9 @@ impl WgpuProgram {
 
     /// The dispatch grid of a launch, or why it cannot be dispatched.
     pub fn grid(&self, launch: &LaunchDims) -> Result<([u64; 3], [u32; 3])> {
+        if let Err(why) = &self.built {
+            return Err(Error::Launch(why.clone()));
+        }
         let groups = group_counts(self.spec.local_size.is_none(), launch.global, self.group);
         if let Some(local) = launch.local {
             let want = self.group.map(|g| g as usize);
@@ -128,6 +133,7 @@ impl WgpuProgram {
         launch: &LaunchDims,
     ) -> Result<()> {
         let (groups, grid) = self.grid(launch)?;
+        let Ok((layout, pipeline)) = &self.built else { return Err(Error::Launch(format!("kernel `{}` has no pipeline", self.name))) };
         let mut words = [0u32; ARGS];
         words[..3].copy_from_slice(&groups.map(|g| g as u32));
         let mut buffers = Vec::with_capacity(self.spec.params.len());
@@ -170,11 +176,11 @@ impl WgpuProgram {
         );
         let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &self.layout,
+            layout,
             entries: &entries,
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
-        pass.set_pipeline(&self.pipeline);
+        pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         Ok(())
@@ -186,7 +192,7 @@ impl Program for WgpuProgram {
         self.gpu.check_lost()?;
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
         self.encode(&mut encoder, bufs, vals, launch)?;
-        let index = self.gpu.queue.submit([encoder.finish()]);
+        let index = self.gpu.submit(Some(encoder))?;
         self.gpu.wait(Some(index))
     }
 

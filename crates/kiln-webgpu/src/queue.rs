@@ -25,6 +25,7 @@ use kiln_device::{
 };
 
 use crate::WgpuDevice;
+use crate::allocator::encode_copy;
 use crate::program::WgpuProgram;
 use crate::signal::{WgpuEvent, WgpuSignal};
 
@@ -88,7 +89,7 @@ impl AccelStream for WgpuStream {
         let start = Instant::now();
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
         program.encode(&mut encoder, views, vals, dims)?;
-        let index = self.gpu.queue.submit([encoder.finish()]);
+        let index = self.gpu.submit(Some(encoder))?;
         self.submitted(index, start, timer);
         Ok(())
     }
@@ -103,18 +104,17 @@ impl AccelStream for WgpuStream {
         if [d.offset, s.offset, s.bytes].iter().any(|v| v % word != 0) {
             return Ok(false);
         }
-        let (db, sb) = (self.gpu.buffer(d.base)?, self.gpu.buffer(s.base)?);
         let start = Instant::now();
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&sb, s.offset as u64, &db, d.offset as u64, s.bytes as u64);
-        let index = self.gpu.queue.submit([encoder.finish()]);
+        encode_copy(&self.gpu, &mut encoder, d, s)?;
+        let index = self.gpu.submit(Some(encoder))?;
         self.submitted(index, start, timer);
         Ok(true)
     }
 
     fn record_event(&mut self) -> Result<WgpuEvent> {
         self.gpu.check_lost()?;
-        Ok(WgpuEvent::now(&self.gpu))
+        WgpuEvent::now(&self.gpu)
     }
 
     fn wait_event(&mut self, event: &WgpuEvent) -> Result<bool> {

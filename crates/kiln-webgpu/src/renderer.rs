@@ -191,6 +191,32 @@ fn float_lit(v: f64, s: Scalar) -> String {
     if f.is_finite() { format!("{f:?}f") } else { format!("bitcast<f32>({}u)", f.to_bits()) }
 }
 
+/// `isnan` (by the bits: a float comparison may be reordered away by the driver's compiler).
+const ISNAN_F32: &str = "fn kiln_isnan_f32(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }";
+const ISNAN_F16: &str = "fn kiln_isnan_f16(x: f16) -> bool { return kiln_isnan_f32(f32(x)); }";
+/// C's `pow`: integral exponents of negative bases, `pow(x, 0) == 1`, `pow(1, y) == 1`.
+const POW_F32: &str = "fn kiln_pow_f32(x: f32, y: f32) -> f32 {
+  if (y == 0.0f || x == 1.0f) { return 1.0f; }
+  if (kiln_isnan_f32(x) || kiln_isnan_f32(y)) { return x + y; }
+  if (x >= 0.0f) { return pow(x, y); }
+  if (trunc(y) != y) { return bitcast<f32>(0x7fc00000u); }
+  let r = pow(-x, y);
+  if (trunc(y * 0.5f) != y * 0.5f) { return -r; }
+  return r;
+}";
+/// `e^x` within a few ulp (drivers' `exp` is `exp2(x·log2 e)`, whose error grows with |x|):
+/// `x = n·ln 2 + r` with ln 2 split in two (Cody and Waite), `e^r` by its Taylor series to
+/// r^7 (|r| ≤ ln 2 / 2), scaled by `2^n`.
+const EXP_F32: &str = "fn kiln_exp_f32(x: f32) -> f32 {
+  if (x > 89.0f) { return bitcast<f32>(0x7f800000u); }
+  if (x < -104.0f) { return 0.0f; }
+  if (!(x == x)) { return x; }
+  let n = round(x * 1.44269502f);
+  let r = (x - n * 0.693145751953125f) - n * 1.42860682e-6f;
+  let p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * (0.0013888889f + r * 0.0001984127f))))));
+  return ldexp(p, i32(n));
+}";
+
 /// A value: an expression, or the address of buffer or local elements.
 #[derive(Clone, Debug)]
 enum Value {
@@ -431,6 +457,18 @@ impl Emitter {
         })
     }
 
+    /// `isnan(e)` for a float register of `s`.
+    fn isnan(&mut self, e: &str, s: Scalar) -> String {
+        self.helpers.insert(ISNAN_F32);
+        if s == Scalar::F16 {
+            self.helpers.insert(ISNAN_F16);
+            format!("kiln_isnan_f16({e})")
+        } else {
+            self.helpers.insert(ISNAN_F32);
+            format!("kiln_isnan_f32({e})")
+        }
+    }
+
     fn line(&mut self, text: String) {
         self.lines.push(format!("{}{text}", "  ".repeat(self.indent)));
     }
@@ -626,6 +664,7 @@ impl Emitter {
                             .collect::<Result<Vec<_>>>()?;
                         format!("{ty}({})", lanes.join(", "))
                     }
+                    (a, b) if bitcast => self.repack(n, &v, a, b)?,
                     (a, b) => return Err(render_err(n, format!("cannot convert {a} to {b} in WGSL"))),
                 };
                 self.declare(n, "cast", e)?;
@@ -800,6 +839,10 @@ impl Emitter {
         }
         if b == Scalar::Bool {
             let zero = int_lit(0, a);
+            if a.is_float() {
+                let nan = self.isnan(v, a);
+                return Ok(format!("(({v} != {zero}) || {nan})"));
+            }
             return Ok(format!("({v} != {zero})"));
         }
         if a == Scalar::Bool {
@@ -819,8 +862,9 @@ impl Emitter {
             let inner = if b.size() < 4 { format!("{rb}(i32({name}))") } else { format!("{rb}({name})") };
             let min_v = int_lit(min as i64, b);
             let max_v = if b == Scalar::U64 { "18446744073709551615lu".into() } else { int_lit(max as i64, b) };
+            let nan = self.isnan(&name, Scalar::F32);
             return Ok(format!(
-                "select(select(select({inner}, {max_v}, {name} >= {hi_lit}), {min_v}, {name} <= {lo_lit}), {}, {name} != {name})",
+                "select(select(select({inner}, {max_v}, {name} >= {hi_lit}), {min_v}, {name} <= {lo_lit}), {}, {nan})",
                 int_lit(0, b)
             ));
         }
@@ -834,6 +878,9 @@ impl Emitter {
         } else if a.size() == 8 {
             // Truncation: the low 32 bits.
             format!("bitcast<{rb}>(u32({v} & {}))", if a.is_signed() { "0xffffffffli" } else { "0xfffffffflu" })
+        } else if !a.is_signed() {
+            // Zero-extended through u64 (naga sign-extends a u32 converted straight to i64).
+            format!("bitcast<{rb}>(u64({v}))")
         } else if b.is_signed() {
             format!("i64({v})")
         } else if a.is_signed() {
@@ -842,6 +889,46 @@ impl Emitter {
             format!("u64({v})")
         };
         Ok(wrap(&conv, b))
+    }
+
+    /// A BITCAST between lane counts (`u8x4` → `u32`, `f32` → `f16x2`): the source lanes'
+    /// bits, regrouped into the target lanes (lanes of at most 32 bits).
+    fn repack(&mut self, n: &UOp, v: &str, from: DType, to: DType) -> Result<String> {
+        let (Some(a), Some(b)) = (from.scalar(), to.scalar()) else {
+            return Err(render_err(n, format!("cannot bitcast {from} to {to}")));
+        };
+        let (wa, wb) = (from.width() as usize, to.width() as usize);
+        if a.size() > 4 || b.size() > 4 || a.size() * wa != b.size() * wb {
+            return Err(render_err(n, format!("bitcast of {from} to {to}: WGSL regroups lanes of at most 32 bits")));
+        }
+        let bits_of = |size: usize| match size {
+            1 => Scalar::U8,
+            2 => Scalar::U16,
+            _ => Scalar::U32,
+        };
+        let lane = |e: &str, w: usize, i: usize| if w == 1 { e.to_string() } else { format!("{e}[{i}]") };
+        let mut src = Vec::with_capacity(wa);
+        for i in 0..wa {
+            src.push(self.convert(n, &lane(v, wa, i), a, bits_of(a.size()), true)?);
+        }
+        let mut out = Vec::with_capacity(wb);
+        for j in 0..wb {
+            let bits = if a.size() < b.size() {
+                let r = b.size() / a.size();
+                let parts: Vec<String> =
+                    (0..r).map(|k| format!("({} << {}u)", src[j * r + k], k * a.size() * 8)).collect();
+                format!("({})", parts.join(" | "))
+            } else {
+                let r = a.size() / b.size();
+                let mask = (1u64 << (b.size() * 8)) - 1;
+                format!("(({} >> {}u) & {mask}u)", src[j / r], (j % r) * b.size() * 8)
+            };
+            out.push(self.convert(n, &bits, bits_of(b.size()), b, true)?);
+        }
+        if wb == 1 {
+            return Ok(out.remove(0));
+        }
+        Ok(format!("{}({})", self.ty(n, to)?, out.join(", ")))
     }
 
     fn alu(&mut self, n: &UOp, op: Op, args: &[(String, DType)]) -> Result<String> {
@@ -864,6 +951,17 @@ impl Emitter {
                 Ok(format!("{ty}({})", lanes.join(", ")))
             }
             other => Err(render_err(n, format!("arithmetic on {other}"))),
+        }
+    }
+
+    /// `f(a...)` on float registers of `s`, computed in f32 (f16's transcendentals are
+    /// computed in f32 and rounded once).
+    fn via_f32(&self, s: Scalar, f: &str, a: &[String]) -> String {
+        if s == Scalar::F16 {
+            let args: Vec<String> = a.iter().map(|e| format!("f32({e})")).collect();
+            format!("f16({f}({}))", args.join(", "))
+        } else {
+            format!("{f}({})", a.join(", "))
         }
     }
 
@@ -893,23 +991,35 @@ impl Emitter {
             Op::Neg => format!("({} - {})", int_lit(0, s), a[0]),
             Op::Not if s.is_int() => format!("(~{})", a[0]),
             Op::Sqrt => format!("sqrt({})", a[0]),
-            Op::Exp2 => format!("exp2({})", a[0]),
-            Op::Log2 => format!("log2({})", a[0]),
-            Op::Exp => format!("exp({})", a[0]),
-            Op::Log => format!("log({})", a[0]),
-            Op::Sin => format!("sin({})", a[0]),
-            Op::Cos => format!("cos({})", a[0]),
+            Op::Exp2 => self.via_f32(s, "exp2", a),
+            Op::Log2 => self.via_f32(s, "log2", a),
+            Op::Exp => {
+                self.helpers.insert(EXP_F32);
+                self.via_f32(s, "kiln_exp_f32", a)
+            }
+            Op::Log => self.via_f32(s, "log", a),
+            Op::Sin => self.via_f32(s, "sin", a),
+            Op::Cos => self.via_f32(s, "cos", a),
             Op::Trunc => format!("trunc({})", a[0]),
             Op::Recip => format!("({} / {})", float_lit(1.0, s), a[0]),
             Op::Abs if s.is_float() || s.is_signed() => format!("abs({})", a[0]),
             Op::Abs => a[0].clone(),
             Op::Max | Op::Min if s.is_float() => {
                 let f = if op == Op::Max { "max" } else { "min" };
-                format!("select(select({f}({0}, {1}), {0}, {1} != {1}), {1}, {0} != {0})", a[0], a[1])
+                let (na, nb) = (self.isnan(&a[0], s), self.isnan(&a[1], s));
+                format!("select(select({f}({0}, {1}), {0}, {nb}), {1}, {na})", a[0], a[1])
+            }
+            Op::Ne if s.is_float() => {
+                let (na, nb) = (self.isnan(&a[0], s), self.isnan(&a[1], s));
+                format!("(({} != {}) || {na} || {nb})", a[0], a[1])
             }
             Op::Max => format!("max({}, {})", a[0], a[1]),
             Op::Min => format!("min({}, {})", a[0], a[1]),
-            Op::Pow => format!("pow({}, {})", a[0], a[1]),
+            Op::Pow => {
+                self.helpers.insert(ISNAN_F32);
+                self.helpers.insert(POW_F32);
+                self.via_f32(s, "kiln_pow_f32", a)
+            }
             Op::MulAcc if s.is_float() => format!("fma({}, {}, {})", a[0], a[1], a[2]),
             Op::MulAcc => format!("({} * {} + {})", a[0], a[1], a[2]),
             Op::Shl => format!("({} << {})", a[0], shift(&a[1])),

@@ -32,9 +32,9 @@ impl fmt::Debug for WgpuEvent {
 
 impl WgpuEvent {
     /// An event for everything submitted to `gpu` so far (submits an empty batch).
-    pub fn now(gpu: &Arc<WgpuDevice>) -> WgpuEvent {
-        let index = gpu.queue.submit([]);
-        WgpuEvent::after(gpu, index)
+    pub fn now(gpu: &Arc<WgpuDevice>) -> Result<WgpuEvent> {
+        let index = gpu.submit(None)?;
+        Ok(WgpuEvent::after(gpu, index))
     }
 
     /// An event for submission `index`, the latest on `gpu`.
