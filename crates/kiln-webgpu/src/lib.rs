@@ -293,3 +293,97 @@ pub(crate) fn test_device() -> Option<Arc<Device>> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kiln_device::kiln_ir::{KernelBuilder, Scalar};
+    use kiln_device::{Buffer, Compiler, Renderer};
+
+    use super::*;
+
+    #[test]
+    fn discovery_lists_the_adapters_in_a_stable_order() {
+        let Some(dev) = test_device() else { return };
+        let list = probe().unwrap();
+        assert_eq!(list, probe().unwrap());
+        assert_eq!(list[0].0, DeviceSpec::new(BACKEND, 0));
+        assert!(list[0].1.contains("driver"), "{}", list[0].1);
+        assert_eq!(dev.description(), list[0].1);
+        let missing = DeviceSpec::new(BACKEND, list.len() as u32);
+        assert!(matches!(open(&missing), Err(Error::Unavailable(_))));
+        assert!(matches!(open(&DeviceSpec::new("CPU", 0)), Err(Error::Invalid(_))));
+        register();
+        assert_eq!(*kiln_device::open_device("WEBGPU:0").unwrap().spec(), DeviceSpec::new(BACKEND, 0));
+    }
+
+    /// More work groups than one dispatch axis holds (65,535) are folded into a 2-D grid:
+    /// every element is written once, by the item kiln's launch gives it.
+    #[test]
+    fn launches_beyond_one_axis_of_groups_fold_into_a_grid() {
+        let Some(dev) = test_device() else { return };
+        let n = (renderer::MAX_GROUPS_PER_AXIS as usize + 5) * renderer::DIRECT_GROUP as usize + 3;
+        let mut k = KernelBuilder::new();
+        let len = k.var("n", 1, 1 << 24);
+        let (x, y) = (k.param(0, Scalar::I32, &len), k.param(1, Scalar::I32, &len));
+        let i = k.global(0, &len);
+        k.store(&y.at(&i), &(x.at(&i).load() * 3 + &i));
+        let kernel = dev.compile(&k.finish().unwrap(), Some("fold")).unwrap();
+        let input: Vec<i32> = (0..n as i32).map(|v| v % 1000).collect();
+        let a = Buffer::from_slice(dev.allocator(), &input).unwrap();
+        let b = Buffer::from_slice(dev.allocator(), &vec![-1i32; n]).unwrap();
+        kernel.launch(&[&a, &b], &[n as i64]).unwrap();
+        let got = b.to_vec::<i32>().unwrap();
+        let bad = (0..n).filter(|&i| got[i] != input[i] * 3 + i as i32).count();
+        assert_eq!(bad, 0, "{bad} of {n} elements are wrong");
+    }
+
+    #[test]
+    fn the_grid_fold_covers_every_group_once() {
+        assert_eq!(renderer::grid([1, 1, 1]), Some([1, 1, 1]));
+        assert_eq!(renderer::grid([65_535, 1, 1]), Some([65_535, 1, 1]));
+        assert_eq!(renderer::grid([65_536, 1, 1]), Some([65_535, 2, 1]));
+        assert_eq!(renderer::grid([300, 300, 2]), Some([65_535, 3, 1]));
+        assert_eq!(renderer::grid([u64::MAX, 2, 1]), None);
+    }
+
+    /// A render bug reaches the caller as naga's diagnostic in a compile error.
+    #[test]
+    fn invalid_wgsl_is_a_compile_error_with_nagas_message() {
+        let caps = Caps { f16: false, int64: false };
+        let mut k = KernelBuilder::new();
+        let (x, out) = (k.param(0, Scalar::F32, 4), k.param(1, Scalar::F32, 4));
+        let i = k.global(0, 4);
+        k.store(&out.at(&i), &(x.at(&i).load() + 1.0));
+        let r = WgslRenderer::new(DeviceSpec::new(BACKEND, 0), caps);
+        let mut spec = r.render(&k.finish().unwrap(), Some("broken")).unwrap();
+        spec.src = spec.src.replace("kiln_main", "kiln main");
+        let e = WgslCompiler::new(caps, "test".into()).compile(&spec).unwrap_err();
+        let Error::Compile { message, log, .. } = &e else { panic!("{e:?}") };
+        assert!(message.contains("naga") && message.contains("broken"), "{message}");
+        assert!(log.contains("expected"), "{log}");
+    }
+
+    /// A dtype WGSL (or the adapter) lacks is refused when rendering, naming it.
+    #[test]
+    fn missing_dtypes_are_render_errors_that_name_them() {
+        let caps = Caps { f16: false, int64: false };
+        let r = WgslRenderer::new(DeviceSpec::new(BACKEND, 0), caps);
+        for (s, words) in [(Scalar::F64, "f64"), (Scalar::BF16, "bf16"), (Scalar::F16, "SHADER_F16"), (Scalar::I64, "SHADER_INT64")] {
+            let mut k = KernelBuilder::new();
+            let (x, y) = (k.param(0, s, 4), k.param(1, s, 4));
+            let i = k.global(0, 4);
+            k.store(&y.at(&i), &x.at(&i).load());
+            let e = r.render(&k.finish().unwrap(), None).unwrap_err();
+            assert!(matches!(&e, Error::Render(m) if m.contains(words)), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_cache_key_names_the_adapter() {
+        let Some(dev) = test_device() else { return };
+        let gpu = WgpuDevice::open(dev.spec()).unwrap();
+        let c = WgslCompiler::new(gpu.caps, gpu.identity());
+        assert!(c.fingerprint().contains(gpu.info.name.trim()), "{}", c.fingerprint());
+        assert_eq!(c.cache_key(), "webgpu");
+    }
+}
