@@ -66,7 +66,12 @@ pub(crate) fn read(gpu: &WgpuDevice, buffer: &wgpu::Buffer, start: u64, end: u64
 
 /// Records `dst <- src` (word-aligned windows of equal size) into `encoder`. Two windows of
 /// one buffer go through a scratch buffer (wgpu copies between two buffers only).
-pub(crate) fn encode_copy(gpu: &WgpuDevice, encoder: &mut wgpu::CommandEncoder, dst: RawView, src: RawView) -> Result<()> {
+pub(crate) fn encode_copy(
+    gpu: &WgpuDevice,
+    encoder: &mut wgpu::CommandEncoder,
+    dst: RawView,
+    src: RawView,
+) -> Result<()> {
     let (d, s) = (gpu.buffer(dst.base)?, gpu.buffer(src.base)?);
     let bytes = src.bytes as u64;
     if bytes == 0 {
@@ -107,7 +112,10 @@ impl Allocator for WgpuAllocator {
         let size = (bytes as u64).max(WORD).div_ceil(16) * 16;
         if size > self.gpu.limits.max_buffer_size {
             return Err(Error::OutOfMemory {
-                device: format!("{} (the adapter's largest buffer is {} B)", self.gpu.spec, self.gpu.limits.max_buffer_size),
+                device: format!(
+                    "{} (the adapter's largest buffer is {} B)",
+                    self.gpu.spec, self.gpu.limits.max_buffer_size
+                ),
                 requested: bytes,
                 in_use: 0,
                 cached: 0,
@@ -169,7 +177,7 @@ impl Allocator for WgpuAllocator {
     }
 
     unsafe fn copy(&self, dst: RawView, src: RawView) -> Result<()> {
-        let aligned = |v: &RawView| v.offset as u64 % WORD == 0 && v.bytes as u64 % WORD == 0;
+        let aligned = |v: &RawView| (v.offset as u64).is_multiple_of(WORD) && (v.bytes as u64).is_multiple_of(WORD);
         if !(aligned(&dst) && aligned(&src)) {
             let mut host = vec![0u8; src.bytes];
             // SAFETY: the caller's contract: both windows are live allocations of this

@@ -30,13 +30,12 @@ pub fn validate(src: &str, caps: Caps, what: &str) -> Result<(naga::Module, Modu
         log: e.emit_to_string(src),
         line: None,
     })?;
-    let info = Validator::new(ValidationFlags::all(), capabilities(caps)).validate(&module).map_err(|e| {
-        Error::Compile {
+    let info =
+        Validator::new(ValidationFlags::all(), capabilities(caps)).validate(&module).map_err(|e| Error::Compile {
             message: format!("naga found the WGSL of `{what}` invalid: {}", e.as_inner()),
             log: e.emit_to_string(src),
             line: None,
-        }
-    })?;
+        })?;
     Ok((module, info))
 }
 

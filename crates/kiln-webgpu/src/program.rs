@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, ProgramSpec, RawView, Result};
 
-use crate::renderer::{ARGS, group_counts, grid, work_group_size};
+use crate::renderer::{ARGS, grid, group_counts, work_group_size};
 use crate::{WgpuDevice, driver};
 
 /// A loaded kernel: its pipeline on one wgpu device.
@@ -133,7 +133,9 @@ impl WgpuProgram {
         launch: &LaunchDims,
     ) -> Result<()> {
         let (groups, grid) = self.grid(launch)?;
-        let Ok((layout, pipeline)) = &self.built else { return Err(Error::Launch(format!("kernel `{}` has no pipeline", self.name))) };
+        let Ok((layout, pipeline)) = &self.built else {
+            return Err(Error::Launch(format!("kernel `{}` has no pipeline", self.name)));
+        };
         let mut words = [0u32; ARGS];
         words[..3].copy_from_slice(&groups.map(|g| g as u32));
         let mut buffers = Vec::with_capacity(self.spec.params.len());
@@ -156,8 +158,9 @@ impl WgpuProgram {
             buffers.push((p.slot, self.gpu.buffer(view.base)?));
         }
         for (i, v) in vals.iter().enumerate() {
-            let v = i32::try_from(*v)
-                .map_err(|_| Error::Launch(format!("variable {i} = {v} of kernel `{}` does not fit an i32", self.name)))?;
+            let v = i32::try_from(*v).map_err(|_| {
+                Error::Launch(format!("variable {i} = {v} of kernel `{}` does not fit an i32", self.name))
+            })?;
             words[3 + self.spec.params.len() + i] = v as u32;
         }
         let args = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -172,13 +175,12 @@ impl WgpuProgram {
         args.unmap();
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: args.as_entire_binding() }];
         entries.extend(
-            buffers.iter().map(|(slot, b)| wgpu::BindGroupEntry { binding: *slot as u32 + 1, resource: b.as_entire_binding() }),
+            buffers
+                .iter()
+                .map(|(slot, b)| wgpu::BindGroupEntry { binding: *slot as u32 + 1, resource: b.as_entire_binding() }),
         );
-        let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout,
-            entries: &entries,
-        });
+        let bind =
+            self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind, &[]);

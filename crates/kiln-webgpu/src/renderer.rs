@@ -297,10 +297,9 @@ impl Emitter {
             if matches!(n.op(), Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary) {
                 return Err(render_err(n, "compiled-program stages cannot appear inside a kernel"));
             }
-            for dt in [n.dtype()] {
-                if let Some(s) = dt.scalar() {
-                    reg(s, self.caps)?;
-                }
+            // Every dtype WGSL or the adapter lacks is refused up front, naming it.
+            if let Some(s) = n.dtype().scalar() {
+                reg(s, self.caps)?;
             }
         }
         let group = work_group_size(spec)?;
@@ -308,7 +307,7 @@ impl Emitter {
 
         // Buffers.
         let mut decls = Vec::new();
-        for (k, p) in spec.params.iter().enumerate() {
+        for p in &spec.params {
             let elem = if packed(p.scalar) { "atomic<u32>".to_string() } else { reg(p.scalar, self.caps)?.to_string() };
             decls.push(format!(
                 "@group(0) @binding({}) var<storage, read_write> data{}: array<{elem}>;",
@@ -316,7 +315,6 @@ impl Emitter {
                 p.slot
             ));
             self.offsets.insert(p.slot, format!("kiln_off{}", p.slot));
-            let _ = k;
         }
         for n in linear {
             match (n.op(), n.arg()) {
@@ -350,8 +348,8 @@ impl Emitter {
         self.line(format!("let kiln_g0 = kiln_lin % {};", arg_word(0)));
         self.line(format!("let kiln_g1 = (kiln_lin / {}) % {};", arg_word(0), arg_word(1)));
         self.line(format!("let kiln_g2 = kiln_lin / ({} * {});", arg_word(0), arg_word(1)));
-        for p in &spec.params {
-            self.line(format!("let kiln_off{} = i32({});", p.slot, arg_word(3 + spec.params.iter().position(|q| q.slot == p.slot).unwrap_or(0))));
+        for (k, p) in spec.params.iter().enumerate() {
+            self.line(format!("let kiln_off{} = i32({});", p.slot, arg_word(3 + k)));
         }
         for i in 0..spec.vars.len() {
             self.line(format!("let kiln_var{i} = bitcast<i32>({});", arg_word(3 + spec.params.len() + i)));
@@ -451,10 +449,7 @@ impl Emitter {
     }
 
     fn uses(&self, linear: &[Arc<UOp>], s: Scalar) -> bool {
-        linear.iter().any(|n| {
-            n.dtype().scalar() == Some(s)
-                || n.src().iter().any(|x| x.dtype().scalar() == Some(s))
-        })
+        linear.iter().any(|n| n.dtype().scalar() == Some(s) || n.src().iter().any(|x| x.dtype().scalar() == Some(s)))
     }
 
     /// `isnan(e)` for a float register of `s`.
@@ -497,7 +492,7 @@ impl Emitter {
             Value::Addr(a) => Ok(a),
             Value::Expr(base) => match n.dtype() {
                 DType::Ptr { scalar, space, .. } => {
-                    let index = self.base_offset(n, &base);
+                    let index = self.base_offset(n);
                     Ok(Address { base, index, scalar, space })
                 }
                 other => Err(render_err(n, format!("is used as an address but has dtype {other}"))),
@@ -506,17 +501,14 @@ impl Emitter {
     }
 
     /// The element offset of a buffer parameter's view (`0` for local memory).
-    fn base_offset(&self, n: &UOp, base: &str) -> String {
+    fn base_offset(&self, n: &UOp) -> String {
         let mut node = n;
         while matches!(node.op(), Op::After | Op::Cast) {
             node = &node.src()[0];
         }
         match (node.op(), node.arg_int()) {
             (Op::Param, Some(slot)) => self.offsets.get(&(slot as usize)).cloned().unwrap_or_else(|| "0i".into()),
-            _ => {
-                let _ = base;
-                "0i".into()
-            }
+            _ => "0i".into(),
         }
     }
 
@@ -759,7 +751,9 @@ impl Emitter {
 
     fn store(&mut self, addr: &Address, value: &str, dt: DType) -> Result<String> {
         Ok(match dt {
-            DType::Vector(_, w) => (0..w).map(|k| self.store_elem(addr, k, &format!("{value}[{k}]"))).collect::<Vec<_>>().join(" "),
+            DType::Vector(_, w) => {
+                (0..w).map(|k| self.store_elem(addr, k, &format!("{value}[{k}]"))).collect::<Vec<_>>().join(" ")
+            }
             _ => self.store_elem(addr, 0, value),
         })
     }
@@ -871,9 +865,7 @@ impl Emitter {
         // Integer to integer: convert the register (sign- or zero-extending from `a`), then wrap.
         let conv = if ra == rb {
             v.to_string()
-        } else if a.size() <= 4 && b.size() <= 4 {
-            format!("bitcast<{rb}>({v})")
-        } else if a.size() == 8 && b.size() == 8 {
+        } else if a.size() == b.size() || (a.size() <= 4 && b.size() <= 4) {
             format!("bitcast<{rb}>({v})")
         } else if a.size() == 8 {
             // Truncation: the low 32 bits.
@@ -1045,7 +1037,8 @@ impl Emitter {
             Op::Ne => format!("({} != {})", a[0], a[1]),
             op => return Err(render_err(n, format!("{op} is not an ALU op on {}", s.name()))),
         };
-        let wraps = matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs | Op::Idiv);
+        let wraps =
+            matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs | Op::Idiv);
         Ok(if wraps && s.is_int() && s.size() < 4 { wrap(&r, s) } else { r })
     }
 }
