@@ -52,7 +52,7 @@ use kiln_device::{Device, Error, LruAllocator, RawPtr, Result};
 
 pub use allocator::WgpuAllocator;
 pub use compiler::{Emit, WgslCompiler, translate};
-pub use program::WgpuProgram;
+pub use program::{EmptyDispatch, WgpuProgram};
 pub use queue::{WebGpu, WgpuQueue, WgpuQueueFactory, WgpuStream};
 pub use renderer::{Caps, WgslRenderer};
 pub use signal::{WgpuEvent, WgpuSignal};
@@ -120,7 +120,8 @@ impl std::fmt::Debug for WgpuDevice {
 }
 
 impl WgpuDevice {
-    fn open(spec: &DeviceSpec) -> Result<WgpuDevice> {
+    /// Requests a new wgpu device (and queue) from the adapter of `spec`.
+    pub fn open(spec: &DeviceSpec) -> Result<WgpuDevice> {
         if spec.base_type() != BACKEND {
             return Err(Error::Invalid(format!("{spec} is not a WebGPU device (expected {BACKEND}:n)")));
         }

@@ -202,3 +202,42 @@ impl Program for WgpuProgram {
         &self.name
     }
 }
+
+/// wgpu's own round trip, a baseline for kiln's queue round trip: one dispatch of an empty
+/// shader, submitted and waited for, on a wgpu device of its own (the same adapter).
+pub struct EmptyDispatch {
+    gpu: Arc<WgpuDevice>,
+    pipeline: wgpu::ComputePipeline,
+}
+
+impl EmptyDispatch {
+    /// The empty pipeline on a new wgpu device of `spec`'s adapter.
+    pub fn new(spec: &kiln_device::kiln_ir::DeviceSpec) -> Result<EmptyDispatch> {
+        let gpu = Arc::new(WgpuDevice::open(spec)?);
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("empty"),
+            source: wgpu::ShaderSource::Wgsl("@compute @workgroup_size(1) fn main() {}".into()),
+        });
+        let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("empty"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        Ok(EmptyDispatch { gpu, pipeline })
+    }
+
+    /// One dispatch, submitted and waited for.
+    pub fn run(&self) -> Result<()> {
+        let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&self.pipeline);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        let index = self.gpu.submit(Some(encoder))?;
+        self.gpu.wait(Some(index))
+    }
+}

@@ -345,9 +345,16 @@ impl Emitter {
         // The fold of the dispatch grid into kiln's group indices.
         self.line("let kiln_lin = wid.x + nwg.x * (wid.y + nwg.y * wid.z);".into());
         self.line(format!("if (kiln_lin >= {} * {} * {}) {{ return; }}", arg_word(0), arg_word(1), arg_word(2)));
-        self.line(format!("let kiln_g0 = kiln_lin % {};", arg_word(0)));
-        self.line(format!("let kiln_g1 = (kiln_lin / {}) % {};", arg_word(0), arg_word(1)));
-        self.line(format!("let kiln_g2 = kiln_lin / ({} * {});", arg_word(0), arg_word(1)));
+        // Divisions only where kiln's launch has groups on axes 1 and 2 (a division per item
+        // costs more than the add it launches on a software device).
+        self.line("var kiln_g0 = kiln_lin;".into());
+        self.line("var kiln_g1 = 0u;".into());
+        self.line("var kiln_g2 = 0u;".into());
+        self.line(format!("if ({} * {} != 1u) {{", arg_word(1), arg_word(2)));
+        self.line(format!("  kiln_g0 = kiln_lin % {};", arg_word(0)));
+        self.line(format!("  kiln_g1 = (kiln_lin / {}) % {};", arg_word(0), arg_word(1)));
+        self.line(format!("  kiln_g2 = kiln_lin / ({} * {});", arg_word(0), arg_word(1)));
+        self.line("}".into());
         for (k, p) in spec.params.iter().enumerate() {
             self.line(format!("let kiln_off{} = i32({});", p.slot, arg_word(3 + k)));
         }
