@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use kiln_cstyle::{kernel_name, wrap_int};
+use kiln_cstyle::{acc_of, extent_closure, kernel_name, wrap_int};
 use kiln_device::{Error, ProgramSpec, Renderer, Result, special_axis};
 use kiln_ir::{AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, UOp, linearize, validate};
 
@@ -1048,38 +1048,4 @@ impl Emitter {
             matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs | Op::Idiv);
         Ok(if wraps && s.is_int() && s.size() < 4 { wrap(&r, s) } else { r })
     }
-}
-
-/// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
-fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
-    let mut node = n.clone();
-    loop {
-        let next = match node.op() {
-            Op::DefineAcc => return Some(node),
-            Op::Assign | Op::After => node.src()[0].clone(),
-            Op::End if node.dtype() != DType::Void && node.src().len() > 1 => node.src()[1].clone(),
-            _ => return None,
-        };
-        node = next;
-    }
-}
-
-/// Every node the SPECIAL extents depend on (emitted before the launch indices exist).
-fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
-    let mut out = HashSet::new();
-    let mut stack: Vec<Arc<UOp>> = specials.iter().map(|s| s.src()[0].clone()).collect();
-    while let Some(n) = stack.pop() {
-        if !out.insert(n.content_hash()) {
-            continue;
-        }
-        let ok = matches!(n.op(), Op::Const | Op::DefineVar | Op::Bind | Op::Cast) || n.op().is_alu();
-        if !ok {
-            return Err(render_err(
-                &n,
-                "a launch extent may only use constants, variables and arithmetic (no loads, loops or launch indices)",
-            ));
-        }
-        stack.extend(n.src().iter().cloned());
-    }
-    Ok(out)
 }
