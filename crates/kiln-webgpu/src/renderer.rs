@@ -15,14 +15,15 @@
 //!   kiln's three group indices, so the kernel never sees the fold.
 //!
 //! # Types
-//! Registers: `bool`, `i32` (i8, i16, i32), `u32` (u8, u16, u32), `f32`, and `f16`, `i64`,
-//! `u64` where the adapter has them. Narrow integers live in 32-bit registers and are wrapped
-//! back into their range after every operation that can leave it. In buffers, 8- and 16-bit
-//! types and bools are packed into `atomic<u32>` words (stores are an atomic AND then OR of
-//! the element's bits, so neighbours written by other items are kept), as tinygrad's WGSL
-//! renderer packs them. Vectors are `array<T, N>` values, computed lane by lane. f64 and
-//! bf16 have no WGSL type: rendering a kernel that uses them is [`Error::Render`] naming the
-//! dtype, as is i64/u64 or f16 on an adapter without the feature.
+//! Registers: `bool`, `i32` (i8, i16, i32), `u32` (u8, u16, u32), `f32` (f32 and bf16), and
+//! `f16`, `i64`, `u64` where the adapter has them. Narrow integers live in 32-bit registers and
+//! are wrapped back into their range after every operation that can leave it; bf16 results are
+//! rounded to bf16 (ties to even) after every operation. In buffers, 8- and 16-bit integers,
+//! bf16 and bools are packed into `atomic<u32>` words (stores are an atomic AND then OR of the
+//! element's bits, so neighbours written by other items are kept), as tinygrad's WGSL renderer
+//! packs them. Vectors are `array<T, N>` values, computed lane by lane. f64 has no WGSL type:
+//! rendering a kernel that uses it is [`Error::Render`] naming the dtype, as is i64/u64 or f16
+//! on an adapter without the feature.
 //!
 //! # Semantics kiln fixes and WGSL does not
 //! Integer division by zero (`x / 0 == 0`, `x % 0 == x`), float → integer casts (saturating,
@@ -130,7 +131,7 @@ fn reg(s: Scalar, caps: Caps) -> Result<&'static str> {
         Scalar::Bool => "bool",
         Scalar::I8 | Scalar::I16 | Scalar::I32 => "i32",
         Scalar::U8 | Scalar::U16 | Scalar::U32 => "u32",
-        Scalar::F32 => "f32",
+        Scalar::F32 | Scalar::BF16 => "f32",
         Scalar::F16 if caps.f16 => "f16",
         Scalar::I64 if caps.int64 => "i64",
         Scalar::U64 if caps.int64 => "u64",
@@ -142,7 +143,6 @@ fn reg(s: Scalar, caps: Caps) -> Result<&'static str> {
             )));
         }
         Scalar::F64 => return Err(Error::Render("dtype f64: WGSL has no 64-bit float type".into())),
-        Scalar::BF16 => return Err(Error::Render("dtype bf16: WGSL has no bfloat16 type".into())),
     })
 }
 
@@ -173,22 +173,21 @@ fn int_lit(v: i64, s: Scalar) -> String {
         Scalar::I64 if v == i64::MIN => "i64(-9223372036854775807li - 1li)".into(),
         Scalar::I64 => format!("{v}li"),
         Scalar::U64 => format!("{}lu", v as u64),
-        Scalar::F16 => float_lit(v as f64, s),
+        Scalar::F16 | Scalar::BF16 => float_lit(v as f64, s),
         _ => float_lit(v as f64, Scalar::F32),
     }
 }
 
-/// A float constant of `s` (f32 or f16); non-finite values through their bits.
+/// A float constant of `s` (f32, f16, or bf16 in an f32 register), rounded to `s`;
+/// non-finite values through their f32 bits.
 fn float_lit(v: f64, s: Scalar) -> String {
-    if s == Scalar::F16 {
-        let h = half::f16::from_f64(v);
-        if h.is_finite() {
-            return format!("f16({:?}f)", h.to_f32());
-        }
-        return format!("bitcast<vec2<f16>>({}u).x", h.to_bits() as u32);
-    }
-    let f = v as f32;
-    if f.is_finite() { format!("{f:?}f") } else { format!("bitcast<f32>({}u)", f.to_bits()) }
+    let f = match s {
+        Scalar::F16 => half::f16::from_f64(v).to_f32(),
+        Scalar::BF16 => half::bf16::from_f64(v).to_f32(),
+        _ => v as f32,
+    };
+    let lit = if f.is_finite() { format!("{f:?}f") } else { format!("bitcast<f32>({}u)", f.to_bits()) };
+    if s == Scalar::F16 { format!("f16({lit})") } else { lit }
 }
 
 /// `isnan` (by the bits: a float comparison may be reordered away by the driver's compiler).
@@ -204,6 +203,36 @@ const POW_F32: &str = "fn kiln_pow_f32(x: f32, y: f32) -> f32 {
   if (trunc(y * 0.5f) != y * 0.5f) { return -r; }
   return r;
 }";
+/// An f32 rounded to the nearest bf16 (ties to even; NaN stays a quiet NaN): bf16 values
+/// live in f32 registers and every bf16 result is rounded once, as the reference rounds it.
+const BF16_ROUND: &str = "fn kiln_bf16(x: f32) -> f32 {
+  let b = bitcast<u32>(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) { return bitcast<f32>((b | 0x00400000u) & 0xffff0000u); }
+  return bitcast<f32>(((b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u) << 16u);
+}";
+
+/// The bits of an f16, from its exact f32 value (pack2x16float needs a capability naga
+/// does not grant every adapter).
+const F16_BITS: &str = "fn kiln_f16_bits(h: f16) -> u32 {
+  let b = bitcast<u32>(f32(h));
+  let sign = (b >> 16u) & 0x8000u;
+  let e = (b >> 23u) & 0xffu;
+  let m = b & 0x7fffffu;
+  if (e == 0xffu) { return sign | 0x7c00u | select(0u, 0x200u | (m >> 13u), m != 0u); }
+  if (e == 0u) { return sign; }
+  if (e < 113u) { return sign | ((m | 0x800000u) >> (126u - e)); }
+  return sign | ((e - 112u) << 10u) | (m >> 13u);
+}";
+/// The f16 with bits `h` (the low 16 bits), through its exact f32 value.
+const F16_FROM_BITS: &str = "fn kiln_f16_from_bits(h: u32) -> f16 {
+  let sign = (h & 0x8000u) << 16u;
+  let e = (h >> 10u) & 0x1fu;
+  let m = h & 0x3ffu;
+  if (e == 0x1fu) { return f16(bitcast<f32>(sign | 0x7f800000u | (m << 13u))); }
+  if (e == 0u) { return f16(select(1.0f, -1.0f, sign != 0u) * f32(m) * 5.9604645e-8f); }
+  return f16(bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u)));
+}";
+
 /// `e^x` within a few ulp (drivers' `exp` is `exp2(x·log2 e)`, whose error grows with |x|):
 /// `x = n·ln 2 + r` with ln 2 split in two (Cody and Waite), `e^r` by its Taylor series to
 /// r^7 (|r| ≤ ln 2 / 2), scaled by `2^n`.
@@ -457,6 +486,12 @@ impl Emitter {
 
     fn uses(&self, linear: &[Arc<UOp>], s: Scalar) -> bool {
         linear.iter().any(|n| n.dtype().scalar() == Some(s) || n.src().iter().any(|x| x.dtype().scalar() == Some(s)))
+    }
+
+    /// `e` (an f32) rounded to bf16.
+    fn round_bf16(&mut self, e: &str) -> String {
+        self.helpers.insert(BF16_ROUND);
+        format!("kiln_bf16({e})")
     }
 
     /// `isnan(e)` for a float register of `s`.
@@ -720,6 +755,7 @@ impl Emitter {
         match s {
             Scalar::Bool => format!("({word} != 0u)"),
             Scalar::I8 | Scalar::I16 => wrap(&format!("bitcast<i32>({word})"), s),
+            Scalar::BF16 => format!("bitcast<f32>({word} << 16u)"),
             _ => word,
         }
     }
@@ -746,6 +782,7 @@ impl Emitter {
         let v = match s {
             Scalar::Bool => format!("select(0u, 1u, {value})"),
             Scalar::I8 | Scalar::I16 => format!("bitcast<u32>({value})"),
+            Scalar::BF16 => format!("(bitcast<u32>({value}) >> 16u)"),
             _ => value.to_string(),
         };
         let (w, sh) = (self.fresh("kw"), self.fresh("ks"));
@@ -825,13 +862,27 @@ impl Emitter {
                 return Err(render_err(n, format!("bitcast between {} and {} of different sizes", a.name(), b.name())));
             }
             return Ok(match (a, b) {
-                (Scalar::F16, _) => {
-                    let bits = format!("(bitcast<u32>(vec2<f16>({v}, f16(0.0))) & 0xffffu)");
-                    if b.is_signed() { wrap(&format!("bitcast<i32>({bits})"), b) } else { bits }
-                }
-                (_, Scalar::F16) => {
-                    let bits = if a.is_signed() { format!("(bitcast<u32>({v}) & 0xffffu)") } else { v.to_string() };
-                    format!("bitcast<vec2<f16>>({bits}).x")
+                // 16-bit floats go through their bits as a u32 (naga's `bitcast` keeps the
+                // component count, so a lone f16 cannot be reinterpreted directly).
+                _ if a.size() == 2 && (a.is_float() || b.is_float()) => {
+                    let bits = match a {
+                        Scalar::F16 => {
+                            self.helpers.insert(F16_BITS);
+                            format!("kiln_f16_bits({v})")
+                        }
+                        Scalar::BF16 => format!("(bitcast<u32>({v}) >> 16u)"),
+                        Scalar::I16 => format!("(bitcast<u32>({v}) & 0xffffu)"),
+                        _ => v.to_string(),
+                    };
+                    match b {
+                        Scalar::F16 => {
+                            self.helpers.insert(F16_FROM_BITS);
+                            format!("kiln_f16_from_bits({bits})")
+                        }
+                        Scalar::BF16 => format!("bitcast<f32>({bits} << 16u)"),
+                        Scalar::I16 => wrap(&format!("bitcast<i32>({bits})"), b),
+                        _ => bits,
+                    }
                 }
                 _ if ra == rb => v.to_string(),
                 _ if a.size() < 4 => wrap(&format!("bitcast<{rb}>({v})"), b),
@@ -850,7 +901,8 @@ impl Emitter {
             return Ok(format!("select({}, {}, {v})", int_lit(0, b), int_lit(1, b)));
         }
         if b.is_float() {
-            return Ok(format!("{rb}({v})"));
+            let c = format!("{rb}({v})");
+            return Ok(if b == Scalar::BF16 { self.round_bf16(&c) } else { c });
         }
         if a.is_float() {
             // Saturating, NaN → 0 (Rust's `as`), computed in f32 (f16's range is inside it).
@@ -1044,6 +1096,9 @@ impl Emitter {
             Op::Ne => format!("({} != {})", a[0], a[1]),
             op => return Err(render_err(n, format!("{op} is not an ALU op on {}", s.name()))),
         };
+        if s == Scalar::BF16 && !op.is_comparison() {
+            return Ok(self.round_bf16(&r));
+        }
         let wraps =
             matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs | Op::Idiv);
         Ok(if wraps && s.is_int() && s.size() < 4 { wrap(&r, s) } else { r })
