@@ -105,6 +105,8 @@ pub struct WgpuDevice {
     pub info: wgpu::AdapterInfo,
     pub caps: Caps,
     pub limits: wgpu::Limits,
+    /// Whether the device writes timestamps in compute passes (`TIMESTAMP_QUERY`).
+    pub timestamps: bool,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     buffers: Mutex<HashMap<usize, wgpu::Buffer>>,
@@ -159,6 +161,7 @@ impl WgpuDevice {
             info: adapter.get_info(),
             caps,
             limits,
+            timestamps: offered.contains(wgpu::Features::TIMESTAMP_QUERY),
             device,
             queue,
             buffers: Mutex::new(HashMap::new()),

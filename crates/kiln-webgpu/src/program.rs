@@ -124,13 +124,15 @@ impl WgpuProgram {
         Ok((groups, grid))
     }
 
-    /// Records the launch into `encoder`.
+    /// Records the launch into `encoder`; with `timestamps`, its compute pass writes its
+    /// start and end times into queries 0 and 1 of that set.
     pub fn encode(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         bufs: &[RawView],
         vals: &[i64],
         launch: &LaunchDims,
+        timestamps: Option<&wgpu::QuerySet>,
     ) -> Result<()> {
         let (groups, grid) = self.grid(launch)?;
         let Ok((layout, pipeline)) = &self.built else {
@@ -181,7 +183,12 @@ impl WgpuProgram {
         );
         let bind =
             self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries });
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
+            query_set,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes });
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
@@ -193,7 +200,7 @@ impl Program for WgpuProgram {
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
         self.gpu.check_lost()?;
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-        self.encode(&mut encoder, bufs, vals, launch)?;
+        self.encode(&mut encoder, bufs, vals, launch, None)?;
         let index = self.gpu.submit(Some(encoder))?;
         self.gpu.wait(Some(index))
     }

@@ -11,12 +11,13 @@
 //!   after it; the skeleton waits on the host for any other.
 //! - `barrier`: nothing to do: WebGPU makes one submission's writes visible to the next.
 //!
-//! Timed commands report the host instant before the submission and the instant the device
-//! reported it done (lavapipe offers TIMESTAMP_QUERY, but a per-pass query set would cost
-//! more than the kernels it times on a software device).
+//! Timed kernels on a device with `TIMESTAMP_QUERY` write the compute pass's start and end
+//! into a query set; their span is that device duration, ending when the host saw the
+//! submission finish (wgpu gives no host reference for the device clock). Timed copies, and
+//! kernels on a device without timestamps, span from the submission to its completion.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
@@ -25,7 +26,7 @@ use kiln_device::{
 };
 
 use crate::WgpuDevice;
-use crate::allocator::encode_copy;
+use crate::allocator::{encode_copy, read};
 use crate::program::WgpuProgram;
 use crate::signal::{WgpuEvent, WgpuSignal};
 
@@ -38,11 +39,58 @@ pub struct WgpuStream {
 }
 
 impl WgpuStream {
-    fn submitted(&self, index: wgpu::SubmissionIndex, start: Instant, timer: Option<&Arc<dyn CommandTimer>>) {
+    fn submitted(
+        &self,
+        index: wgpu::SubmissionIndex,
+        start: Instant,
+        timer: Option<&Arc<dyn CommandTimer>>,
+        clock: Option<DeviceClock>,
+    ) {
         if let Some(t) = timer {
             let event = WgpuEvent::after(&self.gpu, index);
-            t.measured(Box::new(move || Ok((start, event.finished_at()?))));
+            let gpu = self.gpu.clone();
+            t.measured(Box::new(move || {
+                let end = event.finished_at()?;
+                let Some(clock) = clock else { return Ok((start, end)) };
+                let took = clock.duration(&gpu)?;
+                Ok((end.checked_sub(took).map_or(start, |s| s.max(start)), end))
+            }));
         }
+    }
+}
+
+/// The start and end timestamps of one compute pass, and where they are resolved to.
+struct DeviceClock {
+    queries: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+}
+
+impl DeviceClock {
+    fn new(gpu: &WgpuDevice) -> DeviceClock {
+        let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("kiln timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolved = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln timestamps"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        DeviceClock { queries, resolved }
+    }
+
+    fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.resolve_query_set(&self.queries, 0..2, &self.resolved, 0);
+    }
+
+    /// How long the pass ran on the device (once its submission finished).
+    fn duration(&self, gpu: &WgpuDevice) -> Result<Duration> {
+        let bytes = read(gpu, &self.resolved, 0, 16)?;
+        let tick = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        let ticks = tick(8).saturating_sub(tick(0));
+        Ok(Duration::from_nanos((ticks as f64 * f64::from(gpu.queue.get_timestamp_period())) as u64))
     }
 }
 
@@ -88,9 +136,13 @@ impl AccelStream for WgpuStream {
         let program = webgpu_program(kernel)?;
         let start = Instant::now();
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
-        program.encode(&mut encoder, views, vals, dims)?;
+        let clock = (timer.is_some() && self.gpu.timestamps).then(|| DeviceClock::new(&self.gpu));
+        program.encode(&mut encoder, views, vals, dims, clock.as_ref().map(|c| &c.queries))?;
+        if let Some(c) = &clock {
+            c.resolve(&mut encoder);
+        }
         let index = self.gpu.submit(Some(encoder))?;
-        self.submitted(index, start, timer);
+        self.submitted(index, start, timer, clock);
         Ok(())
     }
 
@@ -108,7 +160,7 @@ impl AccelStream for WgpuStream {
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
         encode_copy(&self.gpu, &mut encoder, d, s)?;
         let index = self.gpu.submit(Some(encoder))?;
-        self.submitted(index, start, timer);
+        self.submitted(index, start, timer, None);
         Ok(true)
     }
 
@@ -174,5 +226,56 @@ impl QueueFactory for WgpuQueueFactory {
 
     fn device(&self) -> &DeviceSpec {
         &self.gpu.spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use kiln_device::kiln_ir::{KernelBuilder, Scalar};
+    use kiln_device::queue::TimeProbe;
+    use kiln_device::{Buffer, DynQueueFactory, TimelineSignal};
+
+    use super::*;
+    use crate::test_device;
+
+    #[derive(Default)]
+    struct Probes(Mutex<Vec<TimeProbe>>);
+    impl CommandTimer for Probes {
+        fn measured(&self, probe: TimeProbe) {
+            self.0.lock().unwrap().push(probe);
+        }
+    }
+
+    /// A timed kernel and a timed copy report spans inside the host interval around them.
+    #[test]
+    fn timed_commands_report_spans_on_the_host_clock() {
+        let Some(dev) = test_device() else { return };
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 20);
+        let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+        let i = k.global(0, &n);
+        k.store(&y.at(&i), &(x.at(&i).load().sqrt() + 1.0));
+        let kernel = dev.compile(&k.finish().unwrap(), Some("timed")).unwrap();
+        let factory: Arc<dyn DynQueueFactory> = dev.queues().unwrap();
+        let mut q = factory.create_dyn_compute_queue().unwrap();
+        let done = factory.create_dyn_signal().unwrap();
+        let len = 1 << 16;
+        let a = Buffer::from_slice(dev.allocator(), &vec![4.0f32; len]).unwrap();
+        let (b, c) = (dev.buffer(Scalar::F32, len).unwrap(), dev.buffer(Scalar::F32, len).unwrap());
+        let probes = Arc::new(Probes::default());
+        let timer: Arc<dyn CommandTimer> = probes.clone();
+        let before = Instant::now();
+        q.exec_timed(&kernel, &[&a, &b], &[len as i64], &timer).copy_timed(&c, &b, &timer).signal(&done, 1);
+        q.submit().unwrap();
+        done.wait(1, Duration::from_secs(30)).unwrap();
+        let after = Instant::now();
+        assert_eq!(c.to_vec::<f32>().unwrap(), vec![3.0; len]);
+        let spans: Vec<(Instant, Instant)> = probes.0.lock().unwrap().drain(..).map(|p| p().unwrap()).collect();
+        assert_eq!(spans.len(), 2);
+        for (s, e) in spans {
+            assert!(before <= s && s <= e && e <= after, "{:?}..{:?} of {:?}", s - before, e - before, after - before);
+        }
     }
 }
