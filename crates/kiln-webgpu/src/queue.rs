@@ -235,7 +235,7 @@ mod tests {
 
     use kiln_device::kiln_ir::{KernelBuilder, Scalar};
     use kiln_device::queue::TimeProbe;
-    use kiln_device::{Buffer, DynQueueFactory, TimelineSignal};
+    use kiln_device::{Buffer, DynQueueFactory};
 
     use super::*;
     use crate::test_device;
