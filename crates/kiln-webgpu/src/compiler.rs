@@ -50,9 +50,16 @@ pub enum Emit {
     Msl,
 }
 
-/// `src` in language `emit`, through naga.
+/// `src` in language `emit`, through naga (a work-group size that each launch sets is 1).
 pub fn translate(src: &str, caps: Caps, emit: Emit, what: &str) -> Result<Vec<u8>> {
     let (module, info) = validate(src, caps, what)?;
+    // A work-group size set per launch takes its default (1) here.
+    let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, None, &Default::default())
+        .map_err(|e| Error::Compile {
+        message: format!("naga could not resolve the overridable constants of `{what}`: {e}"),
+        log: String::new(),
+        line: None,
+    })?;
     let failed = |lang: &str, e: &dyn std::fmt::Display| Error::Compile {
         message: format!("naga could not write `{what}` as {lang}: {e}"),
         log: String::new(),

@@ -6,42 +6,40 @@
 //! [`renderer::grid`](crate::renderer::grid). [`Program::execute`] waits for it;
 //! [`WgpuProgram::encode`] only records it (the queues submit).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, ProgramSpec, RawView, Result};
 
-use crate::renderer::{ARGS, grid, group_counts, work_group_size};
+use crate::renderer::{ARGS, WORK_GROUP_OVERRIDES, grid, group_counts, work_group_size};
 use crate::{WgpuDevice, driver};
 
-/// A loaded kernel: its pipeline on one wgpu device.
+/// A loaded kernel: its shader module and pipelines on one wgpu device.
 pub struct WgpuProgram {
     gpu: Arc<WgpuDevice>,
     spec: Arc<ProgramSpec>,
     name: String,
-    group: [u32; 3],
-    /// The pipeline, or (for work groups beyond the device's limits) why every launch is
-    /// refused.
-    built: std::result::Result<(wgpu::BindGroupLayout, wgpu::ComputePipeline), String>,
+    /// The work-group size fixed in the shader, or `None` when each launch gives it (the
+    /// shader's `@workgroup_size` is then pipeline-overridable, one pipeline per size).
+    fixed: Option<[u32; 3]>,
+    layout: wgpu::BindGroupLayout,
+    pipeline_layout: wgpu::PipelineLayout,
+    module: wgpu::ShaderModule,
+    /// The pipelines built so far, by work-group size; a size beyond the device's limits
+    /// maps to why every launch with it is refused.
+    pipelines: Mutex<HashMap<[u32; 3], std::result::Result<wgpu::ComputePipeline, String>>>,
 }
 
 impl WgpuProgram {
-    /// Builds the pipeline of `compiled` (its bytes are WGSL).
+    /// Builds the shader module of `compiled` (its bytes are WGSL) and, for a fixed
+    /// work-group size, its pipeline.
     pub fn load(gpu: Arc<WgpuDevice>, compiled: &CompiledSpec) -> Result<WgpuProgram> {
         gpu.check_lost()?;
         let src = std::str::from_utf8(&compiled.bytes)
             .map_err(|e| Error::Load(format!("kernel `{}` is not WGSL text: {e}", compiled.name)))?;
         let spec = compiled.spec.clone();
-        let group = work_group_size(&spec)?;
+        let fixed = work_group_size(&spec)?;
         let l = &gpu.limits;
-        let per_axis = [l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z];
-        let total: u64 = group.iter().map(|g| *g as u64).product();
-        if group.iter().zip(per_axis).any(|(g, m)| *g > m) || total > l.max_compute_invocations_per_workgroup as u64 {
-            let why = format!(
-                "kernel `{}` has work groups of {group:?} items; {} allows at most {per_axis:?} per axis and {} in all",
-                compiled.name, gpu.spec, l.max_compute_invocations_per_workgroup
-            );
-            return Ok(WgpuProgram { name: compiled.name.clone(), gpu, spec, group, built: Err(why) });
-        }
         let storage = |binding: u32| wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -84,18 +82,64 @@ impl WgpuProgram {
             label: Some(&compiled.name),
             source: wgpu::ShaderSource::Wgsl(src.into()),
         });
-        let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&compiled.name),
-            layout: Some(&pipeline_layout),
-            module: &module,
+        if let Some(e) = crate::ready("pop_error_scope", scope.pop())? {
+            return Err(Error::Load(format!("wgpu refused the shader of `{}`: {e}", compiled.name)));
+        }
+        let program = WgpuProgram {
+            name: compiled.name.clone(),
+            gpu,
+            spec,
+            fixed,
+            layout,
+            pipeline_layout,
+            module,
+            pipelines: Mutex::new(HashMap::new()),
+        };
+        if let Some(group) = fixed {
+            // Built now, so a pipeline wgpu refuses fails the load, not a launch.
+            if let Err(Error::Load(m)) = program.pipeline(group) {
+                return Err(Error::Load(m));
+            }
+        }
+        Ok(program)
+    }
+
+    /// The pipeline for work groups of `group` items, built on first use; [`Error::Launch`]
+    /// when the device cannot run groups that large.
+    pub(crate) fn pipeline(&self, group: [u32; 3]) -> Result<wgpu::ComputePipeline> {
+        let mut built = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = built.get(&group) {
+            return p.clone().map_err(Error::Launch);
+        }
+        let l = &self.gpu.limits;
+        let per_axis = [l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z];
+        let total: u64 = group.iter().map(|g| *g as u64).product();
+        if group.iter().zip(per_axis).any(|(g, m)| *g > m) || total > l.max_compute_invocations_per_workgroup as u64 {
+            let why = format!(
+                "kernel `{}` has work groups of {group:?} items; {} allows at most {per_axis:?} per axis and {} in all",
+                self.name, self.gpu.spec, l.max_compute_invocations_per_workgroup
+            );
+            built.insert(group, Err(why.clone()));
+            return Err(Error::Launch(why));
+        }
+        let constants: Vec<(&str, f64)> = match self.fixed {
+            Some(_) => Vec::new(),
+            None => WORK_GROUP_OVERRIDES.iter().zip(group).map(|(name, g)| (*name, f64::from(g))).collect(),
+        };
+        let scope = self.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipeline = self.gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&self.name),
+            layout: Some(&self.pipeline_layout),
+            module: &self.module,
             entry_point: Some("kiln_main"),
-            compilation_options: Default::default(),
+            compilation_options: wgpu::PipelineCompilationOptions { constants: &constants, ..Default::default() },
             cache: None,
         });
         if let Some(e) = crate::ready("pop_error_scope", scope.pop())? {
-            return Err(Error::Load(format!("wgpu refused the pipeline of `{}`: {e}", compiled.name)));
+            return Err(Error::Load(format!("wgpu refused the pipeline of `{}`: {e}", self.name)));
         }
-        Ok(WgpuProgram { name: compiled.name.clone(), gpu, spec, group, built: Ok((layout, pipeline)) })
+        built.insert(group, Ok(pipeline.clone()));
+        Ok(pipeline)
     }
 
     /// The device the pipeline was built on.
@@ -103,25 +147,35 @@ impl WgpuProgram {
         &self.gpu
     }
 
-    /// The dispatch grid of a launch, or why it cannot be dispatched.
-    pub fn grid(&self, launch: &LaunchDims) -> Result<([u64; 3], [u32; 3])> {
-        if let Err(why) = &self.built {
-            return Err(Error::Launch(why.clone()));
-        }
-        let groups = group_counts(self.spec.local_size.is_none(), launch.global, self.group);
-        if let Some(local) = launch.local {
-            let want = self.group.map(|g| g as usize);
-            if local != want {
+    /// The work-group size, kiln's group counts and the dispatch grid of a launch, or why it
+    /// cannot be dispatched.
+    pub fn grid(&self, launch: &LaunchDims) -> Result<([u32; 3], [u64; 3], [u32; 3])> {
+        let group = match (self.fixed, launch.local) {
+            (Some(fixed), Some(local)) if local != fixed.map(|g| g as usize) => {
                 return Err(Error::Launch(format!(
-                    "kernel `{}` was compiled for work groups of {want:?}, launched with {local:?}",
+                    "kernel `{}` was compiled for work groups of {fixed:?}, launched with {local:?}",
                     self.name
                 )));
             }
-        }
+            (Some(fixed), _) => fixed,
+            (None, Some(local)) => {
+                let mut g = [1u32; 3];
+                for (slot, l) in g.iter_mut().zip(local) {
+                    *slot = u32::try_from(l).map_err(|_| {
+                        Error::Launch(format!("kernel `{}`: a work group of {local:?} items is too large", self.name))
+                    })?;
+                }
+                g
+            }
+            (None, None) => {
+                return Err(Error::Launch(format!("kernel `{}` needs its work-group size at launch", self.name)));
+            }
+        };
+        let groups = group_counts(self.spec.local_size.is_none(), launch.global, group);
         let grid = grid(groups).filter(|_| groups.iter().all(|g| *g <= u32::MAX as u64)).ok_or_else(|| {
             Error::Launch(format!("kernel `{}`: {groups:?} work groups are more than one dispatch holds", self.name))
         })?;
-        Ok((groups, grid))
+        Ok((group, groups, grid))
     }
 
     /// Records the launch into `encoder`; with `timestamps`, its compute pass writes its
@@ -134,10 +188,8 @@ impl WgpuProgram {
         launch: &LaunchDims,
         timestamps: Option<&wgpu::QuerySet>,
     ) -> Result<()> {
-        let (groups, grid) = self.grid(launch)?;
-        let Ok((layout, pipeline)) = &self.built else {
-            return Err(Error::Launch(format!("kernel `{}` has no pipeline", self.name)));
-        };
+        let (group, groups, grid) = self.grid(launch)?;
+        let pipeline = self.pipeline(group)?;
         let mut words = [0u32; ARGS];
         words[..3].copy_from_slice(&groups.map(|g| g as u32));
         let mut buffers = Vec::with_capacity(self.spec.params.len());
@@ -181,15 +233,18 @@ impl WgpuProgram {
                 .iter()
                 .map(|(slot, b)| wgpu::BindGroupEntry { binding: *slot as u32 + 1, resource: b.as_entire_binding() }),
         );
-        let bind =
-            self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries });
+        let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.layout,
+            entries: &entries,
+        });
         let timestamp_writes = timestamps.map(|query_set| wgpu::ComputePassTimestampWrites {
             query_set,
             beginning_of_pass_write_index: Some(0),
             end_of_pass_write_index: Some(1),
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes });
-        pass.set_pipeline(pipeline);
+        pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
         Ok(())

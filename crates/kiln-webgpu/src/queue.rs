@@ -121,7 +121,7 @@ impl AccelStream for WgpuStream {
                 self.gpu.spec
             )));
         }
-        program.grid(launch).map(drop)
+        program.grid(launch).and_then(|(group, ..)| program.pipeline(group)).map(drop)
     }
 
     fn enqueue_kernel(

@@ -88,23 +88,23 @@ impl Renderer for WgslRenderer {
     }
 }
 
-/// The work-group size a kernel is compiled with: its constant local extents, or
-/// [`DIRECT_GROUP`] items on axis 0 for a kernel with direct indices.
-pub fn work_group_size(spec: &ProgramSpec) -> Result<[u32; 3]> {
-    let Some(local) = &spec.local_size else { return Ok([DIRECT_GROUP, 1, 1]) };
+/// The names of the pipeline-overridable work-group size of a kernel whose local extents
+/// are not constants (they are set per launch, one pipeline per size).
+pub const WORK_GROUP_OVERRIDES: [&str; 3] = ["kiln_wg0", "kiln_wg1", "kiln_wg2"];
+
+/// The work-group size a kernel is compiled with: its constant local extents,
+/// [`DIRECT_GROUP`] items on axis 0 for a kernel with direct indices, or `None` when a local
+/// extent depends on the variables (each launch sets it through [`WORK_GROUP_OVERRIDES`]).
+pub fn work_group_size(spec: &ProgramSpec) -> Result<Option<[u32; 3]>> {
+    let Some(local) = &spec.local_size else { return Ok(Some([DIRECT_GROUP, 1, 1])) };
     let mut out = [1u32; 3];
     for (axis, e) in local.iter().enumerate() {
-        let v = e.arg_int().filter(|_| e.op() == Op::Const).ok_or_else(|| {
-            Error::Render(format!(
-                "the work-group size on axis {axis} is not a constant: WGSL fixes @workgroup_size when the \
-                 shader is compiled"
-            ))
-        })?;
+        let Some(v) = e.arg_int().filter(|_| e.op() == Op::Const) else { return Ok(None) };
         out[axis] = u32::try_from(v).ok().filter(|v| *v >= 1).ok_or_else(|| {
             Error::Render(format!("the work-group size on axis {axis} is {v}; it must be in 1..=2^32-1"))
         })?;
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// Kiln's work-group counts for a launch of `global` (items for direct indices, groups
@@ -246,6 +246,14 @@ const EXP_F32: &str = "fn kiln_exp_f32(x: f32) -> f32 {
   return ldexp(p, i32(n));
 }";
 
+/// The value of an integer CONST (wrapped into its dtype).
+fn const_int(n: &UOp) -> Option<i64> {
+    match (n.op(), n.dtype().scalar(), n.arg_int()) {
+        (Op::Const, Some(s), Some(v)) if s.is_int() => Some(wrap_int(v, s)),
+        _ => None,
+    }
+}
+
 /// A value: an expression, or the address of buffer or local elements.
 #[derive(Clone, Debug)]
 enum Value {
@@ -333,6 +341,7 @@ impl Emitter {
         }
         let group = work_group_size(spec)?;
         let direct = spec.local_size.is_none();
+        let direct_group = group.map_or(DIRECT_GROUP, |g| g[0]);
 
         // Buffers.
         let mut decls = Vec::new();
@@ -412,7 +421,8 @@ impl Emitter {
                 'i' => {
                     let extent = self.expr(&s.src()[0])?;
                     guards.push(format!("(kiln_{name} < {extent})"));
-                    format!("i32(kiln_g{axis} * {}u + lid.{xyz})", group[axis])
+                    let size = if axis == 0 { direct_group } else { 1 };
+                    format!("i32(kiln_g{axis} * {size}u + lid.{xyz})")
                 }
                 _ => format!("i32(kiln_g{axis})"),
             };
@@ -470,11 +480,19 @@ impl Emitter {
             out.push_str(h);
             out.push('\n');
         }
+        let size = match group {
+            Some([x, y, z]) => format!("{x}, {y}, {z}"),
+            None => {
+                for name in WORK_GROUP_OVERRIDES {
+                    let _ = writeln!(out, "override {name}: u32 = 1u;");
+                }
+                WORK_GROUP_OVERRIDES.join(", ")
+            }
+        };
         let _ = writeln!(
             out,
-            "\n@compute @workgroup_size({}, {}, {})\nfn kiln_main(@builtin(workgroup_id) wid: vec3<u32>, \
-             @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{",
-            group[0], group[1], group[2]
+            "\n@compute @workgroup_size({size})\nfn kiln_main(@builtin(workgroup_id) wid: vec3<u32>, \
+             @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{"
         );
         for l in &self.lines {
             out.push_str(l);
@@ -635,6 +653,14 @@ impl Emitter {
             Op::Index => {
                 let base = self.address(&src[0])?;
                 let idx = self.expr(&src[1])?;
+                // Buffers are indexed in i32 (kiln's index type); an index of another integer
+                // type is converted (its value is in range: kiln proved the access).
+                let idx = match (src[1].dtype() == DType::INDEX, const_int(&src[1])) {
+                    (true, _) => idx,
+                    // naga cannot convert a 64-bit constant: the value is converted here.
+                    (false, Some(v)) => int_lit(v, Scalar::I32),
+                    (false, None) => format!("i32({idx})"),
+                };
                 let DType::Ptr { scalar, space, .. } = n.dtype() else {
                     return Err(render_err(n, "INDEX must yield a pointer"));
                 };
@@ -685,6 +711,12 @@ impl Emitter {
                 let args = src.iter().map(|s| Ok((self.expr(s)?, s.dtype()))).collect::<Result<Vec<_>>>()?;
                 let e = self.alu(n, op, &args)?;
                 self.declare(n, "alu", e)?;
+            }
+            Op::Cast if n.dtype().scalar().is_some_and(|s| s.is_int()) && const_int(&src[0]).is_some() => {
+                // An integer constant cast to an integer type is wrapped here (naga's constant
+                // evaluator does not convert 64-bit integers).
+                let (v, to) = (const_int(&src[0]).unwrap_or(0), n.dtype().scalar().unwrap_or(Scalar::I32));
+                self.declare(n, "cast", int_lit(v, to))?;
             }
             Op::Cast | Op::Bitcast => {
                 let v = self.expr(&src[0])?;
