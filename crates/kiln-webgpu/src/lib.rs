@@ -344,6 +344,30 @@ mod tests {
         assert_eq!(bad, 0, "{bad} of {n} elements are wrong");
     }
 
+    /// A work-group size that depends on a variable is set at each launch (one pipeline per
+    /// size); a size beyond the device's limits is a launch error that writes nothing.
+    #[test]
+    fn work_group_sizes_set_per_launch() {
+        let Some(dev) = test_device() else { return };
+        let mut k = KernelBuilder::new();
+        let l = k.var("l", 1, 1 << 14);
+        let out = k.param(0, Scalar::I32, &l * 4);
+        let (g, i) = (k.special("gidx0", 4), k.special("lidx0", &l));
+        let flat = &g * &l + &i;
+        k.store(&out.at(&flat), &(&flat * 2));
+        let kernel = dev.compile(&k.finish().unwrap(), Some("dynamic_group")).unwrap();
+        for size in [1usize, 32, 7] {
+            let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; 4 * size]).unwrap();
+            kernel.launch(&[&buf], &[size as i64]).unwrap();
+            let want: Vec<i32> = (0..4 * size as i32).map(|v| v * 2).collect();
+            assert_eq!(buf.to_vec::<i32>().unwrap(), want, "groups of {size}");
+        }
+        let big = 1 << 14;
+        let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; 4 * big]).unwrap();
+        assert!(matches!(kernel.launch(&[&buf], &[big as i64]), Err(Error::Launch(_))));
+        assert!(buf.to_vec::<i32>().unwrap().iter().all(|v| *v == -1));
+    }
+
     #[test]
     fn the_grid_fold_covers_every_group_once() {
         assert_eq!(renderer::grid([1, 1, 1]), Some([1, 1, 1]));
