@@ -107,6 +107,11 @@ pub struct WgpuDevice {
     pub limits: wgpu::Limits,
     /// Whether the device writes timestamps in compute passes (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
+    /// The driver's pipeline cache (`PIPELINE_CACHE`, Vulkan), shared by every pipeline of
+    /// the device: a shader built again (another work-group size, a reloaded kernel) reuses
+    /// the driver's compiled code. It lives in memory; across processes Mesa's own shader
+    /// cache (`MESA_SHADER_CACHE_DIR`) serves.
+    pub pipeline_cache: Option<wgpu::PipelineCache>,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     buffers: Mutex<HashMap<usize, wgpu::Buffer>>,
@@ -130,7 +135,10 @@ impl WgpuDevice {
         let all = adapters();
         let adapter = all.get(spec.ordinal() as usize).ok_or_else(|| unavailable(spec, all.len()))?;
         let offered = adapter.features();
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SHADER_INT64 | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SHADER_INT64
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::PIPELINE_CACHE;
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("kiln"),
@@ -152,6 +160,12 @@ impl WgpuDevice {
                 *on_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
             }
         }));
+        let pipeline_cache = offered.contains(wgpu::Features::PIPELINE_CACHE).then(|| {
+            let desc = wgpu::PipelineCacheDescriptor { label: Some("kiln"), data: None, fallback: true };
+            // SAFETY: the only requirement is on `data` (bytes an earlier cache returned); this
+            // cache starts empty.
+            unsafe { device.create_pipeline_cache(&desc) }
+        });
         let caps = Caps {
             f16: offered.contains(wgpu::Features::SHADER_F16),
             int64: offered.contains(wgpu::Features::SHADER_INT64),
@@ -162,6 +176,7 @@ impl WgpuDevice {
             caps,
             limits,
             timestamps: offered.contains(wgpu::Features::TIMESTAMP_QUERY),
+            pipeline_cache,
             device,
             queue,
             buffers: Mutex::new(HashMap::new()),

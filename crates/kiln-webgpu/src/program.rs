@@ -133,7 +133,7 @@ impl WgpuProgram {
             module: &self.module,
             entry_point: Some("kiln_main"),
             compilation_options: wgpu::PipelineCompilationOptions { constants: &constants, ..Default::default() },
-            cache: None,
+            cache: self.gpu.pipeline_cache.as_ref(),
         });
         if let Some(e) = crate::ready("pop_error_scope", scope.pop())? {
             return Err(Error::Load(format!("wgpu refused the pipeline of `{}`: {e}", self.name)));
