@@ -242,10 +242,13 @@ faults!(cpu_faults, "cpu");
 faults!(opencl_faults, "opencl");
 #[cfg(feature = "fault-injection")]
 faults!(cuda_faults, "cuda");
+#[cfg(feature = "fault-injection")]
+faults!(webgpu_faults, "webgpu");
 
 /// The fault scenarios' names (the same on every backend that runs them).
 #[cfg(feature = "fault-injection")]
-const FAULT_TESTS: [&[&str]; 3] = [cpu_faults::SINGLE, opencl_faults::SINGLE, cuda_faults::SINGLE];
+const FAULT_TESTS: [&[&str]; 4] =
+    [cpu_faults::SINGLE, opencl_faults::SINGLE, cuda_faults::SINGLE, webgpu_faults::SINGLE];
 #[cfg(not(feature = "fault-injection"))]
 const FAULT_TESTS: [&[&str]; 0] = [];
 
@@ -257,6 +260,7 @@ backends! {
     opencl: "opencl",
     cuda: "cuda",
     cuda_compile: "cuda-compile",
+    webgpu: "webgpu",
 }
 
 /// Every backend of the registry (in any build: a backend left out of this one is still

@@ -121,6 +121,7 @@ pub use literal::{c_float_literal, c_int_literal, int_literal, saturating_cast, 
 pub use reserved::kernel_name;
 
 use emit::Emitter;
+pub use emit::{acc_of, extent_closure};
 
 /// Renders kernels with one dialect for one device family: a backend's [`Renderer`] is
 /// `CStyle<its dialect>`. Rendering keeps no state between kernels, so one renderer serves

@@ -34,12 +34,12 @@ def test_device_properties_and_statistics(dev):
     assert "CPU" in repr(dev)
 
 
-@pytest.mark.parametrize("backend", ["OPENCL", "CUDA"])
+@pytest.mark.parametrize("backend", ["OPENCL", "CUDA", "WEBGPU"])
 def test_gpu_properties_give_the_work_group_limits(backend):
     props = require(backend).properties
     size, dims, local = props["max_work_group_size"], props["max_work_group_dims"], props["local_memory_bytes"]
     assert size >= 1 and len(dims) == 3 and all(d >= 1 for d in dims), props
-    assert local >= 16 << 10, props  # OpenCL 1.0's full profile has 16 KiB, CUDA 48 KiB
+    assert local >= 16 << 10, props  # OpenCL 1.0's full profile and WebGPU have 16 KiB, CUDA 48 KiB
 
 
 def test_a_device_name_is_parsed_by_kiln():

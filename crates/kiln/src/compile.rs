@@ -1,7 +1,8 @@
 //! `kiln compile`: render a kernel file for a device and print the source, the metadata
 //! derived from it, or a listing of the linear order the renderer walked (for reading: it is
 //! not kernel text and does not parse back); or, for a CUDA target
-//! (`--target cuda:sm_90`), compile it to PTX or a cubin without opening any device.
+//! (`--target cuda:sm_90`), compile it to PTX or a cubin without opening any device; or,
+//! for the WebGPU target (`--target webgpu`), print it as WGSL, SPIR-V or MSL through naga.
 
 use std::path::PathBuf;
 
@@ -27,6 +28,12 @@ pub enum Emit {
     Ptx,
     /// A cubin for the `--target` architecture (CUDA; binary, so it needs `-o FILE`)
     Cubin,
+    /// WGSL, validated by naga (--target webgpu)
+    Wgsl,
+    /// A SPIR-V module from naga (--target webgpu; binary, so it needs `-o FILE`)
+    Spirv,
+    /// Metal Shading Language from naga (--target webgpu; not compiled here: no Metal)
+    Msl,
 }
 
 /// `kiln compile FILE [--device D | --target cuda:sm_XY] [--emit source|spec|linear|ptx|cubin] [--check] [-o FILE]`.
@@ -60,6 +67,9 @@ pub enum Target {
     /// `cuda:sm_XY`: CUDA C++ through NVRTC for that architecture.
     #[cfg(feature = "cuda")]
     Cuda(kiln_cuda::Arch),
+    /// `webgpu`: WGSL for an adapter with f16 and i64, translated by naga.
+    #[cfg(feature = "webgpu")]
+    WebGpu,
 }
 
 /// Parses `--target` text (a clap value parser).
@@ -73,7 +83,9 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
             let _ = arch;
             Err("this kiln was built without the `cuda` feature (cargo build --features cuda)".into())
         }
-        _ => Err(format!("unknown target `{text}` (expected cuda:sm_XY, e.g. cuda:sm_90)")),
+        #[cfg(feature = "webgpu")]
+        "webgpu" if arch.is_empty() => Ok(Target::WebGpu),
+        _ => Err(format!("unknown target `{text}` (expected cuda:sm_XY, e.g. cuda:sm_90, or webgpu)")),
     }
 }
 
@@ -88,6 +100,9 @@ pub fn run(args: &CompileArgs) -> Result<String, CliError> {
                 "--emit {} needs a CUDA target: add --target cuda:sm_XY (e.g. cuda:sm_90)",
                 if args.emit == Emit::Ptx { "ptx" } else { "cubin" }
             )));
+        }
+        None if matches!(args.emit, Emit::Wgsl | Emit::Spirv | Emit::Msl) => {
+            return Err(CliError::Usage("--emit wgsl, spirv and msl need --target webgpu".into()));
         }
         None => {
             let device = session::open_device(&args.device)?;
@@ -108,9 +123,9 @@ pub fn run(args: &CompileArgs) -> Result<String, CliError> {
         (Emit::Linear, _) => {
             show::linear(&spec.linear().context(|| format!("cannot linearize {}", file.display()))?).into_bytes()
         }
-        (Emit::Ptx, Some(mut ptx)) => {
-            ptx.push(b'\n');
-            ptx
+        (Emit::Ptx | Emit::Msl, Some(mut text)) => {
+            text.push(b'\n');
+            text
         }
         (_, binary) => binary.unwrap_or_default(),
     };
@@ -119,8 +134,8 @@ pub fn run(args: &CompileArgs) -> Result<String, CliError> {
             std::fs::write(path, &out).map_err(|e| CliError::io("cannot write the output", path, e))?;
             Ok(String::new())
         }
-        None if args.emit == Emit::Cubin => {
-            Err(CliError::Usage("a cubin is binary: write it to a file with -o FILE".into()))
+        None if matches!(args.emit, Emit::Cubin | Emit::Spirv) => {
+            Err(CliError::Usage("a cubin or a SPIR-V module is binary: write it to a file with -o FILE".into()))
         }
         None => Ok(String::from_utf8_lossy(&out).into_owned()),
     }
@@ -128,7 +143,7 @@ pub fn run(args: &CompileArgs) -> Result<String, CliError> {
 
 /// Renders `kernel` for `target` and, when `--emit` asks for a binary or `--check` is
 /// given, compiles it; returns the spec and the binary (PTX text or cubin).
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+#[cfg_attr(not(any(feature = "cuda", feature = "webgpu")), allow(unused_variables))]
 fn compile_for_target(
     kernel: &KernelFile,
     target: &Target,
@@ -150,6 +165,23 @@ fn compile_for_target(
             let compiler = kiln_cuda::CudaCompiler::new(arch, output).context(|| doing("compile"))?;
             let binary = compiler.compile(&spec).context(|| doing("compile"))?.bytes;
             Ok((spec, Some(binary)))
+        }
+        #[cfg(feature = "webgpu")]
+        Target::WebGpu => {
+            use kiln_device::Renderer;
+            let doing = |verb: &str| format!("cannot {verb} {} for webgpu", kernel.path.display());
+            let caps = kiln_webgpu::Caps { f16: true, int64: true };
+            let renderer = kiln_webgpu::WgslRenderer::new(DeviceSpec::new(kiln_webgpu::BACKEND, 0), caps);
+            let spec = renderer.render(&kernel.sink, Some(&kernel.name)).context(|| doing("render"))?;
+            let emit = match args.emit {
+                Emit::Spirv => kiln_webgpu::Emit::Spirv,
+                Emit::Msl => kiln_webgpu::Emit::Msl,
+                Emit::Wgsl => kiln_webgpu::Emit::Wgsl,
+                _ if args.check => kiln_webgpu::Emit::Wgsl,
+                _ => return Ok((spec, None)),
+            };
+            let out = kiln_webgpu::translate(&spec.src, caps, emit, &spec.name).context(|| doing("translate"))?;
+            Ok((spec, Some(out)))
         }
     }
 }

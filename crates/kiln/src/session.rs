@@ -20,13 +20,15 @@ pub fn register_backends() {
     kiln_opencl::register();
     #[cfg(feature = "cuda")]
     kiln_cuda::register();
+    #[cfg(feature = "webgpu")]
+    kiln_webgpu::register();
 }
 
 /// The backends this binary was built without, as `(backend, cargo feature)`: `kiln devices`
 /// lists them with the feature that adds them.
 pub fn left_out() -> Vec<(&'static str, &'static str)> {
     let features = [("CPU", "cpu", cfg!(feature = "cpu")), ("OPENCL", "opencl", cfg!(feature = "opencl"))];
-    let cuda = [("CUDA", "cuda", cfg!(feature = "cuda"))];
+    let cuda = [("CUDA", "cuda", cfg!(feature = "cuda")), ("WEBGPU", "webgpu", cfg!(feature = "webgpu"))];
     features.into_iter().chain(cuda).filter(|(.., built)| !built).map(|(name, feature, _)| (name, feature)).collect()
 }
 

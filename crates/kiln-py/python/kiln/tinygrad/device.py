@@ -4,7 +4,7 @@ tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x` and taking its
 import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.runtime.ops_kiln`.
 
 - The renderer names the kiln backend: `DEV=KILN` (or `KILN:CPU`) runs on kiln's CPU,
-  `DEV=KILN:OPENCL` and `DEV=KILN:CUDA` on kiln's OpenCL and CUDA devices (tinygrad's own
+  `DEV=KILN:OPENCL`, `DEV=KILN:CUDA` and `DEV=KILN:WEBGPU` on kiln's GPU backends (tinygrad's own
   `DEVICE:RENDERER` convention, `Target.parse`). A tensor's `KILN:1` is the backend's device 1.
 - The renderer converts tinygrad's linearized UOps to kiln text (`kiln.tinygrad.render`); its
   capability flags are those of the backend, so tinygrad emits only what that backend runs.
@@ -162,6 +162,12 @@ class KilnCUDARenderer(KilnGPURenderer):
     backend = "CUDA"
 
 
+class KilnWebGPURenderer(KilnGPURenderer):
+    """kiln's WebGPU backend (wgpu), with its adapter's work-group limits."""
+
+    backend = "WEBGPU"
+
+
 def host_memory(buf: kiln.Buffer) -> memoryview:
     """The bytes of a host buffer, shared (no numpy needed: kiln's array interface gives the
     address); the view keeps the buffer alive."""
@@ -300,7 +306,7 @@ class KilnDevice(Compiled):
     """A tinygrad device backed by one kiln device (the renderer's backend, this ordinal)."""
 
     def __init__(self, device: str = ""):
-        renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer]
+        renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer, KilnWebGPURenderer]
         super().__init__(device, KilnAllocator(self), renderers, KilnProgram, graph=KilnGraph)  # type: ignore[arg-type]
         backend = type(self.renderer).backend  # type: ignore[attr-defined]
         self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")

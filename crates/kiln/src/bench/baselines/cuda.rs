@@ -2,7 +2,8 @@
 //! itself does with the same work, instead of the host loops the other devices compare to.
 //! - add and sum: a device-to-device copy moving the same bytes (read + written), through
 //!   the allocator's device copy (`cuMemcpyDtoDAsync`, then a synchronize, as every kiln
-//!   launch here waits for its kernel): the bandwidth a streaming kernel can reach.
+//!   launch here waits for its kernel; [`super::device_copy`]): the bandwidth a streaming
+//!   kernel can reach.
 //! - matmul: cuBLAS `sgemm` on the same matrices when libcublas loads; without it the host
 //!   baseline stays (the table names which one it is).
 //!
@@ -26,24 +27,6 @@ impl Bench {
             "matmul_f32_1024" => self.sgemm_baseline(r, 1024),
             _ => Ok(r),
         }
-    }
-
-    /// A copy of `traffic / 2` bytes: `traffic` bytes read and written.
-    fn copy_baseline(&self, r: BenchResult, traffic: usize) -> Result<BenchResult, CliError> {
-        let n = traffic / 8;
-        let src: Vec<f32> = (0..n).map(|i| (i % 1021) as f32).collect();
-        let (from, to) = (self.upload(&src)?, self.zeros(n)?);
-        let copy = || to.copy_from(&from).map_err(|e| kiln_err("device copy baseline", e));
-        copy()?;
-        if self.read(&to)? != src {
-            return Err(wrong(r.name, "the device copy baseline did not copy its input".into()));
-        }
-        let t = time_reps(self.reps, copy)?;
-        Ok(BenchResult {
-            baseline: Some(Stats::of(per_sec(&t, traffic as f64 / 1e9))?),
-            baseline_name: "device copy, same bytes".into(),
-            ..r
-        })
     }
 
     /// cuBLAS sgemm on n×n matrices, checked exactly against the host product.

@@ -1,11 +1,16 @@
 //! The baselines kiln's figures are compared with, each measured in the same run: plain Rust
 //! on all cores, the matrixmultiply crate, OpenBLAS in a process of its own ([`openblas`]),
-//! the streaming bandwidth limit ([`stream`]) and, on CUDA, the GPU's own ([`cuda`]).
+//! the streaming bandwidth limit ([`stream`]) and, on CUDA and WebGPU, the device's own
+//! ([`cuda`], [`webgpu`]).
 
 #[cfg(feature = "cuda")]
 pub(super) mod cuda;
+#[cfg(any(feature = "cuda", feature = "webgpu"))]
+pub(super) mod device_copy;
 pub mod openblas;
 pub(super) mod stream;
+#[cfg(feature = "webgpu")]
+pub(super) mod webgpu;
 
 use std::process::Command as Process;
 

@@ -63,8 +63,8 @@ impl Bench {
         b.to_vec::<f32>().map_err(|e| kiln_err("reading bench output", e))
     }
 
-    /// Runs the entry `name` (one of [`super::ENTRIES`]), with the CUDA device's own baseline
-    /// where one applies.
+    /// Runs the entry `name` (one of [`super::ENTRIES`]), with the CUDA or WebGPU device's
+    /// own baseline where one applies.
     pub(super) fn entry(&self, name: &'static str, args: &BenchArgs) -> Result<BenchResult, CliError> {
         let result = match name {
             "bandwidth_limit" => self.bandwidth_limit(),
@@ -88,6 +88,8 @@ impl Bench {
         }?;
         #[cfg(feature = "cuda")]
         let result = self.cuda_baseline(result)?;
+        #[cfg(feature = "webgpu")]
+        let result = self.webgpu_baseline(result)?;
         Ok(result)
     }
 }
