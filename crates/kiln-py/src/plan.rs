@@ -107,9 +107,8 @@ impl PyPlan {
         let bindings: Vec<(usize, usize, Buffer)> = bindings
             .try_iter()?
             .map(|b| {
-                let (node, slot, buf): (usize, usize, Bound<'_, PyAny>) = b?
-                    .extract()
-                    .map_err(|_| invalid_arg(py, "rebind takes (node, slot, kiln.Buffer) tuples"))?;
+                let (node, slot, buf): (usize, usize, Bound<'_, PyAny>) =
+                    b?.extract().map_err(|_| invalid_arg(py, "rebind takes (node, slot, kiln.Buffer) tuples"))?;
                 let buf = buf
                     .cast::<PyBuffer>()
                     .map(|p| p.get().buf.clone())
