@@ -369,7 +369,8 @@ impl ExecutionPlan {
         self.nodes.push(Node { kind, deps, cost, stamps: Arc::new(Stamps::default()) });
         self.schedule = None;
         self.checked = None;
-        // The graph's buffers outlive it, but a new node must not race with its last run.
+        // The graph is dropped: first wait for a run of it that timed out, so that the next
+        // run (through the queues) cannot race with it.
         let _ = self.wait_graph();
         self.graph = GraphState::Untried;
         index

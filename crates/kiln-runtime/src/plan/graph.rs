@@ -129,3 +129,16 @@ impl ExecutionPlan {
         Ok(Some(launches))
     }
 }
+
+impl Drop for ExecutionPlan {
+    /// A graph run whose wait timed out may still use the plan's buffers, which the graph
+    /// does not hold: wait for it (without limit; a failing device ends the wait with its
+    /// error) before they are released.
+    fn drop(&mut self) {
+        if let GraphState::Ready(graph, _) = &mut self.graph
+            && self.graph_running
+        {
+            let _ = graph.wait(std::time::Duration::MAX);
+        }
+    }
+}

@@ -312,6 +312,20 @@ fn a_graph_run_that_times_out_is_waited_for_before_the_next() {
 }
 
 #[test]
+fn dropping_a_plan_waits_for_its_timed_out_graph_run() {
+    use kiln_device::faults::{FaultKind, FaultPlan};
+    let counts = Arc::new(Counts::default());
+    let faults = FaultPlan::new();
+    let device = graph_device(Mode::Graphs, &counts).with_faults(faults.clone()).expect("fault-injected device");
+    let (mut p, [a, _, c]) = plan_on(&device, true);
+    let input = a.to_vec::<f32>().expect("read");
+    faults.after(FaultKind::Timeout, 1);
+    p.run(&[("n", 4)]).expect_err("the injected timeout");
+    drop(p);
+    assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 4), "the run finished before the plan went");
+}
+
+#[test]
 fn a_fault_injected_device_still_replays_as_a_graph() {
     use kiln_device::faults::{FaultKind, FaultPlan, KERNEL_FAULT};
     let counts = Arc::new(Counts::default());
