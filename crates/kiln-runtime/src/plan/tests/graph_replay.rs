@@ -290,20 +290,24 @@ fn a_profiled_plan_still_replays_as_a_graph() {
     assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 16));
 }
 
-/// A fault-injected device keeps its graphs: the plan captures and replays them, every
-/// replayed launch passes the injection's launch gate, and an injected kernel fault in a
-/// replay fails the run and loses the device, as on the queues.
-#[test]
-fn a_graph_run_that_times_out_is_waited_for_before_the_next() {
+/// A plan on a fault-injected mock graph device whose first graph run (n = 4) timed out
+/// (an injected timeout), with its device, buffers, input and counts.
+fn timed_out_plan() -> (ExecutionPlan, Device, [Buffer; 3], Vec<f32>, Arc<Counts>) {
     use kiln_device::faults::{FaultKind, FaultPlan};
     let counts = Arc::new(Counts::default());
     let faults = FaultPlan::new();
     let device = graph_device(Mode::Graphs, &counts).with_faults(faults.clone()).expect("fault-injected device");
-    let (mut p, [a, _, c]) = plan_on(&device, true);
-    let input = a.to_vec::<f32>().expect("read");
+    let (mut p, bufs) = plan_on(&device, true);
+    let input = bufs[0].to_vec::<f32>().expect("read");
     faults.after(FaultKind::Timeout, 1);
     let e = p.run(&[("n", 4)]).expect_err("the injected timeout");
     assert_eq!(e.class(), kiln_device::ErrorClass::Timeout, "{e}");
+    (p, device, bufs, input, counts)
+}
+
+#[test]
+fn a_graph_run_that_times_out_is_waited_for_before_the_next() {
+    let (mut p, device, [_, _, c], input, counts) = timed_out_plan();
     assert!(!device.is_lost(), "a timeout does not lose the device");
     p.run(&[("n", 8)]).expect("the run after a timed-out one");
     assert_eq!(counts.get(), (1, 1, 2), "one capture, updated in place");
@@ -313,18 +317,14 @@ fn a_graph_run_that_times_out_is_waited_for_before_the_next() {
 
 #[test]
 fn dropping_a_plan_waits_for_its_timed_out_graph_run() {
-    use kiln_device::faults::{FaultKind, FaultPlan};
-    let counts = Arc::new(Counts::default());
-    let faults = FaultPlan::new();
-    let device = graph_device(Mode::Graphs, &counts).with_faults(faults.clone()).expect("fault-injected device");
-    let (mut p, [a, _, c]) = plan_on(&device, true);
-    let input = a.to_vec::<f32>().expect("read");
-    faults.after(FaultKind::Timeout, 1);
-    p.run(&[("n", 4)]).expect_err("the injected timeout");
+    let (p, _device, [_, _, c], input, _) = timed_out_plan();
     drop(p);
     assert_eq!(c.to_vec::<f32>().expect("read"), expected(&input, 4), "the run finished before the plan went");
 }
 
+/// A fault-injected device keeps its graphs: the plan captures and replays them, every
+/// replayed launch passes the injection's launch gate, and an injected kernel fault in a
+/// replay fails the run and loses the device, as on the queues.
 #[test]
 fn a_fault_injected_device_still_replays_as_a_graph() {
     use kiln_device::faults::{FaultKind, FaultPlan, KERNEL_FAULT};
