@@ -420,6 +420,22 @@ mod tests {
         assert!(log.contains("expected"), "{log}");
     }
 
+    /// Float comparisons and sin/cos do not rely on the driver's float rules: an ordered
+    /// comparison also tests its operands for NaN by their bits, and sin/cos are kiln's own
+    /// (NVIDIA's Vulkan driver broke both: a NaN compared as less, and sin 30 ulps off).
+    #[test]
+    fn float_comparisons_and_sin_are_rendered_without_the_drivers_float_rules() {
+        let caps = Caps { f16: false, int64: false };
+        let mut k = KernelBuilder::new();
+        let (x, out) = (k.param(0, Scalar::F32, 4), k.param(1, Scalar::F32, 4));
+        let i = k.global(0, 4);
+        let v = x.at(&i).load();
+        k.store(&out.at(&i), &v.lt(1.0f32).select(&v.sin(), v.cos()));
+        let src = WgslRenderer::new(DeviceSpec::new(BACKEND, 0), caps).render(&k.finish().unwrap(), None).unwrap().src;
+        assert!(src.contains("< 1") && src.contains("&& !kiln_isnan_f32("), "{src}");
+        assert!(src.contains("kiln_sin_f32(") && src.contains("kiln_cos_f32(") && !src.contains(" sin("), "{src}");
+    }
+
     /// A dtype WGSL (or the adapter) lacks is refused when rendering, naming it.
     #[test]
     fn missing_dtypes_are_render_errors_that_name_them() {

@@ -246,6 +246,30 @@ const EXP_F32: &str = "fn kiln_exp_f32(x: f32) -> f32 {
   return ldexp(p, i32(n));
 }";
 
+/// `sin` (`c` false) and `cos` (`c` true) within a few ulps, as Cephes' `sinf`/`cosf`: the
+/// argument reduced by π/4 in three parts (exact for |x| below 8192), then a minimax polynomial
+/// on [-π/4, π/4]. A GPU's own `sin` may be an approximation: NVIDIA's Vulkan driver gave
+/// sin(0.001) = 0.00099997 and sin(-1000) 7e-5 off.
+const SINCOS_F32: &str = "fn kiln_sincos_f32(v: f32, c: bool) -> f32 {
+  if ((bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u) { return bitcast<f32>(0x7fc00000u); }
+  var x = abs(v);
+  var neg = !c && v < 0.0f;
+  var j = u32(x * 1.27323954f);
+  var y = f32(j);
+  if ((j & 1u) == 1u) { j = j + 1u; y = y + 1.0f; }
+  j = j & 7u;
+  if (j > 3u) { j = j - 4u; neg = !neg; }
+  if (c && j > 1u) { neg = !neg; }
+  x = ((x - y * 0.78515625f) - y * 2.4187564849853515625e-4f) - y * 3.77489497744594108e-8f;
+  let z = x * x;
+  let s = x + x * z * ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f);
+  let k = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z - 0.5f * z + 1.0f;
+  let r = select(s, k, (j == 1u || j == 2u) != c);
+  return select(r, -r, neg);
+}
+fn kiln_sin_f32(x: f32) -> f32 { return kiln_sincos_f32(x, false); }
+fn kiln_cos_f32(x: f32) -> f32 { return kiln_sincos_f32(x, true); }";
+
 /// The value of an integer CONST (wrapped into its dtype).
 fn const_int(n: &UOp) -> Option<i64> {
     match (n.op(), n.dtype().scalar(), n.arg_int()) {
@@ -1081,8 +1105,11 @@ impl Emitter {
                 self.via_f32(s, "kiln_exp_f32", a)
             }
             Op::Log => self.via_f32(s, "log", a),
-            Op::Sin => self.via_f32(s, "sin", a),
-            Op::Cos => self.via_f32(s, "cos", a),
+            Op::Sin | Op::Cos => {
+                self.helpers.insert(SINCOS_F32);
+                let f = if op == Op::Sin { "kiln_sin_f32" } else { "kiln_cos_f32" };
+                self.via_f32(s, f, a)
+            }
             Op::Trunc => format!("trunc({})", a[0]),
             Op::Recip => format!("({} / {})", float_lit(1.0, s), a[0]),
             Op::Abs if s.is_float() || s.is_signed() => format!("abs({})", a[0]),
@@ -1095,6 +1122,17 @@ impl Emitter {
             Op::Ne if s.is_float() => {
                 let (na, nb) = (self.isnan(&a[0], s), self.isnan(&a[1], s));
                 format!("(({} != {}) || {na} || {nb})", a[0], a[1])
+            }
+            // A NaN operand makes an ordered comparison false by the bits too: a driver may
+            // compile `a < b` as `!(a >= b)` (NVIDIA's Vulkan driver did, for WHERE(CMPLT)).
+            Op::Lt | Op::Le | Op::Eq if s.is_float() => {
+                let (na, nb) = (self.isnan(&a[0], s), self.isnan(&a[1], s));
+                let symbol = match op {
+                    Op::Lt => "<",
+                    Op::Le => "<=",
+                    _ => "==",
+                };
+                format!("(({} {symbol} {}) && !{na} && !{nb})", a[0], a[1])
             }
             Op::Max => format!("max({}, {})", a[0], a[1]),
             Op::Min => format!("min({}, {})", a[0], a[1]),
