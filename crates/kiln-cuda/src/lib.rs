@@ -269,6 +269,9 @@ pub struct CudaDevice {
     context: sys::CUcontext,
     /// The primary context was reset under this object (see above).
     retired: AtomicBool,
+    /// Untimed events whose last user dropped them, for the next signal value to reuse
+    /// (creating an event costs more than recording one; see [`signal::CudaEvent`]).
+    spare_events: Mutex<Vec<sys::CUevent>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -289,7 +292,14 @@ impl CudaDevice {
         let info = DeviceInfo::read(device)?;
         // SAFETY: `device` is a valid device handle; the retain is released in Drop.
         let context = unsafe { cu::primary_ctx::retain(device) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
-        Ok(CudaDevice { spec: spec.clone(), info, device, context, retired: AtomicBool::new(false) })
+        Ok(CudaDevice {
+            spec: spec.clone(),
+            info,
+            device,
+            context,
+            retired: AtomicBool::new(false),
+            spare_events: Mutex::new(Vec::new()),
+        })
     }
 
     /// Releases this object's retain of the primary context.
@@ -335,9 +345,18 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        // A retired device gave its context back already; nothing of this device outlives
-        // it (every user holds an `Arc<CudaDevice>`).
+        // A retired device gave its context back already (its reset destroyed the spare
+        // events too); nothing of this device outlives it (every user holds an
+        // `Arc<CudaDevice>`).
         if !self.retired.load(Ordering::Acquire) {
+            let spare = std::mem::take(self.spare_events.get_mut().unwrap_or_else(|p| p.into_inner()));
+            if self.bind().is_ok() {
+                for event in spare {
+                    // SAFETY: a spare event is a live event of this context that nothing else
+                    // holds (its last `CudaEvent` gave it back); destroyed once, here.
+                    let _ = unsafe { cu::event::destroy(event) };
+                }
+            }
             self.give_back();
         }
     }

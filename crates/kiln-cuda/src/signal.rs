@@ -18,12 +18,20 @@ use crate::{CudaDevice, driver};
 /// A CUDA timeline signal.
 pub type CudaSignal = RingSignal<CudaEvent>;
 
-/// An owned `CUevent` of one device, destroyed on drop. Created without timing (the
-/// cheapest kind) unless a timed command asks for timing.
+/// An owned `CUevent` of one device. Created without timing (the cheapest kind) unless a
+/// timed command asks for timing. An untimed event goes back to its device's spare events on
+/// drop, up to [`SPARE_EVENTS`], for a later signal value to record again (re-recording an
+/// event leaves earlier `cuStreamWaitEvent`s on it unaffected: they wait for the record they
+/// saw); a timed one, or one beyond that bound, is destroyed.
 pub struct CudaEvent {
     event: sys::CUevent,
     cu: Arc<CudaDevice>,
+    timed: bool,
 }
+
+/// The most untimed events a device keeps for reuse: more than a ring's slots for a few
+/// queues in flight, few enough that the idle ones cost nothing worth reclaiming.
+pub const SPARE_EVENTS: usize = 1024;
 
 // SAFETY: event handles may be used from any thread (the driver API is thread-safe); every
 // use binds the event's context first, and the handle is destroyed exactly once, in Drop.
@@ -41,10 +49,19 @@ impl CudaEvent {
     /// Records a new event on `stream` (of `cu`'s context, current on this thread): it
     /// completes when everything enqueued on `stream` before it has finished.
     pub(crate) fn record(cu: &Arc<CudaDevice>, stream: sys::CUstream, timed: bool) -> Result<CudaEvent> {
-        let flags =
-            if timed { sys::CUevent_flags::CU_EVENT_DEFAULT } else { sys::CUevent_flags::CU_EVENT_DISABLE_TIMING };
-        let event = cu::event::create(flags).map_err(|e| driver("cuEventCreate", e))?;
-        let event = CudaEvent { event, cu: cu.clone() };
+        let spare = if timed { None } else { cu.spare_events.lock().unwrap_or_else(|p| p.into_inner()).pop() };
+        let event = match spare {
+            Some(event) => event,
+            None => {
+                let flags = if timed {
+                    sys::CUevent_flags::CU_EVENT_DEFAULT
+                } else {
+                    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+                };
+                cu::event::create(flags).map_err(|e| driver("cuEventCreate", e))?
+            }
+        };
+        let event = CudaEvent { event, cu: cu.clone(), timed };
         // SAFETY: the event and the stream are live handles of the current context.
         unsafe { cu::event::record(event.event, stream) }.map_err(|e| driver("cuEventRecord", e))?;
         Ok(event)
@@ -90,6 +107,12 @@ impl BackendEvent for CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        if !self.timed {
+            let mut spare = self.cu.spare_events.lock().unwrap_or_else(|p| p.into_inner());
+            if spare.len() < SPARE_EVENTS {
+                return spare.push(self.event);
+            }
+        }
         if self.cu.bind().is_ok() {
             // SAFETY: the event is destroyed once; the driver defers the release of an event
             // that is still pending.

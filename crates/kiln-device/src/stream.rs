@@ -121,7 +121,7 @@ impl<E: BackendEvent> HostStep<E> {
 
 /// What submitted commands still use, released when `until` completes.
 struct InFlight<E> {
-    until: E,
+    until: Arc<E>,
     _buffers: Vec<Buffer>,
     _kernels: Vec<Kernel>,
 }
@@ -167,10 +167,22 @@ impl<B: AccelBackend> Inner<B> {
         let mut buffers = Vec::new();
         let mut kernels = Vec::new();
         let mut outcome = Ok(None);
+        // The event of the last signal, while nothing was enqueued after it: it also marks
+        // the end of the batch's work, so the in-flight record below shares it.
+        let mut last_signal: Option<Arc<B::Event>> = None;
         while let Some(cmd) = commands.pop_front() {
+            let signalled = matches!(cmd, Command::Signal(..));
             let step = match cmd {
                 Command::Wait(s, v) => self.wait(s, v),
-                Command::Signal(s, v) => self.ops.record_event().and_then(|e| s.record(v, e)).map(|()| None),
+                Command::Signal(s, v) => self
+                    .ops
+                    .record_event()
+                    .map(Arc::new)
+                    .and_then(|e| {
+                        last_signal = Some(e.clone());
+                        s.record_shared(v, e)
+                    })
+                    .map(|()| None),
                 Command::Exec { kernel, bufs, views, vals, dims, timer, faults } => {
                     let r = kernel
                         .admit()
@@ -198,6 +210,9 @@ impl<B: AccelBackend> Inner<B> {
                 }
                 Command::Barrier => self.ops.barrier().map(|()| None),
             };
+            if !signalled {
+                last_signal = None;
+            }
             match step {
                 Ok(None) => {}
                 other => {
@@ -207,7 +222,11 @@ impl<B: AccelBackend> Inner<B> {
             }
         }
         if !buffers.is_empty() || !kernels.is_empty() {
-            match self.ops.record_event() {
+            let until = match last_signal {
+                Some(e) => Ok(e),
+                None => self.ops.record_event().map(Arc::new),
+            };
+            match until {
                 Ok(until) => self.in_flight.push_back(InFlight { until, _buffers: buffers, _kernels: kernels }),
                 Err(e) => {
                     // Without an event, hold the resources until the stream is idle.

@@ -48,7 +48,13 @@ impl PyKernel {
         bind(py, &self.kernel.spec.name, &self.keys, vars, vals)
     }
 
-    fn run(&self, py: Python<'_>, buffers: &[Bound<'_, PyAny>], vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    fn run(
+        &self,
+        py: Python<'_>,
+        buffers: &[Bound<'_, PyAny>],
+        vars: Option<&Bound<'_, PyDict>>,
+        reinterpret: bool,
+    ) -> PyResult<()> {
         let mut vals = [0i64; INLINE];
         let mut heap_vals;
         let vals: &mut [i64] = if self.keys.len() <= INLINE {
@@ -78,12 +84,42 @@ impl PyKernel {
                 &heap
             }
         };
+        let views: Vec<Buffer>;
+        let view_refs: Vec<&Buffer>;
+        let bufs = if reinterpret {
+            views = self.as_params(py, bufs)?;
+            view_refs = views.iter().collect();
+            &view_refs[..]
+        } else {
+            bufs
+        };
         let kernel = &self.kernel;
         let vals = &*vals;
         detached(py, self.text.as_deref(), || match &self.stream {
             Some(stream) => Ok(stream.launch(kernel, bufs, vals)?),
             None => Ok(kernel.launch(bufs, vals)?),
         })
+    }
+}
+
+impl PyKernel {
+    /// `bufs` (one per parameter, in slot order) each viewed as its parameter's dtype.
+    fn as_params(&self, py: Python<'_>, bufs: &[&Buffer]) -> PyResult<Vec<Buffer>> {
+        let params = &self.kernel.spec.params;
+        if bufs.len() != params.len() {
+            return Err(invalid_arg(
+                py,
+                format!("`{}` takes {} buffers, got {}", self.kernel.spec.name, params.len(), bufs.len()),
+            ));
+        }
+        bufs.iter()
+            .zip(params)
+            .map(|(b, p)| {
+                b.reinterpret(p.scalar).map_err(|e| {
+                    invalid_arg(py, format!("buffer for slot {} of `{}`: {e}", p.slot, self.kernel.spec.name))
+                })
+            })
+            .collect()
     }
 }
 
@@ -143,14 +179,23 @@ impl PyKernel {
     #[pyo3(signature = (*buffers, **vars))]
     fn __call__(&self, py: Python<'_>, buffers: &Bound<'_, PyTuple>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let items: Vec<Bound<'_, PyAny>> = buffers.iter().collect();
-        self.run(py, &items, vars)
+        self.run(py, &items, vars, false)
     }
 
     /// `kernel(*buffers, **vars)`, with the buffers as a sequence and the variables as a dict.
-    #[pyo3(signature = (buffers, vars=None))]
-    fn launch(&self, py: Python<'_>, buffers: &Bound<'_, PyAny>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    /// With `reinterpret=True` each buffer is first viewed as its parameter's dtype, as
+    /// `buffer.reinterpret(dtype)` would, without making the view objects (for callers that
+    /// hold untyped byte buffers, like tinygrad's).
+    #[pyo3(signature = (buffers, vars=None, *, reinterpret=false))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        buffers: &Bound<'_, PyAny>,
+        vars: Option<&Bound<'_, PyDict>>,
+        reinterpret: bool,
+    ) -> PyResult<()> {
         let items: Vec<Bound<'_, PyAny>> = buffers.try_iter()?.collect::<PyResult<_>>()?;
-        self.run(py, &items, vars)
+        self.run(py, &items, vars, reinterpret)
     }
 
     /// The kernel's entry-point name.

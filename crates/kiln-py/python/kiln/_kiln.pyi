@@ -192,8 +192,10 @@ class Kernel:
     errors are raised by the call; failures while running by the next wait."""
 
     def __call__(self, *buffers: Buffer, **vars: int) -> None: ...
-    def launch(self, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None) -> None:
-        """``kernel(*buffers, **vars)``."""
+    def launch(self, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None, *, reinterpret: bool = False) -> None:
+        """``kernel(*buffers, **vars)``. With ``reinterpret=True`` each buffer is first viewed as
+        its parameter's dtype, as ``buffer.reinterpret(dtype)`` would, without making the view
+        objects (for callers that hold untyped byte buffers)."""
     @property
     def name(self) -> str:
         """The entry-point name."""

@@ -79,6 +79,7 @@ pub const ENTRIES: &[&str] = &[
     "add_f32_16m_guarded",
     "sum_f32_16m",
     "matmul_f32_1024",
+    "matmul_f32_4096",
     "softmax_f32_4096x1024",
     "queue_roundtrip",
     "plan_replay_per_kernel",
@@ -135,8 +136,15 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         return entries::disk_hit_child(&device);
     }
     let bench = entries::Bench { device, reps: reps(args) };
+    let named = |name: &str| args.only.as_ref().is_some_and(|o| o.iter().any(|n| n == name));
+    if let Some(name) = ENTRIES.iter().find(|name| named(name) && !bench.applies(name)) {
+        return Err(CliError::Usage(format!(
+            "bench entry `{name}` runs on GPU devices (CUDA) only, not on {}",
+            bench.device.spec()
+        )));
+    }
     let chosen: Vec<&'static str> =
-        ENTRIES.iter().copied().filter(|name| args.only.as_ref().is_none_or(|o| o.iter().any(|n| n == name))).collect();
+        ENTRIES.iter().copied().filter(|name| bench.applies(name) && (args.only.is_none() || named(name))).collect();
     let progress = progress_bar(chosen.len(), args.json);
     let mut results = Vec::new();
     for name in chosen {

@@ -237,15 +237,15 @@ class KilnProgram:
 
     def __call__(self, *bufs: kiln.Buffer, global_size: Any = None, local_size: Any = None, vals: tuple[Optional[int], ...] = (),
                  wait: bool = False, **kw: Any) -> Optional[float]:
-        args = [bufs[i].reinterpret(dt) for i, dt in zip(self.order, self.dtypes)]
+        args = [bufs[i] for i in self.order]
         named = {n: v for n, v in zip(self.var_names, vals) if v is not None and n in self.wanted}
         try:
             if wait:
                 st = time.perf_counter()
-                self.kernel.launch(args, named)
+                self.kernel.launch(args, named, reinterpret=True)
                 self.dev.kiln.synchronize()
                 return time.perf_counter() - st
-            self.kernel.launch(args, named)
+            self.kernel.launch(args, named, reinterpret=True)
         except kiln.Error as e:
             raise type(e)(f"tinygrad kernel {self.name}: {e}") from e
         return None

@@ -25,6 +25,7 @@ impl Bench {
             "add_f32_16m" => self.copy_baseline(r, 12 << 24),
             "sum_f32_16m" => self.copy_baseline(r, 4 << 24),
             "matmul_f32_1024" => self.sgemm_baseline(r, 1024),
+            "matmul_f32_4096" => self.sgemm_baseline(r, 4096),
             _ => Ok(r),
         }
     }

@@ -66,6 +66,142 @@ pub fn add_f32(n: usize) -> Result<Arc<UOp>, IrError> {
     k.finish()
 }
 
+/// Side of the square output tile one work group of [`matmul_f32`] computes.
+pub const MM_TILE: usize = 128;
+/// Depth of the A and B tiles staged in local memory per step.
+const MM_DEPTH: usize = 8;
+/// Work items per group side: 16×16 items, each computing 8×8 outputs.
+const MM_ITEMS: usize = 16;
+const MM_PER: usize = MM_TILE / MM_ITEMS;
+
+/// `C = A·B` for row-major n×n f32 matrices, shaped for a GPU: each 256-item group computes a
+/// 128×128 tile of C; per step of depth 8 its items copy a 128×8 tile of A (transposed) and an
+/// 8×128 tile of B into local memory, wait at a barrier, then each item accumulates its 8×8
+/// outputs in registers from 8 + 8 local values per depth (64 fused multiply-adds), and waits
+/// again before the next step overwrites the tiles. Item (x, y) owns rows `y + 16i` and
+/// columns `x + 16j` of the tile, so a warp's local reads hit distinct banks or broadcast and
+/// its global reads and writes of B and C are consecutive.
+///
+/// The kernel is written as kiln text (64 named accumulators), generated here and parsed.
+///
+/// # Errors
+/// [`IrError`] when `n` is not a positive multiple of 128 up to 2^15.
+pub fn matmul_f32(n: usize) -> Result<Arc<UOp>, IrError> {
+    if n == 0 || !n.is_multiple_of(MM_TILE) || n > 1 << 15 {
+        return Err(IrError::Invalid(format!("the GPU matmul needs a positive multiple of {MM_TILE} up to 32768, got {n}")));
+    }
+    let (t, d, items, per) = (MM_TILE, MM_DEPTH, MM_ITEMS, MM_PER);
+    let loads = t * d / (items * items); // elements of each tile one item copies
+    let mut k = String::from("# kiln kernel v1\n");
+    let mut line = |s: String| {
+        k.push_str(&s);
+        k.push('\n');
+    };
+    line(format!("%nn = CONST i32 {}", n * n));
+    line(format!("%n = CONST i32 {n}"));
+    for (slot, name) in ["a", "b", "c"].iter().enumerate() {
+        line(format!("%{name} = PARAM ptr<f32> {slot} (%nn)"));
+    }
+    line(format!("%groups = CONST i32 {}", n / t));
+    line(format!("%items = CONST i32 {items}"));
+    line("%bx = SPECIAL i32 \"gidx0\" (%groups)".into());
+    line("%by = SPECIAL i32 \"gidx1\" (%groups)".into());
+    line("%tx = SPECIAL i32 \"lidx0\" (%items)".into());
+    line("%ty = SPECIAL i32 \"lidx1\" (%items)".into());
+    line(format!("%tsize = CONST i32 {}", t * d));
+    line("%as = DEFINE_LOCAL lptr<f32> 0 (%tsize)".into());
+    line("%bs = DEFINE_LOCAL lptr<f32> 1 (%tsize)".into());
+    line(format!("%ctile = CONST i32 {t}"));
+    line(format!("%cdepth = CONST i32 {d}"));
+    line(format!("%csteps = CONST i32 {}", n / d));
+    line("%row0 = MUL i32 (%by, %ctile)".into());
+    line("%col0 = MUL i32 (%bx, %ctile)".into());
+    line("%ty16 = MUL i32 (%ty, %items)".into());
+    line("%tid = ADD i32 (%ty16, %tx)".into());
+    line("%zero = CONST f32 0.0".into());
+    // The depth loop over K in steps of `d`.
+    line("%kt = RANGE i32 0 (%csteps)".into());
+    line("%k0 = MUL i32 (%kt, %cdepth)".into());
+    let mut stores = Vec::new();
+    for r in 0..loads {
+        // A: element e of the 128×8 tile is row e / 8, depth e % 8 (8 consecutive floats of
+        // a row per 8 items); stored transposed, as [depth][row].
+        line(format!("%ae{r}c = CONST i32 {}", r * items * items));
+        line(format!("%ae{r} = ADD i32 (%tid, %ae{r}c)"));
+        line(format!("%am{r} = IDIV i32 (%ae{r}, %cdepth)"));
+        line(format!("%ak{r} = MOD i32 (%ae{r}, %cdepth)"));
+        line(format!("%ar{r} = ADD i32 (%row0, %am{r})"));
+        line(format!("%arn{r} = MUL i32 (%ar{r}, %n)"));
+        line(format!("%ac{r} = ADD i32 (%k0, %ak{r})"));
+        line(format!("%ai{r} = ADD i32 (%arn{r}, %ac{r})"));
+        line(format!("%ap{r} = INDEX ptr<f32> (%a, %ai{r})"));
+        line(format!("%av{r} = LOAD f32 (%ap{r})"));
+        line(format!("%akt{r} = MUL i32 (%ak{r}, %ctile)"));
+        line(format!("%al{r} = ADD i32 (%akt{r}, %am{r})"));
+        line(format!("%alp{r} = INDEX lptr<f32> (%as, %al{r})"));
+        line(format!("%ast{r} = STORE void (%alp{r}, %av{r})"));
+        // B: element e of the 8×128 tile is depth e / 128, column e % 128 (consecutive).
+        line(format!("%bk{r} = IDIV i32 (%ae{r}, %ctile)"));
+        line(format!("%bc{r} = MOD i32 (%ae{r}, %ctile)"));
+        line(format!("%bkr{r} = ADD i32 (%k0, %bk{r})"));
+        line(format!("%bkn{r} = MUL i32 (%bkr{r}, %n)"));
+        line(format!("%bcc{r} = ADD i32 (%col0, %bc{r})"));
+        line(format!("%bi{r} = ADD i32 (%bkn{r}, %bcc{r})"));
+        line(format!("%bp{r} = INDEX ptr<f32> (%b, %bi{r})"));
+        line(format!("%bv{r} = LOAD f32 (%bp{r})"));
+        line(format!("%blp{r} = INDEX lptr<f32> (%bs, %ae{r})"));
+        line(format!("%bst{r} = STORE void (%blp{r}, %bv{r})"));
+        stores.push(format!("%ast{r}"));
+        stores.push(format!("%bst{r}"));
+    }
+    line(format!("%bar1 = BARRIER void ({})", stores.join(", ")));
+    line("%as1 = AFTER lptr<f32> (%as, %bar1)".into());
+    line("%bs1 = AFTER lptr<f32> (%bs, %bar1)".into());
+    // The inner loop over the staged depth.
+    line("%kk = RANGE i32 1 (%cdepth)".into());
+    line("%kkt = MUL i32 (%kk, %ctile)".into());
+    for i in 0..per {
+        line(format!("%ro{i}c = CONST i32 {}", i * items));
+        line(format!("%ro{i} = ADD i32 (%ty, %ro{i}c)"));
+        line(format!("%ali{i} = ADD i32 (%kkt, %ro{i})"));
+        line(format!("%alq{i} = INDEX lptr<f32> (%as1, %ali{i})"));
+        line(format!("%x{i} = LOAD f32 (%alq{i})"));
+        line(format!("%co{i} = ADD i32 (%tx, %ro{i}c)"));
+        line(format!("%bli{i} = ADD i32 (%kkt, %co{i})"));
+        line(format!("%blq{i} = INDEX lptr<f32> (%bs1, %bli{i})"));
+        line(format!("%y{i} = LOAD f32 (%blq{i})"));
+    }
+    let mut inner = Vec::new();
+    for i in 0..per {
+        for j in 0..per {
+            let id = i * per + j;
+            line(format!("%acc{id} = DEFINE_ACC f32 {id} (%zero, %kt, %kk)"));
+            line(format!("%fma{id} = MULACC f32 (%x{i}, %y{j}, %acc{id})"));
+            line(format!("%upd{id} = ASSIGN f32 (%acc{id}, %fma{id})"));
+            line(format!("%in{id} = END f32 (%kk, %upd{id})"));
+            inner.push(format!("%in{id}"));
+        }
+    }
+    // Every item has read the tiles before the next step overwrites them.
+    line(format!("%bar2 = BARRIER void ({})", inner.join(", ")));
+    let mut effects = Vec::new();
+    for i in 0..per {
+        line(format!("%crow{i} = ADD i32 (%row0, %ro{i})"));
+        line(format!("%crn{i} = MUL i32 (%crow{i}, %n)"));
+        for j in 0..per {
+            let id = i * per + j;
+            line(format!("%out{id} = END f32 (%kt, %in{id}, %bar2)"));
+            line(format!("%ccol{id} = ADD i32 (%col0, %co{j})"));
+            line(format!("%ci{id} = ADD i32 (%crn{i}, %ccol{id})"));
+            line(format!("%cp{id} = INDEX ptr<f32> (%c, %ci{id})"));
+            line(format!("%cst{id} = STORE void (%cp{id}, %out{id})"));
+            effects.push(format!("%cst{id}"));
+        }
+    }
+    line(format!("SINK void ({})", effects.join(", ")));
+    parse_kernel(&k)
+}
+
 impl Bench {
     /// Whether the device runs the GPU-shaped kernels of this module (see the module docs).
     pub(super) fn gpu_shaped(&self) -> bool {
@@ -146,7 +282,32 @@ mod tests {
         }
     }
 
-    /// The group sum and the add compile to an sm_90 cubin (H100) where NVRTC is installed.
+    /// The GPU matmul computes the exact product on OpenCL when present (inputs whose every
+    /// partial sum is exact in f32); the CPU refuses it (no work groups); sizes that do not
+    /// tile are refused when the kernel is built.
+    #[test]
+    fn the_gpu_matmul_is_exact_where_there_are_work_groups() {
+        crate::session::register_backends();
+        assert!(matmul_f32(0).is_err() && matmul_f32(100).is_err() && matmul_f32(1 << 16).is_err());
+        let n = 256;
+        let sink = matmul_f32(n).unwrap();
+        let cpu = kiln_device::open_device("CPU").unwrap();
+        assert!(cpu.compile(&sink, Some("matmul_gpu")).is_err(), "the CPU has no work groups");
+        let dev = match kiln_device::open_device("OPENCL:0") {
+            Ok(d) => d,
+            Err(e) if !kiln_device::required("opencl") => return println!("skipped OPENCL:0: {e}"),
+            Err(e) => panic!("OPENCL:0: {e}"),
+        };
+        let (a, b) = crate::bench::entries::matmul_inputs(n);
+        let mut want = vec![0f32; n * n];
+        crate::bench::baselines::matmul(&a, &b, &mut want, n);
+        let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
+        let (ba, bb, bc) = (buf(&a), buf(&b), buf(&vec![f32::NAN; n * n]));
+        dev.compile(&sink, Some("matmul_gpu")).unwrap().launch(&[&ba, &bb, &bc], &[]).unwrap();
+        assert!(bc.to_vec::<f32>().unwrap() == want, "the GPU matmul disagrees with the host product");
+    }
+
+    /// The group sum, the add and the matmul compile to an sm_90 cubin (H100) where NVRTC is installed.
     #[cfg(feature = "cuda")]
     #[test]
     fn group_sum_compiles_for_sm_90() {
@@ -160,7 +321,8 @@ mod tests {
         let spec = renderer.render(&sum_groups_f32(1 << 24).unwrap(), Some("sum_groups")).unwrap();
         assert!(spec.src.contains("__shared__ float") && spec.src.contains("__syncthreads()"), "{}", spec.src);
         let add = renderer.render(&add_f32(1 << 24).unwrap(), Some("add_gpu")).unwrap();
-        for spec in [spec, add] {
+        let mm = renderer.render(&matmul_f32(4096).unwrap(), Some("matmul_gpu")).unwrap();
+        for spec in [spec, add, mm] {
             let (ptx, cubin) = compiler.ptx_and_cubin(&spec.src, &spec.name).unwrap();
             assert!(!ptx.is_empty() && !cubin.is_empty());
         }

@@ -12,6 +12,8 @@ use crate::error::CliError;
 
 /// The side of the matmul entry: n×n.
 pub(in crate::bench) const MATMUL_N: usize = 1024;
+/// The side of the GPU matmul entry (GPU devices only; see [`super::Bench::applies`]).
+pub(in crate::bench) const GPU_MATMUL_N: usize = 4096;
 
 /// The matmul entry's inputs, the same in the parent and the baseline child: multiples of 1/8
 /// with small numerators, so that every summation order gives the exact product.
@@ -22,6 +24,36 @@ pub(in crate::bench) fn matmul_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 impl Bench {
+    /// `matmul_f32_4096`: the GPU-shaped matmul ([`super::gpu::matmul_f32`]), verified
+    /// exactly against the host product; its baseline is the device's own (cuBLAS on CUDA).
+    pub(super) fn matmul_gpu(&self) -> Result<BenchResult, CliError> {
+        let n = GPU_MATMUL_N;
+        let (a, b) = matmul_inputs(n);
+        let mm = self.compile(super::gpu::matmul_f32(n), "matmul_gpu_f32")?;
+        let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?);
+        let run = || self.launch(&mm, &[&ba, &bb, &bc]);
+        run()?;
+        let c = self.read(&bc)?;
+        let mut reference = vec![0f32; n * n];
+        baselines::matmul(&a, &b, &mut reference, n);
+        if let Some(i) = (0..n * n).find(|&i| c[i] != reference[i]) {
+            return Err(wrong(
+                "matmul_f32_4096",
+                format!("C[{}, {}] = {} but the reference is {}", i / n, i % n, c[i], reference[i]),
+            ));
+        }
+        let t = time_reps(self.reps, run)?;
+        Ok(BenchResult {
+            name: "matmul_f32_4096",
+            unit: "GFLOP/s",
+            higher_is_better: true,
+            verified: true,
+            kiln: Stats::of(per_sec(&t, 2.0 * (n * n * n) as f64 / 1e9))?,
+            baseline: None,
+            baseline_name: "".into(),
+        })
+    }
+
     pub(super) fn matmul(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
         let wanted = openblas::Wanted::from_env()
             .map_err(|e| kiln_err("choosing the matmul baseline", kiln_device::Error::Invalid(e)))?;

@@ -63,6 +63,12 @@ impl Bench {
         b.to_vec::<f32>().map_err(|e| kiln_err("reading bench output", e))
     }
 
+    /// Whether entry `name` runs on this device: `matmul_f32_4096` is shaped for GPUs (see
+    /// [`gpu`]) and runs where [`Bench::gpu_shaped`] holds; every other entry runs everywhere.
+    pub(super) fn applies(&self, name: &str) -> bool {
+        name != "matmul_f32_4096" || self.gpu_shaped()
+    }
+
     /// Runs the entry `name` (one of [`super::ENTRIES`]), with the CUDA or WebGPU device's
     /// own baseline where one applies.
     pub(super) fn entry(&self, name: &'static str, args: &BenchArgs) -> Result<BenchResult, CliError> {
@@ -72,6 +78,7 @@ impl Bench {
             "add_f32_16m_guarded" => self.add_guarded(),
             "sum_f32_16m" => self.sum(),
             "matmul_f32_1024" => self.matmul(args),
+            "matmul_f32_4096" => self.matmul_gpu(),
             "softmax_f32_4096x1024" => self.softmax(),
             "queue_roundtrip" => self.queue_roundtrip(),
             "plan_replay_per_kernel" => self.plan_replay(),
