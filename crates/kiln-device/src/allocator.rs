@@ -275,12 +275,18 @@ impl LruAllocator {
             } else {
                 s.evict_to_fit(class, &mut evicted);
                 s.in_use += class;
-                s.note_high_water();
                 Ok(())
             }
         };
         self.release(evicted);
         result
+    }
+
+    /// `ptr`, a block the backend just allocated under a reservation: the high-water mark
+    /// counts it now (a reservation the backend then refuses never counts).
+    fn allocated(&self, ptr: RawPtr) -> RawPtr {
+        self.lock().note_high_water();
+        ptr
     }
 
     fn unreserve(&self, class: usize) {
@@ -339,7 +345,7 @@ impl Allocator for LruAllocator {
         }
         self.reserve(bytes, class)?;
         let first = match self.inner.alloc(class) {
-            Ok(p) => return Ok(p),
+            Ok(p) => return Ok(self.allocated(p)),
             Err(e) => e,
         };
         self.unreserve(class);
@@ -350,7 +356,7 @@ impl Allocator for LruAllocator {
         self.trim();
         self.reserve(bytes, class)?;
         match self.inner.alloc(class) {
-            Ok(p) => Ok(p),
+            Ok(p) => Ok(self.allocated(p)),
             Err(e) => {
                 self.unreserve(class);
                 match e {
@@ -486,6 +492,19 @@ mod tests {
         assert_eq!(a.stats().cached, 1024);
         assert_eq!(a.trim(), 1024);
         assert_eq!(raw.live.load(Ordering::SeqCst), 0);
+    }
+
+    /// An allocation the backend refuses leaves the high-water mark where it was.
+    #[test]
+    fn a_refused_allocation_does_not_raise_the_high_water_mark() {
+        let a = LruAllocator::new(MockAllocator::new(1 << 20), None);
+        assert!(matches!(a.alloc(1 << 40), Err(Error::OutOfMemory { .. })));
+        assert_eq!((a.stats().in_use, a.stats().high_water), (0, 0));
+        let p = a.alloc(4096).unwrap();
+        assert_eq!(a.stats().high_water, 4096);
+        assert!(a.alloc(1 << 30).is_err());
+        assert_eq!(a.stats().high_water, 4096);
+        free(&a, p, 4096);
     }
 
     #[test]

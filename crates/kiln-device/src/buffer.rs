@@ -199,16 +199,23 @@ impl fmt::Debug for Buffer {
     }
 }
 
+/// The largest buffer, in bytes: `isize::MAX`, the most one allocation can span (so every
+/// length and byte offset also fits a signed size, as Python's `len` needs).
+pub const MAX_BUFFER_BYTES: usize = isize::MAX as usize;
+
 impl Buffer {
     /// A buffer of `len` elements of `dtype`; memory is allocated on first use, so an
     /// out-of-memory error surfaces at the first transfer or launch, not here.
     ///
     /// # Errors
-    /// [`Error::Buffer`] when `len` elements of `dtype` overflow `usize` bytes.
+    /// [`Error::Buffer`] when `len` elements of `dtype` need more than [`MAX_BUFFER_BYTES`].
     pub fn new(allocator: Arc<dyn Allocator>, dtype: Scalar, len: usize) -> Result<Buffer> {
-        let bytes = len
-            .checked_mul(dtype.size())
-            .ok_or_else(|| Error::Buffer(format!("{len} elements of {dtype} overflow the address space")))?;
+        let bytes = len.checked_mul(dtype.size()).filter(|&b| b <= MAX_BUFFER_BYTES).ok_or_else(|| {
+            Error::Buffer(format!(
+                "{len} elements of {dtype} need more than {MAX_BUFFER_BYTES} bytes, the largest buffer any \
+                 address space holds"
+            ))
+        })?;
         Ok(Buffer { base: Arc::new(BufferBase { allocator, bytes, ptr: OnceLock::new() }), dtype, offset: 0, len })
     }
 

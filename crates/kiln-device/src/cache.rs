@@ -457,6 +457,8 @@ impl KernelCache {
         device: &DeviceSpec,
         tc: &Toolchain,
     ) -> Result<Kernel> {
+        // Too deep a kernel is refused before any backend compiler sees it.
+        kiln_ir::check_chain_depth(sink)?;
         // Rendering is cheap next to compiling (~0.1 ms) and its output is part of the key.
         let spec = tc.renderer.render(sink, name)?;
         let disk = self.disk();

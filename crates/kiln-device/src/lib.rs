@@ -72,7 +72,7 @@ pub(crate) mod testing;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
 pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
-pub use buffer::{Allocator, AllocatorStats, Buffer, Element, RawPtr, RawView};
+pub use buffer::{Allocator, AllocatorStats, Buffer, Element, MAX_BUFFER_BYTES, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
 pub use device::{Device, DeviceProperties};

@@ -196,6 +196,9 @@ impl<B: AccelBackend> Inner<B> {
                         (r, _) => r.map(|()| None),
                     }
                 }
+                // Nothing to move (drivers refuse zero-byte copies, e.g. OpenCL's
+                // CL_INVALID_VALUE): a no-op, as on host queues.
+                Command::Copy { src, .. } if src.nbytes() == 0 => Ok(None),
                 Command::Copy { dst, src, timer } => {
                     let r = match self.ops.enqueue_copy(&dst, &src, timer.as_ref()) {
                         Ok(true) => Ok(None),

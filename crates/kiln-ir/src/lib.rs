@@ -55,9 +55,9 @@ pub use builder::{Acc, IntoVal, KernelBuilder, Val};
 pub use dtype::half::{bf16_bits, f16_bits};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use guard::{Guarded, GuardedAccess, guard};
-pub use linearize::{MAX_LOOPS, linearize};
+pub use linearize::{MAX_CHAIN_DEPTH, MAX_LOOPS, chain_depth, check_chain_depth, linearize};
 pub use symbolic::{eval_int, variables};
-pub use text::{locate_node, parse, parse_kernel, print};
+pub use text::{MAX_KERNEL_FILE_BYTES, locate_node, parse, parse_kernel, print, read_kernel_file};
 pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};
 pub use validate::{MAX_LOCAL_BYTES, validate};
 
@@ -88,7 +88,7 @@ pub enum IrError {
     #[error("kernel structure: {message}", message = .0)]
     Structure(String),
     /// A variable the caller did not bind.
-    #[error("variable `{0}` has no value: pass it (e.g. --var {0}=N)")]
+    #[error("variable `{0}` has no value: bind it at launch")]
     MissingVar(String),
     /// A variable bound outside its declared bounds.
     #[error("variable `{name}` = {value} is outside its bounds [{min}, {max}]")]

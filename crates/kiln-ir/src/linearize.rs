@@ -29,6 +29,41 @@ type Chain = Vec<usize>; // scope ranks, outermost first
 /// front, never a stall or a compiler error.
 pub const MAX_LOOPS: usize = 256;
 
+/// The longest chain of dependent nodes a kernel may have when it is compiled. Backend
+/// compilers recurse along such chains: a 10,000-deep chain overflows the stack of clang
+/// (its own process on the CPU, a `CompileError`) and of PoCL's in-process clang (which kills
+/// the process), and clang needs about 11 s for a 4,096-deep one. Deeper kernels are refused
+/// before any backend sees them, the same on every backend ([`check_chain_depth`]).
+pub const MAX_CHAIN_DEPTH: usize = 4096;
+
+/// The number of nodes on the longest dependency chain below `sink` (a leaf counts 1), in
+/// time linear in the graph and without recursion.
+pub fn chain_depth(sink: &Arc<UOp>) -> usize {
+    let mut depth: HashMap<*const UOp, usize> = HashMap::new();
+    let mut deepest = 0;
+    for node in sink.toposort() {
+        let d = 1 + node.src().iter().map(|s| depth.get(&Arc::as_ptr(s)).copied().unwrap_or(0)).max().unwrap_or(0);
+        deepest = deepest.max(d);
+        depth.insert(Arc::as_ptr(&node), d);
+    }
+    deepest
+}
+
+/// Refuses a kernel whose [`chain_depth`] exceeds [`MAX_CHAIN_DEPTH`].
+///
+/// # Errors
+/// [`IrError::Structure`] naming the depth and the limit.
+pub fn check_chain_depth(sink: &Arc<UOp>) -> Result<(), IrError> {
+    let depth = chain_depth(sink);
+    if depth > MAX_CHAIN_DEPTH {
+        return Err(IrError::Structure(format!(
+            "the kernel's longest chain of dependent operations is {depth} nodes; kiln compiles kernels up to \
+             {MAX_CHAIN_DEPTH} deep (backend compilers recurse along such chains): split the kernel or sum in a loop"
+        )));
+    }
+    Ok(())
+}
+
 fn opens_scope(op: Op) -> bool {
     matches!(op, Op::Range | Op::If)
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
+use crate::dtype::DType;
 use crate::uop::{Arg, Op, UOp};
 
 /// Evaluates `expr`, looking variables up by name with `lookup`.
@@ -19,7 +20,8 @@ use crate::uop::{Arg, Op, UOp};
 /// # Errors
 /// [`IrError::MissingVar`] when `lookup` has no value for a variable,
 /// [`IrError::VarOutOfRange`] when its value is outside the variable's bounds, and
-/// [`IrError::Eval`] on overflow, division by zero, or an op that is not integer arithmetic
+/// [`IrError::Eval`] on overflow (of i64, or of the dtype a node is declared in: the kernel
+/// would compute a wrapped value), division by zero, or an op that is not integer arithmetic
 /// (a load, a float constant).
 pub fn eval_int(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result<i64, IrError> {
     let mut budget = SHALLOW_NODES;
@@ -143,6 +145,18 @@ fn step(
             return Err(IrError::Eval(format!("{op} is not allowed in a size expression")));
         }
     };
+    // The kernel computes the expression in its dtype: a value that does not fit would be
+    // wrapped there, so a launch (or buffer size) computed from it could differ from this one.
+    if let DType::Scalar(s) = expr.dtype()
+        && let Some((lo, hi)) = s.int_range()
+        && !(lo..=hi).contains(&i128::from(v))
+    {
+        return Err(IrError::Eval(format!(
+            "{} gives {v}, which does not fit {s}, the dtype the kernel computes it in (it would wrap there): \
+             declare the expression in a wider integer dtype or bound its variables lower",
+            expr.op()
+        )));
+    }
     Ok(v)
 }
 
@@ -181,6 +195,21 @@ mod tests {
         assert!(eval_int(&div0, &|_| Some(3)).is_err());
         let malformed = UOp::new(Op::Bind, DType::I32, Arg::None, vec![]);
         assert!(matches!(eval_int(&malformed, &|_| None), Err(IrError::Eval(m)) if m.contains("missing operand")));
+    }
+
+    /// A value that does not fit its node's dtype is refused, though it fits i64: the kernel
+    /// computes the node in that dtype and would wrap it (n·n in i32 at n = 46341).
+    #[test]
+    fn a_value_outside_its_dtype_is_refused() {
+        let n = var("n", 1, 65536);
+        let sq = |dt| UOp::new(Op::Mul, dt, Arg::None, vec![n.clone(), n.clone()]);
+        assert_eq!(eval_int(&sq(DType::I32), &|_| Some(46340)).unwrap(), 46340 * 46340);
+        let err = eval_int(&sq(DType::I32), &|_| Some(46341)).unwrap_err();
+        assert!(matches!(&err, IrError::Eval(m) if m.contains("does not fit i32")), "{err}");
+        assert_eq!(eval_int(&sq(DType::I64), &|_| Some(65536)).unwrap(), 1 << 32);
+        let narrow = UOp::new(Op::Cast, DType::Scalar(crate::Scalar::U8), Arg::None, vec![n]);
+        assert!(eval_int(&narrow, &|_| Some(256)).is_err());
+        assert_eq!(eval_int(&narrow, &|_| Some(255)).unwrap(), 255);
     }
 
     /// A 100,000-deep chain `((n + 1) + 1) + ...` on a thread with an ordinary 8 MiB stack.

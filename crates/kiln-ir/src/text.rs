@@ -186,6 +186,28 @@ pub fn locate_node(text: &str, node: usize) -> Option<String> {
     Some(format!("{} (line {})", def.label(), def.line))
 }
 
+/// The largest kernel file kiln reads: far above any real kernel (a 4,096-deep kernel is
+/// about 200 KiB of text), and a bound on what a wrong path (`/dev/zero`) can make it read.
+pub const MAX_KERNEL_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads a kernel file as text, refusing files over [`MAX_KERNEL_FILE_BYTES`] (without reading
+/// past that bound) and text that is not UTF-8.
+///
+/// # Errors
+/// The I/O error; [`std::io::ErrorKind::InvalidData`] for a file over the bound or not UTF-8.
+pub fn read_kernel_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_KERNEL_FILE_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_KERNEL_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {} MiB, the most a kernel file may hold", MAX_KERNEL_FILE_BYTES >> 20),
+        ));
+    }
+    Ok(text)
+}
+
 /// Reads a graph written in the text format and returns its root (the node on the last
 /// line). Purely syntactic: the graph is not validated (use [`parse_kernel`] for that).
 /// Never panics.
@@ -770,7 +792,8 @@ fn unknown_op(w: &str) -> String {
         None => String::new(),
     };
     let all: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
-    format!("unknown op `{w}`{hint}; ops are upper case: {}", all.join(" "))
+    let case = if w.chars().any(|c| c.is_ascii_lowercase()) { "ops are upper case; " } else { "" };
+    format!("unknown op `{w}`{hint}; {case}the ops are: {}", all.join(" "))
 }
 
 /// Edit distance counting a swap of neighbours as one edit (`LAOD` is 1 from `LOAD`).
@@ -1388,7 +1411,9 @@ mod tests {
             assert!(m.contains(needle), "{text:?}: `{m}` lacks `{needle}`");
         }
         let (_, _, m) = err_at("%a = SUM f32");
-        assert!(m.contains("CMPLT") && m.contains("upper case"), "the message should list the ops: {m}");
+        assert!(m.contains("CMPLT") && !m.contains("upper case"), "the message should list the ops: {m}");
+        let (_, _, m) = err_at("%a = load f32");
+        assert!(m.contains("did you mean LOAD") && m.contains("upper case"), "{m}");
     }
 
     #[test]

@@ -27,6 +27,20 @@ pub fn numpy(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
     py.import("numpy").map_err(|_| invalid_arg(py, "this call needs numpy: pip install numpy"))
 }
 
+/// A size or offset argument: a Python int from 0 to the largest buffer size, checked before
+/// any conversion so that a negative or huge value is `kiln.InvalidArgumentError`.
+pub fn size_arg(py: Python<'_>, what: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if !v.is_instance_of::<pyo3::types::PyInt>() {
+        let ty = v.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(invalid_arg(py, format!("{what} must be an int, got {ty}")));
+    }
+    match v.extract::<i128>() {
+        Ok(n) if n < 0 => Err(invalid_arg(py, format!("{what} must be 0 or more, got {n}"))),
+        Ok(n) if n <= kiln_device::MAX_BUFFER_BYTES as i128 => Ok(n as usize),
+        _ => Err(invalid_arg(py, format!("{what} = {v} is larger than any buffer can be (at most 2**63 - 1 bytes)"))),
+    }
+}
+
 /// `obj` as a contiguous host array through DLPack (a copy only when it is not contiguous or
 /// not an array yet, as `numpy.ascontiguousarray` decides).
 pub fn host_array(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
@@ -138,9 +152,10 @@ impl PyBuffer {
 
     /// A zero-copy view of elements `offset .. offset + length`.
     #[pyo3(signature = (offset, length=None))]
-    fn view(&self, py: Python<'_>, offset: usize, length: Option<usize>) -> PyResult<PyBuffer> {
+    fn view(&self, py: Python<'_>, offset: &Bound<'_, PyAny>, length: Option<&Bound<'_, PyAny>>) -> PyResult<PyBuffer> {
+        let offset = size_arg(py, "the view's offset", offset)?;
         let length = match length {
-            Some(l) => l,
+            Some(l) => size_arg(py, "the view's length", l)?,
             None => self.buf.len().checked_sub(offset).ok_or_else(|| {
                 raise(py, KilnError::Buffer(format!("offset {offset} is past a buffer of {}", self.buf.len())))
             })?,

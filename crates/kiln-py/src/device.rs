@@ -72,8 +72,21 @@ fn read_source(source: &Bound<'_, PyAny>) -> PyResult<(String, Option<String>)> 
     let py = source.py();
     let path: Option<PathBuf> = if let Ok(s) = source.cast::<PyString>() {
         let s = s.to_cow()?;
-        // One line that names an existing file is a path; anything else is kernel text.
-        (!s.contains('\n') && std::path::Path::new(s.as_ref()).is_file()).then(|| PathBuf::from(s.as_ref()))
+        // One line that names an existing file is a path; anything else is kernel text,
+        // except one word that looks like a path (a `.kiln` name, or with a separator).
+        let one_line = !s.contains('\n');
+        if one_line && std::path::Path::new(s.as_ref()).is_file() {
+            Some(PathBuf::from(s.as_ref()))
+        } else if one_line && looks_like_a_path(&s) {
+            return Err(raise(
+                py,
+                KilnError::Io(format!(
+                    "no kernel file at {s}: the string names no file, and it is not kernel text (which has a line per node)"
+                )),
+            ));
+        } else {
+            None
+        }
     } else {
         Some(source.extract::<PathBuf>().map_err(|_| {
             invalid_arg(py, "a kernel source is kernel text (str) or a path to a .kiln file (str or os.PathLike)")
@@ -81,12 +94,32 @@ fn read_source(source: &Bound<'_, PyAny>) -> PyResult<(String, Option<String>)> 
     };
     match path {
         Some(p) => {
-            let text = std::fs::read_to_string(&p)
+            let text = kiln_ir::read_kernel_file(&p)
                 .map_err(|e| raise(py, KilnError::Io(format!("cannot read kernel file {}: {e}", p.display()))))?;
             Ok((text, Some(kiln::session::entry_name(&p))))
         }
         None => Ok((source.extract()?, None)),
     }
+}
+
+/// Why this package has no backend `base`: a backend of kiln it was built without (the
+/// feature to build it with), or a name kiln does not know.
+fn unknown_backend(base: &str) -> String {
+    let have = kiln_device::device_names();
+    match kiln::session::left_out().into_iter().find(|(name, _)| *name == base) {
+        Some((_, feature)) => format!(
+            "this kiln package was built without the {base} backend (its devices: {have}); rebuild it with the \
+             `{feature}` feature"
+        ),
+        None => format!("kiln has no backend called {base}; its devices are {have}, as `NAME` or `NAME:n`"),
+    }
+}
+
+/// Whether one line of would-be kernel text is rather a path: a single word (kernel lines have
+/// spaces) ending in `.kiln` or holding a path separator.
+fn looks_like_a_path(s: &str) -> bool {
+    let s = s.trim();
+    !s.is_empty() && !s.contains(char::is_whitespace) && (s.ends_with(".kiln") || s.contains('/') || s.contains('\\'))
 }
 
 /// One entry of `compile_many`: a source, or `(source, name)`.
@@ -105,6 +138,11 @@ impl PyDevice {
     /// opened once per process and shared by every handle.
     #[new]
     fn new(py: Python<'_>, name: &str) -> PyResult<PyDevice> {
+        if let Ok(spec) = name.parse::<kiln_ir::DeviceSpec>()
+            && kiln_device::find_backend(spec.base_type()).is_none()
+        {
+            return Err(raise(py, KilnError::Unavailable(unknown_backend(spec.base_type()))));
+        }
         let device = detached(py, None, || kiln_device::open_device(name).map_err(Failure::from))?;
         let stream = crate::stream::of(&device);
         Ok(PyDevice { device, stream, closed: AtomicBool::new(false) })
@@ -256,11 +294,16 @@ impl PyDevice {
     }
 
     /// An uninitialized buffer of `n` elements of `dtype` (a kiln name such as `"f32"`, a
-    /// numpy name or a numpy dtype).
-    fn empty(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>, n: usize) -> PyResult<PyBuffer> {
+    /// numpy name or a numpy dtype), allocated now.
+    fn empty(&self, py: Python<'_>, dtype: &Bound<'_, PyAny>, n: &Bound<'_, PyAny>) -> PyResult<PyBuffer> {
         let scalar = dtype::parse(dtype)?;
+        let n = crate::buffer::size_arg(py, "the element count", n)?;
         let device = self.get()?;
         let buf = device.buffer(scalar, n).map_err(|e| raise(py, e))?;
+        // Allocated now, so that an impossible size fails here rather than at a later launch.
+        if n > 0 {
+            detached(py, None, || Ok(buf.raw().map(drop)?))?;
+        }
         Ok(PyBuffer::on(buf, device))
     }
 

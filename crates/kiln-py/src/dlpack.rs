@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::dtype;
+use crate::errors::invalid_arg;
 
 /// `kDLCPU`: host memory.
 pub const DL_CPU: i32 = 1;
@@ -288,23 +289,31 @@ impl Imported {
     /// Takes `obj`'s tensor through its `__dlpack__` (asking for DLPack 1, else the legacy form).
     ///
     /// # Errors
-    /// `TypeError` when `obj` has no `__dlpack__`; `BufferError` for a tensor kiln cannot
-    /// use as one contiguous run of elements (strided, multi-lane, an unknown dtype).
+    /// `kiln.InvalidArgumentError` when `obj` has no `__dlpack__`, when its export fails, and
+    /// for a tensor kiln cannot use as one contiguous run of elements (strided, multi-lane,
+    /// a dtype kiln lacks such as complex).
     pub fn take(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
         let py = obj.py();
         let method = obj.getattr("__dlpack__").map_err(|_| {
-            PyTypeError::new_err(format!(
-                "a {} does not support DLPack (no __dlpack__); pass a numpy array or another DLPack tensor",
-                obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-            ))
+            invalid_arg(
+                py,
+                format!(
+                    "a {} does not support DLPack (no __dlpack__); pass a numpy array or another DLPack tensor",
+                    obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                ),
+            )
         })?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("max_version", (1, 0))?;
-        let capsule = match method.call((), Some(&kwargs)) {
-            Ok(c) => c,
-            Err(e) if e.is_instance_of::<PyTypeError>(py) => method.call0()?,
-            Err(e) => return Err(e),
+        let exported = match method.call((), Some(&kwargs)) {
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => method.call0(),
+            other => other,
         };
+        // The producer's own refusal (numpy's for an object or structured dtype, say).
+        let capsule = exported.map_err(|e| {
+            let dtype = obj.getattr("dtype").map(|d| format!(" of dtype {d}")).unwrap_or_default();
+            invalid_arg(py, format!("kiln cannot take this array{dtype}: its DLPack export failed: {e}"))
+        })?;
         let cap = capsule.as_ptr();
         /// The tensor of a capsule under M's name, taken over (the capsule renamed `used`).
         ///
@@ -329,13 +338,13 @@ impl Imported {
                 let managed = Managed::Versioned(m);
                 if major != 1 {
                     drop(Imported::empty(managed));
-                    return Err(PyBufferError::new_err(format!("DLPack {major} tensors are not supported")));
+                    return Err(invalid_arg(py, format!("DLPack {major} tensors are not supported")));
                 }
                 (managed, t, f)
             } else if let Some((m, t, f)) = take::<DLManagedTensor>(cap, USED_LEGACY) {
                 (Managed::Legacy(m), t, f)
             } else {
-                return Err(PyBufferError::new_err("__dlpack__ returned no DLPack capsule (or one already used)"));
+                return Err(invalid_arg(py, "__dlpack__ returned no DLPack capsule (or one already used)"));
             }
         };
         // From here on the tensor is deleted on every path (Imported's drop).
@@ -345,12 +354,19 @@ impl Imported {
         imported.device = (tensor.device.device_type, tensor.device.device_id);
         let dt = tensor.dtype;
         imported.scalar = dtype::from_dlpack(dt.code, dt.bits).filter(|_| dt.lanes == 1).ok_or_else(|| {
-            PyBufferError::new_err(format!(
-                "DLPack dtype (code {}, {} bits, {} lanes) has no kiln dtype",
-                dt.code, dt.bits, dt.lanes
-            ))
+            let named = obj.getattr("dtype").map(|d| format!("{d}: ")).unwrap_or_default();
+            invalid_arg(
+                py,
+                format!(
+                    "{named}DLPack dtype (code {}, {} bits, {} lanes) has no kiln dtype (kiln's dtypes: {})",
+                    dt.code,
+                    dt.bits,
+                    dt.lanes,
+                    Scalar::ALL.map(Scalar::name).join(", ")
+                ),
+            )
         })?;
-        let ndim = usize::try_from(tensor.ndim).map_err(|_| PyBufferError::new_err("negative ndim"))?;
+        let ndim = usize::try_from(tensor.ndim).map_err(|_| invalid_arg(py, "negative ndim"))?;
         // SAFETY: DLPack gives `ndim` shape entries, and `ndim` strides when not null.
         let (shape, strides) = unsafe {
             let shape = if ndim == 0 { &[][..] } else { std::slice::from_raw_parts(tensor.shape, ndim) };
@@ -360,18 +376,25 @@ impl Imported {
         };
         let mut len: usize = 1;
         let mut expect: i64 = 1;
+        // An empty tensor has no layout to check (numpy gives it strides of 0).
+        let empty = shape.contains(&0);
         for d in (0..ndim).rev() {
-            let extent = usize::try_from(shape[d]).map_err(|_| PyBufferError::new_err("negative extent"))?;
+            let extent = usize::try_from(shape[d]).map_err(|_| invalid_arg(py, "negative extent"))?;
             if let Some(s) = strides
+                && !empty
                 && extent > 1
                 && s[d] != expect
             {
-                return Err(PyBufferError::new_err(
-                    "kiln takes contiguous (C-order) memory; pass numpy.ascontiguousarray(x)",
+                return Err(invalid_arg(
+                    py,
+                    format!(
+                        "kiln takes contiguous (C-order) memory, and this tensor is strided (shape {shape:?}, \
+                         strides {s:?} elements): pass numpy.ascontiguousarray(x), or use Device.from_numpy, which copies"
+                    ),
                 ));
             }
             expect = expect.saturating_mul(shape[d]);
-            len = len.checked_mul(extent).ok_or_else(|| PyBufferError::new_err("tensor size overflows"))?;
+            len = len.checked_mul(extent).ok_or_else(|| invalid_arg(py, "tensor size overflows"))?;
         }
         imported.len = len;
         Ok(imported)

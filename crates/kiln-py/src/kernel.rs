@@ -8,12 +8,11 @@
 use std::sync::Arc;
 
 use kiln_device::{Buffer, Device, Kernel};
-use kiln_ir::IrError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::buffer::PyBuffer;
-use crate::errors::{Failure, detached, invalid_arg};
+use crate::errors::{detached, invalid_arg};
 use crate::stream::Stream;
 
 /// Kernels with at most this many buffers launch without a heap allocation for them.
@@ -142,7 +141,7 @@ fn bind(
                     invalid_arg(py, format!("`{kernel}` has no variable `{k}` (its variables: {})", names.join(", ")))
                 })?,
             };
-            vals[at] = v.extract().map_err(|_| invalid_arg(py, format!("variable `{k}` must be an int, got {v}")))?;
+            vals[at] = var_value(py, &k, &v)?;
             found += 1;
         }
     }
@@ -152,9 +151,26 @@ fn bind(
             .find(|key| vars.is_none_or(|d| !d.contains(key.bind(py)).unwrap_or(false)))
             .map(|k| k.to_string())
             .unwrap_or_default();
-        return Err(Failure::from(IrError::MissingVar(missing)).into_py(py, None));
+        return Err(invalid_arg(
+            py,
+            format!("variable `{missing}` of `{kernel}` has no value: pass it as a keyword, e.g. {missing}=N"),
+        ));
     }
     Ok(())
+}
+
+/// The value of variable `name` from a Python object: an int that fits i64 (kiln's variables
+/// are 64-bit; each kernel's own bounds are checked at launch).
+pub fn var_value(py: Python<'_>, name: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyResult<i64> {
+    v.extract().map_err(|_| {
+        let message = if v.is_instance_of::<pyo3::types::PyInt>() {
+            format!("variable `{name}` = {v} does not fit a 64-bit integer (kiln's variables are i64)")
+        } else {
+            let ty = v.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+            format!("variable `{name}` must be an int, got {ty}")
+        };
+        invalid_arg(py, message)
+    })
 }
 
 /// A launch argument as a kiln buffer, borrowed from its Python object.

@@ -36,8 +36,7 @@ fn named(py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(Stri
     vars.map_or(Ok(Vec::new()), |d| {
         d.iter()
             .map(|(k, v)| {
-                let value =
-                    v.extract().map_err(|_| invalid_arg(py, format!("variable `{k}` must be an int, got {v}")))?;
+                let value = crate::kernel::var_value(py, &k, &v)?;
                 Ok((k.extract()?, value))
             })
             .collect()

@@ -60,8 +60,9 @@ pub struct KernelFile {
 impl KernelFile {
     /// Reads and parses `path`. Parse errors carry the line and column.
     pub fn load(path: &Path) -> Result<KernelFile, CliError> {
-        let text = std::fs::read_to_string(path).map_err(|e| CliError::io("cannot read kernel file", path, e))?;
+        let text = kiln_ir::read_kernel_file(path).map_err(|e| CliError::io("cannot read kernel file", path, e))?;
         let sink = kiln_ir::parse_kernel(&text).context(|| format!("cannot parse kernel {}", path.display()))?;
+        kiln_ir::check_chain_depth(&sink).context(|| format!("cannot compile kernel {}", path.display()))?;
         Ok(KernelFile { path: path.to_path_buf(), name: entry_name(path), sink, text })
     }
 
@@ -160,7 +161,11 @@ pub fn bind_vars(spec: &ProgramSpec, given: &[(String, i64)]) -> Result<Vec<i64>
                 .ok_or_else(|| kiln_ir::IrError::MissingVar(v.name.clone()))
         })
         .collect::<Result<Vec<i64>, _>>()
-        .context(|| format!("cannot bind the variables of kernel `{}`", spec.name))?;
+        .context(|| {
+            let missing = spec.vars.iter().find(|v| !given.iter().any(|(n, _)| *n == v.name));
+            let hint = missing.map(|v| format!(" (pass --var {}=N)", v.name)).unwrap_or_default();
+            format!("cannot bind the variables of kernel `{}`{hint}", spec.name)
+        })?;
     spec.check_vals(&vals).context(|| format!("cannot bind the variables of kernel `{}`", spec.name))?;
     Ok(vals)
 }

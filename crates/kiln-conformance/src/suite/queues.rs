@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread;
 
+use kiln_device::kiln_ir::Scalar;
 use kiln_device::{Buffer, Device, DynQueue, Error, Kernel, TimelineSignal};
 
 use crate::kernels::{affine, affine_in_place, compile};
@@ -127,12 +128,26 @@ pub fn copies(dev: &Arc<Device>) -> Outcome {
     want_d[4..12].copy_from_slice(&want[20..28]);
     ensure!(d.to_vec::<f32>()? == want_d, "queue copy between views gave {:?}", d.to_vec::<f32>()?);
 
+    // Zero-byte copies (empty buffers, empty views at a buffer's end) are no-ops, in a queue
+    // and in a plan, on every backend (OpenCL's driver refuses them).
+    let (e0, e1) = (dev.buffer(Scalar::F32, 0)?, dev.buffer(Scalar::F32, 0)?);
+    let mut q = f.create_dyn_compute_queue()?;
+    q.copy(&e0, &e1).copy(&d.view(N, 0)?, &c.view(N, 0)?).signal(&s, 2);
+    submit(q, "zero-byte copies")?;
+    host_wait(&s, 2, "zero-byte copies")?;
+    let mut plan = kiln_runtime::ExecutionPlan::new(dev)?;
+    plan.copy(&e0, &e1)?;
+    plan.copy(&d.view(N, 0)?, &c.view(N, 0)?)?;
+    plan.run(&[])?;
+    plan.run(&[])?;
+    ensure!(d.to_vec::<f32>()? == want_d, "zero-byte copies changed {:?}", d.to_vec::<f32>()?);
+
     // A copy queue, when the device has one, is ordered by signals like any other queue.
     if let Some(mut cq) = f.create_dyn_copy_queue()? {
         let e = f32s(dev, &[0.0; N])?;
-        cq.wait(&s, 1).copy(&e, &c).signal(&s, 2);
+        cq.wait(&s, 2).copy(&e, &c).signal(&s, 3);
         submit(cq, "copy queue")?;
-        host_wait(&s, 2, "copy queue")?;
+        host_wait(&s, 3, "copy queue")?;
         ensure!(e.to_vec::<f32>()? == want, "the copy queue copied {:?}", e.to_vec::<f32>()?);
     }
     Ok(())

@@ -133,7 +133,9 @@ class Device:
         """Compiles several kernels on all cores; each entry is a source or ``(source, name)``.
         Returns the kernels in order; raises the first failing entry's error."""
     def empty(self, dtype: DType, n: int) -> Buffer:
-        """An uninitialized buffer of ``n`` elements of ``dtype``."""
+        """An uninitialized buffer of ``n`` elements of ``dtype``, allocated now: a size the
+        device cannot hold raises ``OutOfMemoryError`` here, a negative or impossible one
+        ``InvalidArgumentError``."""
     def from_numpy(self, array: Any) -> Buffer:
         """A buffer holding a copy of ``array`` (any shape, flattened in C order)."""
     def close(self) -> None:

@@ -88,7 +88,9 @@ const MM_PER: usize = MM_TILE / MM_ITEMS;
 /// [`IrError`] when `n` is not a positive multiple of 128 up to 2^15.
 pub fn matmul_f32(n: usize) -> Result<Arc<UOp>, IrError> {
     if n == 0 || !n.is_multiple_of(MM_TILE) || n > 1 << 15 {
-        return Err(IrError::Invalid(format!("the GPU matmul needs a positive multiple of {MM_TILE} up to 32768, got {n}")));
+        return Err(IrError::Invalid(format!(
+            "the GPU matmul needs a positive multiple of {MM_TILE} up to 32768, got {n}"
+        )));
     }
     let (t, d, items, per) = (MM_TILE, MM_DEPTH, MM_ITEMS, MM_PER);
     let loads = t * d / (items * items); // elements of each tile one item copies

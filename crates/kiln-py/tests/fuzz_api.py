@@ -1,0 +1,1469 @@
+#!/usr/bin/env python3
+"""A fuzzer of kiln's Python API.
+
+Each case is a short random program against the public API (devices, buffers, kernels,
+plans), generated from its seed alone, that mixes valid calls with invalid arguments:
+negative, zero and huge sizes and offsets, unknown dtypes, odd numpy arrays, closed devices,
+buffers of other devices, unknown variables, mutated kernel text, missing files.
+
+The contract checked: every call into kiln either succeeds or raises a subclass of
+``kiln.Error``. A finding is any of:
+
+* a crash (the worker process died) or a hang (a case ran past ``--timeout``);
+* any other exception from a kiln call (OverflowError, BufferError, SystemError, ...), and a
+  ``kiln.Error`` that reports a caught Rust panic;
+* a valid call that raised, or a valid launch or copy whose result differs from numpy's;
+* an inconsistency (a second ``PlanRun.wait()`` raising another class than the first, a
+  ``run_async`` that accepts a variable ``run`` refuses, ``done()`` false after ``wait()``).
+
+Recorded separately as notes, which do not fail a case: a ``TypeError`` for an argument of
+the wrong type or arity (the fuzzer knows when it passes one), and a ``BufferError`` from an
+export protocol (``__dlpack__``, ``__array_interface__`` and numpy reading them), where the
+DLPack standard asks for ``BufferError``.
+
+Cases run in worker processes that print each case's seed before running it; the parent
+records a worker that dies or hangs as a crash or hang of that case and starts a new worker
+at the next case. Every call is a line of Python run in the case's namespace, so
+``--replay SEED`` prints a case as a script, with each call's outcome.
+
+    python crates/kiln-py/tests/fuzz_api.py --cases 1000 [--seed 0]
+        [--devices CPU,OPENCL:0,WEBGPU:0] [--timeout 30] [--jobs 2]
+    python crates/kiln-py/tests/fuzz_api.py --replay SEED [--devices ...]
+
+The last line of a run is ``N passed, M failed`` (cases without and with a finding); the
+exit status is 1 when M > 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import enum
+import faulthandler
+import itertools
+import json
+import os
+import pathlib
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+import kiln
+
+KERNELS = pathlib.Path(__file__).resolve().parents[3] / "examples" / "kernels"
+EXAMPLES: dict[str, str] = {p.stem: p.read_text() for p in sorted(KERNELS.glob("*.kiln"))}
+BACKENDS = ("CPU", "OPENCL", "CUDA", "WEBGPU")
+
+# Workers run under a memory budget, so that huge buffers (allocated when first used) fail
+# with OutOfMemoryError instead of taking the machine's memory.
+MEMORY_BUDGET = "256MiB"
+# Buffers for launches hold this many elements: enough for every example kernel with
+# variables up to 64, few enough that no launch runs long.
+FIT = 4096
+
+# ---------------------------------------------------------------------------------------
+# Argument pools: Python expressions, each with whether it is of a wrong *type* for the
+# parameter it is passed to (a TypeError from Python for those is a note, not a finding).
+
+Arg = tuple[str, bool]
+
+SMALL_INTS = ["0", "1", "2", "3", "7", "8", "63", "64", "100", "4096"]
+HUGE_INTS = ["2**31 - 1", "2**31", "2**32", "2**62", "2**63 - 1", "2**63", "2**64 - 1", "2**64", "2**70"]
+NEGATIVE_INTS = ["-1", "-2", "-2**31", "-2**63", "-2**63 - 1", "-2**64", "-2**70"]
+INT_LIKES = ["True", "False", "np.int64(5)", "np.uint64(2**64 - 1)", "np.int8(-1)", "np.intp(3)"]
+NOT_INTS = ["4.0", "'8'", "None", "[3]", "1j", "np.float32(2)"]
+
+NUMPY_TO_KILN = {
+    "bool": "bool",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
+    "float16": "f16",
+    "float32": "f32",
+    "float64": "f64",
+}
+NUMERIC = list(NUMPY_TO_KILN)
+GOOD_DTYPES = [repr(d) for d in kiln.DTYPES] + [
+    "'float32'",
+    "'int64'",
+    "'bfloat16'",
+    "'float16'",
+    "'uint8'",
+    "np.float32",
+    "np.bool_",
+    "np.dtype('<i8')",
+    "np.dtype('>f4')",
+    "None",
+]
+BAD_DTYPES = [
+    "'f31'",
+    "''",
+    "'F32'",
+    "'float'",
+    "'i4'",
+    "'complex64'",
+    "np.complex64",
+    "'object'",
+    "'U3'",
+    "np.dtype('V8')",
+    "'datetime64[s]'",
+    "np.dtype([('a', 'i4')])",
+    "' f32'",
+    "'f32\\x00'",
+    "'x' * 10000",
+]
+WRONG_TYPE_DTYPES = ["3", "object()", "[]", "b'f32'", "1.5"]
+
+# Arrays (and other objects) for from_numpy, from_dlpack and copy_from that are not valid
+# arrays of a kiln dtype; the valid ones are made by Case.numeric_array.
+ODD_ARRAYS = [
+    "np.arange(6, dtype='complex64')",
+    "np.arange(8, dtype='complex128')[::2]",
+    "np.array([object(), 1], dtype=object)",
+    "np.array(['a', 'bc'])",
+    "np.zeros(3, dtype=[('x', 'f4'), ('y', 'i4')])",
+    "np.arange(3, dtype='datetime64[s]')",
+    "np.arange(3, dtype='timedelta64[ms]')",
+    "np.zeros(3, dtype=np.longdouble)",
+    "np.arange(8, dtype='>f4')",
+    "np.arange(8, dtype='>i8')[::2]",
+    "np.broadcast_to(np.float32(1), (2**40,))",
+    "np.ma.masked_array([1.0, 2.0], mask=[0, 1])",
+    "np.float32(2.5)",
+    "[1.0, 2.0, 3.0]",
+    "[[1, 2], [3]]",
+    "[]",
+    "[[]]",
+    "3.5",
+    "7",
+    "True",
+    "None",
+    "'abc'",
+    "b'abcd'",
+    "bytearray(8)",
+    "memoryview(b'abcdefgh')",
+    "range(5)",
+    "{'a': 1}",
+]
+
+DEVICE_NAMES_BAD = [
+    "'cpu'",
+    "'CPU:x'",
+    "'CPU:0'",
+    "'OPENCL:99'",
+    "'OPENCL:-1'",
+    "'OPENCL:99999999999999999999'",
+    "'OPENCL:0:1'",
+    "'TPU:0'",
+    "'CUDA:0'",
+    "''",
+    "' CPU'",
+    "'CPU\\x00'",
+    "'\\U0001f4a5'",
+    "'x' * 1000",
+]
+
+KERNEL_NAMES = ["'k'", "''", "'a b'", "'\\xf1'", "'x' * 5000", "'\\x00'", "'1abc'", "'main'", "'int'", "None"]
+MISSING_SOURCES = [
+    "pathlib.Path('/nonexistent/k.kiln')",
+    "'/nonexistent/k.kiln'",
+    "KERNELS",
+    "str(KERNELS)",
+    "''",
+    "'\\n'",
+    "'%x = BOGUS'",
+    "'\\x00'",
+]
+
+TIMEOUTS = ["None", "0", "0.0", "1e-9", "1.0", "60", "-1.0", "float('nan')", "float('inf')", "1e300", "2**64", "2**70"]
+
+# ---------------------------------------------------------------------------------------
+# Kernel text mutations
+
+OPS = sorted({m.group(1) for text in EXAMPLES.values() for m in re.finditer(r"=\s+([A-Z_]+)\s", text)}) + [
+    "BOGUS",
+    "add",
+    "SINK",
+]
+DTYPE_TOKEN = re.compile(r"\b(?:l?ptr<\w+>|bool|void|bf16|[fiu]\d+)\b")
+DTYPE_TOKENS = ["f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool", "void", "ptr<f32>", "lptr<f32>", "ptr<i64>"]
+NUMBER_TOKEN = re.compile(r"(?<![\w%<])-?\d+(?:\.\d+)?\b|\b(?:inf|nan)\b")
+NUMBERS = [
+    "0",
+    "-1",
+    "1",
+    "2",
+    "4096",
+    "65536",
+    "2147483647",
+    "2147483648",
+    "-2147483649",
+    "9223372036854775807",
+    "9223372036854775808",
+    "18446744073709551616",
+    "1e400",
+    "nan",
+    "-inf",
+    "0.5",
+    "00",
+    "0x10",
+]
+REF_TOKEN = re.compile(r"%\w*")
+QUOTED = re.compile(r'"[^"]*"')
+SPECIALS = ['"idx0"', '"idx1"', '"idx3"', '"gidx7"', '"lidx0"', '""', '"n"', '"idx0 "']
+JUNK = ["\x00", "\xe9", "(", ")", "%", "%%", "\t", ",", '"', "9" * 30, "# ", "\r", "\u2028", "x" * 300]
+# A mutant whose constants stay below this is launched (with small variables); bigger
+# constants can make loops that run for minutes, so those are only compiled.
+LAUNCHABLE_CONSTANT = 1024
+
+
+def _drop(rng: random.Random, lines: list[str]) -> list[str]:
+    i = rng.randrange(len(lines))
+    return lines[:i] + lines[i + 1 :]
+
+
+def _duplicate(rng: random.Random, lines: list[str]) -> list[str]:
+    i = rng.randrange(len(lines))
+    return lines[: i + 1] + lines[i:]
+
+
+def _swap_lines(rng: random.Random, lines: list[str]) -> list[str]:
+    i, j = rng.randrange(len(lines)), rng.randrange(len(lines))
+    out = list(lines)
+    out[i], out[j] = out[j], out[i]
+    return out
+
+
+def _replace_one(rng: random.Random, lines: list[str], pattern: re.Pattern[str], choices: Sequence[str]) -> list[str]:
+    """`lines` with one match of `pattern` (in a random line that has one) replaced."""
+    candidates = [i for i, line in enumerate(lines) if pattern.search(line)]
+    if not candidates:
+        return lines
+    i = rng.choice(candidates)
+    match = rng.choice(list(pattern.finditer(lines[i])))
+    out = list(lines)
+    out[i] = lines[i][: match.start()] + rng.choice(choices) + lines[i][match.end() :]
+    return out
+
+
+def _swap_op(rng: random.Random, lines: list[str]) -> list[str]:
+    return _replace_one(rng, lines, re.compile(r"(?<== )[A-Z_]+|^SINK"), OPS)
+
+
+def _swap_dtype(rng: random.Random, lines: list[str]) -> list[str]:
+    return _replace_one(rng, lines, DTYPE_TOKEN, DTYPE_TOKENS)
+
+
+def _swap_number(rng: random.Random, lines: list[str]) -> list[str]:
+    return _replace_one(rng, lines, NUMBER_TOKEN, NUMBERS)
+
+
+def _swap_ref(rng: random.Random, lines: list[str]) -> list[str]:
+    refs = sorted({m.group(0) for line in lines for m in REF_TOKEN.finditer(line)}) + ["%nope", "%"]
+    return _replace_one(rng, lines, REF_TOKEN, refs)
+
+
+def _swap_special(rng: random.Random, lines: list[str]) -> list[str]:
+    return _replace_one(rng, lines, QUOTED, SPECIALS)
+
+
+def _truncate(rng: random.Random, lines: list[str]) -> list[str]:
+    text = "\n".join(lines)
+    return text[: rng.randrange(len(text) + 1)].split("\n")
+
+
+def _junk(rng: random.Random, lines: list[str]) -> list[str]:
+    i = rng.randrange(len(lines))
+    at = rng.randrange(len(lines[i]) + 1)
+    out = list(lines)
+    out[i] = lines[i][:at] + rng.choice(JUNK) + lines[i][at:]
+    return out
+
+
+MUTATIONS: list[Callable[[random.Random, list[str]], list[str]]] = [
+    _drop,
+    _duplicate,
+    _swap_lines,
+    _swap_op,
+    _swap_dtype,
+    _swap_number,
+    _swap_ref,
+    _swap_special,
+    _truncate,
+    _junk,
+]
+
+
+def mutate(rng: random.Random, text: str) -> str:
+    """`text` (an example kernel) without comments and with one to three random mutations."""
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        if lines:
+            lines = rng.choice(MUTATIONS)(rng, lines)
+    out = "\n".join(lines)
+    return out + "\n" if rng.random() < 0.9 else out
+
+
+def launchable(text: str) -> bool:
+    """Whether every number in a mutant is small enough that its loops end quickly."""
+    numbers = re.findall(r"\d+", "\n".join(line for line in text.splitlines() if "DEFINE_VAR" not in line))
+    return all(len(n) < 6 and int(n) <= LAUNCHABLE_CONSTANT for n in numbers)
+
+
+# ---------------------------------------------------------------------------------------
+# Findings
+
+
+class Kind(enum.Enum):
+    CRASH = "crash"
+    HANG = "hang"
+    FOREIGN = "non-kiln exception"
+    PANIC = "caught Rust panic"
+    REFUSED = "valid call failed"
+    WRONG = "wrong result"
+    INCONSISTENT = "inconsistent"
+    INTERNAL = "fuzzer error"
+    TYPE_NOTE = "note: TypeError for a wrong argument type"
+    EXPORT_NOTE = "note: BufferError from an export protocol"
+
+    @property
+    def is_note(self) -> bool:
+        return self in (Kind.TYPE_NOTE, Kind.EXPORT_NOTE)
+
+
+@dataclass(frozen=True)
+class Finding:
+    seed: int
+    kind: Kind
+    op: str  # the API called, e.g. "Device.empty"
+    error: str  # the exception's class, or the signal that killed the worker
+    message: str
+    code: str  # the line of Python that did it
+
+    def pattern(self) -> str:
+        """The message with numbers and quoted names blurred, to group findings."""
+        text = re.sub(r"0x[0-9a-fA-F]+", "0x…", self.message)
+        text = re.sub(r"(['`\"]).*?\1", r"\1…\1", text)
+        return re.sub(r"\d+", "N", text)[:100]
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.kind.value, self.op, self.error, self.pattern())
+
+    def to_json(self) -> str:
+        return json.dumps([self.seed, self.kind.name, self.op, self.error, self.message, self.code])
+
+    @staticmethod
+    def from_json(text: str) -> Finding:
+        seed, kind, op, error, message, code = json.loads(text)
+        return Finding(seed, Kind[kind], op, error, message, code)
+
+
+# ---------------------------------------------------------------------------------------
+# One case
+
+
+class Abandon(Exception):
+    """A step an operation needs failed: the operation stops (its failure is already recorded)."""
+
+
+@dataclass
+class DevRef:
+    name: str  # the variable
+    device: str  # as given in --devices
+    closed: bool = False
+
+
+@dataclass
+class BufRef:
+    name: str
+    device: str
+    dtype: Optional[str]
+    length: Optional[int]
+
+
+@dataclass
+class KernelRef:
+    name: str
+    device: str
+    params: list[tuple[int, str]]
+    vars: list[tuple[str, int, int]]
+    mutant: bool
+
+
+@dataclass
+class PlanRef:
+    name: str
+    device: str
+
+
+@dataclass
+class RunRef:
+    name: str
+    plan: PlanRef
+    waits: list[Optional[type]] = field(default_factory=list)  # each wait's exception class
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    value: Any = None
+    error: Optional[BaseException] = None
+
+
+Hook = Callable[[str, str], None]
+
+
+class Case:
+    """One random program, generated and run step by step from `seed`."""
+
+    def __init__(self, seed: int, devices: Sequence[str], before: Optional[Hook] = None, after: Optional[Hook] = None):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.devices = list(devices)
+        self.before = before  # (op, line) before each line runs
+        self.after = after  # (op, outcome) after each call
+        self.ns: dict[str, Any] = {"kiln": kiln, "np": np, "pathlib": pathlib, "KERNELS": KERNELS}
+        self.findings: list[Finding] = []
+        self.counter = itertools.count()
+        self.devs: list[DevRef] = []
+        self.bufs: list[BufRef] = []
+        self.kernels: list[KernelRef] = []
+        self.plans: list[PlanRef] = []
+        self.runs: list[RunRef] = []
+
+    # -- running lines -------------------------------------------------------------------
+
+    def fresh(self, prefix: str) -> str:
+        return f"{prefix}{next(self.counter)}"
+
+    def run_line(self, op: str, line: str) -> None:
+        if self.before:
+            self.before(op, line)
+        exec(compile(line, "<fuzz>", "exec"), self.ns)
+
+    def let(self, code: str, prefix: str = "x") -> str:
+        """Binds a plain Python value (an array, kernel text), not a kiln call; returns its name."""
+        name = self.fresh(prefix)
+        self.run_line("python", f"{name} = {code}")
+        return name
+
+    def report(self, kind: Kind, op: str, error: str, message: str, line: str) -> None:
+        self.findings.append(Finding(self.seed, kind, op, error, message, line))
+        if self.after:
+            self.after(op, f"FINDING {kind.value}: {error}: {message}")
+
+    def call(
+        self,
+        code: str,
+        op: str,
+        *,
+        bind: Optional[str] = None,
+        valid: bool = False,
+        wrong_type: bool = False,
+        export: bool = False,
+    ) -> Outcome:
+        """Runs one call into kiln and checks the contract: success or a kiln.Error (or, when
+        `valid`, success). `wrong_type`: an argument is of the wrong type (a TypeError is a
+        note); `export`: an export protocol (a BufferError is a note)."""
+        line = f"{bind} = {code}" if bind else code
+        try:
+            self.run_line(op, line)
+        except kiln.Error as e:
+            if "panic was caught" in str(e):
+                self.report(Kind.PANIC, op, type(e).__name__, str(e), line)
+            elif valid:
+                self.report(Kind.REFUSED, op, type(e).__name__, str(e), line)
+            elif self.after:
+                self.after(op, f"{type(e).__name__}: {e}")
+            return Outcome(False, error=e)
+        except (NameError, SyntaxError) as e:
+            self.report(Kind.INTERNAL, op, type(e).__name__, str(e), line)
+            raise Abandon from e
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: B036 - pyo3's PanicException is a BaseException
+            kind = Kind.FOREIGN
+            if wrong_type and type(e) is TypeError:
+                kind = Kind.TYPE_NOTE
+            elif export and type(e) is BufferError:
+                kind = Kind.EXPORT_NOTE
+            self.report(kind, op, type(e).__name__, str(e), line)
+            return Outcome(False, error=e)
+        value = self.ns.get(bind) if bind else None
+        if self.after:
+            self.after(op, "ok" if bind is None else f"ok: {_short(value)}")
+        return Outcome(True, value)
+
+    def need(self, code: str, op: str, *, bind: Optional[str] = None, valid: bool = False) -> Any:
+        """`call`, abandoning the operation when it fails."""
+        out = self.call(code, op, bind=bind, valid=valid)
+        if not out.ok:
+            raise Abandon
+        return out.value
+
+    def check(self, condition: str, op: str, what: str) -> None:
+        """Evaluates `condition` (Python over the case's names); false is a wrong result of
+        `op`, and ends the operation."""
+        if self.before:
+            self.before("check", f"assert {condition}")
+        if not eval(condition, self.ns):
+            self.report(Kind.WRONG, op, "-", what, f"assert {condition}")
+            raise Abandon
+
+    # -- picking ---------------------------------------------------------------------------
+
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    def an_int(self, near: Optional[int] = None) -> Arg:
+        """A size, offset or index: mostly small or near `near`, sometimes huge, negative, an
+        int-like, or not an int at all."""
+        r = self.rng.random()
+        if near is not None and r < 0.35:
+            return str(max(0, near + self.rng.choice([-1, 0, 0, 1]))), False
+        if r < 0.55:
+            return self.rng.choice(SMALL_INTS), False
+        if r < 0.72:
+            return self.rng.choice(HUGE_INTS), False
+        if r < 0.85:
+            return self.rng.choice(NEGATIVE_INTS), False
+        if r < 0.93:
+            return self.rng.choice(INT_LIKES), False
+        return self.rng.choice(NOT_INTS), True
+
+    def a_dtype(self) -> Arg:
+        r = self.rng.random()
+        if r < 0.6:
+            return self.rng.choice(GOOD_DTYPES), False
+        if r < 0.9:
+            return self.rng.choice(BAD_DTYPES), False
+        return self.rng.choice(WRONG_TYPE_DTYPES), True
+
+    def numeric_array(self, dtype: Optional[str] = None, size: Optional[int] = None) -> str:
+        """An expression for a numpy array of a kiln dtype, in a random layout."""
+        dt = dtype or self.rng.choice(NUMERIC)
+        n = size if size is not None else self.rng.choice([0, 1, 2, 3, 5, 8, 17, 64, 100])
+        r, c = self.rng.choice([(0, 3), (3, 0), (1, 1), (2, 3), (4, 4), (3, 5)])
+        values = f"(np.arange({{}}) % 7).astype({dt!r})"
+        layouts = [
+            values.format(n),
+            values.format(2 * n) + "[::2]",
+            values.format(n) + "[::-1]",
+            values.format(r * c) + f".reshape({r}, {c})",
+            values.format(r * c) + f".reshape({r}, {c}).T",
+            values.format(2 * r * c) + f".reshape({r}, {2 * c})[:, ::2]",
+            f"np.asfortranarray({values.format(r * c)}.reshape({r}, {c}))",
+            f"np.array(3, dtype={dt!r})",
+            f"np.zeros(({n}, 0), {dt!r})",
+            f"np.broadcast_to(np.array(1, {dt!r}), ({n},))",
+            f"np.frombuffer(bytes(64), dtype={dt!r})",
+            f"np.frombuffer(bytearray(72), dtype={dt!r}, count=8, offset=1)",
+        ]
+        return layouts[0] if size is not None else self.rng.choice(layouts)
+
+    def an_array(self) -> tuple[str, bool]:
+        """A name bound to an array or other object for from_numpy/from_dlpack/copy_from, and
+        whether it is a valid array of a kiln dtype."""
+        if self.chance(0.6):
+            return self.let(self.numeric_array(), "a"), True
+        return self.let(self.rng.choice(ODD_ARRAYS), "a"), False
+
+    def a_dev(self) -> DevRef:
+        return self.rng.choice(self.devs)
+
+    def a_buf(self) -> Optional[BufRef]:
+        return self.rng.choice(self.bufs) if self.bufs else None
+
+    def open_device(self, device: str, valid: bool = True) -> Optional[DevRef]:
+        name = self.fresh("d")
+        if self.call(f"kiln.Device({device!r})", "Device", bind=name, valid=valid).ok:
+            self.devs.append(DevRef(name, device))
+            return self.devs[-1]
+        return None
+
+    def make_buf(self, dev: DevRef, dtype: str, length: int, *, valid: bool = False) -> BufRef:
+        name = self.fresh("b")
+        self.need(f"{dev.name}.empty({dtype!r}, {length})", "Device.empty", bind=name, valid=valid)
+        self.bufs.append(BufRef(name, dev.device, dtype, length))
+        return self.bufs[-1]
+
+    def compile_example(self, dev: DevRef, example: str, *, valid: bool = False) -> Optional[KernelRef]:
+        name = self.fresh("k")
+        if not self.call(f"{dev.name}.compile(KERNELS / '{example}.kiln')", "Device.compile", bind=name, valid=valid).ok:
+            return None
+        return self.adopt_kernel(name, dev, mutant=False)
+
+    def adopt_kernel(self, name: str, dev: DevRef, mutant: bool) -> Optional[KernelRef]:
+        """Adds a compiled kernel to the pool, reading its parameters and variables."""
+        params = self.call(f"{name}.params", "Kernel.params", bind=self.fresh("_"), valid=True)
+        variables = self.call(f"{name}.vars", "Kernel.vars", bind=self.fresh("_"), valid=True)
+        if not (params.ok and variables.ok):
+            return None
+        self.kernels.append(KernelRef(name, dev.device, list(params.value), list(variables.value), mutant))
+        return self.kernels[-1]
+
+    # -- the program ----------------------------------------------------------------------
+
+    def run(self) -> list[Finding]:
+        """Generates and runs the case; returns its findings."""
+        try:
+            self.prologue()
+        except Abandon:
+            return self.findings
+        ops: list[tuple[Callable[[], None], int]] = [
+            (self.op_device, 4),
+            (self.op_open, 2),
+            (self.op_close, 1),
+            (self.op_reset, 1),
+            (self.op_empty, 6),
+            (self.op_from_numpy, 5),
+            (self.op_from_dlpack, 4),
+            (self.op_buffer_read, 6),
+            (self.op_view, 6),
+            (self.op_reinterpret, 3),
+            (self.op_copy_from, 4),
+            (self.op_export, 3),
+            (self.op_compile, 4),
+            (self.op_compile_many, 2),
+            (self.op_launch, 8),
+            (self.op_plan, 2),
+            (self.op_plan_record, 5),
+            (self.op_plan_rebind, 2),
+            (self.op_plan_run, 4),
+            (self.op_plan_wait, 3),
+            (self.op_forget, 2),
+            (self.oracle_roundtrip, 2),
+            (self.oracle_add, 2),
+            (self.oracle_sum, 1),
+            (self.oracle_plan, 2),
+        ]
+        functions, weights = zip(*ops)
+        for op in self.rng.choices(functions, weights, k=self.rng.randint(4, 12)):
+            try:
+                op()
+            except Abandon:
+                pass
+        self.epilogue()
+        return self.findings
+
+    def prologue(self) -> None:
+        """A device (two when there are), an add kernel and a few buffers to start from."""
+        first = self.open_device(self.rng.choice(self.devices))
+        if first is None:
+            raise Abandon
+        if len(self.devices) > 1 and self.chance(0.5):
+            self.open_device(self.rng.choice(self.devices))
+        self.compile_example(first, "add", valid=True)
+        for _ in range(self.rng.randint(1, 3)):
+            dev = self.a_dev()
+            name = self.fresh("b")
+            n = self.rng.choice([0, 1, 8, 64, FIT])
+            dtype = self.rng.choice(["f32", "f32", "i32", "u8", "f64", "bf16"])
+            if self.call(f"{dev.name}.empty({dtype!r}, {n})", "Device.empty", bind=name, valid=True).ok:
+                self.bufs.append(BufRef(name, dev.device, dtype, n))
+
+    def epilogue(self) -> None:
+        """Waits for the runs not waited for and for each device, so nothing of this case runs on."""
+        for run in self.runs:
+            if not run.waits:
+                self.call(f"{run.name}.wait()", "PlanRun.wait")
+        for dev in self.devs:
+            self.call(f"{dev.name}.synchronize()", "Device.synchronize")
+
+    # -- devices --------------------------------------------------------------------------
+
+    def op_open(self) -> None:
+        r = self.rng.random()
+        if r < 0.4:
+            self.open_device(self.rng.choice(self.devices))
+        elif r < 0.85:
+            self.call(f"kiln.Device({self.rng.choice(DEVICE_NAMES_BAD)})", "Device", bind=self.fresh("_"))
+        elif r < 0.95:
+            name = self.rng.choice(["None", "0", "b'CPU'"])
+            self.call(f"kiln.Device({name})", "Device", wrong_type=True)
+        else:
+            name = self.fresh("d")
+            self.call(
+                f"with kiln.Device({self.rng.choice(self.devices)!r}) as {name}: {name}.empty('f32', 4)",
+                "Device.__enter__",
+                valid=True,
+            )
+
+    def op_close(self) -> None:
+        dev = self.a_dev()
+        how = self.rng.choice([f"{dev.name}.close()", f"{dev.name}.__exit__(None, None, None)"])
+        dev.closed |= self.call(how, "Device.close").ok
+
+    def op_reset(self) -> None:
+        self.call(f"{self.a_dev().name}.reset()", "Device.reset")
+
+    def op_device(self) -> None:
+        dev = self.a_dev().name
+        if self.chance(0.75):
+            what, op = self.rng.choice(
+                [
+                    (f"{dev}.synchronize()", "Device.synchronize"),
+                    (f"{dev}.memory_stats()", "Device.memory_stats"),
+                    (f"{dev}.trim()", "Device.trim"),
+                    (f"{dev}.properties", "Device.properties"),
+                    (f"{dev}.description", "Device.description"),
+                    (f"{dev}.name", "Device.name"),
+                    (f"{dev}.generation", "Device.generation"),
+                    (f"{dev}.is_lost", "Device.is_lost"),
+                    (f"{dev}.bounds_policy", "Device.bounds_policy"),
+                    (f"repr({dev})", "Device.__repr__"),
+                    ("kiln.devices()", "kiln.devices"),
+                ]
+            )
+            self.call(what, op, bind=self.fresh("_"))
+        else:
+            policy, wrong = self.rng.choice([("'guard'", False), ("'refuse'", False), ("'loose'", False), ("''", False), ("None", True), ("1", True)])
+            self.call(f"{dev}.bounds_policy = {policy}", "Device.bounds_policy", wrong_type=wrong)
+
+    # -- buffers --------------------------------------------------------------------------
+
+    def op_empty(self) -> None:
+        dev = self.a_dev()
+        (dtype, wrong_dtype), (n, wrong_n) = self.a_dtype(), self.an_int()
+        name = self.fresh("b")
+        out = self.call(f"{dev.name}.empty({dtype}, {n})", "Device.empty", bind=name, wrong_type=wrong_dtype or wrong_n)
+        if out.ok:
+            length = int(eval(n, self.ns))
+            self.bufs.append(BufRef(name, dev.device, out.value.dtype, length))
+
+    def op_from_numpy(self) -> None:
+        dev = self.a_dev()
+        array, valid = self.an_array()
+        name = self.fresh("b")
+        out = self.call(f"{dev.name}.from_numpy({array})", "Device.from_numpy", bind=name)
+        if out.ok:
+            self.bufs.append(BufRef(name, dev.device, out.value.dtype, int(np.asarray(self.ns[array]).size) if valid else None))
+
+    def op_from_dlpack(self) -> None:
+        if self.bufs and self.chance(0.25):
+            source, valid = self.rng.choice(self.bufs).name, False
+        else:
+            source, valid = self.an_array()
+        wrong = not hasattr(self.ns[source], "__dlpack__")
+        device, wrong_device = self.rng.choice(
+            [("", False), (", None", False), (f", {self.a_dev().name}", False), (f", device={self.a_dev().name}", False), (", 'CPU'", True)]
+        )
+        name = self.fresh("b")
+        out = self.call(f"kiln.from_dlpack({source}{device})", "kiln.from_dlpack", bind=name, wrong_type=wrong or wrong_device)
+        if out.ok:
+            length = int(np.asarray(self.ns[source]).size) if valid else None
+            self.bufs.append(BufRef(name, out.value.device, out.value.dtype, length))
+
+    def op_buffer_read(self) -> None:
+        buf = self.a_buf()
+        if buf is None:
+            return
+        what, op = self.rng.choice(
+            [
+                (f"len({buf.name})", "Buffer.__len__"),
+                (f"{buf.name}.nbytes", "Buffer.nbytes"),
+                (f"{buf.name}.dtype", "Buffer.dtype"),
+                (f"{buf.name}.device", "Buffer.device"),
+                (f"{buf.name}.is_host", "Buffer.is_host"),
+                (f"repr({buf.name})", "Buffer.__repr__"),
+                (f"{buf.name}.numpy()", "Buffer.numpy"),
+                (f"{buf.name}.numpy()", "Buffer.numpy"),
+            ]
+        )
+        self.call(what, op, bind=self.fresh("_"))
+
+    def op_view(self) -> None:
+        buf = self.a_buf()
+        if buf is None:
+            return
+        offset, wrong_offset = self.an_int(buf.length)
+        args = offset
+        wrong_length = False
+        r = self.rng.random()
+        if r < 0.6:
+            length, wrong_length = self.an_int(None if buf.length is None else max(0, buf.length - 1))
+            args += f", {length}"
+        elif r < 0.7:
+            args += ", None"
+        name = self.fresh("b")
+        out = self.call(f"{buf.name}.view({args})", "Buffer.view", bind=name, wrong_type=wrong_offset or wrong_length)
+        if out.ok:
+            self.bufs.append(BufRef(name, buf.device, buf.dtype, None))
+
+    def op_reinterpret(self) -> None:
+        buf = self.a_buf()
+        if buf is None:
+            return
+        dtype, wrong = self.a_dtype()
+        name = self.fresh("b")
+        if self.call(f"{buf.name}.reinterpret({dtype})", "Buffer.reinterpret", bind=name, wrong_type=wrong).ok:
+            self.bufs.append(BufRef(name, buf.device, None, None))
+
+    def op_copy_from(self) -> None:
+        buf = self.a_buf()
+        if buf is None:
+            return
+        r = self.rng.random()
+        if r < 0.4 and self.bufs:
+            source = self.rng.choice(self.bufs).name
+        elif r < 0.6 and buf.length is not None and buf.dtype in NUMPY_TO_KILN.values() and buf.length <= FIT:
+            numpy_name = next(k for k, v in NUMPY_TO_KILN.items() if v == buf.dtype)
+            source = self.let(self.numeric_array(numpy_name, buf.length), "a")
+        else:
+            source, _ = self.an_array()
+        self.call(f"{buf.name}.copy_from({source})", "Buffer.copy_from")
+
+    def op_export(self) -> None:
+        buf = self.a_buf()
+        if buf is None:
+            return
+        r = self.rng.random()
+        if r < 0.5:
+            kwargs: list[str] = []
+            wrong = False
+            if self.chance(0.5):
+                version, w = self.rng.choice([("None", False), ("(1, 0)", False), ("(0, 8)", False), ("(1, 5)", False), ("(2**40, 0)", False), ("(-1, 0)", False), ("('a', 0)", True)])
+                kwargs.append(f"max_version={version}")
+                wrong |= w
+            if self.chance(0.4):
+                device, w = self.rng.choice([("None", False), ("(1, 0)", False), ("(2, 0)", False), ("(1, 1)", False), ("(2**40, 0)", False), ("(-1, -1)", False), ("'cpu'", True)])
+                kwargs.append(f"dl_device={device}")
+                wrong |= w
+            if self.chance(0.3):
+                kwargs.append(f"copy={self.rng.choice(['None', 'True', 'False'])}")
+            if self.chance(0.2):
+                kwargs.append(f"stream={self.rng.choice(['None', '0', '1', '-1'])}")
+            self.call(f"{buf.name}.__dlpack__({', '.join(kwargs)})", "Buffer.__dlpack__", bind=self.fresh("_"), wrong_type=wrong, export=True)
+        else:
+            what, op = self.rng.choice(
+                [
+                    (f"{buf.name}.__dlpack_device__()", "Buffer.__dlpack_device__"),
+                    (f"{buf.name}.__array_interface__", "Buffer.__array_interface__"),
+                    (f"np.from_dlpack({buf.name})", "numpy.from_dlpack(Buffer)"),
+                    (f"np.asarray({buf.name})", "numpy.asarray(Buffer)"),
+                ]
+            )
+            self.call(what, op, bind=self.fresh("_"), export=True)
+
+    def op_forget(self) -> None:
+        """Drops a buffer or kernel (views, arrays and plans may still hold its memory)."""
+        pool: list[Any] = self.rng.choice([self.bufs, self.kernels])
+        if pool:
+            ref = pool.pop(self.rng.randrange(len(pool)))
+            self.run_line("python", f"del {ref.name}; import gc; gc.collect()")
+
+    # -- kernels --------------------------------------------------------------------------
+
+    def a_source(self) -> tuple[str, bool, Optional[str]]:
+        """Kernel source code, whether it is of a wrong type, and the example it is (None when
+        mutated or not a kernel)."""
+        r = self.rng.random()
+        example = self.rng.choice(list(EXAMPLES))
+        if r < 0.3:
+            form = self.rng.choice([f"KERNELS / '{example}.kiln'", f"str(KERNELS / '{example}.kiln')", f"(KERNELS / '{example}.kiln').read_text()"])
+            return form, False, example
+        if r < 0.8:
+            return self.let(repr(mutate(self.rng, EXAMPLES[example])), "s"), False, None
+        if r < 0.93:
+            return self.rng.choice(MISSING_SOURCES), False, None
+        return self.rng.choice(["42", "None", "b'%x = BOGUS'", "['add']"]), True, None
+
+    def op_compile(self) -> None:
+        dev = self.a_dev()
+        source, wrong, example = self.a_source()
+        args = source
+        wrong_name = False
+        if self.chance(0.3):
+            kernel_name, wrong_name = self.rng.choice([(n, False) for n in KERNEL_NAMES] + [("5", True)])
+            args += f", {kernel_name}" if self.chance(0.5) else f", name={kernel_name}"
+        name = self.fresh("k")
+        if self.call(f"{dev.name}.compile({args})", "Device.compile", bind=name, wrong_type=wrong or wrong_name).ok:
+            text = self.ns[source] if source in self.ns else EXAMPLES.get(example or "", "")
+            if example is not None or launchable(text):
+                self.adopt_kernel(name, dev, mutant=example is None)
+
+    def op_compile_many(self) -> None:
+        dev = self.a_dev()
+        entries: list[str] = []
+        wrong = False
+        for _ in range(self.rng.randint(0, 3)):
+            source, w, _ = self.a_source()
+            wrong |= w
+            r = self.rng.random()
+            if r < 0.5:
+                entries.append(source)
+            elif r < 0.8:
+                entries.append(f"({source}, {self.rng.choice(KERNEL_NAMES)})")
+            else:
+                entries.append(self.rng.choice([f"({source},)", f"({source}, 'a', 'b')", f"({source}, 5)"]))
+                wrong = True
+        container = self.rng.choice(["[{}]", "({},)", "(x for x in [{}])"]).format(", ".join(entries))
+        if self.chance(0.1):
+            container, wrong = self.rng.choice(["5", "None"]), True
+        self.call(f"{dev.name}.compile_many({container})", "Device.compile_many", bind=self.fresh("_"), wrong_type=wrong)
+
+    def var_value(self, lo: int, hi: int, mutant: bool) -> Arg:
+        if mutant:
+            return self.rng.choice([str(self.rng.randint(1, 8)), "2**64", "0"]), False
+        r = self.rng.random()
+        if r < 0.6:
+            return str(self.rng.randint(max(lo, 1), max(lo, min(hi, 64)))), False
+        if r < 0.9:
+            return self.rng.choice([str(lo - 1), str(hi), str(hi + 1), "0", "-1", "2**31", "2**63", "2**64", "2**70", "-2**63 - 1", "True", "np.int64(3)", "np.uint64(2**63)"]), False
+        return self.rng.choice(["1.5", "'8'", "None"]), True
+
+    def launch_args(self, kernel: KernelRef) -> tuple[list[str], dict[str, str], bool]:
+        """Buffers (names or other objects) and variables for a launch of `kernel`: mostly
+        fitting, sometimes not, and whether any is of a wrong type."""
+        devs = [d for d in self.devs if d.device == kernel.device and not d.closed] or self.devs
+        buffers: list[str] = []
+        wrong = False
+        for _, dtype in kernel.params:
+            r = self.rng.random()
+            if r < 0.7:
+                buffers.append(self.make_buf(self.rng.choice(devs), dtype, FIT).name)
+            elif r < 0.9 and self.bufs:
+                buffers.append(self.rng.choice(self.bufs).name)
+            else:
+                buffers.append(self.rng.choice(["np.zeros(8, 'float32')", "None", "3"]))
+                wrong = True
+        if buffers and self.chance(0.1):
+            buffers.pop(self.rng.randrange(len(buffers)))
+        elif self.chance(0.1) and self.bufs:
+            buffers.append(self.rng.choice(self.bufs).name)
+        variables: dict[str, str] = {}
+        for var, lo, hi in kernel.vars:
+            if self.chance(0.05):
+                continue  # missing
+            value, w = self.var_value(lo, hi, kernel.mutant)
+            variables[var] = value
+            wrong |= w
+        if self.chance(0.08):
+            variables[self.rng.choice(["m", "nope", "", "n ", "\\x00"])] = "1"
+        return buffers, variables, wrong
+
+    @staticmethod
+    def dict_code(variables: dict[str, str]) -> str:
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in variables.items()) + "}"
+
+    def op_launch(self) -> None:
+        if not self.kernels:
+            return
+        kernel = self.rng.choice(self.kernels)
+        buffers, variables, wrong = self.launch_args(kernel)
+        r = self.rng.random()
+        if r < 0.5:
+            args = ", ".join(buffers + ([f"**{self.dict_code(variables)}"] if variables else []))
+            self.call(f"{kernel.name}({args})", "Kernel.__call__", wrong_type=wrong)
+        elif r < 0.9:
+            seq = self.rng.choice(["[{}]", "({},)", "iter([{}])"]).format(", ".join(buffers))
+            extra = self.rng.choice(["", ", reinterpret=True", ", reinterpret=False"])
+            self.call(f"{kernel.name}.launch({seq}, {self.dict_code(variables)}{extra})", "Kernel.launch", wrong_type=wrong)
+        else:
+            bad, _ = self.rng.choice([("5", True), ("[('n', 1)]", True), ("{1: 2}", False)])
+            self.call(f"{kernel.name}.launch([{', '.join(buffers)}], {bad})", "Kernel.launch", wrong_type=True)
+        if self.chance(0.3):
+            attr = self.rng.choice(["name", "device", "var_names", "vars", "params", "outs", "source"])
+            self.call(f"{kernel.name}.{attr}", f"Kernel.{attr}", bind=self.fresh("_"))
+
+    # -- plans ----------------------------------------------------------------------------
+
+    def op_plan(self) -> None:
+        dev = self.a_dev()
+        timeout = "" if self.chance(0.5) else f", timeout={self.rng.choice(TIMEOUTS)}"
+        wrong = False
+        if self.chance(0.05):
+            timeout, wrong = ", timeout='1'", True
+        name = self.fresh("p")
+        if self.call(f"kiln.Plan({dev.name}{timeout})", "Plan", bind=name, wrong_type=wrong).ok:
+            self.plans.append(PlanRef(name, dev.device))
+
+    def a_plan(self) -> PlanRef:
+        if not self.plans:
+            self.op_plan()
+            if not self.plans:
+                raise Abandon
+        return self.rng.choice(self.plans)
+
+    def op_plan_record(self) -> None:
+        plan = self.a_plan()
+        if self.chance(0.6) and self.kernels:
+            kernel = self.rng.choice(self.kernels)
+            buffers, variables, wrong = self.launch_args(kernel)
+            self.call(f"{plan.name}.launch({kernel.name}, [{', '.join(buffers)}], {self.dict_code(variables)})", "Plan.launch", bind=self.fresh("_"), wrong_type=wrong)
+        elif self.bufs:
+            dst, src = self.rng.choice(self.bufs).name, self.rng.choice(self.bufs).name
+            wrong = False
+            if self.chance(0.1):
+                src, wrong = "np.zeros(4, 'float32')", True
+            self.call(f"{plan.name}.copy({dst}, {src})", "Plan.copy", bind=self.fresh("_"), wrong_type=wrong)
+
+    def op_plan_rebind(self) -> None:
+        plan = self.a_plan()
+        bindings = []
+        wrong = False
+        for _ in range(self.rng.randint(0, 3)):
+            node = self.rng.choice(["0", "1", "2", "-1", "2**64", "len(" + plan.name + ")"])
+            slot = self.rng.choice(["0", "1", "2", "3", "-1", "2**64"])
+            if self.bufs and self.chance(0.85):
+                buf = self.rng.choice(self.bufs).name
+            else:
+                buf, wrong = "np.zeros(8)", True
+            bindings.append(f"({node}, {slot}, {buf})")
+        self.call(f"{plan.name}.rebind([{', '.join(bindings)}])", "Plan.rebind", wrong_type=wrong)
+
+    def op_plan_run(self) -> None:
+        plan = self.a_plan()
+        names = self.call(f"{plan.name}.var_names", "Plan.var_names", bind=self.fresh("_"), valid=True)
+        known: list[str] = list(names.value) if names.ok else []
+        variables: dict[str, str] = {}
+        for var in known:
+            if self.chance(0.5):
+                variables[var] = self.var_value(1, 16777216, mutant=False)[0]
+        unknown = self.chance(0.15)
+        if unknown:
+            variables[self.rng.choice([v for v in ("m", "nope", "zz") if v not in known])] = "1"
+        args = f"**{self.dict_code(variables)}" if variables else ""
+        if self.chance(0.5):
+            self.call(f"{plan.name}.run({args})", "Plan.run")
+            return
+        name = self.fresh("r")
+        out = self.call(f"{plan.name}.run_async({args})", "Plan.run_async", bind=name)
+        if out.ok:
+            self.runs.append(RunRef(name, plan))
+            if unknown and names.ok:
+                self.report(Kind.INCONSISTENT, "Plan.run_async", "-", "accepted a variable the plan does not have (Plan.run refuses it)", f"{name} = {plan.name}.run_async({args})")
+
+    def op_plan_wait(self) -> None:
+        if not self.runs:
+            return
+        run = self.rng.choice(self.runs)
+        if self.chance(0.3):
+            self.call(f"{run.name}.done()", "PlanRun.done", bind=self.fresh("_"))
+            return
+        out = self.call(f"{run.name}.wait()", "PlanRun.wait")
+        run.waits.append(None if out.ok else type(out.error))
+        first, last = run.waits[0], run.waits[-1]
+        if last is not first:
+            what = f"wait() #{len(run.waits)} gave {_name(last)}, the first gave {_name(first)}"
+            self.report(Kind.INCONSISTENT, "PlanRun.wait", _name(last), what, f"{run.name}.wait()")
+        if out.ok:
+            done = self.call(f"{run.name}.done()", "PlanRun.done", bind=self.fresh("_"), valid=True)
+            if done.ok and done.value is not True:
+                self.report(Kind.INCONSISTENT, "PlanRun.done", "-", "done() is not True after wait() returned", f"{run.name}.done()")
+
+    # -- oracles: valid calls that must succeed, with results checked against numpy -------
+
+    def oracle_device(self) -> DevRef:
+        """A new handle of a random device, after a synchronize that takes up failures of
+        earlier launches (reported by the next wait)."""
+        dev = self.open_device(self.rng.choice(self.devices))
+        if dev is None:
+            raise Abandon
+        self.call(f"{dev.name}.synchronize()", "Device.synchronize")
+        return dev
+
+    def f32_input(self, dev: DevRef, values: str) -> str:
+        """A buffer holding the float32 array `values`, made one of several ways."""
+        array = self.let(values, "a")
+        name = self.fresh("b")
+        r = self.rng.random()
+        if r < 0.4:
+            self.need(f"{dev.name}.from_numpy({array})", "Device.from_numpy", bind=name, valid=True)
+        elif r < 0.6:
+            self.need(f"kiln.from_dlpack({array}, {dev.name})", "kiln.from_dlpack", bind=name, valid=True)
+        elif r < 0.8:
+            self.need(f"{dev.name}.empty('f32', {array}.size)", "Device.empty", bind=name, valid=True)
+            self.need(f"{name}.copy_from({array})", "Buffer.copy_from", valid=True)
+        else:
+            other = self.rng.choice(self.devices)
+            staging = self.fresh("b")
+            self.need(f"kiln.Device({other!r}).from_numpy({array})", "Device.from_numpy", bind=staging, valid=True)
+            self.need(f"{dev.name}.empty('f32', {array}.size)", "Device.empty", bind=name, valid=True)
+            self.need(f"{name}.copy_from({staging})", "Buffer.copy_from", valid=True)
+        return name
+
+    def padded(self, dev: DevRef, values: str, n: int) -> tuple[str, str, int]:
+        """A view of `n` elements at a random offset into a buffer of `values` (float32 with
+        at least `n` + 8 elements): (the whole buffer, the view, the offset)."""
+        whole = self.f32_input(dev, values)
+        offset = self.rng.choice([0, 0, 1, 5])
+        view = self.fresh("b")
+        self.need(f"{whole}.view({offset}, {n})", "Buffer.view", bind=view, valid=True)
+        return whole, view, offset
+
+    def oracle_roundtrip(self) -> None:
+        """from_numpy / from_dlpack, numpy(), view, reinterpret and copy_from of a valid array
+        give back its bytes."""
+        dev = self.oracle_device()
+        dt = self.rng.choice(NUMERIC)
+        x = self.let(self.numeric_array(dt), "a")
+        flat = self.let(f"np.ascontiguousarray({x}).ravel()", "a")
+        array = self.ns[x]
+        contiguous = array.flags.c_contiguous
+        b = self.fresh("b")
+        if self.chance(0.5):
+            self.need(f"{dev.name}.from_numpy({x})", "Device.from_numpy", bind=b, valid=True)
+        else:
+            self.need(f"kiln.from_dlpack({x}, {dev.name})", "kiln.from_dlpack", bind=b, valid=contiguous)
+        self.need(f"{b}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"{got}.tobytes() == {flat}.tobytes() and {got}.dtype == {flat}.dtype", "Buffer.numpy", f"numpy() of a {dt} buffer differs from the array")
+        self.need(f"({b}.dtype, len({b}), {b}.nbytes)", "Buffer.dtype/len/nbytes", bind=(meta := self.fresh("_")), valid=True)
+        self.check(f"{meta} == ({NUMPY_TO_KILN[dt]!r}, {flat}.size, {flat}.nbytes)", "Buffer.dtype/len/nbytes", "dtype, len or nbytes differ from the array's")
+        size = array.size
+        offset = self.rng.randint(0, size)
+        length = self.rng.randint(0, size - offset)
+        v = self.fresh("b")
+        self.need(f"{b}.view({offset}, {length})", "Buffer.view", bind=v, valid=True)
+        self.need(f"{v}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"{got}.tobytes() == {flat}[{offset}:{offset + length}].tobytes()", "Buffer.view", "a view's numpy() differs from the slice")
+        self.need(f"{b}.reinterpret('u8').numpy()", "Buffer.reinterpret", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"{got}.tobytes() == {flat}.tobytes()", "Buffer.reinterpret", "reinterpret('u8') differs from the array's bytes")
+        y = self.let(f"(np.arange({size}) % 5 + 1).astype({dt!r})", "a")
+        if self.chance(0.5):
+            self.need(f"{b}.copy_from({y})", "Buffer.copy_from", valid=True)
+        else:
+            other = self.fresh("b")
+            self.need(f"kiln.Device({self.rng.choice(self.devices)!r}).from_numpy({y})", "Device.from_numpy", bind=other, valid=True)
+            self.need(f"{b}.copy_from({other})", "Buffer.copy_from", valid=True)
+        self.need(f"{b}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"{got}.tobytes() == {y}.tobytes()", "Buffer.copy_from", "numpy() after copy_from differs from the source")
+
+    def run_add(self, kernel: str, dev: DevRef, a: str, b: str, c: str, n: int, m: int) -> None:
+        """Launches add over (a, b, c) with n = m, one of several ways."""
+        how = self.rng.choice(["call", "launch", "reinterpret", "plan", "async"])
+        if how == "call":
+            self.need(f"{kernel}({a}, {b}, {c}, n={m})", "Kernel.__call__", valid=True)
+        elif how == "launch":
+            self.need(f"{kernel}.launch([{a}, {b}, {c}], {{'n': {m}}})", "Kernel.launch", valid=True)
+        elif how == "reinterpret":
+            u8 = ", ".join(f"{x}.reinterpret('u8')" for x in (a, b, c))
+            self.need(f"{kernel}.launch([{u8}], {{'n': {m}}}, reinterpret=True)", "Kernel.launch", valid=True)
+        else:
+            plan, run = self.fresh("p"), self.fresh("r")
+            self.need(f"kiln.Plan({dev.name})", "Plan", bind=plan, valid=True)
+            self.need(f"{plan}.launch({kernel}, [{a}, {b}, {c}], {{'n': {n}}})", "Plan.launch", valid=True)
+            if how == "plan":
+                self.need(f"{plan}.run(n={m})", "Plan.run", valid=True)
+            else:
+                self.need(f"{plan}.run_async(n={m})", "Plan.run_async", bind=run, valid=True)
+                self.need(f"{run}.wait()", "PlanRun.wait", valid=True)
+
+    def oracle_add(self) -> None:
+        """c = a + b over views at offsets; the rest of c's buffer stays as it was."""
+        dev = self.oracle_device()
+        kernel = self.fresh("k")
+        self.need(f"{dev.name}.compile(KERNELS / 'add.kiln')", "Device.compile", bind=kernel, valid=True)
+        n = self.rng.choice([1, 2, 3, 7, 8, 64, 100, 257, 1000, 4097])
+        m = n if self.chance(0.7) else self.rng.randint(1, n)
+        _, a, pa = self.padded(dev, f"np.arange({n + 8}, dtype='float32') * 0.5 - 3", n)
+        _, b, pb = self.padded(dev, f"np.arange({n + 8}, dtype='float32') * -0.25 + 100", n)
+        whole, c, pc = self.padded(dev, f"np.full({n + 8}, -7, dtype='float32')", n)
+        self.run_add(kernel, dev, a, b, c, n, m)
+        want = self.let(f"np.full({n + 8}, -7, dtype='float32')", "w")
+        self.run_line("python", f"{want}[{pc}:{pc + m}] = (np.arange({n + 8}, dtype='float32') * 0.5 - 3)[{pa}:{pa + m}] + (np.arange({n + 8}, dtype='float32') * -0.25 + 100)[{pb}:{pb + m}]")
+        self.need(f"{whole}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"np.array_equal({got}, {want})", "add", f"add over n={m} differs from numpy")
+
+    def oracle_sum(self) -> None:
+        """out = sum(a[:m]) (integer values, so exact in f32), into a view of a bigger buffer."""
+        dev = self.oracle_device()
+        kernel = self.fresh("k")
+        self.need(f"{dev.name}.compile(KERNELS / 'sum.kiln')", "Device.compile", bind=kernel, valid=True)
+        n = self.rng.choice([1, 2, 5, 64, 1000, 4096, 65536])
+        m = n if self.chance(0.7) else self.rng.randint(1, n)
+        values = f"(np.arange({n + 8}) % 7 - 3).astype('float32')"
+        _, a, pa = self.padded(dev, values, n)
+        whole, out, po = self.padded(dev, "np.full(9, -7, dtype='float32')", 1)
+        if self.chance(0.5):
+            self.need(f"{kernel}({a}, {out}, n={m})", "Kernel.__call__", valid=True)
+        else:
+            plan = self.fresh("p")
+            self.need(f"kiln.Plan({dev.name})", "Plan", bind=plan, valid=True)
+            self.need(f"{plan}.launch({kernel}, [{a}, {out}], {{'n': {n}}})", "Plan.launch", valid=True)
+            self.need(f"{plan}.run(n={m})", "Plan.run", valid=True)
+        want = self.let("np.full(9, -7, dtype='float32')", "w")
+        self.run_line("python", f"{want}[{po}] = {values}[{pa}:{pa + m}].sum()")
+        self.need(f"{whole}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"np.array_equal({got}, {want})", "sum", f"sum over n={m} differs from numpy")
+
+    def oracle_plan(self) -> None:
+        """A plan of add, a copy of its output (and perhaps a zero-byte copy), run with a
+        smaller n, then rebound to new inputs and run again."""
+        dev = self.oracle_device()
+        kernel, plan = self.fresh("k"), self.fresh("p")
+        self.need(f"{dev.name}.compile(KERNELS / 'add.kiln')", "Device.compile", bind=kernel, valid=True)
+        n = self.rng.choice([1, 3, 8, 100, 1000])
+        m = self.rng.randint(1, n)
+        a = self.f32_input(dev, f"np.arange({n}, dtype='float32')")
+        b = self.f32_input(dev, f"np.full({n}, 2, dtype='float32')")
+        c = self.f32_input(dev, f"np.full({n}, -7, dtype='float32')")
+        d = self.make_buf(dev, "f32", n, valid=True).name
+        self.need(f"kiln.Plan({dev.name})", "Plan", bind=plan, valid=True)
+        self.need(f"{plan}.launch({kernel}, [{a}, {b}, {c}], {{'n': {n}}})", "Plan.launch", valid=True)
+        self.need(f"{plan}.copy({d}, {c})", "Plan.copy", valid=True)
+        if self.chance(0.3):
+            empty = self.rng.choice([f"{dev.name}.empty('f32', 0)", f"{d}.view({n}, 0)"])
+            self.need(f"{plan}.copy({empty}, {dev.name}.empty('f32', 0))", "Plan.copy", valid=True)
+        if self.chance(0.5):
+            self.need(f"{plan}.run(n={m})", "Plan.run", valid=True)
+        else:
+            run = self.fresh("r")
+            self.need(f"{plan}.run_async(n={m})", "Plan.run_async", bind=run, valid=True)
+            self.need(f"{run}.wait()", "PlanRun.wait", valid=True)
+        self.need(f"{d}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+        self.check(f"np.array_equal({got}[:{m}], np.arange({m}) + 2) and ({got}[{m}:] == -7).all()", "Plan.run", f"a plan of add then copy over n={m} differs from numpy")
+        if self.chance(0.5):
+            a2 = self.f32_input(dev, f"np.full({n}, 10, dtype='float32')")
+            self.need(f"{plan}.rebind([(0, 0, {a2})])", "Plan.rebind", valid=True)
+            self.need(f"{plan}.run()", "Plan.run", valid=True)
+            self.need(f"{d}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+            self.check(f"({got} == 12).all()", "Plan.rebind", f"a rebound plan over n={n} differs from numpy")
+
+
+def _name(cls: Optional[type]) -> str:
+    return "success" if cls is None else cls.__name__
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# Processes: the worker runs cases; the parent drives workers and reports.
+
+
+def first_devices() -> dict[str, str]:
+    """The first available device of each backend: {"CPU": "CPU", "OPENCL": "OPENCL", ...}."""
+    found: dict[str, str] = {}
+    for info in kiln.devices():
+        backend = info.name.split(":")[0]
+        if backend in BACKENDS and info.available and backend not in found:
+            found[backend] = info.name
+    return found
+
+
+def configure_environment(scratch: str) -> None:
+    """Settings for kiln in this process and its workers, unless already set: PoCL's and
+    kiln's kernel caches in `scratch`, lavapipe without device selection, and a memory
+    budget. kiln reads them when it opens a device."""
+    os.environ.setdefault("POCL_CACHE_DIR", os.path.join(scratch, "pocl"))
+    os.environ.setdefault("KILN_CACHE_DIR", os.path.join(scratch, "kiln"))
+    os.environ.setdefault("NODEVICE_SELECT", "1")
+    os.environ.setdefault("KILN_MEMORY_BUDGET", MEMORY_BUDGET)
+
+
+def run_worker(devices: Sequence[str]) -> None:
+    """Reads seeds from stdin and runs each case: CASE before it, STEP before each line,
+    FINDING for each finding, DONE after it."""
+    faulthandler.enable()  # a crash prints where it happened, for the parent's report
+    policies = {name: kiln.Device(name).bounds_policy for name in devices}
+
+    def step(op: str, line: str) -> None:
+        print("STEP", json.dumps([op, line]), flush=True)
+
+    print("READY", flush=True)
+    for text in sys.stdin:
+        seed = int(text)
+        print(f"CASE {seed}", flush=True)
+        try:
+            findings = Case(seed, devices, before=step).run()
+        except Exception as e:  # a bug of the fuzzer, not of kiln
+            findings = [Finding(seed, Kind.INTERNAL, "fuzzer", type(e).__name__, str(e), "")]
+        for finding in findings:
+            print("FINDING", finding.to_json(), flush=True)
+        for name, policy in policies.items():  # a case may have changed the shared device's policy
+            try:
+                kiln.Device(name).bounds_policy = policy
+            except kiln.Error:
+                pass
+        print(f"DONE {seed}", flush=True)
+
+
+class Worker:
+    """A worker process and the threads that read its output."""
+
+    STARTUP_TIMEOUT = 120.0
+
+    def __init__(self, devices: Sequence[str], env: dict[str, str], timeout: float):
+        self.devices, self.env, self.timeout = devices, env, timeout
+        self.start()
+
+    def start(self) -> None:
+        command = [sys.executable, os.path.abspath(__file__), "--worker", "--devices", ",".join(self.devices)]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, bufsize=1)
+        self.lines: queue.Queue[Optional[str]] = queue.Queue()
+        self.stderr: collections.deque[str] = collections.deque(maxlen=30)
+        threading.Thread(target=self._pump_stdout, daemon=True).start()
+        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr or ()), daemon=True).start()
+        line = self._next(time.monotonic() + self.STARTUP_TIMEOUT)
+        if line != "READY":
+            self.stop()
+            raise RuntimeError(f"the fuzz worker did not start ({line!r}):\n" + "".join(self.stderr))
+
+    def _pump_stdout(self) -> None:
+        for line in self.proc.stdout or ():
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _next(self, deadline: float) -> Optional[str]:
+        """The next line of output (stripped); None at the end of it; raises queue.Empty when
+        the deadline passes first."""
+        line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        return None if line is None else line.rstrip("\n")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def why(self) -> str:
+        """The line of the worker's last words that says why it died."""
+        lines = [s.strip() for s in self.stderr if s.strip()]
+        telling = [s for s in lines if re.search(r"Fatal Python error|panicked|fatal runtime error|abort", s)]
+        return (telling or lines or [""])[0]
+
+    def run_case(self, seed: int) -> list[Finding]:
+        """Runs one case; a worker that dies or hangs is a finding, and is replaced."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(f"{seed}\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died after the last case; reading says how
+        findings: list[Finding] = []
+        last_op, last_line = "", ""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                line = self._next(deadline)
+            except queue.Empty:
+                self.stop()
+                findings.append(Finding(seed, Kind.HANG, last_op, "hang", f"no result after {self.timeout:g} s", last_line))
+                break
+            if line is None:
+                code = self.proc.wait()
+                error = signal.Signals(-code).name if code < 0 else f"exit status {code}"
+                time.sleep(0.2)  # let the stderr reader catch up
+                findings.append(Finding(seed, Kind.CRASH, last_op, error, self.why(), last_line))
+                break
+            if line.startswith("STEP "):
+                last_op, last_line = json.loads(line[5:])
+            elif line.startswith("FINDING "):
+                findings.append(Finding.from_json(line[8:]))
+            elif line == f"DONE {seed}":
+                return findings
+        self.start()
+        return findings
+
+
+def run_cases(seeds: Sequence[int], devices: Sequence[str], timeout: float, jobs: int) -> dict[int, list[Finding]]:
+    """Runs the cases on `jobs` workers; returns each seed's findings."""
+    results: dict[int, list[Finding]] = {}
+    env = dict(os.environ)  # configured by main
+    errors: list[BaseException] = []
+
+    def drive(share: Sequence[int]) -> None:
+        try:
+            worker = Worker(devices, env, timeout)
+            for seed in share:
+                results[seed] = worker.run_case(seed)
+            worker.stop()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=drive, args=(seeds[j::jobs],)) for j in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def summarize(results: dict[int, list[Finding]], devices: Sequence[str]) -> int:
+    """Prints the distinct findings and notes and the summary line; returns the failed count."""
+    groups: dict[tuple[str, str, str, str], list[Finding]] = collections.defaultdict(list)
+    for seed in sorted(results):
+        for finding in results[seed]:
+            groups[finding.key()].append(finding)
+    failed = sum(1 for fs in results.values() if any(not f.kind.is_note for f in fs))
+    for notes in (False, True):
+        keys = sorted(k for k, fs in groups.items() if fs[0].kind.is_note == notes)
+        if not keys:
+            continue
+        print(f"\n{'notes' if notes else 'findings'} ({len(keys)} distinct):")
+        for key in keys:
+            fs = groups[key]
+            seeds = sorted({f.seed for f in fs})
+            first = fs[0]
+            print(f"- [{first.kind.value}] {first.op}: {first.error}: {first.message[:300]}")
+            print(f"    {len(seeds)} case(s), seed {', '.join(map(str, seeds[:5]))}{' ...' if len(seeds) > 5 else ''}: {first.code[:300]}")
+    if groups:
+        print(f"\nreplay a case: python {os.path.relpath(__file__)} --replay SEED --devices {','.join(devices)}")
+    passed = len(results) - failed
+    print(f"{passed} passed, {failed} failed")
+    return failed
+
+
+def replay(seed: int, devices: Sequence[str]) -> int:
+    """Runs one case in this process, printing it as a script with each call's outcome."""
+    print("import pathlib, kiln, numpy as np")
+    print(f"KERNELS = pathlib.Path({str(KERNELS)!r})")
+    findings = Case(
+        seed,
+        devices,
+        before=lambda op, line: print(line, flush=True),
+        after=lambda op, outcome: print(f"#   -> {_short(outcome)}", flush=True),
+    ).run()
+    return summarize({seed: findings}, devices)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=100, help="how many cases (default 100)")
+    parser.add_argument("--seed", type=int, default=0, help="the first case's seed; case i has seed + i")
+    parser.add_argument("--devices", type=lambda s: [d.strip() for d in s.split(",") if d.strip()], help="devices to fuzz (default: the first available device of each backend)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds a case may take before it is a hang (default 30)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one per core)")
+    parser.add_argument("--replay", type=int, metavar="SEED", help="run one case in this process and print its calls")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        run_worker(args.devices)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="kiln-fuzz-") as scratch:
+        configure_environment(scratch)
+        devices: list[str] = args.devices or list(first_devices().values())
+        if args.replay is not None:
+            return 1 if replay(args.replay, devices) else 0
+        started = time.monotonic()
+        seeds = list(range(args.seed, args.seed + args.cases))
+        results = run_cases(seeds, devices, args.timeout, max(1, min(args.jobs, len(seeds))))
+        print(f"{len(seeds)} cases on {', '.join(devices)} in {time.monotonic() - started:.1f} s")
+        return 1 if summarize(results, devices) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
