@@ -259,8 +259,10 @@ impl Buffer {
     /// whole base allocation alive.
     ///
     /// # Errors
-    /// [`Error::Buffer`] when the range does not lie inside this buffer.
+    /// [`Error::Buffer`] when the range does not lie inside this buffer; the errors of
+    /// [`Buffer::check_current`] for a buffer of an ended generation.
     pub fn view(&self, offset: usize, len: usize) -> Result<Buffer> {
+        self.check_current()?;
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Error::Buffer(format!(
                 "view {offset}..{} is outside a buffer of {} elements",
@@ -275,8 +277,9 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::Buffer`] when the window's byte length or byte offset is not a multiple of
-    /// `dtype`'s size.
+    /// `dtype`'s size; the errors of [`Buffer::check_current`].
     pub fn reinterpret(&self, dtype: Scalar) -> Result<Buffer> {
+        self.check_current()?;
         if !self.nbytes().is_multiple_of(dtype.size()) || !self.offset.is_multiple_of(dtype.size()) {
             return Err(Error::Buffer(format!(
                 "{} bytes at +{} cannot be viewed as {dtype}",
@@ -285,6 +288,16 @@ impl Buffer {
             )));
         }
         Ok(Buffer { base: self.base.clone(), dtype, offset: self.offset, len: self.nbytes() / dtype.size() })
+    }
+
+    /// Whether the buffer still belongs to its device's current generation (and the device
+    /// has not failed): new windows of a stale buffer and plans over it are refused as early
+    /// as its use would be.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] / [`Error::DeviceFailed`] as [`Buffer::raw`].
+    pub fn check_current(&self) -> Result<()> {
+        self.base.allocator.check()
     }
 
     /// The window as raw device memory, allocating on first use. The view is valid as long

@@ -156,8 +156,8 @@ impl PyDevice {
 
     /// A human-readable description (model, driver, compiler).
     #[getter]
-    fn description(&self) -> &str {
-        self.device.description()
+    fn description(&self) -> PyResult<&str> {
+        Ok(self.get()?.description())
     }
 
     /// What kernel generators may rely on: `isa`, `vector_bytes`, `l1d_bytes`, `l2_bytes`,
@@ -165,7 +165,7 @@ impl PyDevice {
     /// `None` when unknown or, for the work-group ones, on a device without work groups).
     #[getter]
     fn properties<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let p = self.device.properties();
+        let p = self.get()?.properties();
         let d = PyDict::new(py);
         d.set_item("isa", p.isa.clone())?;
         d.set_item("vector_bytes", p.vector_bytes)?;
@@ -181,25 +181,25 @@ impl PyDevice {
     /// The generation: 0 when opened, +1 per `reset()`. Objects of an older generation raise
     /// `DeviceLostError`.
     #[getter]
-    fn generation(&self) -> u64 {
-        self.device.generation()
+    fn generation(&self) -> PyResult<u64> {
+        Ok(self.get()?.generation())
     }
 
     /// Whether a fatal error lost the device (`reset()` recovers it).
     #[getter]
-    fn is_lost(&self) -> bool {
-        self.device.is_lost()
+    fn is_lost(&self) -> PyResult<bool> {
+        Ok(self.get()?.is_lost())
     }
 
     /// What a launch does with an access no proof keeps in bounds: `"guard"` runs the
     /// kernel's guarded form, `"refuse"` raises `OutOfBoundsError`. Applies to kernels
     /// compiled afterwards.
     #[getter]
-    fn get_bounds_policy(&self) -> &'static str {
-        match self.device.bounds_policy() {
+    fn get_bounds_policy(&self) -> PyResult<&'static str> {
+        Ok(match self.get()?.bounds_policy() {
             BoundsPolicy::Guard => "guard",
             BoundsPolicy::Refuse => "refuse",
-        }
+        })
     }
 
     #[setter]
@@ -317,14 +317,17 @@ impl PyDevice {
         Ok(PyBuffer::on(buf, device))
     }
 
-    /// Closes this handle: later calls through it raise `InvalidArgumentError`. The device
-    /// itself stays open for other handles and for the objects made from it.
+    /// Closes this handle: every later call through it (but `name` and `repr`) raises
+    /// `InvalidArgumentError`. The device itself is opened once per process and stays open for
+    /// other handles and for the buffers, kernels and plans made from it, which keep working
+    /// (they hold the device); its memory is freed when the last of them is gone.
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
     }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        slf.get().get()?;
+        Ok(slf)
     }
 
     #[pyo3(signature = (*_exc))]
@@ -333,7 +336,8 @@ impl PyDevice {
     }
 
     fn __repr__(&self) -> String {
-        format!("<kiln.Device {} generation {}>", self.device.spec(), self.device.generation())
+        let closed = if self.closed.load(Ordering::Acquire) { ", closed" } else { "" };
+        format!("<kiln.Device {} generation {}{closed}>", self.device.spec(), self.device.generation())
     }
 }
 

@@ -105,7 +105,7 @@ fn recall(name: &str) -> Option<Arc<str>> {
 }
 
 /// Why a call failed: kiln's error, or a panic caught before it reached Python.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Failure {
     /// The device layer's typed error.
     Kiln(KilnError),

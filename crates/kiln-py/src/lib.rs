@@ -63,6 +63,17 @@ fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<&device::PyD
     buffer::from_dlpack(py, x, device.map(|d| d.get().cloned()).transpose()?)
 }
 
+/// Waits for the work made from Python that is still in flight: `run_async` runs (up to a
+/// minute) and launches on every device. `kiln` registers it with `atexit`, so that no
+/// driver thread runs kiln's work while the interpreter unloads the driver's library.
+#[pyfunction]
+fn _drain(py: Python<'_>) {
+    py.detach(|| {
+        plan::wait_for_runs(std::time::Duration::from_secs(60));
+        stream::drain_all();
+    });
+}
+
 /// Panics inside a guarded call: tests that a Rust panic reaches Python as `kiln.Error`.
 #[pyfunction]
 fn _panic_for_test(py: Python<'_>) -> PyResult<()> {
@@ -108,6 +119,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PlanRun>()?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(from_dlpack, m)?)?;
+    m.add_function(wrap_pyfunction!(_drain, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(_raise_for_test, m)?)?;
     m.add("DTYPES", kiln_ir::Scalar::ALL.map(|s| s.name()).to_vec())?;

@@ -1,6 +1,6 @@
 //! `kiln.Plan`: recorded launches and copies, replayed with new variable values.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -24,9 +24,12 @@ pub struct PyPlan {
     recorded: Arc<Mutex<ExecutionPlan>>,
     /// The device's queue of launches from Python, which a run waits for first.
     stream: Option<Arc<Stream>>,
+    /// The plan's variable names as of its last recording, readable while a run holds the
+    /// plan: `run_async` checks its keywords against them before it starts.
+    var_names: Mutex<Vec<String>>,
 }
 
-fn lock(m: &Mutex<ExecutionPlan>) -> MutexGuard<'_, ExecutionPlan> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while recording is reported as an error; the plan's state stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -67,7 +70,11 @@ impl PyPlan {
                 .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
         }
         let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
-        Ok(PyPlan { recorded: Arc::new(Mutex::new(plan)), stream: crate::stream::of(device) })
+        Ok(PyPlan {
+            recorded: Arc::new(Mutex::new(plan)),
+            stream: crate::stream::of(device),
+            var_names: Mutex::new(Vec::new()),
+        })
     }
 
     /// Records a launch of `kernel` over `buffers` with its variables (`vars`, by name);
@@ -92,10 +99,14 @@ impl PyPlan {
         let mut vals = vec![0i64; kernel.kernel.spec.var_names.len()];
         kernel.bind(py, vars, &mut vals)?;
         let (k, recorded, text) = (&kernel.kernel, &self.recorded, kernel.text.as_deref());
-        detached(py, text, || {
+        let (node, names) = detached(py, text, || {
             let refs: Vec<&Buffer> = bufs.iter().collect();
-            Ok(lock(recorded).exec_vals(k, &refs, &vals)?)
-        })
+            let mut plan = lock(recorded);
+            let node = plan.exec_vals(k, &refs, &vals)?;
+            Ok((node, plan.var_names().to_vec()))
+        })?;
+        *lock(&self.var_names) = names;
+        Ok(node)
     }
 
     /// Binds new buffers to recorded launches for the runs that follow: each
@@ -142,12 +153,25 @@ impl PyPlan {
     #[pyo3(signature = (**vars))]
     fn run_async(&self, py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<PlanRun> {
         let vars = named(py, vars)?;
+        // Refused now, as `run` refuses it, rather than at `wait()`.
+        let names = lock(&self.var_names).clone();
+        if let Some((name, _)) = vars.iter().find(|(n, _)| !names.contains(n)) {
+            let known = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            return Err(crate::errors::raise(
+                py,
+                kiln_device::Error::Launch(format!("the plan has no variable `{name}` (its variables: {known})")),
+            ));
+        }
         let (recorded, stream) = (self.recorded.clone(), self.stream.clone());
+        let running = AsyncRun::start();
         let handle = std::thread::Builder::new()
             .name("kiln-plan-run".into())
-            .spawn(move || no_panic(|| run_named(&mut lock(&recorded), &vars, stream.as_deref())))
+            .spawn(move || {
+                let _running = running;
+                no_panic(|| run_named(&mut lock(&recorded), &vars, stream.as_deref()))
+            })
             .map_err(|e| invalid_arg(py, format!("cannot start a thread for the run: {e}")))?;
-        Ok(PlanRun { handle: Mutex::new(Some(handle)), outcome: Mutex::new(None) })
+        Ok(PlanRun { state: Mutex::new(RunState::Running(handle)) })
     }
 
     /// The number of recorded nodes.
@@ -167,42 +191,73 @@ impl PyPlan {
     }
 }
 
+/// The number of `run_async` runs whose thread has not finished, for [`wait_for_runs`].
+static ASYNC_RUNS: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// Counts one `run_async` thread while it lives.
+struct AsyncRun;
+
+impl AsyncRun {
+    fn start() -> AsyncRun {
+        *lock(&ASYNC_RUNS.0) += 1;
+        AsyncRun
+    }
+}
+
+impl Drop for AsyncRun {
+    fn drop(&mut self) {
+        *lock(&ASYNC_RUNS.0) -= 1;
+        ASYNC_RUNS.1.notify_all();
+    }
+}
+
+/// Waits until every `run_async` run has finished (at interpreter exit), up to `timeout`.
+pub fn wait_for_runs(timeout: Duration) {
+    let guard = lock(&ASYNC_RUNS.0);
+    let _ = ASYNC_RUNS.1.wait_timeout_while(guard, timeout, |n| *n > 0);
+}
+
 /// A replay started by `Plan.run_async`.
 #[pyclass(frozen, name = "PlanRun", module = "kiln")]
 pub struct PlanRun {
-    handle: Mutex<Option<JoinHandle<Result<(), Failure>>>>,
-    /// The run's outcome once waited for: `None` for success, else the error's message and
-    /// class, re-raised by every later `wait()`.
-    outcome: Mutex<Option<Result<(), String>>>,
+    state: Mutex<RunState>,
+}
+
+enum RunState {
+    Running(JoinHandle<Result<(), Failure>>),
+    /// The outcome, raised again (same class and attributes) by every later `wait()`.
+    Done(Result<(), Failure>),
 }
 
 #[pymethods]
 impl PlanRun {
-    /// Waits for the run and raises its error, if any.
+    /// Waits for the run and raises its error, if any; every later call raises it again.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(handle) = handle {
-            let result = py.detach(|| handle.join()).unwrap_or_else(|_| Err(Failure::Panic("the run's thread".into())));
-            return match result {
-                Ok(()) => {
-                    *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
-                    Ok(())
+        // The lock is taken and held with the GIL released: a second waiter blocks here until
+        // the first has the outcome, then reads it.
+        let outcome = py.detach(|| {
+            let mut state = lock(&self.state);
+            let outcome = match std::mem::replace(&mut *state, RunState::Done(Ok(()))) {
+                RunState::Running(handle) => {
+                    handle.join().unwrap_or_else(|_| Err(Failure::Panic("the run's thread".into())))
                 }
-                Err(f) => {
-                    let err = f.into_py(py, None);
-                    *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(err.to_string()));
-                    Err(err)
-                }
+                RunState::Done(outcome) => outcome,
             };
-        }
-        match self.outcome.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            Some(Err(message)) => Err(crate::errors::Error::new_err(message.clone())),
-            _ => Ok(()),
-        }
+            *state = RunState::Done(outcome.clone());
+            outcome
+        });
+        outcome.map_err(|f| f.into_py(py, None))
     }
 
-    /// Whether the run has finished (successfully or not).
+    /// Whether the run has finished (successfully or not); `False` while another thread's
+    /// `wait()` is collecting it.
     fn done(&self) -> bool {
-        self.handle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_none_or(|h| h.is_finished())
+        match self.state.try_lock() {
+            Ok(state) => match &*state {
+                RunState::Running(handle) => handle.is_finished(),
+                RunState::Done(_) => true,
+            },
+            Err(_) => false,
+        }
     }
 }

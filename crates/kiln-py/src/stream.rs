@@ -25,14 +25,28 @@ struct State {
     generation: u64,
 }
 
+/// Every device's stream, by device.
+fn streams() -> &'static Mutex<HashMap<DeviceSpec, Arc<Stream>>> {
+    static STREAMS: OnceLock<Mutex<HashMap<DeviceSpec, Arc<Stream>>>> = OnceLock::new();
+    STREAMS.get_or_init(Default::default)
+}
+
+/// Waits for every launch made from Python on every device (at interpreter exit: a driver's
+/// worker thread must not run while its library unloads). Failures are left for no one.
+pub fn drain_all() {
+    let all: Vec<Arc<Stream>> = streams().lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+    for stream in all {
+        let _ = stream.wait();
+    }
+}
+
 /// The stream of `device`; `None` for a host device or one without queues (its launches
 /// run on the calling thread).
 pub fn of(device: &Arc<Device>) -> Option<Arc<Stream>> {
     if device.allocator().is_host() || device.queues().is_none() {
         return None;
     }
-    static STREAMS: OnceLock<Mutex<HashMap<DeviceSpec, Arc<Stream>>>> = OnceLock::new();
-    let mut streams = STREAMS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut streams = streams().lock().unwrap_or_else(|p| p.into_inner());
     let stream = streams
         .entry(device.spec().clone())
         .or_insert_with(|| Arc::new(Stream { device: device.clone(), state: Mutex::new(None) }));

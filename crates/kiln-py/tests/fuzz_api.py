@@ -84,144 +84,54 @@ INT_LIKES = ["True", "False", "np.int64(5)", "np.uint64(2**64 - 1)", "np.int8(-1
 NOT_INTS = ["4.0", "'8'", "None", "[3]", "1j", "np.float32(2)"]
 
 NUMPY_TO_KILN = {
-    "bool": "bool",
-    "int8": "i8",
-    "int16": "i16",
-    "int32": "i32",
-    "int64": "i64",
-    "uint8": "u8",
-    "uint16": "u16",
-    "uint32": "u32",
-    "uint64": "u64",
-    "float16": "f16",
-    "float32": "f32",
-    "float64": "f64",
+    **{"bool": "bool", "float16": "f16", "float32": "f32", "float64": "f64"},
+    **{f"{kind}int{bits}": f"{kind[:1] or 'i'}{bits}" for kind in ("", "u") for bits in (8, 16, 32, 64)},
 }
 NUMERIC = list(NUMPY_TO_KILN)
 GOOD_DTYPES = [repr(d) for d in kiln.DTYPES] + [
-    "'float32'",
-    "'int64'",
-    "'bfloat16'",
-    "'float16'",
-    "'uint8'",
-    "np.float32",
-    "np.bool_",
-    "np.dtype('<i8')",
-    "np.dtype('>f4')",
-    "None",
+    *["'float32'", "'int64'", "'bfloat16'", "'float16'", "'uint8'"],
+    *["np.float32", "np.bool_", "np.dtype('<i8')", "np.dtype('>f4')", "None"],
 ]
 BAD_DTYPES = [
-    "'f31'",
-    "''",
-    "'F32'",
-    "'float'",
-    "'i4'",
-    "'complex64'",
-    "np.complex64",
-    "'object'",
-    "'U3'",
-    "np.dtype('V8')",
-    "'datetime64[s]'",
-    "np.dtype([('a', 'i4')])",
-    "' f32'",
-    "'f32\\x00'",
-    "'x' * 10000",
+    *["'f31'", "''", "'F32'", "'float'", "'i4'", "'complex64'", "np.complex64", "'object'", "'U3'"],
+    *["np.dtype('V8')", "'datetime64[s]'", "np.dtype([('a', 'i4')])", "' f32'", "'f32\\x00'", "'x' * 10000"],
 ]
 WRONG_TYPE_DTYPES = ["3", "object()", "[]", "b'f32'", "1.5"]
 
 # Arrays (and other objects) for from_numpy, from_dlpack and copy_from that are not valid
 # arrays of a kiln dtype; the valid ones are made by Case.numeric_array.
 ODD_ARRAYS = [
-    "np.arange(6, dtype='complex64')",
-    "np.arange(8, dtype='complex128')[::2]",
-    "np.array([object(), 1], dtype=object)",
-    "np.array(['a', 'bc'])",
-    "np.zeros(3, dtype=[('x', 'f4'), ('y', 'i4')])",
-    "np.arange(3, dtype='datetime64[s]')",
-    "np.arange(3, dtype='timedelta64[ms]')",
-    "np.zeros(3, dtype=np.longdouble)",
-    "np.arange(8, dtype='>f4')",
-    "np.arange(8, dtype='>i8')[::2]",
-    "np.broadcast_to(np.float32(1), (2**40,))",
-    "np.ma.masked_array([1.0, 2.0], mask=[0, 1])",
-    "np.float32(2.5)",
-    "[1.0, 2.0, 3.0]",
-    "[[1, 2], [3]]",
-    "[]",
-    "[[]]",
-    "3.5",
-    "7",
-    "True",
-    "None",
-    "'abc'",
-    "b'abcd'",
-    "bytearray(8)",
-    "memoryview(b'abcdefgh')",
-    "range(5)",
-    "{'a': 1}",
+    *["np.arange(6, dtype='complex64')", "np.arange(8, dtype='complex128')[::2]"],
+    *["np.array([object(), 1], dtype=object)", "np.array(['a', 'bc'])", "np.zeros(3, dtype=[('x', 'f4'), ('y', 'i4')])"],
+    *["np.array([1, 2, 3], dtype='datetime64[s]')", "np.arange(3, dtype='timedelta64[ms]')"],
+    *["np.zeros(3, dtype=np.longdouble)", "np.arange(8, dtype='>f4')", "np.arange(8, dtype='>i8')[::2]"],
+    *["np.broadcast_to(np.float32(1), (2**40,))", "np.ma.masked_array([1.0, 2.0], mask=[0, 1])", "np.float32(2.5)"],
+    *["[1.0, 2.0, 3.0]", "[[1, 2], [3]]", "[]", "[[]]", "3.5", "7", "True", "None", "'abc'", "b'abcd'"],
+    *["bytearray(8)", "memoryview(b'abcdefgh')", "range(5)", "{'a': 1}"],
 ]
 
 DEVICE_NAMES_BAD = [
-    "'cpu'",
-    "'CPU:x'",
-    "'CPU:0'",
-    "'OPENCL:99'",
-    "'OPENCL:-1'",
-    "'OPENCL:99999999999999999999'",
-    "'OPENCL:0:1'",
-    "'TPU:0'",
-    "'CUDA:0'",
-    "''",
-    "' CPU'",
-    "'CPU\\x00'",
-    "'\\U0001f4a5'",
-    "'x' * 1000",
+    *["'cpu'", "'CPU:x'", "'CPU:0'", "'OPENCL:99'", "'OPENCL:-1'", "'OPENCL:99999999999999999999'"],
+    *["'OPENCL:0:1'", "'TPU:0'", "'CUDA:0'", "''", "' CPU'", "'CPU\\x00'", "'\\U0001f4a5'", "'x' * 1000"],
 ]
-
 KERNEL_NAMES = ["'k'", "''", "'a b'", "'\\xf1'", "'x' * 5000", "'\\x00'", "'1abc'", "'main'", "'int'", "None"]
 MISSING_SOURCES = [
-    "pathlib.Path('/nonexistent/k.kiln')",
-    "'/nonexistent/k.kiln'",
-    "KERNELS",
-    "str(KERNELS)",
-    "''",
-    "'\\n'",
-    "'%x = BOGUS'",
-    "'\\x00'",
+    *["pathlib.Path('/nonexistent/k.kiln')", "'/nonexistent/k.kiln'", "KERNELS", "str(KERNELS)"],
+    *["''", "'\\n'", "'%x = BOGUS'", "'\\x00'"],
 ]
-
 TIMEOUTS = ["None", "0", "0.0", "1e-9", "1.0", "60", "-1.0", "float('nan')", "float('inf')", "1e300", "2**64", "2**70"]
 
 # ---------------------------------------------------------------------------------------
 # Kernel text mutations
 
-OPS = sorted({m.group(1) for text in EXAMPLES.values() for m in re.finditer(r"=\s+([A-Z_]+)\s", text)}) + [
-    "BOGUS",
-    "add",
-    "SINK",
-]
+OPS = sorted({m.group(1) for text in EXAMPLES.values() for m in re.finditer(r"^%\w+\s*=\s*([A-Z_]+)\s", text, re.M)})
+OPS += ["BOGUS", "add", "SINK"]
 DTYPE_TOKEN = re.compile(r"\b(?:l?ptr<\w+>|bool|void|bf16|[fiu]\d+)\b")
 DTYPE_TOKENS = ["f32", "f64", "f16", "bf16", "i32", "i64", "u8", "bool", "void", "ptr<f32>", "lptr<f32>", "ptr<i64>"]
 NUMBER_TOKEN = re.compile(r"(?<![\w%<])-?\d+(?:\.\d+)?\b|\b(?:inf|nan)\b")
 NUMBERS = [
-    "0",
-    "-1",
-    "1",
-    "2",
-    "4096",
-    "65536",
-    "2147483647",
-    "2147483648",
-    "-2147483649",
-    "9223372036854775807",
-    "9223372036854775808",
-    "18446744073709551616",
-    "1e400",
-    "nan",
-    "-inf",
-    "0.5",
-    "00",
-    "0x10",
+    *["0", "-1", "1", "2", "4096", "65536", "2147483647", "2147483648", "-2147483649", "9223372036854775807"],
+    *["9223372036854775808", "18446744073709551616", "1e400", "nan", "-inf", "0.5", "00", "0x10"],
 ]
 REF_TOKEN = re.compile(r"%\w*")
 QUOTED = re.compile(r'"[^"]*"')
@@ -476,10 +386,12 @@ class Case:
         valid: bool = False,
         wrong_type: bool = False,
         export: bool = False,
+        through: Optional[DevRef] = None,
     ) -> Outcome:
         """Runs one call into kiln and checks the contract: success or a kiln.Error (or, when
         `valid`, success). `wrong_type`: an argument is of the wrong type (a TypeError is a
-        note); `export`: an export protocol (a BufferError is a note)."""
+        note); `export`: an export protocol (a BufferError is a note); `through`: the device
+        handle the call goes through (a closed one must refuse it)."""
         line = f"{bind} = {code}" if bind else code
         try:
             self.run_line(op, line)
@@ -500,18 +412,20 @@ class Case:
             kind = Kind.FOREIGN
             if wrong_type and type(e) is TypeError:
                 kind = Kind.TYPE_NOTE
-            elif export and type(e) is BufferError:
+            elif export and type(e) is BufferError and not valid:
                 kind = Kind.EXPORT_NOTE
             self.report(kind, op, type(e).__name__, str(e), line)
             return Outcome(False, error=e)
         value = self.ns.get(bind) if bind else None
         if self.after:
             self.after(op, "ok" if bind is None else f"ok: {_short(value)}")
+        if through is not None and through.closed:
+            self.report(Kind.INCONSISTENT, op, "-", "a closed device handle did not refuse the call", line)
         return Outcome(True, value)
 
-    def need(self, code: str, op: str, *, bind: Optional[str] = None, valid: bool = False) -> Any:
+    def need(self, code: str, op: str, *, bind: Optional[str] = None, valid: bool = False, export: bool = False) -> Any:
         """`call`, abandoning the operation when it fails."""
-        out = self.call(code, op, bind=bind, valid=valid)
+        out = self.call(code, op, bind=bind, valid=valid, export=export)
         if not out.ok:
             raise Abandon
         return out.value
@@ -647,13 +561,14 @@ class Case:
             (self.op_plan_run, 4),
             (self.op_plan_wait, 3),
             (self.op_forget, 2),
+            (self.op_arity, 1),
             (self.oracle_roundtrip, 2),
             (self.oracle_add, 2),
             (self.oracle_sum, 1),
             (self.oracle_plan, 2),
         ]
         functions, weights = zip(*ops)
-        for op in self.rng.choices(functions, weights, k=self.rng.randint(4, 12)):
+        for op in self.rng.choices(functions, weights, k=self.rng.randint(8, 24)):
             try:
                 op()
             except Abandon:
@@ -678,10 +593,10 @@ class Case:
                 self.bufs.append(BufRef(name, dev.device, dtype, n))
 
     def epilogue(self) -> None:
-        """Waits for the runs not waited for and for each device, so nothing of this case runs on."""
+        """Waits (twice) for each run and for each device, so nothing of this case runs on."""
         for run in self.runs:
-            if not run.waits:
-                self.call(f"{run.name}.wait()", "PlanRun.wait")
+            for _ in range(2 - len(run.waits)):
+                self.wait(run)
         for dev in self.devs:
             self.call(f"{dev.name}.synchronize()", "Device.synchronize")
 
@@ -710,30 +625,23 @@ class Case:
         dev.closed |= self.call(how, "Device.close").ok
 
     def op_reset(self) -> None:
-        self.call(f"{self.a_dev().name}.reset()", "Device.reset")
+        dev = self.a_dev()
+        self.call(f"{dev.name}.reset()", "Device.reset", through=dev)
 
     def op_device(self) -> None:
-        dev = self.a_dev().name
-        if self.chance(0.75):
-            what, op = self.rng.choice(
-                [
-                    (f"{dev}.synchronize()", "Device.synchronize"),
-                    (f"{dev}.memory_stats()", "Device.memory_stats"),
-                    (f"{dev}.trim()", "Device.trim"),
-                    (f"{dev}.properties", "Device.properties"),
-                    (f"{dev}.description", "Device.description"),
-                    (f"{dev}.name", "Device.name"),
-                    (f"{dev}.generation", "Device.generation"),
-                    (f"{dev}.is_lost", "Device.is_lost"),
-                    (f"{dev}.bounds_policy", "Device.bounds_policy"),
-                    (f"repr({dev})", "Device.__repr__"),
-                    ("kiln.devices()", "kiln.devices"),
-                ]
-            )
+        dev = self.a_dev()
+        r = self.rng.random()
+        if r < 0.1:
+            self.call("kiln.devices()", "kiln.devices", bind=self.fresh("_"))
+        elif r < 0.2:  # what a closed handle still answers
+            what, op = self.rng.choice([(f"{dev.name}.name", "Device.name"), (f"repr({dev.name})", "Device.__repr__")])
             self.call(what, op, bind=self.fresh("_"))
+        elif r < 0.8:
+            call = self.rng.choice(["synchronize()", "memory_stats()", "trim()", "properties", "description"] + ["generation", "is_lost", "bounds_policy"])
+            self.call(f"{dev.name}.{call}", f"Device.{call.rstrip('()')}", bind=self.fresh("_"), through=dev)
         else:
             policy, wrong = self.rng.choice([("'guard'", False), ("'refuse'", False), ("'loose'", False), ("''", False), ("None", True), ("1", True)])
-            self.call(f"{dev}.bounds_policy = {policy}", "Device.bounds_policy", wrong_type=wrong)
+            self.call(f"{dev.name}.bounds_policy = {policy}", "Device.bounds_policy", wrong_type=wrong, through=dev)
 
     # -- buffers --------------------------------------------------------------------------
 
@@ -741,16 +649,25 @@ class Case:
         dev = self.a_dev()
         (dtype, wrong_dtype), (n, wrong_n) = self.a_dtype(), self.an_int()
         name = self.fresh("b")
-        out = self.call(f"{dev.name}.empty({dtype}, {n})", "Device.empty", bind=name, wrong_type=wrong_dtype or wrong_n)
-        if out.ok:
-            length = int(eval(n, self.ns))
-            self.bufs.append(BufRef(name, dev.device, out.value.dtype, length))
+        out = self.call(f"{dev.name}.empty({dtype}, {n})", "Device.empty", bind=name, wrong_type=wrong_dtype or wrong_n, through=dev)
+        if not out.ok:
+            return
+        length = int(eval(n, self.ns))
+        self.bufs.append(BufRef(name, dev.device, out.value.dtype, length))
+        # Huge buffers are allocated when first used: reading their size must work, and
+        # reading their contents must fail as a kiln.Error.
+        if self.chance(0.5):
+            got = self.fresh("_")
+            if self.call(f"len({name})", "Buffer.__len__", bind=got).ok:
+                self.check(f"{got} == {length}", "Buffer.__len__", f"len() of an empty buffer of {length} elements")
+        if self.chance(0.25):
+            self.call(f"{name}.numpy()", "Buffer.numpy", bind=self.fresh("_"))
 
     def op_from_numpy(self) -> None:
         dev = self.a_dev()
         array, valid = self.an_array()
         name = self.fresh("b")
-        out = self.call(f"{dev.name}.from_numpy({array})", "Device.from_numpy", bind=name)
+        out = self.call(f"{dev.name}.from_numpy({array})", "Device.from_numpy", bind=name, through=dev)
         if out.ok:
             self.bufs.append(BufRef(name, dev.device, out.value.dtype, int(np.asarray(self.ns[array]).size) if valid else None))
 
@@ -760,11 +677,12 @@ class Case:
         else:
             source, valid = self.an_array()
         wrong = not hasattr(self.ns[source], "__dlpack__")
-        device, wrong_device = self.rng.choice(
-            [("", False), (", None", False), (f", {self.a_dev().name}", False), (f", device={self.a_dev().name}", False), (", 'CPU'", True)]
+        dev = self.a_dev()
+        device, through, wrong_device = self.rng.choice(
+            [("", None, False), (", None", None, False), (f", {dev.name}", dev, False), (f", device={dev.name}", dev, False), (", 'CPU'", None, True)]
         )
         name = self.fresh("b")
-        out = self.call(f"kiln.from_dlpack({source}{device})", "kiln.from_dlpack", bind=name, wrong_type=wrong or wrong_device)
+        out = self.call(f"kiln.from_dlpack({source}{device})", "kiln.from_dlpack", bind=name, wrong_type=wrong or wrong_device, through=through)
         if out.ok:
             length = int(np.asarray(self.ns[source]).size) if valid else None
             self.bufs.append(BufRef(name, out.value.device, out.value.dtype, length))
@@ -854,11 +772,41 @@ class Case:
                 [
                     (f"{buf.name}.__dlpack_device__()", "Buffer.__dlpack_device__"),
                     (f"{buf.name}.__array_interface__", "Buffer.__array_interface__"),
-                    (f"np.from_dlpack({buf.name})", "numpy.from_dlpack(Buffer)"),
-                    (f"np.asarray({buf.name})", "numpy.asarray(Buffer)"),
                 ]
             )
             self.call(what, op, bind=self.fresh("_"), export=True)
+
+    def op_arity(self) -> None:
+        """A call with too few or too many arguments, or an unknown keyword."""
+        dev = self.a_dev().name
+        buf = self.a_buf()
+        calls = [
+            (f"{dev}.empty('f32')", "Device.empty"),
+            (f"{dev}.empty('f32', 1, 2)", "Device.empty"),
+            (f"{dev}.empty('f32', size=4)", "Device.empty"),
+            (f"{dev}.compile()", "Device.compile"),
+            (f"{dev}.synchronize(1)", "Device.synchronize"),
+            (f"{dev}.from_numpy()", "Device.from_numpy"),
+            ("kiln.from_dlpack()", "kiln.from_dlpack"),
+            ("kiln.Plan()", "Plan"),
+            (f"kiln.Plan({dev}, 1.0)", "Plan"),
+        ]
+        if buf is not None:
+            calls += [
+                (f"{buf.name}.view()", "Buffer.view"),
+                (f"{buf.name}.view(0, 1, 2)", "Buffer.view"),
+                (f"{buf.name}.view(0, size=1)", "Buffer.view"),
+                (f"{buf.name}.copy_from()", "Buffer.copy_from"),
+                (f"{buf.name}.reinterpret()", "Buffer.reinterpret"),
+                (f"{buf.name}.__dlpack__(None)", "Buffer.__dlpack__"),
+            ]
+        if self.plans and buf is not None:
+            plan = self.rng.choice(self.plans).name
+            calls += [(f"{plan}.copy({buf.name})", "Plan.copy"), (f"{plan}.rebind()", "Plan.rebind"), (f"{plan}.run(1)", "Plan.run")]
+        if self.runs:
+            calls.append((f"{self.rng.choice(self.runs).name}.wait(1)", "PlanRun.wait"))
+        code, op = self.rng.choice(calls)
+        self.call(code, op, bind=self.fresh("_"), wrong_type=True)
 
     def op_forget(self) -> None:
         """Drops a buffer or kernel (views, arrays and plans may still hold its memory)."""
@@ -892,7 +840,7 @@ class Case:
             kernel_name, wrong_name = self.rng.choice([(n, False) for n in KERNEL_NAMES] + [("5", True)])
             args += f", {kernel_name}" if self.chance(0.5) else f", name={kernel_name}"
         name = self.fresh("k")
-        if self.call(f"{dev.name}.compile({args})", "Device.compile", bind=name, wrong_type=wrong or wrong_name).ok:
+        if self.call(f"{dev.name}.compile({args})", "Device.compile", bind=name, wrong_type=wrong or wrong_name, through=dev).ok:
             text = self.ns[source] if source in self.ns else EXAMPLES.get(example or "", "")
             if example is not None or launchable(text):
                 self.adopt_kernel(name, dev, mutant=example is None)
@@ -912,10 +860,10 @@ class Case:
             else:
                 entries.append(self.rng.choice([f"({source},)", f"({source}, 'a', 'b')", f"({source}, 5)"]))
                 wrong = True
-        container = self.rng.choice(["[{}]", "({},)", "(x for x in [{}])"]).format(", ".join(entries))
+        container = self.rng.choice(["[{}]", "({})", "(x for x in [{}])"]).format("".join(e + ", " for e in entries))
         if self.chance(0.1):
             container, wrong = self.rng.choice(["5", "None"]), True
-        self.call(f"{dev.name}.compile_many({container})", "Device.compile_many", bind=self.fresh("_"), wrong_type=wrong)
+        self.call(f"{dev.name}.compile_many({container})", "Device.compile_many", bind=self.fresh("_"), wrong_type=wrong, through=dev)
 
     def var_value(self, lo: int, hi: int, mutant: bool) -> Arg:
         if mutant:
@@ -971,7 +919,7 @@ class Case:
             args = ", ".join(buffers + ([f"**{self.dict_code(variables)}"] if variables else []))
             self.call(f"{kernel.name}({args})", "Kernel.__call__", wrong_type=wrong)
         elif r < 0.9:
-            seq = self.rng.choice(["[{}]", "({},)", "iter([{}])"]).format(", ".join(buffers))
+            seq = self.rng.choice(["[{}]", "({})", "iter([{}])"]).format("".join(b + ", " for b in buffers))
             extra = self.rng.choice(["", ", reinterpret=True", ", reinterpret=False"])
             self.call(f"{kernel.name}.launch({seq}, {self.dict_code(variables)}{extra})", "Kernel.launch", wrong_type=wrong)
         else:
@@ -990,7 +938,7 @@ class Case:
         if self.chance(0.05):
             timeout, wrong = ", timeout='1'", True
         name = self.fresh("p")
-        if self.call(f"kiln.Plan({dev.name}{timeout})", "Plan", bind=name, wrong_type=wrong).ok:
+        if self.call(f"kiln.Plan({dev.name}{timeout})", "Plan", bind=name, wrong_type=wrong, through=dev).ok:
             self.plans.append(PlanRef(name, dev.device))
 
     def a_plan(self) -> PlanRef:
@@ -1055,7 +1003,11 @@ class Case:
         run = self.rng.choice(self.runs)
         if self.chance(0.3):
             self.call(f"{run.name}.done()", "PlanRun.done", bind=self.fresh("_"))
-            return
+        else:
+            self.wait(run)
+
+    def wait(self, run: RunRef) -> None:
+        """Waits for a run; every wait must end as the first did, and done() must then be True."""
         out = self.call(f"{run.name}.wait()", "PlanRun.wait")
         run.waits.append(None if out.ok else type(out.error))
         first, last = run.waits[0], run.waits[-1]
@@ -1117,10 +1069,11 @@ class Case:
         array = self.ns[x]
         contiguous = array.flags.c_contiguous
         b = self.fresh("b")
-        if self.chance(0.5):
-            self.need(f"{dev.name}.from_numpy({x})", "Device.from_numpy", bind=b, valid=True)
-        else:
+        imported = self.chance(0.5)
+        if imported:
             self.need(f"kiln.from_dlpack({x}, {dev.name})", "kiln.from_dlpack", bind=b, valid=contiguous)
+        else:
+            self.need(f"{dev.name}.from_numpy({x})", "Device.from_numpy", bind=b, valid=True)
         self.need(f"{b}.numpy()", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
         self.check(f"{got}.tobytes() == {flat}.tobytes() and {got}.dtype == {flat}.dtype", "Buffer.numpy", f"numpy() of a {dt} buffer differs from the array")
         self.need(f"({b}.dtype, len({b}), {b}.nbytes)", "Buffer.dtype/len/nbytes", bind=(meta := self.fresh("_")), valid=True)
@@ -1134,6 +1087,15 @@ class Case:
         self.check(f"{got}.tobytes() == {flat}[{offset}:{offset + length}].tobytes()", "Buffer.view", "a view's numpy() differs from the slice")
         self.need(f"{b}.reinterpret('u8').numpy()", "Buffer.reinterpret", bind=(got := self.fresh("_")), valid=True)
         self.check(f"{got}.tobytes() == {flat}.tobytes()", "Buffer.reinterpret", "reinterpret('u8') differs from the array's bytes")
+        host = self.need(f"{b}.is_host", "Buffer.is_host", bind=self.fresh("_"), valid=True)
+        if host:
+            self.need(f"np.from_dlpack({b})", "numpy.from_dlpack(Buffer)", bind=(got := self.fresh("_")), valid=True)
+            self.check(f"{got}.tobytes() == {flat}.tobytes()", "Buffer.__dlpack__", "numpy.from_dlpack(buffer) differs from the array")
+        shared = array.flags.c_contiguous and array.flags.writeable and array.flags.aligned and size > 0
+        if imported and host and shared:  # from_dlpack promises to share such memory
+            self.run_line("python", f"{x}.reshape(-1)[0] = 1")
+            self.need(f"{b}.numpy()[0]", "Buffer.numpy", bind=(got := self.fresh("_")), valid=True)
+            self.check(f"{got} == 1", "kiln.from_dlpack", "a buffer imported from a writable host array is not a view of it")
         y = self.let(f"(np.arange({size}) % 5 + 1).astype({dt!r})", "a")
         if self.chance(0.5):
             self.need(f"{b}.copy_from({y})", "Buffer.copy_from", valid=True)

@@ -338,8 +338,11 @@ impl ExecutionPlan {
     /// another device). Returns the node index.
     ///
     /// # Errors
-    /// [`Error::Buffer`] when the sizes differ or the two are overlapping windows of one buffer.
+    /// [`Error::Buffer`] when the sizes differ or the two are overlapping windows of one buffer;
+    /// [`Error::DeviceLost`] for a buffer of an ended device generation.
     pub fn copy(&mut self, dst: &Buffer, src: &Buffer) -> Result<usize> {
+        dst.check_current()?;
+        src.check_current()?;
         if dst.nbytes() != src.nbytes() {
             return Err(Error::Buffer(format!(
                 "copy of {} bytes into a buffer of {} bytes",

@@ -10,6 +10,9 @@ OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions and rep
 >>> c.numpy()
 """
 
+import atexit
+
+from ._kiln import _drain
 from ._kiln import (
     DTYPES,
     MAX_LOCAL_BYTES,
@@ -35,6 +38,10 @@ from ._kiln import (
     devices,
     from_dlpack,
 )
+
+# Work still in flight at exit (an unsynchronized launch, an unwaited `run_async`) finishes
+# before the interpreter unloads the drivers' libraries, whose threads may be running it.
+atexit.register(_drain)
 
 __all__ = [
     "DTYPES",

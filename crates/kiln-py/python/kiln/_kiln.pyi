@@ -81,6 +81,9 @@ def devices() -> list[DeviceInfo]:
     """Every device of every backend this build has, available or not and why not (as
     ``kiln devices``)."""
 
+def _drain() -> None:
+    """Waits for work made from Python that is still in flight (registered with ``atexit``)."""
+
 def from_dlpack(x: Any, device: Optional[Device] = None) -> Buffer:
     """A buffer sharing ``x``'s memory (a numpy array or any DLPack tensor) when the device
     (the CPU unless given) can use it in place: host memory, writable, aligned to its element
@@ -139,7 +142,10 @@ class Device:
     def from_numpy(self, array: Any) -> Buffer:
         """A buffer holding a copy of ``array`` (any shape, flattened in C order)."""
     def close(self) -> None:
-        """Closes this handle: later calls through it raise ``InvalidArgumentError``."""
+        """Closes this handle: every later call through it (but ``name`` and ``repr``) raises
+        ``InvalidArgumentError``. The device is opened once per process and stays open for
+        other handles and for the buffers, kernels and plans made from it, which keep working;
+        its memory is freed when the last of them is gone."""
     def __enter__(self) -> Device: ...
     def __exit__(self, *exc: Any) -> None: ...
 
