@@ -10,7 +10,8 @@ with sequence or optional values fail alike on both devices). Each device runs e
 (tinygrad's `DEV` is process-wide): the model through `OnnxRunner`, the outputs compared with the
 expected ones (`rtol`/`atol` below, the same for both devices). The parent prints each device's
 pass count and wall time, and every test that passes on CPU but not on KILN with its reason; it
-exits 1 when there is such a test.
+exits 1 when there is such a test or a device's run did not report every test, and 2 when onnx is
+missing or no test matches.
 """
 
 from __future__ import annotations
@@ -107,7 +108,16 @@ def main() -> int:
     if args.child:
         child(args.only)
         return 0
+    try:
+        selected = node_tests(args.only)
+    except ImportError as e:
+        print(f"cannot run the ONNX node tests: {e}; pip install onnx==1.18.0", file=sys.stderr)
+        return 2
+    if not selected:
+        print(f"no ONNX node test matches --only {args.only!r}", file=sys.stderr)
+        return 2
     results: dict[str, dict[str, dict]] = {}
+    failed = False
     for dev in args.devices.split(","):
         st = time.perf_counter()
         out = subprocess.run([sys.executable, __file__, "--child", "--only", args.only], env={**os.environ, "DEV": dev},
@@ -117,9 +127,13 @@ def main() -> int:
         results[dev] = {r["test"]: r for r in rows}
         passed = sum(r["status"] == "pass" for r in rows)
         print(f"{dev:<12} {passed:5d} of {len(rows):5d} pass  {wall:8.1f} s wall" + ("" if out.returncode == 0 else f"  (exit {out.returncode})"))
-        if out.returncode != 0:
+        if out.returncode != 0 or len(rows) != len(selected):
             print(out.stderr[-2000:], file=sys.stderr)
+            failed = True
     devs = list(results)
+    if failed:
+        print("a device's run ended early or reported fewer tests than were selected", file=sys.stderr)
+        return 1
     if len(devs) < 2:
         return 0
     kiln_dev, ref = devs[0], devs[1]

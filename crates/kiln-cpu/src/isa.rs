@@ -141,22 +141,25 @@ fn host_has(_feature: &str) -> bool {
 pub struct IsaTarget {
     /// The set kernels use.
     pub isa: Isa,
-    /// Whether [`CPU_ISA_ENV`] chose it (compiled for that level, not `-march=native`).
+    /// Whether it was chosen rather than the host's widest (compiled for that level, not
+    /// `-march=native`): by [`CPU_ISA_ENV`] or by a device such as `CPU-AVX2`.
     pub forced: bool,
+    /// Whether [`CPU_ISA_ENV`] chose it.
+    pub by_env: bool,
 }
 
 impl IsaTarget {
     /// The widest set of this CPU, compiled with `-march=native`.
     pub fn native() -> IsaTarget {
-        IsaTarget { isa: Isa::host(), forced: false }
+        IsaTarget { isa: Isa::host(), forced: false, by_env: false }
     }
 
-    /// `isa` forced (compiled for that level), as `KILN_CPU_ISA` would force it.
+    /// `isa` forced (compiled for that level) by a device, as `KILN_CPU_ISA` would force it.
     ///
     /// # Errors
     /// Those of [`IsaTarget::parse`]: [`Error::Config`] when this CPU cannot run `isa`.
     pub fn force(isa: Isa) -> Result<IsaTarget> {
-        IsaTarget::parse(Some(isa.env_name()))
+        Ok(IsaTarget { by_env: false, ..IsaTarget::parse(Some(isa.env_name()))? })
     }
 
     /// The target [`CPU_ISA_ENV`] asks for (see [`IsaTarget::parse`]).
@@ -200,7 +203,7 @@ impl IsaTarget {
                 missing.join(", ")
             )));
         }
-        Ok(IsaTarget { isa, forced: true })
+        Ok(IsaTarget { isa, forced: true, by_env: true })
     }
 
     /// The C compiler's target flags for this set.
@@ -295,7 +298,11 @@ pub fn properties(target: IsaTarget, caches: CacheSizes) -> DeviceProperties {
 /// a forced set says so.
 pub fn describe(target: IsaTarget, caches: CacheSizes) -> String {
     let mut s = target.isa.to_string();
-    let forced = if target.forced { format!(", forced by {CPU_ISA_ENV}") } else { String::new() };
+    let forced = match (target.forced, target.by_env) {
+        (false, _) => String::new(),
+        (true, true) => format!(", forced by {CPU_ISA_ENV}"),
+        (true, false) => ", this device's set".to_string(),
+    };
     if let Some(b) = target.isa.vector_bytes() {
         s += &format!(" ({b}-byte vectors{forced})");
     }
@@ -329,7 +336,7 @@ mod tests {
             assert_eq!(IsaTarget::parse_for(native, "x86_64", all).unwrap(), IsaTarget::native());
         }
         let avx2 = IsaTarget::parse_for(Some("AVX2"), "x86_64", all).unwrap();
-        assert_eq!(avx2, IsaTarget { isa: Isa::Avx2, forced: true });
+        assert_eq!(avx2, IsaTarget { isa: Isa::Avx2, forced: true, by_env: true });
         assert_eq!(avx2.march_flags(), ["-march=x86-64-v3", "-mtune=native"]);
         assert_eq!(IsaTarget::parse_for(Some("neon"), "aarch64", all).unwrap().isa, Isa::Neon);
         for bad in ["avx9", "x86-64-v3", "-march=native"] {
@@ -401,12 +408,14 @@ mod tests {
     #[test]
     fn properties_and_description_carry_the_set_and_caches() {
         let caches = CacheSizes { l1d: Some(32 << 10), l2: Some(1 << 20), l3: None };
-        let t = IsaTarget { isa: Isa::Avx2, forced: true };
+        let t = IsaTarget { isa: Isa::Avx2, forced: true, by_env: true };
         let p = properties(t, caches);
         assert_eq!((p.isa.as_deref(), p.vector_bytes, p.f32_lanes()), (Some("AVX2"), Some(32), Some(8)));
         assert_eq!((p.l1d_bytes, p.l2_bytes, p.l3_bytes), (Some(32 << 10), Some(1 << 20), None));
         assert_eq!(describe(t, caches), "AVX2 (32-byte vectors, forced by KILN_CPU_ISA), L1d 32 KiB, L2 1 MiB");
-        let native = IsaTarget { isa: Isa::Avx512, forced: false };
+        let native = IsaTarget { isa: Isa::Avx512, forced: false, by_env: false };
         assert_eq!(describe(native, CacheSizes::default()), "AVX-512 (64-byte vectors)");
+        let device = IsaTarget { by_env: false, ..t };
+        assert_eq!(describe(device, CacheSizes::default()), "AVX2 (32-byte vectors, this device's set)");
     }
 }

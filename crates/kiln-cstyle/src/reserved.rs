@@ -4,12 +4,17 @@
 
 use kiln_ir::UOp;
 
-/// A C identifier for the entry point.
+/// A C identifier for the entry point. A name that is not one already has its other
+/// characters replaced by `_` and a hash of the whole name appended, so that two names never
+/// meet in one identifier (`a b` and `a\0b`).
 pub fn kernel_name(name: Option<&str>, ast: &UOp) -> String {
     match name {
         Some(n) if !n.is_empty() => {
             let mut s: String =
                 n.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
+            if s != n {
+                s += &format!("_{:08x}", fnv1a(n.as_bytes()));
+            }
             if s.starts_with(|c: char| c.is_ascii_digit()) || is_reserved(&s) {
                 s.insert_str(0, "k_");
             }
@@ -17,6 +22,11 @@ pub fn kernel_name(name: Option<&str>, ast: &UOp) -> String {
         }
         _ => format!("k_{}", &ast.content_hash().to_hex()[..12]),
     }
+}
+
+/// 32-bit FNV-1a: a small hash that is the same on every build.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
 /// Names the core generates or the dialects use, plus C/OpenCL keywords: a variable may not
@@ -505,7 +515,10 @@ mod tests {
     #[test]
     fn names_are_c_identifiers() {
         let sink = UOp::new(Op::Sink, DType::Void, Arg::None, vec![]);
-        assert_eq!(kernel_name(Some("my kernel-1"), &sink), "my_kernel_1");
+        let spaced = kernel_name(Some("my kernel-1"), &sink);
+        assert!(spaced.starts_with("my_kernel_1_") && spaced.len() == "my_kernel_1_".len() + 8, "{spaced}");
+        assert_ne!(kernel_name(Some("a b"), &sink), kernel_name(Some("a\0b"), &sink));
+        assert_ne!(kernel_name(Some("a b"), &sink), kernel_name(Some("a_b"), &sink));
         assert_eq!(kernel_name(Some("9lives"), &sink), "k_9lives");
         assert_eq!(kernel_name(Some("for"), &sink), "k_for");
         assert!(kernel_name(None, &sink).starts_with("k_"));

@@ -82,6 +82,10 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// The longest kernel name [`Device::compile`] takes, in characters: names become symbols and
+/// file names, which file systems cap at 255 bytes.
+pub const MAX_KERNEL_NAME: usize = 128;
+
 impl Device {
     /// Opens a device: `build` makes its first generation now and every later one at
     /// [`Device::reset`].
@@ -263,9 +267,18 @@ impl Device {
     /// racing it.
     ///
     /// # Errors
+    /// [`Error::Invalid`] for a name over [`MAX_KERNEL_NAME`] characters;
     /// [`Error::DeviceFailed`] while the device is lost; the errors of
     /// [`KernelCache::get_or_compile`].
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
+        if let Some(name) = name
+            && name.chars().count() > MAX_KERNEL_NAME
+        {
+            return Err(Error::Invalid(format!(
+                "a kernel name of {} characters: names are at most {MAX_KERNEL_NAME} (they name files and symbols)",
+                name.chars().count()
+            )));
+        }
         let mut tries = 1;
         loop {
             let result = self.compile_in_current_generation(sink, name);

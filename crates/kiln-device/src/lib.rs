@@ -75,7 +75,7 @@ pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, MAX_BUFFER_BYTES, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
-pub use device::{Device, DeviceProperties};
+pub use device::{Device, DeviceProperties, MAX_KERNEL_NAME};
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphFactory, GraphLaunch, LaunchGraph};
 pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch};

@@ -796,8 +796,9 @@ fn unknown_op(w: &str) -> String {
     format!("unknown op `{w}`{hint}; {case}the ops are: {}", all.join(" "))
 }
 
-/// Edit distance counting a swap of neighbours as one edit (`LAOD` is 1 from `LOAD`).
-fn edit_distance(a: &str, b: &str) -> usize {
+/// Edit distance counting a swap of neighbours as one edit (`LAOD` is 1 from `LOAD`): what
+/// kiln's "did you mean" hints measure.
+pub fn edit_distance(a: &str, b: &str) -> usize {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
     let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
     for (i, row) in d.iter_mut().enumerate() {

@@ -107,8 +107,12 @@ pub enum Op {
     /// for every operand: `x % 0 == x` and `MIN % -1 == 0`, on every backend.
     Mod,
     /// The larger operand. For floats IEEE `fmax`: a NaN operand yields the other operand.
+    /// Of `-0.0` and `+0.0` either may be returned (as C's and OpenCL's `fmax` allow: x86's
+    /// `maxps` returns the second, GPUs `+0.0`); a NaN-propagating maximum is
+    /// `WHERE(CMPLT(a, b), b, a)`, which tinygrad's renderers use.
     Max,
     /// The smaller operand. For floats IEEE `fmin`: a NaN operand yields the other operand.
+    /// Of `-0.0` and `+0.0` either may be returned, as for [`Op::Max`].
     Min,
     /// `a^b` (floats, C `pow`).
     Pow,

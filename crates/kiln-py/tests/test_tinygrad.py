@@ -130,6 +130,17 @@ def test_reductions():
     np.testing.assert_allclose(ta.cumsum(axis=1).numpy(), a.cumsum(axis=1), rtol=1e-5, atol=1e-5)
 
 
+def test_nan_survives_elementwise_max_and_min_as_on_tinygrads_cpu():
+    """tinygrad decomposes max as `a < b ? b : a` for its C renderers; on KILN too (kiln's MAX
+    is fmax, which dropped the NaN): clip, maximum and minimum keep a NaN operand, the sign of
+    a zero comes out as on DEV=CPU, and the max() reduction is tinygrad's own."""
+    x, y = [1.0, np.nan, 3.0, np.inf], [2.0, 0.0, np.nan, -1.0]
+    np.testing.assert_array_equal(t(x).clip(0, 2).numpy(), [1.0, np.nan, 2.0, 2.0])
+    np.testing.assert_array_equal(t(x).maximum(t(y)).numpy(), [2.0, np.nan, 3.0, np.inf])
+    np.testing.assert_array_equal(t(x).minimum(t(y)).numpy(), [1.0, np.nan, 3.0, -1.0])
+    assert np.signbit(t([-0.0, 0.0]).max().numpy())  # -0.0 < 0.0 is false: the first stays
+
+
 def test_matmul():
     a, b = rand(33, 17, seed=5), rand(17, 29, seed=6)
     np.testing.assert_allclose((t(a) @ t(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@
 //!
 //! The program is a dense layer and a softmax, row by row: `y = softmax(relu(x · w + b))`.
 //!
-//! `cargo run --release -p kiln-runtime --example tensor_compiler [-- OPENCL:0]`
+//! `cargo run --release -p kiln-runtime --example tensor_compiler [-- OPENCL:0 | CUDA:0 | WEBGPU:0]`
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -325,7 +325,9 @@ fn main() -> Result<()> {
     let device = match spec.base_type() {
         kiln_cpu::BACKEND => kiln_cpu::open(&spec)?,
         kiln_opencl::BACKEND => kiln_opencl::open(&spec)?,
-        other => return Err(format!("this example runs on CPU or OPENCL:n, not {other}").into()),
+        kiln_cuda::BACKEND => kiln_cuda::open(&spec)?,
+        kiln_webgpu::BACKEND => kiln_webgpu::open(&spec)?,
+        other => return Err(format!("this example runs on CPU, OPENCL:n, CUDA:n or WEBGPU:n, not {other}").into()),
     };
 
     // y = softmax(relu(x · w + b)), one softmax per row.

@@ -111,6 +111,26 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
     }
 }
 
+/// `e` with a "similar subcommand" tip where clap found none but a command is one typo away
+/// (clap's similarity misses swapped letters: `kiln rnu`).
+fn suggest_subcommand(mut e: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::InvalidSubcommand || e.get(ContextKind::SuggestedSubcommand).is_some() {
+        return e;
+    }
+    let Some(ContextValue::String(typed)) = e.get(ContextKind::InvalidSubcommand) else { return e };
+    let typed = typed.clone();
+    let near = command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .filter(|name| kiln_ir::edit_distance(&typed, name) <= 2.min(name.len() / 2))
+        .min_by_key(|name| kiln_ir::edit_distance(&typed, name));
+    if let Some(name) = near {
+        e.insert(ContextKind::SuggestedSubcommand, ContextValue::String(name));
+    }
+    e
+}
+
 fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError> {
     let parsed = command()
         .try_get_matches_from(std::iter::once(OsString::from("kiln")).chain(args))
@@ -125,7 +145,7 @@ fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError
             }
             return Ok(text);
         }
-        Err(e) => return Err(CliError::Args(e)),
+        Err(e) => return Err(CliError::Args(suggest_subcommand(e))),
     };
     match cli.command {
         None => {

@@ -525,10 +525,25 @@ fn usage_errors_exit_with_status_2() {
     fails(s.kiln(&["run", "/nonexistent/k.kiln"], &[]), 1, &["cannot read kernel file", "/nonexistent/k.kiln"]);
 }
 
+/// Mesa's device-select layer complains about an unset XDG_RUNTIME_DIR on every listing
+/// unless NODEVICE_SELECT is set; kiln sets it for itself when the user has not.
+#[test]
+fn listing_devices_prints_no_vulkan_layer_chatter() {
+    let s = Scratch::new("quiet-devices");
+    let mut devices = Command::new(KILN);
+    devices.arg("devices").env("KILN_CACHE_DIR", s.path("cache")).env_remove("NODEVICE_SELECT");
+    let out = devices.env_remove("XDG_RUNTIME_DIR").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("XDG_RUNTIME_DIR"), "{err}");
+}
+
 #[test]
 fn typos_get_suggestions() {
     let s = Scratch::new("typos");
     fails(s.kiln(&["compil", "k.kiln"], &[]), 2, &["similar subcommands exist", "'compile'"]);
+    // Swapped letters, which clap's own similarity misses.
+    fails(s.kiln(&["rnu"], &[]), 2, &["a similar subcommand exists: 'run'"]);
+    fails(s.kiln(&["xyzzy"], &[]), 2, &["unrecognized subcommand 'xyzzy'"]);
     fails(s.kiln(&["run", &example("add.kiln"), "--dvice", "CPU"], &[]), 2, &["a similar argument exists: '--device'"]);
     fails(s.kiln(&["compile", &example("add.kiln"), "--emit", "spek"], &[]), 2, &["a similar value exists: 'spec'"]);
 }

@@ -11,6 +11,12 @@ OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions and rep
 """
 
 import atexit
+import os
+
+# Mesa's Vulkan device-select layer (loaded with the WebGPU backend) prints "error:
+# XDG_RUNTIME_DIR is invalid" on every device listing where that variable is unset; it only
+# reorders devices, so kiln turns it off before Vulkan loads, unless the user chose.
+os.environ.setdefault("NODEVICE_SELECT", "1")
 
 from ._kiln import _drain
 from ._kiln import (

@@ -129,9 +129,12 @@ def const_value(u: UOp) -> Optional[Union[int, float, bool]]:
 # tinygrad linear UOps -> kiln graph
 # ---------------------------------------------------------------------------------------------
 
+# Ops.MAX is left out on purpose: tinygrad then decomposes it as for its own C renderers
+# (`a < b ? b : a`), so NaN and the sign of zero come out as on DEV=CPU; kiln's MAX is fmax,
+# which drops a NaN (`max()` of a tensor holding NaN gave inf).
 ALU = {
     Ops.ADD: "ADD", Ops.SUB: "SUB", Ops.MUL: "MUL", Ops.CDIV: "IDIV", Ops.CMOD: "MOD", Ops.FDIV: "DIV",
-    Ops.MAX: "MAX", Ops.SHL: "SHL", Ops.SHR: "SHR", Ops.AND: "AND", Ops.OR: "OR", Ops.XOR: "XOR",
+    Ops.SHL: "SHL", Ops.SHR: "SHR", Ops.AND: "AND", Ops.OR: "OR", Ops.XOR: "XOR",
     Ops.POW: "POW", Ops.CMPLT: "CMPLT", Ops.CMPNE: "CMPNE", Ops.CMPEQ: "CMPEQ", Ops.WHERE: "WHERE",
     Ops.MULACC: "MULACC", Ops.NEG: "NEG", Ops.RECIPROCAL: "RECIP", Ops.EXP2: "EXP2", Ops.LOG2: "LOG2",
     Ops.SIN: "SIN", Ops.SQRT: "SQRT", Ops.TRUNC: "TRUNC",
