@@ -45,7 +45,16 @@ pub fn size_arg(py: Python<'_>, what: &str, v: &Bound<'_, PyAny>) -> PyResult<us
 /// not an array yet, as `numpy.ascontiguousarray` decides).
 pub fn host_array(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
     let py = obj.py();
-    let array = numpy(py)?.getattr("ascontiguousarray")?.call1((obj,))?;
+    let array = numpy(py)?.getattr("ascontiguousarray")?.call1((obj,)).map_err(|e| {
+        // numpy's refusal of the object (a ragged list) or of the copy's size, as kiln's.
+        let failure = if e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) {
+            let requested = obj.getattr("nbytes").and_then(|n| n.extract()).unwrap_or(0);
+            KilnError::OutOfMemory { device: "the host".into(), requested, in_use: 0, cached: 0, budget: None }
+        } else {
+            KilnError::Invalid(format!("numpy cannot make an array of this: {e}"))
+        };
+        raise(py, failure)
+    })?;
     Imported::take(&array)
 }
 
@@ -175,8 +184,8 @@ impl PyBuffer {
         &self,
         py: Python<'_>,
         stream: Option<Bound<'_, PyAny>>,
-        max_version: Option<(u32, u32)>,
-        dl_device: Option<(i32, i32)>,
+        max_version: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+        dl_device: Option<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         // Launches on the buffer's device are waited for below: there is no stream to order on.
@@ -184,21 +193,26 @@ impl PyBuffer {
         if copy == Some(true) {
             return Err(PyBufferError::new_err("kiln exports its memory without copying; call numpy() for a copy"));
         }
-        if let Some(want) = dl_device
-            && want != dlpack::device_of(&self.buf)?
-        {
-            return Err(PyBufferError::new_err(format!(
-                "the buffer is on {}, not on DLPack device {want:?}",
-                self.buf.device()
-            )));
+        let here = dlpack::exportable_device(&self.buf)?;
+        if let Some((kind, id)) = dl_device {
+            let want = (kind.extract::<i64>().ok(), id.extract::<i64>().ok());
+            if want != (Some(i64::from(here.0)), Some(i64::from(here.1))) {
+                return Err(PyBufferError::new_err(format!(
+                    "the buffer is on {} (DLPack device {here:?}), not on DLPack device ({kind}, {id})",
+                    self.buf.device()
+                )));
+            }
         }
+        // Any int is a version: a consumer of DLPack 1 or later gets the versioned form.
+        let versioned = max_version.is_some_and(|(major, _)| major.extract::<i64>().map_or(true, |m| m >= 1));
         // The consumer reads the memory at once: the launches writing it must be done.
         detached(py, None, || self.settle())?;
-        dlpack::export(py, &self.buf, max_version.is_some_and(|(major, _)| major >= 1))
+        dlpack::export(py, &self.buf, versioned)
     }
 
-    /// DLPack device: `(1, 0)` for host memory, `(2, n)` for CUDA device n.
-    fn __dlpack_device__(&self) -> PyResult<(i32, i32)> {
+    /// DLPack device: `(1, 0)` for host memory, `(2, n)` for CUDA device n, `(4, n)` for
+    /// OpenCL and `(15, n)` for WebGPU (whose memory `__dlpack__` does not export).
+    fn __dlpack_device__(&self) -> (i32, i32) {
         dlpack::device_of(&self.buf)
     }
 

@@ -125,7 +125,9 @@ fn looks_like_a_path(s: &str) -> bool {
 /// One entry of `compile_many`: a source, or `(source, name)`.
 fn source_and_name(item: &Bound<'_, PyAny>) -> PyResult<(String, Option<String>)> {
     if let Ok(t) = item.cast::<PyTuple>() {
-        let (source, name): (Bound<'_, PyAny>, Option<String>) = t.extract()?;
+        let (source, name): (Bound<'_, PyAny>, Option<String>) = t.extract().map_err(|_| {
+            invalid_arg(item.py(), format!("a compile_many entry is a source or a (source, name) pair, got {item}"))
+        })?;
         let (text, default) = read_source(&source)?;
         return Ok((text, name.or(default)));
     }

@@ -20,6 +20,10 @@ pub const DL_CPU: i32 = 1;
 pub const DL_CUDA: i32 = 2;
 /// `kDLCUDAHost`: pinned host memory, readable by the host.
 const DL_CUDA_HOST: i32 = 3;
+/// `kDLOpenCL`: OpenCL device memory.
+const DL_OPENCL: i32 = 4;
+/// `kDLWebGPU`: WebGPU device memory.
+const DL_WEBGPU: i32 = 15;
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.
 const FLAG_READ_ONLY: u64 = 1;
 
@@ -202,23 +206,39 @@ fn capsule<M: ManagedTensor>(py: Python<'_>, managed: *mut M) -> PyResult<Py<PyA
     Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
 }
 
-/// The DLPack device of a buffer: host memory is `kDLCPU`, CUDA memory `kDLCUDA`.
-pub fn device_of(buf: &Buffer) -> PyResult<(i32, i32)> {
+/// The DLPack device of a buffer, as `__dlpack_device__` reports it: host memory is `kDLCPU`,
+/// CUDA memory `kDLCUDA`, OpenCL `kDLOpenCL` and WebGPU `kDLWebGPU` (those two are reported
+/// but not exported: their memory has no pointer a consumer could use).
+pub fn device_of(buf: &Buffer) -> (i32, i32) {
+    let ordinal = i32::try_from(buf.device().ordinal()).unwrap_or(i32::MAX);
     if buf.allocator().is_host() {
-        Ok((DL_CPU, 0))
-    } else if buf.device().base_type() == "CUDA" {
-        Ok((DL_CUDA, buf.device().ordinal() as i32))
-    } else {
-        Err(PyBufferError::new_err(format!(
-            "memory of {} cannot be shared through DLPack (it is not addressable by a pointer); copy it out with numpy()",
-            buf.device()
-        )))
+        return (DL_CPU, 0);
     }
+    match buf.device().base_type() {
+        "CUDA" => (DL_CUDA, ordinal),
+        "OPENCL" => (DL_OPENCL, ordinal),
+        _ => (DL_WEBGPU, ordinal),
+    }
+}
+
+/// The DLPack device of a buffer whose memory can be exported (host or CUDA memory).
+///
+/// # Errors
+/// `BufferError` (as DLPack asks of `__dlpack__`) for memory without a usable pointer.
+pub fn exportable_device(buf: &Buffer) -> PyResult<(i32, i32)> {
+    let device = device_of(buf);
+    if matches!(device.0, DL_CPU | DL_CUDA) {
+        return Ok(device);
+    }
+    Err(PyBufferError::new_err(format!(
+        "memory of {} cannot be shared through DLPack (it is not addressable by a pointer); copy it out with numpy()",
+        buf.device()
+    )))
 }
 
 /// A capsule sharing `buf`'s memory: the versioned form when the consumer accepts DLPack 1.
 pub fn export(py: Python<'_>, buf: &Buffer, versioned: bool) -> PyResult<Py<PyAny>> {
-    let (device_type, device_id) = device_of(buf)?;
+    let (device_type, device_id) = exportable_device(buf)?;
     let view = buf.raw().map_err(|e| crate::errors::raise(py, e))?;
     let (data, byte_offset) =
         if device_type == DL_CPU { (view.host_ptr() as *mut c_void, 0) } else { (view.base.0, view.offset as u64) };

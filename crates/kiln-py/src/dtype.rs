@@ -35,7 +35,10 @@ pub fn parse(dtype: &Bound<'_, PyAny>) -> PyResult<Scalar> {
         let numpy = py.import("numpy").map_err(|_| {
             invalid_arg(py, "a dtype that is not a name (e.g. \"f32\") needs numpy, which is not installed")
         })?;
-        numpy.getattr("dtype")?.call1((dtype,))?.getattr("name")?.extract()?
+        let numpy_dtype = numpy.getattr("dtype")?.call1((dtype,)).map_err(|e| {
+            invalid_arg(py, format!("{dtype} is not a dtype ({e}): use a kiln name such as \"f32\" or a numpy dtype"))
+        })?;
+        numpy_dtype.getattr("name")?.extract()?
     };
     by_name(&name).ok_or_else(|| {
         invalid_arg(

@@ -159,6 +159,19 @@ fn bind(
     Ok(())
 }
 
+/// A launch's variables: a dict of names to ints (or nothing).
+pub fn vars_dict<'py>(py: Python<'py>, vars: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    vars.map(|v| {
+        v.cast::<PyDict>().cloned().map_err(|_| {
+            invalid_arg(
+                py,
+                format!("variables are a dict of names to ints, e.g. {{\"n\": 1024}}, got {}", v.get_type()),
+            )
+        })
+    })
+    .transpose()
+}
+
 /// The value of variable `name` from a Python object: an int that fits i64 (kiln's variables
 /// are 64-bit; each kernel's own bounds are checked at launch).
 pub fn var_value(py: Python<'_>, name: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyResult<i64> {
@@ -207,11 +220,12 @@ impl PyKernel {
         &self,
         py: Python<'_>,
         buffers: &Bound<'_, PyAny>,
-        vars: Option<&Bound<'_, PyDict>>,
+        vars: Option<&Bound<'_, PyAny>>,
         reinterpret: bool,
     ) -> PyResult<()> {
         let items: Vec<Bound<'_, PyAny>> = buffers.try_iter()?.collect::<PyResult<_>>()?;
-        self.run(py, &items, vars, reinterpret)
+        let vars = vars_dict(py, vars)?;
+        self.run(py, &items, vars.as_ref(), reinterpret)
     }
 
     /// The kernel's entry-point name.

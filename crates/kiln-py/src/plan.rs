@@ -62,10 +62,12 @@ impl PyPlan {
     /// device before raising `TimeoutError`; by default it waits without limit.
     #[new]
     #[pyo3(signature = (device, *, timeout=None))]
-    fn new(py: Python<'_>, device: &PyDevice, timeout: Option<f64>) -> PyResult<PyPlan> {
+    fn new(py: Python<'_>, device: &PyDevice, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<PyPlan> {
         let device = device.get()?;
         let mut options = PlanOptions::default();
         if let Some(t) = timeout {
+            let t: f64 =
+                t.extract().map_err(|_| invalid_arg(py, format!("timeout is in seconds (a number), got {t}")))?;
             options.timeout = Duration::try_from_secs_f64(t)
                 .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
         }
@@ -85,8 +87,9 @@ impl PyPlan {
         py: Python<'_>,
         kernel: &PyKernel,
         buffers: &Bound<'_, PyAny>,
-        vars: Option<&Bound<'_, PyDict>>,
+        vars: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
+        let vars = crate::kernel::vars_dict(py, vars)?;
         let bufs: Vec<Buffer> = buffers
             .try_iter()?
             .map(|b| {
@@ -97,7 +100,7 @@ impl PyPlan {
             })
             .collect::<PyResult<_>>()?;
         let mut vals = vec![0i64; kernel.kernel.spec.var_names.len()];
-        kernel.bind(py, vars, &mut vals)?;
+        kernel.bind(py, vars.as_ref(), &mut vals)?;
         let (k, recorded, text) = (&kernel.kernel, &self.recorded, kernel.text.as_deref());
         let (node, names) = detached(py, text, || {
             let refs: Vec<&Buffer> = bufs.iter().collect();
@@ -134,8 +137,13 @@ impl PyPlan {
     }
 
     /// Records a copy of `src` into `dst` (same byte size); returns the node's index.
-    fn copy(&self, py: Python<'_>, dst: &PyBuffer, src: &PyBuffer) -> PyResult<usize> {
-        let (d, s, recorded) = (&dst.buf, &src.buf, &self.recorded);
+    fn copy(&self, py: Python<'_>, dst: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let buffer = |b: &Bound<'_, PyAny>| {
+            b.cast::<PyBuffer>().map(|p| p.get().buf.clone()).map_err(|_| {
+                invalid_arg(py, format!("a plan copies between kiln.Buffer objects, got {}", b.get_type()))
+            })
+        };
+        let (d, s, recorded) = (&buffer(dst)?, &buffer(src)?, &self.recorded);
         detached(py, None, || Ok(lock(recorded).copy(d, s)?))
     }
 
