@@ -37,16 +37,16 @@ pub const MAX_LOOPS: usize = 256;
 pub const MAX_CHAIN_DEPTH: usize = 4096;
 
 /// The number of nodes on the longest dependency chain below `sink` (a leaf counts 1), in
-/// time linear in the graph and without recursion.
+/// time linear in the graph and without recursion. A PARAM's size expression is left out:
+/// kiln evaluates it on the host (without recursion), no backend compiles it.
 pub fn chain_depth(sink: &Arc<UOp>) -> usize {
     let mut depth: HashMap<*const UOp, usize> = HashMap::new();
-    let mut deepest = 0;
     for node in sink.toposort() {
-        let d = 1 + node.src().iter().map(|s| depth.get(&Arc::as_ptr(s)).copied().unwrap_or(0)).max().unwrap_or(0);
-        deepest = deepest.max(d);
+        let srcs = if node.op() == Op::Param { &[][..] } else { node.src() };
+        let d = 1 + srcs.iter().map(|s| depth.get(&Arc::as_ptr(s)).copied().unwrap_or(0)).max().unwrap_or(0);
         depth.insert(Arc::as_ptr(&node), d);
     }
-    deepest
+    depth.get(&Arc::as_ptr(sink)).copied().unwrap_or(0)
 }
 
 /// Refuses a kernel whose [`chain_depth`] exceeds [`MAX_CHAIN_DEPTH`].

@@ -47,7 +47,7 @@ fn main() {
     gpu.queue.submit([e.finish()]);
     rb.slice(..).map_async(wgpu::MapMode::Read, |_| {});
     d.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).unwrap();
-    let v = rb.slice(..).get_mapped_range();
+    let v = rb.slice(..).get_mapped_range().unwrap();
     let w: Vec<u32> = v.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
-    println!("{:?}", &w[..16]);
+    println!("{:?} min {} max {}", &w[..16], w.iter().min().unwrap(), w.iter().max().unwrap());
 }

@@ -1,0 +1,499 @@
+"""Real ONNX models through tinygrad's `OnnxRunner` on kiln's runtime (`DEV=KILN`) and on tinygrad's
+own CPU runtime (`DEV=CPU`), against onnxruntime's CPU execution provider, one run.
+
+    pip install -r crates/kiln-py/bench/requirements-models.txt --no-deps   # the OCR and magika models
+    python crates/kiln-py/bench/onnx_models.py [--models resnet50,magika] [--devices KILN,CPU]
+                                               [--iters 10] [--json results.json]
+
+The models, batch 1, nothing downloaded:
+- PP-OCRv4 text recognition (`ppocrv4_rec`, input 1x3x48x320), detection (`ppocrv4_det`, 1x3x640x640)
+  and the mobile v2.0 direction classifier (`ppocr_cls`, 1x3x48x192), from rapidocr-onnxruntime's
+  wheel. tinygrad 0.14 loads neither the detection model (an empty constant, dims [0] and no data,
+  fails its "only 1 data field is allowed") nor the classifier (its batch dimension is the fixed
+  -1, so no input shape matches): those two are reported as skipped with tinygrad's error, for
+  as long as tinygrad fails them with it; onnxruntime's times are still measured.
+- magika's file-type model (`magika`), from magika's wheel: int32 byte features (values 0-255, 256
+  the padding token), shaped as the graph's input says.
+- The model-zoo graphs the onnx wheel ships in `onnx/backend/test/data/light/` (ResNet-50,
+  DenseNet-121, ShuffleNet, Inception v1 and v2, SqueezeNet, VGG-19, AlexNet, ZFNet-512). Their
+  large weights are `ConstantOfShape` nodes (all one value); each is replaced by a random
+  initializer of the same shape and dtype (numpy, fixed seed; conv and dense weights He-scaled,
+  normal * sqrt(2 / fan-in), batch-norm scales and variances in [0.5, 1.5], biases and means
+  normal * 0.1), the IR version raised to 4 so initializers need not be graph inputs, and the
+  modified model saved to a temporary folder. All three runtimes run that same file.
+
+For each model, every runtime runs in its own process with `--timeout` (tinygrad's `DEV` is
+process-wide), onnxruntime first (the reference), on the same inputs (numpy, fixed seed). The
+first call is timed on its own: it includes onnxruntime's first-run work, and tinygrad's kernel
+compilation (kiln's and tinygrad's compiled-kernel caches persist across runs, so a first call
+after an earlier run of the same model is faster). tinygrad runs the model inside a `TinyJit`
+(`prune=True`, as tinygrad's ONNX examples): after the first call, the capture and the first
+replay are warm-up calls (onnxruntime also gets two); then `--iters` calls are timed, each
+ending with the device's synchronize, and their median is reported.
+
+Before any time is printed, each tinygrad runtime's outputs are checked against onnxruntime's
+(`np.testing.assert_allclose` with the model's rtol/atol, which allow for float32 summation in
+another order through deep networks). A runtime whose outputs differ, or whose process fails or
+times out, fails that model: it gets no time, its error is printed, and the run exits 1.
+
+Prints a table (median ms per call of each runtime, onnxruntime's speed against each tinygrad
+runtime as ort_ms / device_ms, first-call ms), the geometric mean of those ratios over the
+models every runtime passed, the CPU model and each device's C compiler; `--json PATH` writes
+all of it, with every timed call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinygrad_cnn import compiler_used
+from tinygrad_common import kernels_per_call
+
+ORT = "onnxruntime"
+WARMUP = 2  # untimed calls after the first: tinygrad's JIT capture and its first replay
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    name: str
+    source: str  # the package or folder it comes from
+    locate: Callable[[], Path | None]  # the .onnx file; None when its package is not installed
+    shapes: dict[str, tuple[int, ...]]  # input shapes where the graph leaves dimensions open
+    rtol: float
+    atol: float
+    random_weights: bool = False  # replace ConstantOfShape weights (see `randomize_weights`)
+    int_range: tuple[int, int] = (0, 0)  # integer inputs: uniform in [low, high]
+    known_failure: str | None = None  # tinygrad 0.14's error for this model: the model is skipped
+
+
+def package_file(package: str, relative: str) -> Path | None:
+    """A file inside an installed package, found without importing the package (magika and
+    rapidocr import their own dependencies, which their --no-deps install leaves out)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / relative
+    return path if path.exists() else None
+
+
+def light_model(stem: str) -> Callable[[], Path | None]:
+    def locate() -> Path | None:
+        import onnx
+
+        return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{stem}.onnx"
+
+    return locate
+
+
+def models() -> list[Model]:
+    rapidocr = "rapidocr-onnxruntime"
+
+    def ocr(file: str) -> Callable[[], Path | None]:
+        return lambda: package_file("rapidocr_onnxruntime", f"models/{file}")
+
+    found = [
+        Model("ppocrv4_rec", rapidocr, ocr("ch_PP-OCRv4_rec_infer.onnx"), {"x": (1, 3, 48, 320)}, 1e-3, 1e-4),
+        Model("ppocrv4_det", rapidocr, ocr("ch_PP-OCRv4_det_infer.onnx"), {"x": (1, 3, 640, 640)}, 1e-3, 1e-4,
+              known_failure="only 1 data field is allowed"),
+        Model("ppocr_cls", rapidocr, ocr("ch_ppocr_mobile_v2.0_cls_infer.onnx"), {"x": (1, 3, 48, 192)}, 1e-3, 1e-4,
+              known_failure="has mismatch on dim=0. Expected -1"),
+        Model("magika", "magika", lambda: package_file("magika", "models/standard_v3_3/model.onnx"), {}, 1e-3, 1e-5,
+              int_range=(0, 256)),
+    ]
+    # Deep nets ending in a softmax over 1000 classes: probabilities, compared element by element.
+    for stem in ("resnet50", "densenet121", "shufflenet", "inception_v1", "inception_v2", "squeezenet", "vgg19",
+                 "bvlc_alexnet", "zfnet512"):
+        found.append(Model(stem.removeprefix("bvlc_"), "onnx (backend/test/data/light)", light_model(stem), {},
+                           2e-3, 1e-6, random_weights=True))
+    return found
+
+
+def randomize_weights(path: Path, out: Path, seed: int) -> None:
+    """Writes `path` to `out` with each `ConstantOfShape` weight (its shape an initializer) replaced
+    by a random initializer of the same shape and dtype, drawn for the weight's use: found by
+    following its value through Unsqueeze/Reshape/Squeeze/Identity to the node that consumes it."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node, index))
+
+    def use(name: str) -> tuple[onnx.NodeProto, int] | None:
+        for node, index in consumers.get(name, []):
+            if node.op_type in ("Unsqueeze", "Reshape", "Squeeze", "Identity") and index == 0:
+                return use(node.output[0])
+            return node, index
+        return None
+
+    rng = np.random.default_rng(seed)
+
+    def weight(shape: tuple[int, ...], consumer: tuple[onnx.NodeProto, int] | None) -> np.ndarray:
+        op, index = (consumer[0].op_type, consumer[1]) if consumer else ("", -1)
+        if op == "Conv" and index == 1:
+            fan_in = math.prod(shape[1:])
+        elif op == "Gemm" and index == 1:
+            trans_b = any(a.name == "transB" and a.i for a in consumer[0].attribute)  # type: ignore[index]
+            fan_in = shape[-1] if trans_b else shape[-2]
+        elif (op == "BatchNormalization" and index in (1, 4)) or op == "Mul":  # scale, variance
+            return rng.uniform(0.5, 1.5, shape)
+        else:  # biases, means, anything else
+            return rng.standard_normal(shape) * 0.1
+        return rng.standard_normal(shape) * math.sqrt(2 / fan_in)
+
+    nodes, weights = [], []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in inits:
+            nodes.append(node)
+            continue
+        shape = tuple(int(d) for d in numpy_helper.to_array(inits[node.input[0]]))
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        dtype = helper.tensor_dtype_to_np_dtype(value.data_type) if value is not None else np.float32
+        weights.append(numpy_helper.from_array(weight(shape, use(node.output[0])).astype(dtype), node.output[0]))
+    used = {name for node in nodes for name in node.input}
+    kept = [i for i in graph.initializer if i.name in used]
+    del graph.node[:], graph.initializer[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(kept + weights)
+    # IR 3 listed every initializer as a graph input; from IR 4 on, initializers that are not
+    # inputs are constants (which onnxruntime may fold, as it would a real model's weights).
+    real_inputs = [i for i in graph.input if i.name not in inits]
+    del graph.input[:]
+    graph.input.extend(real_inputs)
+    model.ir_version = max(model.ir_version, 4)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(out))
+
+
+def make_inputs(path: Path, model: Model, seed: int) -> dict[str, np.ndarray]:
+    """Random inputs of the graph's input shapes (open dimensions from `model.shapes`) and dtypes."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in graph.input:
+        if spec.name in inits:
+            continue
+        tensor_type = spec.type.tensor_type
+        shape = model.shapes.get(spec.name) or tuple(d.dim_value for d in tensor_type.shape.dim)
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if np.issubdtype(dtype, np.integer):
+            inputs[spec.name] = rng.integers(model.int_range[0], model.int_range[1], shape, endpoint=True).astype(dtype)
+        else:
+            inputs[spec.name] = rng.standard_normal(shape).astype(dtype)
+    return inputs
+
+
+def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int) -> tuple[dict, dict[str, np.ndarray]]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.inter_op_num_threads = 1
+    start = time.perf_counter()
+    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    load_s = time.perf_counter() - start
+    names = [o.name for o in session.get_outputs()]
+
+    def call() -> list[np.ndarray]:
+        return session.run(names, inputs)
+
+    first_s, times, outs = timed_calls(call, lambda: None, iters)
+    info = {"threads": options.intra_op_num_threads, "providers": session.get_providers(),
+            "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
+    return info, dict(zip(names, outs))
+
+
+def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int) -> tuple[dict, dict[str, np.ndarray]]:
+    from tinygrad import Device, Tensor, TinyJit
+    from tinygrad.nn.onnx import OnnxRunner
+
+    dev = Device[Device.DEFAULT]
+    start = time.perf_counter()
+    runner = OnnxRunner(model_path)
+    load_s = time.perf_counter() - start
+    tensors = {name: Tensor(value).realize() for name, value in inputs.items()}
+    forward = TinyJit(lambda **kw: {name: out.realize() for name, out in runner(kw).items()}, prune=True)
+    first_s, times, outs = timed_calls(lambda: forward(**tensors), dev.synchronize, iters)
+    info = {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__,
+            "compiler": compiler_used(), "kernels": kernels_per_call(forward),
+            "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
+    return info, {name: out.numpy() for name, out in outs.items()}
+
+
+def timed_calls(call: Callable[[], Any], synchronize: Callable[[], None], iters: int) -> tuple[float, list[float], Any]:
+    """The first call's seconds, then those of `iters` calls after `WARMUP` untimed ones, and the
+    last call's result."""
+    start = time.perf_counter()
+    out = call()
+    synchronize()
+    first = time.perf_counter() - start
+    for _ in range(WARMUP):
+        call()
+    synchronize()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        out = call()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return first, times, out
+
+
+def child(args: argparse.Namespace) -> int:
+    """One runtime on one model: reads the inputs, writes the outputs, prints its timings as JSON."""
+    with np.load(args.inputs) as data:
+        inputs = {name: data[name] for name in data.files}
+    run = run_onnxruntime if args.child == ORT else run_tinygrad
+    info, outs = run(args.model_path, inputs, args.iters)
+    np.savez(args.outputs, **outs)
+    print(json.dumps(info))
+    return 0
+
+
+def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace) -> dict:
+    """Runs `runtime` (onnxruntime, or a tinygrad `DEV`) on one model in its own process: its
+    timings, or {"error": ...} with the end of its stderr."""
+    cmd = [sys.executable, __file__, "--child", runtime, "--model-path", str(model_path), "--inputs", str(inputs),
+           "--outputs", str(outputs), "--iters", str(args.iters)]
+    env = dict(os.environ)
+    if runtime != ORT:
+        env["DEV"] = runtime
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout} s"}
+    if out.returncode != 0:
+        return {"error": f"exit status {out.returncode}:\n{out.stderr[-3000:]}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def last_error_line(error: str) -> str:
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else error
+
+
+def compare(outs: dict[str, np.ndarray], refs: dict[str, np.ndarray], model: Model) -> dict:
+    """{"max_abs_err", "max_rel_err"} over every output, and "error" when one differs from
+    onnxruntime's beyond the model's tolerance."""
+    result: dict[str, Any] = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+    for name, ref in refs.items():
+        got = outs[name]
+        if got.shape != ref.shape:
+            result["error"] = f"output {name}: shape {got.shape}, onnxruntime's {ref.shape}"
+            return result
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        result["max_abs_err"] = max(result["max_abs_err"], float(diff.max(initial=0)))
+        rel = diff / np.maximum(np.abs(ref.astype(np.float64)), np.finfo(np.float32).tiny)
+        result["max_rel_err"] = max(result["max_rel_err"], float(rel.max(initial=0)))
+        try:
+            np.testing.assert_allclose(got, ref, rtol=model.rtol, atol=model.atol)
+        except AssertionError as e:
+            result["error"] = f"output {name} differs from onnxruntime's:{e}"
+    return result
+
+
+def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.Namespace) -> dict:
+    """One model on onnxruntime and each device: {"status": "ok" | "failed" | "skipped", ...},
+    with a result per runtime."""
+    found = model.locate()
+    if found is None:
+        return {"status": "skipped", "reason": f"{model.source} is not installed (see requirements-models.txt)"}
+    path = found
+    if model.random_weights:
+        path = folder / f"{model.name}.onnx"
+        randomize_weights(found, path, SEED)
+    inputs = make_inputs(path, model, SEED + 1)
+    inputs_file = folder / f"{model.name}.inputs.npz"
+    np.savez(inputs_file, **inputs)
+    record: dict[str, Any] = {"status": "ok", "source": model.source, "file": str(found), "rtol": model.rtol,
+                              "atol": model.atol, "random_weights": model.random_weights,
+                              "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()},
+                              "runtimes": {}}
+    ref_file = folder / f"{model.name}.{ORT}.npz"
+    ort = run_child(ORT, path, inputs_file, ref_file, args)
+    record["runtimes"][ORT] = ort
+    if "error" in ort:
+        print(f"{model.name}: onnxruntime FAILED: {ort['error']}", file=sys.stderr)
+        record["status"] = "failed"
+        return record
+    with np.load(ref_file) as data:
+        refs = {name: data[name] for name in data.files}
+    for dev in devices:
+        out_file = folder / f"{model.name}.{dev.replace(':', '_')}.npz"
+        result = run_child(dev, path, inputs_file, out_file, args)
+        if "error" in result:
+            if model.known_failure and model.known_failure in result["error"]:
+                result = {"skipped": f"tinygrad 0.14 cannot run it: {last_error_line(result['error'])}"}
+                print(f"{model.name}: {dev} skipped: {result['skipped']}", file=sys.stderr)
+            else:
+                print(f"{model.name}: {dev} FAILED: {result['error']}", file=sys.stderr)
+                record["status"] = "failed"
+        else:
+            with np.load(out_file) as data:
+                result.update(compare({name: data[name] for name in data.files}, refs, model))
+            if "error" in result:
+                print(f"{model.name}: {dev} MISMATCH (no time reported): {result['error']}", file=sys.stderr)
+                record["status"] = "failed"
+                for key in ("load_ms", "first_ms", "times_ms"):
+                    del result[key]
+            else:
+                result["ms"] = statistics.median(result["times_ms"])
+                print(f"{model.name}: {dev} outputs match onnxruntime's (max abs err {result['max_abs_err']:.3g}, "
+                      f"max rel err {result['max_rel_err']:.3g})", file=sys.stderr)
+        record["runtimes"][dev] = result
+    ort["ms"] = statistics.median(ort["times_ms"])
+    if all("skipped" in record["runtimes"][dev] for dev in devices) and record["status"] == "ok":
+        record["status"] = "skipped"
+        record["reason"] = "; ".join(sorted({record["runtimes"][dev]["skipped"] for dev in devices}))
+    return record
+
+
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name, with its family/model/stepping (a virtual machine's name can be
+    as vague as "Intel(R) Xeon(R) Processor")."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():
+                break
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = fields.get("model name", platform.machine())
+    ids = ", ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    return f"{name} ({ids})" if ids else name
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for package in ("kiln", "tinygrad", "onnx", "onnxruntime", "numpy", "rapidocr-onnxruntime", "magika"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def print_table(results: dict[str, dict], devices: list[str]) -> dict[str, float]:
+    """The table of the models that ran; returns the geometric mean of ort_ms / device_ms per
+    device over the models every runtime passed."""
+    def cell(runtime: dict, key: str) -> str:
+        if "skipped" in runtime:
+            return "skipped"
+        if "error" in runtime:
+            return "FAILED"
+        return f"{runtime[key]:.2f}"
+
+    heads = [f"{ORT} ms", *(f"{d} ms" for d in devices), *(f"ort/{d}" for d in devices),
+             f"{ORT} 1st", *(f"{d} 1st" for d in devices)]
+    width = max(len(name) for name in results) + 2
+    print(f"{'model':<{width}}" + "".join(f"{h:>14}" for h in heads))
+    ratios: dict[str, list[float]] = {d: [] for d in devices}
+    for name, record in results.items():
+        if "runtimes" not in record or "error" in record["runtimes"][ORT]:
+            print(f"{name:<{width}}{record['status']}: {record.get('reason', 'onnxruntime failed')}")
+            continue
+        runs = record["runtimes"]
+        row = [cell(runs[ORT], "ms"), *(cell(runs[d], "ms") for d in devices)]
+        for d in devices:
+            ok = "ms" in runs[d]
+            row.append(f"{runs[ORT]['ms'] / runs[d]['ms']:.2f}x" if ok else "-")
+        row += [cell(runs[ORT], "first_ms"), *(cell(runs[d], "first_ms") for d in devices)]
+        print(f"{name:<{width}}" + "".join(f"{c:>14}" for c in row))
+        if all("ms" in runs[d] for d in devices):
+            for d in devices:
+                ratios[d].append(runs[ORT]["ms"] / runs[d]["ms"])
+    geomeans = {d: math.exp(statistics.fmean(math.log(r) for r in rs)) for d, rs in ratios.items() if rs}
+    for d, g in geomeans.items():
+        print(f"geometric mean of ort_ms / {d}_ms over {len(ratios[d])} models: {g:.3f}"
+              f" ({d} {'faster' if g > 1 else 'slower'} than onnxruntime by {max(g, 1 / g):.2f}x)")
+    return geomeans
+
+
+def main() -> int:
+    all_models = models()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(m.name for m in all_models),
+                    help=f"comma-separated, of: {', '.join(m.name for m in all_models)}")
+    ap.add_argument("--devices", default="KILN,CPU", help="tinygrad DEV values (onnxruntime always runs)")
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per model and runtime (median)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per model and runtime")
+    ap.add_argument("--json", type=Path, help="write every result here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
+    ap.add_argument("--inputs", help=argparse.SUPPRESS)
+    ap.add_argument("--outputs", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+
+    by_name = {m.name: m for m in all_models}
+    chosen = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in by_name]
+    if unknown:
+        ap.error(f"unknown models {unknown}; known: {', '.join(by_name)}")
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()}
+    print(f"CPU: {machine['cpu']}, {machine['cores']} cores; onnxruntime: CPUExecutionProvider, "
+          f"intra_op_num_threads {os.cpu_count()}, inter_op_num_threads 1", file=sys.stderr)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="onnx_models_") as tmp:
+        for name in chosen:
+            results[name] = bench_model(by_name[name], devices, Path(tmp), args)
+
+    compilers = {d: r["runtimes"][d]["compiler"] for r in results.values() for d in devices
+                 if "compiler" in r.get("runtimes", {}).get(d, {})}
+    print(f"\nCPU: {machine['cpu']}, {machine['cores']} cores")
+    for d in devices:
+        print(f"{d} compiler: {compilers.get(d, 'unknown (no model ran)')}")
+    print(f"median ms per call over {args.iters} calls; ort/DEV = onnxruntime ms / DEV ms (above 1: DEV is faster); "
+          f"1st = first call ms (tinygrad: includes compiling)")
+    geomeans = print_table(results, devices)
+    failed = sorted(n for n, r in results.items() if r["status"] == "failed")
+    for name, record in results.items():
+        if "runtimes" not in record:
+            print(f"skipped {name}: {record['reason']}")
+        for d in devices:
+            if "skipped" in record.get("runtimes", {}).get(d, {}):
+                print(f"skipped {name} on {d}: {record['runtimes'][d]['skipped']}")
+    if failed:
+        print(f"FAILED: {', '.join(failed)} (see the errors above)")
+    if args.json:
+        report = {"command": [sys.executable, *sys.argv], "machine": machine, "versions": versions(),
+                  "compilers": compilers, "iters": args.iters, "warmup": WARMUP, "seed": SEED,
+                  "onnxruntime": {"provider": "CPUExecutionProvider", "intra_op_num_threads": os.cpu_count(),
+                                  "inter_op_num_threads": 1},
+                  "geomean_ort_over_device": geomeans, "failed": failed, "models": results}
+        args.json.write_text(json.dumps(report, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
