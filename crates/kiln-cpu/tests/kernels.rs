@@ -449,7 +449,7 @@ fn nested_reduce_over_two_ranges_and_awkward_variable_names() {
     k.store(&out.at(&Val::int(0)), &total);
     let sink = k.finish().unwrap();
     let src = cpu_renderer().render(&sink, Some("block-sum")).unwrap().src;
-    assert!(src.contains("var0_for") && src.contains("void block_sum("), "{src}");
+    assert!(src.contains("var0_for") && src.contains("void block_sum_"), "{src}");
     let kernel = compile(&sink, "block-sum");
     let xs: Vec<f64> = (0..36).map(|v| v as f64 * 0.25).collect();
     let bo = device().buffer(Scalar::F64, 1).unwrap();

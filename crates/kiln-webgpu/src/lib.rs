@@ -31,6 +31,8 @@
 //! The rooms, read top to bottom:
 //! - [`renderer`]: WGSL from the kernel IR.
 //! - [`compiler`]: naga validation (and SPIR-V / MSL output).
+//! - [`loops`]: the loop iteration budget of Mesa's llvmpipe (lavapipe): long loops unrolled
+//!   to fit it, launches past it refused.
 //! - [`program`]: compute pipelines, bind groups and dispatches.
 //! - [`allocator`]: storage buffers and staged host transfers.
 //! - [`queue`]: kiln queues over wgpu's one ordered queue.
@@ -38,6 +40,7 @@
 
 pub mod allocator;
 pub mod compiler;
+pub mod loops;
 pub mod program;
 pub mod queue;
 pub mod renderer;
@@ -107,6 +110,9 @@ pub struct WgpuDevice {
     pub limits: wgpu::Limits,
     /// Whether the device writes timestamps in compute passes (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
+    /// The loop passes one work item may make before the driver cuts its loops short
+    /// (Mesa's llvmpipe: 65,535; see [`loops`]), or `None` where loops run to the end.
+    pub loop_budget: Option<u64>,
     /// The driver's pipeline cache (`PIPELINE_CACHE`, Vulkan), shared by every pipeline of
     /// the device: a shader built again (another work-group size, a reloaded kernel) reuses
     /// the driver's compiled code. It lives in memory; across processes Mesa's own shader
@@ -170,9 +176,11 @@ impl WgpuDevice {
             f16: offered.contains(wgpu::Features::SHADER_F16),
             int64: offered.contains(wgpu::Features::SHADER_INT64),
         };
+        let info = adapter.get_info();
         Ok(WgpuDevice {
             spec: spec.clone(),
-            info: adapter.get_info(),
+            loop_budget: loops::loop_budget(&info),
+            info,
             caps,
             limits,
             timestamps: offered.contains(wgpu::Features::TIMESTAMP_QUERY),
@@ -273,7 +281,20 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 }
 
 fn build_device(spec: &DeviceSpec) -> Result<Device> {
-    let first = Arc::new(WgpuDevice::open(spec)?);
+    build_device_with(spec, None)
+}
+
+/// [`build_device`], with `loop_budget` (when given) in place of the adapter's own (tests
+/// render and check loops as a device with that budget would).
+fn build_device_with(spec: &DeviceSpec, loop_budget: Option<Option<u64>>) -> Result<Device> {
+    let open_gpu = move |spec: &DeviceSpec| -> Result<WgpuDevice> {
+        let mut gpu = WgpuDevice::open(spec)?;
+        if let Some(budget) = loop_budget {
+            gpu.loop_budget = budget;
+        }
+        Ok(gpu)
+    };
+    let first = Arc::new(open_gpu(spec)?);
     let description = first.identity();
     let l = &first.limits;
     let properties = kiln_device::DeviceProperties {
@@ -290,14 +311,14 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         let taken = first.lock().unwrap_or_else(|p| p.into_inner()).take();
         let gpu = match taken {
             Some(g) => g,
-            None => Arc::new(WgpuDevice::open(ctx.spec())?),
+            None => Arc::new(open_gpu(ctx.spec())?),
         };
         let loader = gpu.clone();
         let runtime: kiln_device::RuntimeFactory =
             Arc::new(move |compiled| Ok(Arc::new(WgpuProgram::load(loader.clone(), compiled)?) as _));
         let allocator = Arc::new(LruAllocator::from_env(Arc::new(WgpuAllocator::new(gpu.clone())))?);
         let compilers: Vec<kiln_device::CompilerPair> = vec![(
-            Arc::new(WgslRenderer::new(gpu.spec.clone(), gpu.caps)),
+            Arc::new(WgslRenderer::new(gpu.spec.clone(), gpu.caps).with_loop_budget(gpu.loop_budget)),
             Arc::new(WgslCompiler::new(gpu.caps, gpu.identity())),
         )];
         Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
@@ -316,9 +337,15 @@ pub fn register() {
 /// naming `webgpu`, a missing device fails the test instead.
 #[cfg(test)]
 pub(crate) fn test_device() -> Option<Arc<Device>> {
+    test_device_with(None)
+}
+
+/// [`test_device`] with `loop_budget` (when given) in place of the adapter's own.
+#[cfg(test)]
+pub(crate) fn test_device_with(loop_budget: Option<Option<u64>>) -> Option<Arc<Device>> {
     let spec = DeviceSpec::new(crate::BACKEND, 0);
     let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
-    match build_device(&spec) {
+    match build_device_with(&spec, loop_budget) {
         Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
         Err(e) => {
             kiln_device::skip_unless_required("webgpu", "this WebGPU test", &e);
@@ -394,6 +421,271 @@ mod tests {
         assert!(buf.to_vec::<i32>().unwrap().iter().all(|v| *v == -1));
     }
 
+    /// The kernel in `text` (kiln's text form), compiled on `dev`.
+    fn text_kernel(dev: &Device, text: &str, name: &str) -> kiln_device::Kernel {
+        dev.compile(&kiln_device::kiln_ir::parse_kernel(text).unwrap(), Some(name)).unwrap()
+    }
+
+    /// One work item summing i32 values (wrapping): `out[0] = a[0] + ... + a[n-1]`.
+    const ISUM: &str = "%n = DEFINE_VAR i32 \"n\" 1 16777216\n%one = CONST i32 1\n%z = CONST i32 0\n\
+        %a = PARAM ptr<i32> 0 (%n)\n%out = PARAM ptr<i32> 1 (%one)\n%r = RANGE i32 0 (%n)\n\
+        %acc = DEFINE_ACC i32 0 (%z, %r)\n%pa = INDEX ptr<i32> (%a, %r)\n%x = LOAD i32 (%pa)\n\
+        %nx = ADD i32 (%acc, %x)\n%up = ASSIGN i32 (%acc, %nx)\n%t = END i32 (%r, %up)\n\
+        %po = INDEX ptr<i32> (%out, %z)\n%st = STORE void (%po, %t)\nSINK void (%st)";
+
+    /// Regression (found by the conformance fuzzer): a loop of more than 65,535 iterations in
+    /// one work item summed only its first 65,535 elements on lavapipe, whose llvmpipe
+    /// compiler ends a work item's loops after 65,535 passes (see [`loops`]). The loop is
+    /// unrolled to fit, up to `sum.kiln`'s declared bound of 2^24 elements.
+    #[test]
+    fn loops_of_more_than_65535_iterations_run_to_the_end() {
+        let Some(dev) = test_device() else { return };
+        let sum = text_kernel(&dev, include_str!("../../../examples/kernels/sum.kiln"), "sum");
+        let isum = text_kernel(&dev, ISUM, "isum");
+        let out = dev.buffer(Scalar::F32, 1).unwrap();
+        let iout = dev.buffer(Scalar::I32, 1).unwrap();
+        for n in [65_535usize, 65_536, 65_537, 70_000, 1 << 20, (1 << 24) - 1, 1 << 24] {
+            // f32 ones: every partial sum is exact up to 2^24.
+            let a = Buffer::from_slice(dev.allocator(), &vec![1.0f32; n]).unwrap();
+            sum.launch(&[&a, &out], &[n as i64]).unwrap();
+            assert_eq!(out.to_vec::<f32>().unwrap(), [n as f32], "sum of {n} ones");
+            // i32 values that differ: a missing or repeated element changes the (wrapping) sum.
+            let values: Vec<i32> = (0..n as i32).map(|i| i.wrapping_mul(7919) ^ (i >> 3)).collect();
+            let want = values.iter().fold(0i32, |s, v| s.wrapping_add(*v));
+            let a = Buffer::from_slice(dev.allocator(), &values).unwrap();
+            isum.launch(&[&a, &iout], &[n as i64]).unwrap();
+            assert_eq!(iout.to_vec::<i32>().unwrap(), [want], "i32 sum of {n} values");
+        }
+    }
+
+    /// Nested and consecutive loops share lavapipe's one budget per work item: a 300 x 300
+    /// nest (90,000 inner iterations) and two loops of 40,000 each give the whole sums.
+    #[test]
+    fn nested_and_consecutive_loops_beyond_65535_iterations_run_to_the_end() {
+        let Some(dev) = test_device() else { return };
+        let nest = text_kernel(
+            &dev,
+            "%a = DEFINE_VAR i32 \"a\" 1 1000\n%b = DEFINE_VAR i32 \"b\" 1 1000\n%one = CONST i32 1\n\
+             %z = CONST i32 0\n%ab = MUL i32 (%a, %b)\n%x = PARAM ptr<i32> 0 (%ab)\n%out = PARAM ptr<i32> 1 (%one)\n\
+             %i = RANGE i32 0 (%a)\n%j = RANGE i32 1 (%b)\n%acc = DEFINE_ACC i32 0 (%z, %i, %j)\n\
+             %ib = MUL i32 (%i, %b)\n%k = ADD i32 (%ib, %j)\n%p = INDEX ptr<i32> (%x, %k)\n%v = LOAD i32 (%p)\n\
+             %nx = ADD i32 (%acc, %v)\n%up = ASSIGN i32 (%acc, %nx)\n%ej = END i32 (%j, %up)\n\
+             %ei = END i32 (%i, %ej)\n%po = INDEX ptr<i32> (%out, %z)\n%st = STORE void (%po, %ei)\nSINK void (%st)",
+            "nest",
+        );
+        let out = dev.buffer(Scalar::I32, 1).unwrap();
+        for (a, b) in [(300usize, 300usize), (1000, 1000), (1, 1000), (1000, 1)] {
+            let values: Vec<i32> = (0..(a * b) as i32).map(|i| i.wrapping_mul(31) + 7).collect();
+            let want = values.iter().fold(0i32, |s, v| s.wrapping_add(*v));
+            let x = Buffer::from_slice(dev.allocator(), &values).unwrap();
+            nest.launch(&[&x, &out], &[a as i64, b as i64]).unwrap();
+            assert_eq!(out.to_vec::<i32>().unwrap(), [want], "{a} x {b}");
+        }
+        // out[0] = sum of x, out[1] = sum of y: two loops one after the other.
+        let two = text_kernel(
+            &dev,
+            "%n = DEFINE_VAR i32 \"n\" 1 100000\n%two = CONST i32 2\n%z = CONST i32 0\n%o1 = CONST i32 1\n\
+             %x = PARAM ptr<i32> 0 (%n)\n%y = PARAM ptr<i32> 1 (%n)\n%out = PARAM ptr<i32> 2 (%two)\n\
+             %r = RANGE i32 0 (%n)\n%acc = DEFINE_ACC i32 0 (%z, %r)\n%px = INDEX ptr<i32> (%x, %r)\n\
+             %vx = LOAD i32 (%px)\n%nx = ADD i32 (%acc, %vx)\n%ux = ASSIGN i32 (%acc, %nx)\n%tx = END i32 (%r, %ux)\n\
+             %p0 = INDEX ptr<i32> (%out, %z)\n%s0 = STORE void (%p0, %tx)\n\
+             %q = RANGE i32 1 (%n)\n%bcc = DEFINE_ACC i32 1 (%z, %q)\n%py = INDEX ptr<i32> (%y, %q)\n\
+             %vy = LOAD i32 (%py)\n%ny = ADD i32 (%bcc, %vy)\n%uy = ASSIGN i32 (%bcc, %ny)\n%ty = END i32 (%q, %uy)\n\
+             %p1 = INDEX ptr<i32> (%out, %o1)\n%s1 = STORE void (%p1, %ty)\nSINK void (%s0, %s1)",
+            "two_loops",
+        );
+        let out = dev.buffer(Scalar::I32, 2).unwrap();
+        for n in [40_000usize, 100_000] {
+            let xs: Vec<i32> = (0..n as i32).map(|i| i * 3 + 1).collect();
+            let ys: Vec<i32> = (0..n as i32).map(|i| i ^ 0x5a5a).collect();
+            let want =
+                [xs.iter().fold(0i32, |s, v| s.wrapping_add(*v)), ys.iter().fold(0i32, |s, v| s.wrapping_add(*v))];
+            let (x, y) =
+                (Buffer::from_slice(dev.allocator(), &xs).unwrap(), Buffer::from_slice(dev.allocator(), &ys).unwrap());
+            two.launch(&[&x, &y, &out], &[n as i64]).unwrap();
+            assert_eq!(out.to_vec::<i32>().unwrap(), want, "two loops of {n}");
+        }
+    }
+
+    /// Where unrolling cannot bring a launch within lavapipe's loop budget (an outer loop of
+    /// 100,000 around a loop of 2), the launch is refused with a launch error and nothing
+    /// runs; a smaller launch of the same kernel runs. Adapters without a budget run both.
+    #[test]
+    fn launches_past_the_loop_budget_are_refused_not_cut_short() {
+        let Some(dev) = test_device() else { return };
+        let budget = WgpuDevice::open(dev.spec()).unwrap().loop_budget;
+        let k = text_kernel(
+            &dev,
+            "%n = DEFINE_VAR i32 \"n\" 1 100000\n%two = CONST i32 2\n%one = CONST i32 1\n%z = CONST i32 0\n\
+             %out = PARAM ptr<i32> 0 (%one)\n%i = RANGE i32 0 (%n)\n%j = RANGE i32 1 (%two)\n\
+             %acc = DEFINE_ACC i32 0 (%z, %i, %j)\n%nx = ADD i32 (%acc, %one)\n%up = ASSIGN i32 (%acc, %nx)\n\
+             %ej = END i32 (%j, %up)\n%ei = END i32 (%i, %ej)\n%po = INDEX ptr<i32> (%out, %z)\n\
+             %st = STORE void (%po, %ei)\nSINK void (%st)",
+            "outer",
+        );
+        let out = Buffer::from_slice(dev.allocator(), &[-1i32]).unwrap();
+        k.launch(&[&out], &[20_000]).unwrap();
+        assert_eq!(out.to_vec::<i32>().unwrap(), [40_000]);
+        let out = Buffer::from_slice(dev.allocator(), &[-1i32]).unwrap();
+        match (budget, k.launch(&[&out], &[100_000])) {
+            (Some(_), Err(Error::Launch(m))) => {
+                assert!(m.contains("llvmpipe") && m.contains("n=100000"), "{m}");
+                assert_eq!(out.to_vec::<i32>().unwrap(), [-1], "a refused launch writes nothing");
+            }
+            (None, Ok(())) => assert_eq!(out.to_vec::<i32>().unwrap(), [200_000]),
+            (budget, r) => panic!("loop budget {budget:?}: {r:?}"),
+        }
+    }
+
+    /// Values past 16 bits reach the kernel whole, in variables and in launch sizes: each of
+    /// 70,000 items (1,094 work groups) writes its index plus a variable near i32::MAX.
+    #[test]
+    fn variables_and_launch_sizes_beyond_16_bits_arrive_whole() {
+        let Some(dev) = test_device() else { return };
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 24);
+        let m = k.var("m", 0, i32::MAX as i64 - (1 << 24));
+        let out = k.param(0, Scalar::I32, &n);
+        let i = k.global(0, &n);
+        k.store(&out.at(&i), &(&i + &m));
+        let kernel = dev.compile(&k.finish().unwrap(), Some("vars")).unwrap();
+        for (n, m) in [(70_000usize, 65_536i64), (65_537, 16_777_216), (70_000, i32::MAX as i64 - (1 << 24))] {
+            let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; n]).unwrap();
+            // Variables are passed sorted by name: m, n.
+            kernel.launch(&[&buf], &[m, n as i64]).unwrap();
+            let got = buf.to_vec::<i32>().unwrap();
+            let bad = (0..n).filter(|&i| got[i] as i64 != i as i64 + m).count();
+            assert_eq!(bad, 0, "n = {n}, m = {m}: {bad} wrong, first {:?}", &got[..4]);
+        }
+    }
+
+    /// Unrolled loops compute what plain loops compute: every example kernel, rendered for a
+    /// budget of 256 loop passes (which unrolls most innermost loops, many of them fully),
+    /// gives bit-identical outputs to the plain render, for small variable values whose
+    /// launches fit that budget.
+    #[test]
+    fn unrolled_loops_give_the_results_of_plain_loops() {
+        const BUDGET: u64 = 256;
+        let (Some(plain), Some(unrolled)) = (test_device_with(Some(None)), test_device_with(Some(Some(BUDGET)))) else {
+            return;
+        };
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
+        let mut files: Vec<_> = [root.clone(), root.join("bench")]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
+            .filter(|f| f.extension().is_some_and(|e| e == "kiln"))
+            .collect();
+        files.sort();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (mut compared, mut unrolled_kernels) = (0, 0);
+        for file in files {
+            let sink = kiln_device::kiln_ir::parse_kernel(&std::fs::read_to_string(&file).unwrap()).unwrap();
+            let spec = plain.renderer().render(&sink, Some("k")).unwrap();
+            let plan = loops::LoopPlan::new(&kiln_device::kiln_ir::linearize(&sink).unwrap(), Some(BUDGET));
+            // Launches that fit the budget (no variables: the one launch, if it fits).
+            let launches: Vec<Vec<i64>> = (0..3)
+                .map(|_| spec.vars.iter().map(|v| v.min.saturating_add((next() % 40) as i64).min(v.max)).collect())
+                .filter(|vals: &Vec<i64>| plan.launch_passes(&spec.var_names, vals) <= BUDGET as u128)
+                .filter(|vals| spec.param_lens(vals).is_ok_and(|lens| lens.iter().all(|n| *n <= 1 << 22)))
+                .collect();
+            if launches.is_empty() {
+                continue;
+            }
+            let a = plain.compile(&sink, Some("k")).unwrap();
+            let b = unrolled.compile(&sink, Some("k")).unwrap();
+            unrolled_kernels += usize::from(a.spec.src != b.spec.src);
+            for vals in launches {
+                let lens = a.spec.param_lens(&vals).unwrap();
+                let inputs: Vec<Vec<u8>> = a
+                    .spec
+                    .params
+                    .iter()
+                    .zip(&lens)
+                    .map(|(p, n)| {
+                        (0..*n)
+                            .flat_map(|_| {
+                                let r = next();
+                                match p.scalar {
+                                    // Small multiples of 1/8: no rounding in sums, no NaNs.
+                                    Scalar::F32 => (((r % 33) as f32 - 16.0) / 8.0).to_le_bytes().to_vec(),
+                                    s => r.to_le_bytes()[..s.size()].to_vec(),
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let run = |dev: &Device, k: &kiln_device::Kernel| -> Result<Vec<Vec<u8>>> {
+                    let bufs = k
+                        .spec
+                        .params
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(p, bytes)| {
+                            let buf = dev.buffer(p.scalar, bytes.len() / p.scalar.size())?;
+                            buf.copyin(bytes)?;
+                            Ok(buf)
+                        })
+                        .collect::<Result<Vec<Buffer>>>()?;
+                    k.launch(&bufs.iter().collect::<Vec<_>>(), &vals)?;
+                    bufs.iter()
+                        .map(|buf| {
+                            let mut out = vec![0u8; buf.nbytes()];
+                            buf.copyout(&mut out)?;
+                            Ok(out)
+                        })
+                        .collect()
+                };
+                // A launch kiln refuses (a bounds proof) is refused by both.
+                let Ok(want) = run(&plain, &a) else { continue };
+                let got = run(&unrolled, &b).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                assert!(got == want, "{}: unrolled and plain loops differ for {vals:?}", file.display());
+                compared += 1;
+            }
+        }
+        assert!(
+            unrolled_kernels >= 4 && compared >= 10,
+            "{unrolled_kernels} kernels unrolled, {compared} runs compared"
+        );
+    }
+
+    /// With a loop budget, long innermost loops are rendered unrolled (every example kernel
+    /// still passes naga); without one the WGSL is the plain loop.
+    #[test]
+    fn long_loops_are_unrolled_only_under_a_loop_budget() {
+        let caps = Caps { f16: true, int64: true };
+        let plain = WgslRenderer::new(DeviceSpec::new(BACKEND, 0), caps);
+        let budgeted =
+            WgslRenderer::new(DeviceSpec::new(BACKEND, 0), caps).with_loop_budget(Some(loops::LLVMPIPE_LOOP_BUDGET));
+        let sum = kiln_device::kiln_ir::parse_kernel(include_str!("../../../examples/kernels/sum.kiln")).unwrap();
+        let src = plain.render(&sum, Some("sum")).unwrap().src;
+        assert!(src.contains("ridx2++") && !src.contains("ridx2_b"), "{src}");
+        let src = budgeted.render(&sum, Some("sum")).unwrap().src;
+        assert!(
+            src.contains("ridx2_b += 257i") && src.contains("if (kiln_var0 - ridx2_b <= 256i) { break; }"),
+            "{src}"
+        );
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
+        let compiler = WgslCompiler::new(caps, "test".into());
+        for dir in [root.clone(), root.join("bench")] {
+            for file in std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()) {
+                if file.extension().is_none_or(|e| e != "kiln") {
+                    continue;
+                }
+                let sink = kiln_device::kiln_ir::parse_kernel(&std::fs::read_to_string(&file).unwrap()).unwrap();
+                for r in [&plain, &budgeted] {
+                    let spec = r.render(&sink, Some("k")).unwrap();
+                    compiler.compile(&spec).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_grid_fold_covers_every_group_once() {
         assert_eq!(renderer::grid([1, 1, 1]), Some([1, 1, 1]));
@@ -401,6 +693,12 @@ mod tests {
         assert_eq!(renderer::grid([65_536, 1, 1]), Some([65_535, 2, 1]));
         assert_eq!(renderer::grid([300, 300, 2]), Some([65_535, 3, 1]));
         assert_eq!(renderer::grid([u64::MAX, 2, 1]), None);
+        // The shader folds the grid back in u32, so it stays 2-D: at most 65,535^2 groups (a
+        // third axis would give dispatched groups linear indices past 2^32, which wrap).
+        assert_eq!(renderer::grid([65_535, 65_535, 1]), Some([65_535, 65_535, 1]));
+        assert_eq!(renderer::grid([65_535, 65_536, 1]), None);
+        assert_eq!(renderer::grid([1 << 16, 1 << 10, 1 << 10]), None);
+        assert_eq!(renderer::grid([0, 5, 1]), Some([0, 0, 0]));
     }
 
     /// A render bug reaches the caller as naga's diagnostic in a compile error.

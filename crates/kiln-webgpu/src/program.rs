@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use kiln_device::{CompiledSpec, Error, LaunchDims, Program, ProgramSpec, RawView, Result};
 
+use crate::loops::LoopPlan;
 use crate::renderer::{ARGS, WORK_GROUP_OVERRIDES, grid, group_counts, work_group_size};
 use crate::{WgpuDevice, driver};
 
@@ -25,6 +26,9 @@ pub struct WgpuProgram {
     layout: wgpu::BindGroupLayout,
     pipeline_layout: wgpu::PipelineLayout,
     module: wgpu::ShaderModule,
+    /// The kernel's loops as the renderer laid them out for this adapter's loop budget: a
+    /// launch that needs more loop passes per work item than the adapter runs is refused.
+    loops: LoopPlan,
     /// The pipelines built so far, by work-group size; a size beyond the device's limits
     /// maps to why every launch with it is refused.
     pipelines: Mutex<HashMap<[u32; 3], std::result::Result<wgpu::ComputePipeline, String>>>,
@@ -39,6 +43,11 @@ impl WgpuProgram {
             .map_err(|e| Error::Load(format!("kernel `{}` is not WGSL text: {e}", compiled.name)))?;
         let spec = compiled.spec.clone();
         let fixed = work_group_size(&spec)?;
+        // The renderer planned the loops from the same linear order (see `WgslRenderer::render`).
+        let loops = match gpu.loop_budget {
+            Some(budget) => LoopPlan::new(&kiln_device::kiln_ir::linearize(&spec.ast)?, Some(budget)),
+            None => LoopPlan::default(),
+        };
         let l = &gpu.limits;
         let storage = |binding: u32| wgpu::BindGroupLayoutEntry {
             binding,
@@ -93,6 +102,7 @@ impl WgpuProgram {
             layout,
             pipeline_layout,
             module,
+            loops,
             pipelines: Mutex::new(HashMap::new()),
         };
         if let Some(group) = fixed {
@@ -189,6 +199,7 @@ impl WgpuProgram {
         timestamps: Option<&wgpu::QuerySet>,
     ) -> Result<()> {
         let (group, groups, grid) = self.grid(launch)?;
+        self.loops.check_launch(&self.name, &self.gpu.spec.to_string(), &self.spec.var_names, vals)?;
         let pipeline = self.pipeline(group)?;
         let mut words = [0u32; ARGS];
         words[..3].copy_from_slice(&groups.map(|g| g as u32));

@@ -25,6 +25,13 @@
 //! rendering a kernel that uses it is [`Error::Render`] naming the dtype, as is i64/u64 or f16
 //! on an adapter without the feature.
 //!
+//! # Loops
+//! A RANGE is a `for` loop over `0..extent`. For an adapter with a loop budget (Mesa's
+//! llvmpipe cuts a work item's loops short after 65,535 passes in all: [`crate::loops`]), an
+//! innermost loop whose declared bounds need more is unrolled: each pass runs `k` copies of
+//! the body, copy `j` in a block of its own with the index `base + j`, leaving the loop when
+//! the index reaches the extent.
+//!
 //! # Semantics kiln fixes and WGSL does not
 //! Integer division by zero (`x / 0 == 0`, `x % 0 == x`), float → integer casts (saturating,
 //! NaN → 0), `fmax`/`fmin` with a NaN operand, and shift amounts (modulo the width) are
@@ -37,6 +44,8 @@ use std::sync::Arc;
 use kiln_cstyle::{acc_of, extent_closure, kernel_name, wrap_int};
 use kiln_device::{Error, ProgramSpec, Renderer, Result, special_axis};
 use kiln_ir::{AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, UOp, linearize, validate};
+
+use crate::loops::LoopPlan;
 
 /// Words in the uniform argument block: group counts, then offsets, then variables.
 pub const ARGS: usize = 256;
@@ -58,11 +67,19 @@ pub struct Caps {
 pub struct WgslRenderer {
     device: DeviceSpec,
     caps: Caps,
+    loop_budget: Option<u64>,
 }
 
 impl WgslRenderer {
     pub fn new(device: DeviceSpec, caps: Caps) -> WgslRenderer {
-        WgslRenderer { device, caps }
+        WgslRenderer { device, caps, loop_budget: None }
+    }
+
+    /// A renderer for an adapter that cuts a work item's loops short after `budget` passes
+    /// (Mesa's llvmpipe: [`crate::loops`]): long innermost loops are unrolled to fit it.
+    pub fn with_loop_budget(mut self, budget: Option<u64>) -> WgslRenderer {
+        self.loop_budget = budget;
+        self
     }
 
     pub fn caps(&self) -> Caps {
@@ -79,7 +96,8 @@ impl Renderer for WgslRenderer {
         let name = kernel_name(name, ast);
         let mut spec = ProgramSpec::from_sink(&name, String::new(), self.device.clone(), ast)?;
         let linear = linearize(ast)?;
-        spec.src = Emitter::new(self.caps).run(&spec, &linear)?;
+        let plan = LoopPlan::new(&linear, self.loop_budget);
+        spec.src = Emitter::new(self.caps, plan).run(&spec, &linear)?;
         Ok(spec)
     }
 
@@ -114,15 +132,14 @@ pub fn group_counts(direct: bool, global: [usize; 3], group: [u32; 3]) -> [u64; 
 }
 
 /// The dispatch grid for `groups` kiln work groups: `G0·G1·G2` groups laid out row by row in
-/// at most [`MAX_GROUPS_PER_AXIS`] columns; `None` when even that does not fit.
+/// at most [`MAX_GROUPS_PER_AXIS`] columns and as many rows; `None` when they do not fit. (A
+/// third axis is never used: the shader folds the grid back in `u32`, and the linear index of
+/// a dispatched group past 2^32 would wrap onto a group that already ran.)
 pub fn grid(groups: [u64; 3]) -> Option<[u32; 3]> {
     let total = groups.iter().try_fold(1u64, |a, g| a.checked_mul(*g))?;
     let cap = MAX_GROUPS_PER_AXIS as u64;
-    let x = total.min(cap);
-    let rows = total.div_ceil(cap.max(1));
-    let y = rows.min(cap);
-    let z = rows.div_ceil(cap);
-    (z <= cap).then_some([x as u32, y as u32, z as u32])
+    let rows = total.div_ceil(cap);
+    (rows <= cap).then_some([total.min(cap) as u32, rows as u32, rows.div_ceil(cap) as u32])
 }
 
 /// The register type of scalar `s`.
@@ -160,6 +177,17 @@ fn wrap(e: &str, s: Scalar) -> String {
         Scalar::U16 => format!("({e} & 0xffffu)"),
         _ => e.to_string(),
     }
+}
+
+/// An integer constant `v` in the register type of integer scalar `s` (narrow integers are
+/// 32-bit registers, so `v` need not fit `s` itself).
+fn reg_int_lit(v: i64, s: Scalar) -> String {
+    let r = match s {
+        Scalar::I8 | Scalar::I16 => Scalar::I32,
+        Scalar::U8 | Scalar::U16 => Scalar::U32,
+        other => other,
+    };
+    int_lit(v, r)
 }
 
 /// An integer constant of scalar `s` (already wrapped into its range).
@@ -298,6 +326,19 @@ struct Address {
 struct Block {
     range: Option<ContentHash>,
     commits: Vec<(String, String)>,
+    /// For an unrolled loop: how its body is repeated when the loop closes.
+    unrolled: Option<Unrolled>,
+}
+
+/// An unrolled loop: each pass runs `factor` iterations from `{index}_b` (one copy of the
+/// body each, the body's lines starting at line `start`).
+struct Unrolled {
+    start: usize,
+    index: String,
+    ty: String,
+    extent: String,
+    factor: u32,
+    scalar: Scalar,
 }
 
 #[derive(Clone)]
@@ -309,6 +350,7 @@ struct Carry {
 
 struct Emitter {
     caps: Caps,
+    plan: LoopPlan,
     values: HashMap<ContentHash, Value>,
     lines: Vec<String>,
     module: Vec<String>,
@@ -330,14 +372,15 @@ fn arg_word(k: usize) -> String {
 }
 
 impl Emitter {
-    fn new(caps: Caps) -> Emitter {
+    fn new(caps: Caps, plan: LoopPlan) -> Emitter {
         Emitter {
             caps,
+            plan,
             values: HashMap::new(),
             lines: Vec::new(),
             module: Vec::new(),
             indent: 1,
-            blocks: vec![Block { range: None, commits: Vec::new() }],
+            blocks: vec![Block { range: None, commits: Vec::new(), unrolled: None }],
             counter: 0,
             carries: HashMap::new(),
             offsets: HashMap::new(),
@@ -649,9 +692,20 @@ impl Emitter {
                     self.line(format!("var {}: {ty} = {zero};", carry.name));
                 }
                 let zero = self.zero(n, n.dtype())?;
-                self.line(format!("for (var {name}: {ty} = {zero}; {name} < {extent}; {name}++) {{"));
+                let factor = self.plan.unroll(n.content_hash());
+                let scalar = n.dtype().scalar().unwrap_or(Scalar::I32);
+                let unrolled = if factor > 1 {
+                    // Each pass runs `factor` iterations (see `end`); the base index steps by it.
+                    let base = format!("{name}_b");
+                    let step = reg_int_lit(factor as i64, scalar);
+                    self.line(format!("for (var {base}: {ty} = {zero}; {base} < {extent}; {base} += {step}) {{"));
+                    Some(Unrolled { start: self.lines.len(), index: name.clone(), ty, extent, factor, scalar })
+                } else {
+                    self.line(format!("for (var {name}: {ty} = {zero}; {name} < {extent}; {name}++) {{"));
+                    None
+                };
                 self.indent += 1;
-                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new(), unrolled });
                 self.values.insert(n.content_hash(), Value::Expr(name));
             }
             Op::End | Op::EndIf => self.end(n)?,
@@ -659,7 +713,7 @@ impl Emitter {
                 let cond = self.expr(&src[0])?;
                 self.line(format!("if ({cond}) {{"));
                 self.indent += 1;
-                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new(), unrolled: None });
             }
             Op::DefineLocal => {
                 let (DType::Ptr { scalar, .. }, Some(len)) = (n.dtype(), src[0].arg_int()) else {
@@ -861,7 +915,7 @@ impl Emitter {
     fn end(&mut self, n: &Arc<UOp>) -> Result<()> {
         let range = n.src()[0].content_hash();
         if self.blocks.last().is_some_and(|b| b.range == Some(range)) {
-            let block = self.blocks.pop().unwrap_or(Block { range: None, commits: Vec::new() });
+            let block = self.blocks.pop().unwrap_or(Block { range: None, commits: Vec::new(), unrolled: None });
             for (acc, value) in block.commits {
                 self.line(format!("{acc} = {value};"));
             }
@@ -876,6 +930,9 @@ impl Emitter {
                     _ => return Err(render_err(n, "the value carried out of the loop is not defined in it")),
                 };
                 self.line(format!("{name} = {v};"));
+            }
+            if let Some(u) = block.unrolled {
+                self.repeat_body(u);
             }
             self.indent -= 1;
             self.line("}".into());
@@ -904,6 +961,36 @@ impl Emitter {
             self.values.insert(n.content_hash(), v);
         }
         Ok(())
+    }
+
+    /// Repeats the body of an unrolled loop (its lines since `u.start`, with the loop's
+    /// commits and carries) `u.factor` times, iteration `base + k` in copy `k`. Each copy is a
+    /// block of its own (its names do not clash) and declares the loop index; a copy past the
+    /// extent ends the loop, as does a pass that reached it, before the base could overflow.
+    fn repeat_body(&mut self, u: Unrolled) {
+        let body = self.lines.split_off(u.start);
+        let base = format!("{}_b", u.index);
+        for k in 0..u.factor {
+            self.line("{".into());
+            self.indent += 1;
+            if k == 0 {
+                self.line(format!("let {}: {} = {base};", u.index, u.ty));
+            } else {
+                let k = reg_int_lit(k as i64, u.scalar);
+                self.line(format!("if ({} - {base} <= {k}) {{ break; }}", u.extent));
+                self.line(format!("let {}: {} = {base} + {k};", u.index, u.ty));
+            }
+            let pad = "  ".repeat(self.indent - 1);
+            for l in &body {
+                // The body was written one level in; each copy sits one level deeper.
+                let text = l.strip_prefix(&pad).unwrap_or(l);
+                self.lines.push(format!("{}{text}", "  ".repeat(self.indent)));
+            }
+            self.indent -= 1;
+            self.line("}".into());
+        }
+        let step = reg_int_lit(u.factor as i64, u.scalar);
+        self.line(format!("if ({} - {base} <= {step}) {{ break; }}", u.extent));
     }
 
     /// A scalar conversion (CAST) or reinterpretation (BITCAST) of register `v` from `a` to `b`.
