@@ -71,5 +71,6 @@ def test_from_dlpack_onto_a_device_the_host_cannot_address_copies(cl):
     assert b.device == cl.name and not b.is_host
     x[:] = 0
     np.testing.assert_array_equal(b.numpy(), np.arange(16))
+    assert b.__dlpack_device__() == (4, 0)  # kDLOpenCL (the `cl` fixture's OPENCL:0): reported ...
     with pytest.raises(BufferError, match="cannot be shared through DLPack"):
-        b.__dlpack_device__()
+        b.__dlpack__()  # ... but not exported (DLPack's BufferError)
