@@ -87,15 +87,29 @@ fn check_len(what: &str, host: usize, view: &RawView) -> Result<()> {
     Ok(())
 }
 
+/// The machine's physical memory in bytes (`None` if the system does not say).
+fn physical_memory() -> Option<usize> {
+    static BYTES: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        // SAFETY: sysconf has no preconditions; it only reads system configuration.
+        let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+        usize::try_from(pages).ok()?.checked_mul(usize::try_from(size).ok()?)
+    })
+}
+
 impl Allocator for CpuAllocator {
     fn device(&self) -> &DeviceSpec {
         &self.device
     }
 
+    /// Blocks larger than the machine's physical memory are refused as out of memory up
+    /// front: where the kernel overcommits, such a block would be granted and zeroing it
+    /// (or a later write) would get the process killed instead of an error.
     fn alloc(&self, bytes: usize) -> Result<RawPtr> {
         let layout = Self::layout(bytes)?;
+        let too_big = physical_memory().is_some_and(|ram| bytes > ram);
         // SAFETY: `layout` has a non-zero size (checked in `layout`).
-        let ptr = unsafe { alloc_zeroed(layout) };
+        let ptr = if too_big { std::ptr::null_mut() } else { unsafe { alloc_zeroed(layout) } };
         if ptr.is_null() {
             return Err(Error::OutOfMemory {
                 device: self.device.to_string(),
@@ -146,6 +160,16 @@ impl Allocator for CpuAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// More than the machine's memory is an out-of-memory error, whatever the kernel's
+    /// overcommit policy would grant.
+    #[test]
+    fn a_block_larger_than_the_machine_is_refused() {
+        let a = CpuAllocator::new();
+        let ram = physical_memory().expect("Linux reports its physical memory");
+        assert!(matches!(a.alloc(ram + 1), Err(Error::OutOfMemory { .. })));
+        assert_eq!(a.stats().in_use, 0);
+    }
 
     #[test]
     fn alloc_is_aligned_zeroed_and_counted() {

@@ -1,7 +1,7 @@
 """Real ONNX models through tinygrad's `OnnxRunner` on kiln's runtime (`DEV=KILN`) and on tinygrad's
 own CPU runtime (`DEV=CPU`), against onnxruntime's CPU execution provider, one run.
 
-    pip install -r crates/kiln-py/bench/requirements-models.txt --no-deps   # the OCR and magika models
+    pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt   # the OCR and magika models
     python crates/kiln-py/bench/onnx_models.py [--models resnet50,magika] [--devices KILN,CPU]
                                                [--iters 10] [--json results.json]
 
@@ -10,7 +10,7 @@ The models, batch 1, nothing downloaded:
   and the mobile v2.0 direction classifier (`ppocr_cls`, 1x3x48x192), from rapidocr-onnxruntime's
   wheel. tinygrad 0.14 loads neither the detection model (an empty constant, dims [0] and no data,
   fails its "only 1 data field is allowed") nor the classifier (its batch dimension is the fixed
-  -1, so no input shape matches): those two are reported as skipped with tinygrad's error, for
+  -1, which no input shape matches): those two are reported as skipped with tinygrad's error, for
   as long as tinygrad fails them with it; onnxruntime's times are still measured.
 - magika's file-type model (`magika`), from magika's wheel: int32 byte features (values 0-255, 256
   the padding token), shaped as the graph's input says.
@@ -19,22 +19,24 @@ The models, batch 1, nothing downloaded:
   large weights are `ConstantOfShape` nodes (all one value); each is replaced by a random
   initializer of the same shape and dtype (numpy, fixed seed; conv and dense weights He-scaled,
   normal * sqrt(2 / fan-in), batch-norm scales and variances in [0.5, 1.5], biases and means
-  normal * 0.1), the IR version raised to 4 so initializers need not be graph inputs, and the
-  modified model saved to a temporary folder. All three runtimes run that same file.
+  normal * 0.1), the IR version raised to 4 so initializers need not be graph inputs, the input
+  of a final Softmax added as an output (random weights can saturate the softmax to exact zeros
+  and ones), and the modified model saved to a temporary folder. All runtimes run that file.
 
 For each model, every runtime runs in its own process with `--timeout` (tinygrad's `DEV` is
 process-wide), onnxruntime first (the reference), on the same inputs (numpy, fixed seed). The
-first call is timed on its own: it includes onnxruntime's first-run work, and tinygrad's kernel
-compilation (kiln's and tinygrad's compiled-kernel caches persist across runs, so a first call
-after an earlier run of the same model is faster). tinygrad runs the model inside a `TinyJit`
-(`prune=True`, as tinygrad's ONNX examples): after the first call, the capture and the first
-replay are warm-up calls (onnxruntime also gets two); then `--iters` calls are timed, each
-ending with the device's synchronize, and their median is reported.
+first call is timed on its own: onnxruntime's first run, and for tinygrad the kernels' compilation,
+with empty kernel caches (each process gets its own `KILN_CACHE_DIR` and tinygrad `CACHEDB`;
+`--warm-caches` keeps the user's). tinygrad runs the model inside a `TinyJit` (`prune=True`, as
+tinygrad's ONNX examples), on new input buffers for every call: after the first call, its capture
+and first replay are warm-up calls (onnxruntime gets two as well); then `--iters` calls are timed,
+each ending with the device's synchronize, and their median is reported.
 
 Before any time is printed, each tinygrad runtime's outputs are checked against onnxruntime's
-(`np.testing.assert_allclose` with the model's rtol/atol, which allow for float32 summation in
-another order through deep networks). A runtime whose outputs differ, or whose process fails or
-times out, fails that model: it gets no time, its error is printed, and the run exits 1.
+(`np.testing.assert_allclose`: the model's rtol of each element plus its atol of the output's
+largest magnitude, room for float32 summed in another order through deep networks). A runtime
+whose outputs differ, or whose process fails or times out, fails that model: it gets no time, its
+error is printed, and the run exits 1.
 
 Prints a table (median ms per call of each runtime, onnxruntime's speed against each tinygrad
 runtime as ort_ms / device_ms, first-call ms), the geometric mean of those ratios over the
@@ -79,10 +81,12 @@ Feed = TypeVar("Feed")
 class Model:
     name: str
     source: str  # the package or folder it comes from
-    locate: Callable[[], Path | None]  # the .onnx file; None when its package is not installed
-    shapes: dict[str, tuple[int, ...]]  # input shapes where the graph leaves dimensions open
-    rtol: float
-    atol: float
+    locate: Callable[[], Path | None]  # the .onnx file; None when it is not installed
+    shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # open input dimensions
+    # The check against onnxruntime: rtol of each element plus atol of the output's largest
+    # magnitude (float32 summed in another order; the worst seen is 1.2e-5 of the largest).
+    rtol: float = 1e-3
+    atol: float = 1e-4
     random_weights: bool = False  # replace ConstantOfShape weights (see `random_weight_model`)
     int_range: tuple[int, int] = (0, 0)  # integer inputs: uniform in [low, high]
     known_failure: str | None = None  # tinygrad 0.14's error for this model: the model is skipped
@@ -102,7 +106,8 @@ def light_model(stem: str) -> Callable[[], Path | None]:
     def locate() -> Path | None:
         import onnx
 
-        return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{stem}.onnx"
+        path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{stem}.onnx"
+        return path if path.exists() else None
 
     return locate
 
@@ -114,18 +119,17 @@ def models() -> list[Model]:
         return lambda: package_file("rapidocr_onnxruntime", f"models/{file}")
 
     found = [
-        Model("ppocrv4_rec", rapidocr, ocr("ch_PP-OCRv4_rec_infer.onnx"), {"x": (1, 3, 48, 320)}, 1e-3, 1e-4),
-        Model("ppocrv4_det", rapidocr, ocr("ch_PP-OCRv4_det_infer.onnx"), {"x": (1, 3, 640, 640)}, 1e-3, 1e-4,
+        Model("ppocrv4_rec", rapidocr, ocr("ch_PP-OCRv4_rec_infer.onnx"), {"x": (1, 3, 48, 320)}),
+        Model("ppocrv4_det", rapidocr, ocr("ch_PP-OCRv4_det_infer.onnx"), {"x": (1, 3, 640, 640)},
               known_failure="only 1 data field is allowed"),
-        Model("ppocr_cls", rapidocr, ocr("ch_ppocr_mobile_v2.0_cls_infer.onnx"), {"x": (1, 3, 48, 192)}, 1e-3, 1e-4,
+        Model("ppocr_cls", rapidocr, ocr("ch_ppocr_mobile_v2.0_cls_infer.onnx"), {"x": (1, 3, 48, 192)},
               known_failure="has mismatch on dim=0. Expected -1"),
-        Model("magika", "magika", lambda: package_file("magika", "models/standard_v3_3/model.onnx"), {}, 1e-3, 1e-5,
+        Model("magika", "magika", lambda: package_file("magika", "models/standard_v3_3/model.onnx"),
               int_range=(0, 256)),
     ]
     for stem in ("resnet50", "densenet121", "shufflenet", "inception_v1", "inception_v2", "squeezenet", "vgg19",
                  "bvlc_alexnet", "zfnet512"):
-        found.append(Model(stem.removeprefix("bvlc_"), "onnx (backend/test/data/light)", light_model(stem), {},
-                           1e-3, 1e-4, random_weights=True))
+        found.append(Model(stem.removeprefix("bvlc_"), "onnx", light_model(stem), random_weights=True))
     return found
 
 
@@ -152,9 +156,10 @@ def random_weight_model(path: Path, out: Path, seed: int) -> None:
 
 
 def randomize_weights(graph: onnx.GraphProto, rng: np.random.Generator) -> None:
-    """Replaces each `ConstantOfShape` weight of `graph` (the weight's shape an initializer) by a random initializer of the same shape and dtype, drawn for the weight's use:
-    the node that consumes it, found through Unsqueeze/Reshape/Squeeze/Identity. Leaves only real
-    inputs as graph inputs."""
+    """Replaces each `ConstantOfShape` weight of `graph` (the weight's shape an initializer) by a
+    random initializer of the same shape and dtype, drawn for the weight's use: the node that
+    consumes it, found through Unsqueeze/Reshape/Squeeze/Identity. Leaves only the real inputs as
+    graph inputs."""
     from onnx import helper, numpy_helper
 
     inits = {i.name: i for i in graph.initializer}
@@ -297,12 +302,17 @@ def child(args: argparse.Namespace) -> int:
 
 def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace) -> dict:
     """Runs `runtime` (onnxruntime, or a tinygrad `DEV`) on one model in its own process: its
-    timings, or {"error": ...} with the end of its stderr."""
+    timings, or {"error": ...} with the end of its stderr. Unless `--warm-caches`, the process
+    gets empty kernel caches of its own (kiln's `KILN_CACHE_DIR`, tinygrad's `CACHEDB`), so its
+    first call compiles every kernel."""
     cmd = [sys.executable, __file__, "--child", runtime, "--model-path", str(model_path), "--inputs", str(inputs),
            "--outputs", str(outputs), "--iters", str(args.iters)]
     env = dict(os.environ)
     if runtime != ORT:
         env["DEV"] = runtime
+        if not args.warm_caches:
+            caches = Path(tempfile.mkdtemp(prefix=f"{runtime.replace(':', '_')}-caches-", dir=outputs.parent))
+            env.update(KILN_CACHE_DIR=str(caches / "kiln"), CACHEDB=str(caches / "tinygrad.db"))
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -339,11 +349,11 @@ def compare(outs: dict[str, np.ndarray], refs: dict[str, np.ndarray], model: Mod
 
 
 def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.Namespace) -> dict:
-    """One model on onnxruntime and each device: {"status": "ok" | "failed" | "skipped", ...},
-    with a result per runtime."""
+    """One model on onnxruntime, then on each device, checked against onnxruntime's outputs:
+    {"status": "ok" | "failed" | "skipped", ...}, with a result per runtime."""
     found = model.locate()
     if found is None:
-        return {"status": "skipped", "reason": f"{model.source} is not installed (see requirements-models.txt)"}
+        return {"status": "skipped", "reason": f"not found: is {model.source} installed? (see requirements-models.txt)"}
     path = found
     if model.random_weights:
         path = folder / f"{model.name}.onnx"
@@ -353,45 +363,48 @@ def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.N
     np.savez(inputs_file, **inputs)
     record: dict[str, Any] = {"status": "ok", "source": model.source, "file": str(found), "rtol": model.rtol,
                               "atol": model.atol, "random_weights": model.random_weights,
-                              "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()},
-                              "runtimes": {}}
+                              "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()}}
     ref_file = folder / f"{model.name}.{ORT}.npz"
     ort = run_child(ORT, path, inputs_file, ref_file, args)
-    record["runtimes"][ORT] = ort
+    record["runtimes"] = {ORT: ort}
     if "error" in ort:
         print(f"{model.name}: onnxruntime FAILED: {ort['error']}", file=sys.stderr)
         record["status"] = "failed"
         return record
+    ort["ms"] = statistics.median(ort["times_ms"])
     with np.load(ref_file) as data:
         refs = {name: data[name] for name in data.files}
     for dev in devices:
         out_file = folder / f"{model.name}.{dev.replace(':', '_')}.npz"
-        result = run_child(dev, path, inputs_file, out_file, args)
-        if "error" in result:
-            if model.known_failure and model.known_failure in result["error"]:
-                result = {"skipped": f"tinygrad 0.14 cannot run it: {last_error_line(result['error'])}"}
-                print(f"{model.name}: {dev} skipped: {result['skipped']}", file=sys.stderr)
-            else:
-                print(f"{model.name}: {dev} FAILED: {result['error']}", file=sys.stderr)
-                record["status"] = "failed"
-        else:
-            with np.load(out_file) as data:
-                result.update(compare({name: data[name] for name in data.files}, refs, model))
-            if "error" in result:
-                print(f"{model.name}: {dev} MISMATCH (no time reported): {result['error']}", file=sys.stderr)
-                record["status"] = "failed"
-                for key in ("load_ms", "first_ms", "times_ms"):
-                    del result[key]
-            else:
-                result["ms"] = statistics.median(result["times_ms"])
-                print(f"{model.name}: {dev} outputs match onnxruntime's (max abs err {result['max_abs_err']:.3g}, "
-                      f"{result['max_scaled_err']:.3g} of the largest output)", file=sys.stderr)
+        result = check_device(model, dev, run_child(dev, path, inputs_file, out_file, args), out_file, refs)
         record["runtimes"][dev] = result
-    ort["ms"] = statistics.median(ort["times_ms"])
-    if all("skipped" in record["runtimes"][dev] for dev in devices) and record["status"] == "ok":
+        if "error" in result:
+            record["status"] = "failed"
+    if record["status"] == "ok" and all("skipped" in record["runtimes"][dev] for dev in devices):
         record["status"] = "skipped"
         record["reason"] = "; ".join(sorted({record["runtimes"][dev]["skipped"] for dev in devices}))
     return record
+
+
+def check_device(model: Model, dev: str, result: dict, out_file: Path, refs: dict[str, np.ndarray]) -> dict:
+    """A device's result, checked: its median ms where its outputs match onnxruntime's `refs`;
+    else its error (and no times), or "skipped" where tinygrad failed as `model.known_failure` says."""
+    if "error" in result:
+        if model.known_failure and model.known_failure in result["error"]:
+            result = {"skipped": f"tinygrad 0.14 cannot run it: {last_error_line(result['error'])}"}
+            print(f"{model.name}: {dev} skipped: {result['skipped']}", file=sys.stderr)
+        else:
+            print(f"{model.name}: {dev} FAILED: {result['error']}", file=sys.stderr)
+        return result
+    with np.load(out_file) as data:
+        result.update(compare({name: data[name] for name in data.files}, refs, model))
+    if "error" in result:
+        print(f"{model.name}: {dev} MISMATCH (no time reported): {result['error']}", file=sys.stderr)
+        return {k: v for k, v in result.items() if k not in ("load_ms", "first_ms", "times_ms")}
+    result["ms"] = statistics.median(result["times_ms"])
+    print(f"{model.name}: {dev} outputs match onnxruntime's (max abs err {result['max_abs_err']:.3g}, "
+          f"{result['max_scaled_err']:.3g} of the largest output)", file=sys.stderr)
+    return result
 
 
 def cpu_model() -> str:
@@ -466,6 +479,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10, help="timed calls per model and runtime (median)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per model and runtime")
     ap.add_argument("--json", type=Path, help="write every result here")
+    ap.add_argument("--warm-caches", action="store_true",
+                    help="let tinygrad's and kiln's kernel caches of earlier runs serve the first call")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--inputs", help=argparse.SUPPRESS)
@@ -493,9 +508,11 @@ def main() -> int:
     print(f"\nCPU: {machine['cpu']}, {machine['cores']} cores")
     for d in devices:
         print(f"{d} compiler: {compilers.get(d, 'unknown (no model ran)')}")
-    print(f"ort = onnxruntime (CPUExecutionProvider); median ms per call over {args.iters} calls; "
-          f"ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
-          f"1st = first call ms (tinygrad: includes compiling)")
+    caches = "kiln's and tinygrad's kernel caches as earlier runs left them" if args.warm_caches else \
+        "empty kernel caches: includes compiling every kernel"
+    print(f"ort = onnxruntime {versions()['onnxruntime']} (CPUExecutionProvider, {os.cpu_count()} intra-op threads); "
+          f"ms = median of {args.iters} calls; ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
+          f"1st = the first call (tinygrad: {caches})")
     geomeans = print_table(results, devices)
     failed = sorted(n for n, r in results.items() if r["status"] == "failed")
     for name, record in results.items():
@@ -508,7 +525,7 @@ def main() -> int:
         print(f"FAILED: {', '.join(failed)} (see the errors above)")
     if args.json:
         report = {"command": [sys.executable, *sys.argv], "machine": machine, "versions": versions(),
-                  "compilers": compilers, "iters": args.iters, "warmup": WARMUP, "seed": SEED,
+                  "compilers": compilers, "iters": args.iters, "warmup": WARMUP, "seed": SEED, "first_call": caches,
                   "onnxruntime": {"provider": "CPUExecutionProvider", "intra_op_num_threads": os.cpu_count(),
                                   "inter_op_num_threads": 1},
                   "geomean_ort_over_device": geomeans, "failed": failed, "models": results}

@@ -109,7 +109,7 @@ ODD_ARRAYS = [
     *["np.zeros(3, dtype=[('x', 'f4'), ('y', 'i4')])"],
     *["np.array([1, 2, 3], dtype='datetime64[s]')", "np.arange(3, dtype='timedelta64[ms]')"],
     *["np.zeros(3, dtype=np.longdouble)", "np.arange(8, dtype='>f4')", "np.arange(8, dtype='>i8')[::2]"],
-    *["np.broadcast_to(np.float32(1), (2**40,))", "np.ma.masked_array([1.0, 2.0], mask=[0, 1])", "np.float32(2.5)"],
+    *["np.broadcast_to(np.float32(1), (2**50,))", "np.ma.masked_array([1.0, 2.0], mask=[0, 1])", "np.float32(2.5)"],
     *["[1.0, 2.0, 3.0]", "[[1, 2], [3]]", "[]", "[[]]", "3.5", "7", "True", "None", "'abc'", "b'abcd'"],
     *["bytearray(8)", "memoryview(b'abcdefgh')", "range(5)", "{'a': 1}"],
 ]

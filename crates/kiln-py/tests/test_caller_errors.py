@@ -14,7 +14,7 @@ from conftest import INC, KERNELS, require
 def gpu_devices():
     """The devices with their own queues that this machine has (as `require` decides)."""
     out = []
-    for backend in ("OPENCL", "WEBGPU"):
+    for backend in ("OPENCL", "CUDA", "WEBGPU"):
         try:
             out.append(require(backend))
         except pytest.skip.Exception:
@@ -147,7 +147,7 @@ def test_arrays_kiln_cannot_take_directly_are_copied_or_refused(dev):
     with pytest.raises(kiln.InvalidArgumentError, match="numpy cannot make an array"):
         dev.from_numpy([[1, 2], [3]])
     with pytest.raises(kiln.OutOfMemoryError, match="the host"):
-        dev.from_numpy(np.broadcast_to(np.float32(1), (2**40,)))
+        dev.from_numpy(np.broadcast_to(np.float32(1), (2**50,)))  # 4 PiB: past any address space
     with pytest.raises(kiln.InvalidArgumentError, match="does not support DLPack"):
         kiln.from_dlpack([1.0, 2.0])
 
@@ -232,4 +232,4 @@ def test_arguments_of_the_wrong_kind_are_kilns_errors(dev):
         dev.compile(INC, name="inc").launch([b, b], [("n", 4)])
     assert b.__dlpack__(max_version=(-1, 0)) is not None  # any int is a version
     for d in gpu_devices():
-        assert d.empty("f32", 1).__dlpack_device__()[0] in (4, 15)  # kDLOpenCL, kDLWebGPU
+        assert d.empty("f32", 1).__dlpack_device__()[0] in (2, 4, 15)  # kDLCUDA, kDLOpenCL, kDLWebGPU

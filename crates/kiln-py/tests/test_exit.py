@@ -52,12 +52,14 @@ COMPILING = textwrap.dedent(
 
 
 def in_flight_device() -> str:
-    """OpenCL, where exiting with work in flight crashed in PoCL's worker thread; the CPU when
-    the machine has no OpenCL (and KILN_REQUIRE does not name it)."""
-    try:
-        return require("OPENCL").name
-    except pytest.skip.Exception:
-        return "CPU"
+    """OpenCL, where exiting with work in flight crashed in PoCL's worker thread; else CUDA;
+    the CPU when the machine has neither (and KILN_REQUIRE names neither)."""
+    for backend in ("OPENCL", "CUDA"):
+        try:
+            return require(backend).name
+        except pytest.skip.Exception:
+            pass
+    return "CPU"
 
 
 def test_exiting_with_launches_and_runs_in_flight_never_crashes(tmp_path: pathlib.Path) -> None:

