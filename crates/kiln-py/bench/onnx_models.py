@@ -28,9 +28,11 @@ process-wide), onnxruntime first (the reference), on the same inputs (numpy, fix
 first call is timed on its own: onnxruntime's first run, and for tinygrad the kernels' compilation,
 with empty kernel caches (each process gets its own `KILN_CACHE_DIR` and tinygrad `CACHEDB`;
 `--warm-caches` keeps the user's). tinygrad runs the model inside a `TinyJit` (`prune=True`, as
-tinygrad's ONNX examples), on new input buffers for every call: after the first call, its capture
-and first replay are warm-up calls (onnxruntime gets two as well); then `--iters` calls are timed,
-each ending with the device's synchronize, and their median is reported.
+tinygrad's ONNX examples): after the first call, its capture and first replay are warm-up calls
+(onnxruntime gets two as well), all three on other inputs (the checked ones reversed along their
+last axis), so that a replay that ignored its inputs would fail the check; then `--iters` calls on
+the checked inputs are timed, each ending with the device's synchronize, and their median is
+reported.
 
 Before any time is printed, each tinygrad runtime's outputs are checked against onnxruntime's
 (`np.testing.assert_allclose`: the model's rtol of each element plus its atol of the output's
@@ -245,7 +247,7 @@ def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int) 
     def call(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         return session.run(names, feed)
 
-    first_s, times, outs = timed_calls(call, lambda: inputs, iters)
+    first_s, times, outs = timed_calls(call, warmup_inputs(inputs), inputs, iters)
     info = {"threads": options.intra_op_num_threads, "providers": session.get_providers(),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
     return info, dict(zip(names, outs))
@@ -259,31 +261,40 @@ def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int) -> 
     start = time.perf_counter()
     runner = OnnxRunner(model_path)
     load_s = time.perf_counter() - start
-    forward = TinyJit(lambda **kw: {name: out.realize() for name, out in runner(kw).items()}, prune=True)
 
-    def fresh_inputs() -> dict[str, Tensor]:
-        # New buffers for every call: on the same input buffer, tinygrad would find the outputs
-        # of the previous call already realized, and the JIT would capture no kernels.
-        tensors = {name: Tensor(value).realize() for name, value in inputs.items()}
-        dev.synchronize()
-        return tensors
+    @TinyJit(prune=True)
+    def forward(**feed: Tensor) -> dict[str, Tensor]:
+        outs = runner(feed)
+        Tensor.realize(*outs.values())  # in one schedule: realized one by one, each would recompute the graph
+        return outs
 
-    first_s, times, outs = timed_calls(lambda feed: forward(**feed), fresh_inputs, iters, dev.synchronize)
+    def on_device(arrays: dict[str, np.ndarray]) -> dict[str, Tensor]:
+        return {name: Tensor(value).realize() for name, value in arrays.items()}
+
+    warmup, timed = on_device(warmup_inputs(inputs)), on_device(inputs)
+    dev.synchronize()
+    first_s, times, outs = timed_calls(lambda feed: forward(**feed), warmup, timed, iters, dev.synchronize)
     info = {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__,
             "compiler": compiler_used(), "kernels": kernels_per_call(forward),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
     return info, {name: out.numpy() for name, out in outs.items()}
 
 
-def timed_calls(call: Callable[[Feed], Any], feed: Callable[[], Feed], iters: int,
+def warmup_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Other inputs for the first and warm-up calls, as valid as `inputs` (reversed along the last
+    axis): the timed calls, whose outputs are checked, then show that the JIT's replays compute
+    from their inputs."""
+    return {name: np.ascontiguousarray(value[..., ::-1]) for name, value in inputs.items()}
+
+
+def timed_calls(call: Callable[[Feed], Any], warmup: Feed, timed: Feed, iters: int,
                 synchronize: Callable[[], None] = lambda: None) -> tuple[float, list[float], Any]:
-    """The first call's seconds, then those of `iters` calls after `WARMUP` untimed ones, and the
-    last call's result. Each call gets its inputs from `feed`, untimed."""
+    """The seconds of the first call and of `iters` calls after `WARMUP` more (the first ones on
+    `warmup`, the `iters` on `timed`), and the last call's result."""
     times = []
-    for _ in range(1 + WARMUP + iters):
-        inputs = feed()
+    for i in range(1 + WARMUP + iters):
         start = time.perf_counter()
-        out = call(inputs)
+        out = call(warmup if i <= WARMUP else timed)
         synchronize()
         times.append(time.perf_counter() - start)
     return times[0], times[1 + WARMUP:], out
@@ -348,17 +359,23 @@ def compare(outs: dict[str, np.ndarray], refs: dict[str, np.ndarray], model: Mod
     return result
 
 
+def prepare(model: Model, found: Path, folder: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """The file every runtime runs (`found`, or with random weights a copy in `folder`) and its
+    inputs."""
+    path = found
+    if model.random_weights:
+        path = folder / f"{model.name}.onnx"
+        random_weight_model(found, path, SEED)
+    return path, make_inputs(path, model, SEED + 1)
+
+
 def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.Namespace) -> dict:
     """One model on onnxruntime, then on each device, checked against onnxruntime's outputs:
     {"status": "ok" | "failed" | "skipped", ...}, with a result per runtime."""
     found = model.locate()
     if found is None:
         return {"status": "skipped", "reason": f"not found: is {model.source} installed? (see requirements-models.txt)"}
-    path = found
-    if model.random_weights:
-        path = folder / f"{model.name}.onnx"
-        random_weight_model(found, path, SEED)
-    inputs = make_inputs(path, model, SEED + 1)
+    path, inputs = prepare(model, found, folder)
     inputs_file = folder / f"{model.name}.inputs.npz"
     np.savez(inputs_file, **inputs)
     record: dict[str, Any] = {"status": "ok", "source": model.source, "file": str(found), "rtol": model.rtol,
@@ -495,7 +512,8 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown models {unknown}; known: {', '.join(by_name)}")
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()}
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+               "loadavg_at_start": os.getloadavg()}  # other work on the machine skews the times
     print(f"CPU: {machine['cpu']}, {machine['cores']} cores; onnxruntime: CPUExecutionProvider, "
           f"intra_op_num_threads {os.cpu_count()}, inter_op_num_threads 1", file=sys.stderr)
     results: dict[str, dict] = {}
@@ -503,9 +521,12 @@ def main() -> int:
         for name in chosen:
             results[name] = bench_model(by_name[name], devices, Path(tmp), args)
 
+    machine["loadavg_at_end"] = os.getloadavg()
     compilers = {d: r["runtimes"][d]["compiler"] for r in results.values() for d in devices
                  if "compiler" in r.get("runtimes", {}).get(d, {})}
-    print(f"\nCPU: {machine['cpu']}, {machine['cores']} cores")
+    start_load, end_load = (" ".join(f"{x:.2f}" for x in machine[k]) for k in ("loadavg_at_start", "loadavg_at_end"))
+    print(f"\nCPU: {machine['cpu']}, {machine['cores']} cores; load average (1, 5, 15 min) {start_load} at the start, "
+          f"{end_load} at the end")
     for d in devices:
         print(f"{d} compiler: {compilers.get(d, 'unknown (no model ran)')}")
     caches = "kiln's and tinygrad's kernel caches as earlier runs left them" if args.warm_caches else \
