@@ -23,6 +23,20 @@ pub(in crate::bench) fn matmul_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
     (a, b)
 }
 
+/// The host product of `a` and `b` (n×n), after checking that `c` equals it exactly. The inputs
+/// are [`matmul_inputs`]: every product and partial sum is exact in f32, so any summation order
+/// must agree exactly.
+fn check_product(entry: &str, c: &[f32], a: &[f32], b: &[f32], n: usize) -> Result<Vec<f32>, CliError> {
+    let mut reference = vec![0f32; n * n];
+    baselines::matmul(a, b, &mut reference, n);
+    match (0..n * n).find(|&i| c.get(i) != reference.get(i)) {
+        Some(i) => {
+            Err(wrong(entry, format!("C[{}, {}] = {:?} but the reference is {}", i / n, i % n, c.get(i), reference[i])))
+        }
+        None => Ok(reference),
+    }
+}
+
 impl Bench {
     /// `matmul_f32_4096`: the GPU-shaped matmul ([`super::gpu::matmul_f32`]), verified
     /// exactly against the host product; its baseline is the device's own (cuBLAS on CUDA).
@@ -33,15 +47,7 @@ impl Bench {
         let (ba, bb, bc) = (self.upload(&a)?, self.upload(&b)?, self.zeros(n * n)?);
         let run = || self.launch(&mm, &[&ba, &bb, &bc]);
         run()?;
-        let c = self.read(&bc)?;
-        let mut reference = vec![0f32; n * n];
-        baselines::matmul(&a, &b, &mut reference, n);
-        if let Some(i) = (0..n * n).find(|&i| c[i] != reference[i]) {
-            return Err(wrong(
-                "matmul_f32_4096",
-                format!("C[{}, {}] = {} but the reference is {}", i / n, i % n, c[i], reference[i]),
-            ));
-        }
+        check_product("matmul_f32_4096", &self.read(&bc)?, &a, &b, n)?;
         let t = time_reps(self.reps, run)?;
         Ok(BenchResult {
             name: "matmul_f32_4096",
@@ -74,17 +80,7 @@ impl Bench {
             self.launch(&mm, &[&ba, &bp, &bc])
         };
         run()?;
-        let c = self.read(&bc)?;
-        let mut reference = vec![0f32; n * n];
-        baselines::matmul(&a, &b, &mut reference, n);
-        // Inputs are multiples of 1/8 with small numerators: every product and partial sum
-        // is exact in f32, so any summation order must agree exactly.
-        if let Some(i) = (0..n * n).find(|&i| c[i] != reference[i]) {
-            return Err(wrong(
-                "matmul_f32_1024",
-                format!("C[{}, {}] = {} but the reference is {}", i / n, i % n, c[i], reference[i]),
-            ));
-        }
+        let reference = check_product("matmul_f32_1024", &self.read(&bc)?, &a, &b, n)?;
         let flops = 2.0 * (n * n * n) as f64 / 1e9;
         let t = time_reps(self.reps, run)?;
         // Every baseline runs after kiln's reps: OpenBLAS in a process of its own, so that its
