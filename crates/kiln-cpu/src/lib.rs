@@ -67,7 +67,7 @@ pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{CpuQueue, CpuQueueFactory};
-pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer};
+pub use renderer::{CpuDialect, CpuRenderer, cpu_renderer, cpu_renderer_for};
 
 /// The backend's name in device specs, in `KILN_REQUIRE` (lower case) and in the registry.
 pub const BACKEND: &str = "CPU";
@@ -147,8 +147,8 @@ fn open_with(
         compiler.choice(),
         isa::describe(compiler.isa(), caches)
     );
-    let renderer = Arc::new(cpu_renderer());
     let compiler_isa = compiler.isa();
+    let renderer = Arc::new(cpu_renderer_for(compiler_isa.isa.vector_bytes().unwrap_or(16)));
     // The renderer and compiler hold no device state and survive a reset; memory, queues and
     // loaded programs are built anew for every generation.
     let device = Device::new(crate::CPU.clone(), description, move |_| {

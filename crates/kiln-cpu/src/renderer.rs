@@ -64,14 +64,23 @@ use kiln_device::{Error, Result};
 /// Renders kernels to C for [`crate::CCompiler`].
 pub type CpuRenderer = CStyle<CpuDialect>;
 
-/// The CPU renderer.
+/// The CPU renderer for 64-byte vectors (AVX-512's registers; a narrower target splits them).
 pub fn cpu_renderer() -> CpuRenderer {
-    CStyle::new(CpuDialect, crate::CPU.clone())
+    cpu_renderer_for(64)
+}
+
+/// The CPU renderer for a target whose widest vector register is `vector_bytes` bytes.
+pub fn cpu_renderer_for(vector_bytes: usize) -> CpuRenderer {
+    CStyle::new(CpuDialect { vector_bytes }, crate::CPU.clone())
 }
 
 /// The spelling of C for the CPU backend (see the module docs).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CpuDialect;
+#[derive(Debug, Clone, Copy)]
+pub struct CpuDialect {
+    /// The widest vector register of the target, in bytes: the register tiles that
+    /// [`Dialect::optimize`] builds are at most this wide.
+    pub vector_bytes: usize,
+}
 
 fn tag(s: Scalar, w: u8) -> String {
     if w > 1 { format!("{}x{w}", s.name()) } else { s.name().to_string() }
@@ -610,6 +619,12 @@ const LOG_SPECIALS: &str = "  y = kiln_sel_$T(($I)(x == 0.0), z - __builtin_inf(
 ";
 
 impl Dialect for CpuDialect {
+    /// Scalar outer-product accumulators (a contraction unrolled over two output axes) become
+    /// vector accumulators: see [`kiln_device::kiln_ir::vectorize_outer_products`].
+    fn optimize(&self, ast: &std::sync::Arc<kiln_device::kiln_ir::UOp>) -> std::sync::Arc<kiln_device::kiln_ir::UOp> {
+        kiln_device::kiln_ir::vectorize_outer_products(ast, self.vector_bytes)
+    }
+
     fn header(&self) -> String {
         PRELUDE.into()
     }

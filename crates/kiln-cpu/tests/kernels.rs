@@ -130,6 +130,97 @@ fn matmul_with_an_accumulator() {
     assert_eq!(f32s(&bz), want);
 }
 
+/// A matmul in the shape tinygrad hands kiln after unrolling two output axes: per step of the
+/// reduction, `rows` scalars of A, `lanes` of B read as float4 loads and split into lanes,
+/// and rows×lanes scalar accumulators, each stored back through float4 stores. With
+/// `padded`, the reduction is split into two nested loops with nested accumulators (a
+/// convolution's channels and window, as tinygrad's converter builds them) and B's reads are
+/// gated, the zero-padding of a convolution's input.
+fn scalar_tile_kernel(m: usize, n: usize, kk: usize, rows: usize, lanes: usize, padded: bool) -> Arc<UOp> {
+    let mut k = KernelBuilder::new();
+    let (a, b, c) = (
+        k.param(0, Scalar::F32, (m * kk) as i64),
+        k.param(1, Scalar::F32, (kk * n) as i64),
+        k.param(2, Scalar::F32, (m * n) as i64),
+    );
+    let (rb, cb) = (k.range((m / rows) as i64), k.range((n / lanes) as i64));
+    let (outer, inner) = if padded { (k.range(kk as i64 / 2), Some(k.range(2))) } else { (k.range(kk as i64), None) };
+    let r = match &inner {
+        Some(i) => &outer * 2 + i,
+        None => outer.clone(),
+    };
+    let col0 = &cb * lanes as i64;
+    let b_lanes: Vec<Val> = if padded {
+        // lane j reads B[r][col0 + j] where col0 + j is not the first column of a 3-column block
+        (0..lanes as i64)
+            .map(|j| {
+                let col = &col0 + j;
+                let gate = (&col - &col.idiv(3i64) * 3i64).ne(0i64);
+                // the address as tinygrad's symbolic leaves it: the lane's constant outermost
+                b.at(&(&r * n as i64 + &col0 + j)).load_gated(&gate, 0.0)
+            })
+            .collect()
+    } else {
+        (0..lanes as i64 / 4)
+            .flat_map(|v| {
+                let quad = b.at_vec(&(&r * n as i64 + &col0 + 4 * v), 4).load();
+                (0..4).map(move |l| quad.gep(l))
+            })
+            .collect()
+    };
+    let mut stores = Vec::new();
+    for row in 0..rows as i64 {
+        let i = &rb * rows as i64 + row;
+        let x = a.at(&(&i * kk as i64 + &r)).load();
+        let ends: Vec<Val> = b_lanes
+            .iter()
+            .map(|y| {
+                // nested accumulators, as tinygrad's reductions over several loops arrive
+                let acc = k.acc(&Val::f32(0.0), &[&outer]);
+                match &inner {
+                    Some(i) => {
+                        let inner_acc = k.acc(&acc.get(), &[i]);
+                        acc.update(&inner_acc.update(&x.mul_acc(y, &inner_acc.get())))
+                    }
+                    None => acc.update(&x.mul_acc(y, &acc.get())),
+                }
+            })
+            .collect();
+        for (v, quad) in ends.chunks(4).enumerate() {
+            stores.push(k.store(&c.at_vec(&(&i * n as i64 + &col0 + 4 * v as i64), 4), &Val::vectorize(quad)));
+        }
+    }
+    let refs: Vec<&Val> = stores.iter().collect();
+    let inner_end = k.end(&cb, &refs);
+    k.end(&rb, &[&inner_end]);
+    k.finish().unwrap()
+}
+
+/// The scalar tile becomes vector accumulators on the CPU (`vectorize_outer_products`) and
+/// gives the same bits as the scalar fused multiply-adds, in order, on the host.
+#[test]
+fn a_scalar_register_tile_runs_as_vector_accumulators_with_the_same_bits() {
+    let (m, n, kk) = (16usize, 96usize, 24usize);
+    for (rows, lanes, padded) in [(8, 32, false), (4, 16, true), (2, 12, false)] {
+        let sink = scalar_tile_kernel(m, n, kk, rows, lanes, padded);
+        let src = cpu_renderer().render(&sink, Some("tile")).unwrap().src;
+        let widest = if lanes == 12 { "kiln_f32x8 acc" } else { "kiln_f32x16 acc" };
+        assert!(src.contains(widest), "rows {rows} lanes {lanes}: no vector accumulator in\n{src}");
+        let kernel = compile(&sink, "tile");
+        let (x, y) = (randf(m * kk, 21), randf(kk * n, 22));
+        let (bx, by, bz) = (from_f32s(&x), from_f32s(&y), device().buffer(Scalar::F32, m * n).unwrap());
+        kernel.launch(&[&bx, &by, &bz], &[]).unwrap();
+        let mut want = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let b_at = |r: usize| if padded && j % 3 == 0 { 0.0 } else { y[r * n + j] };
+                want[i * n + j] = (0..kk).fold(0.0f32, |acc, r| x[i * kk + r].mul_add(b_at(r), acc));
+            }
+        }
+        assert_eq!(f32s(&bz), want, "rows {rows} lanes {lanes} padded {padded}");
+    }
+}
+
 #[test]
 fn softmax_rows() {
     let (rows, cols) = (6usize, 50usize);

@@ -192,6 +192,12 @@ pub trait Dialect {
         Ok(())
     }
 
+    /// Rewrites a validated kernel before it is linearized: optimizations for this target
+    /// that keep the kernel's meaning bit for bit (the CPU's vector tiles). Default: none.
+    fn optimize(&self, ast: &Arc<UOp>) -> Arc<UOp> {
+        ast.clone()
+    }
+
     /// Lines at the very top of the file (includes, pragmas).
     fn header(&self) -> String;
 

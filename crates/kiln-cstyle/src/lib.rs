@@ -155,7 +155,11 @@ impl<D: Dialect + Send + Sync> Renderer for CStyle<D> {
         validate(ast)?;
         let name = kernel_name(name, ast);
         let mut spec = ProgramSpec::from_sink(&name, String::new(), self.device.clone(), ast)?;
-        let linear = linearize(ast)?;
+        let optimized = self.dialect.optimize(ast);
+        if !Arc::ptr_eq(&optimized, ast) {
+            validate(&optimized)?;
+        }
+        let linear = linearize(&optimized)?;
         spec.src = Emitter::new(&self.dialect).run(&spec, &linear)?;
         Ok(spec)
     }

@@ -43,6 +43,7 @@ mod builder;
 mod dtype;
 mod guard;
 mod linearize;
+mod outer;
 pub mod rewrite;
 mod symbolic;
 #[cfg(test)]
@@ -56,6 +57,7 @@ pub use dtype::half::{bf16_bits, f16_bits};
 pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use guard::{Guarded, GuardedAccess, guard};
 pub use linearize::{MAX_CHAIN_DEPTH, MAX_LOOPS, chain_depth, check_chain_depth, linearize};
+pub use outer::vectorize_outer_products;
 pub use symbolic::{eval_int, variables};
 pub use text::{MAX_KERNEL_FILE_BYTES, edit_distance, locate_node, parse, parse_kernel, print, read_kernel_file};
 pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};

@@ -177,6 +177,42 @@ def test_conv2d_with_padding():
     np.testing.assert_allclose(out, conv2d_reference(x, w, 1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
+@pytest.mark.parametrize("shape", ["matmul", "conv3x3_pad1_14x14", "conv1x1"])
+def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape):
+    from kiln.tinygrad import tile
+
+    tiled = []
+    choose = tile.contraction_tile
+    monkeypatch.setattr(tile, "contraction_tile", lambda *a: tiled.append(r := choose(*a)) or r)
+    if shape == "matmul":
+        a, b = rand(64, 40, seed=40), rand(40, 96, seed=41)
+        run, want = lambda: (t(a) @ t(b)).numpy(), a.astype(np.float64) @ b
+    else:
+        k, pad = (3, 1) if shape.startswith("conv3x3") else (1, 0)
+        x, w = rand(1, 8, 14, 14, seed=42), rand(16, 8, k, k, seed=43)
+        run, want = lambda: t(x).conv2d(t(w), padding=pad).numpy(), conv2d_reference(x, w, pad)
+    with Context(CACHELEVEL=0, PARALLEL=0):  # compiled here, by the patched heuristic
+        out = run()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    opts = [o for r in tiled if r is not None for o in r.applied_opts]
+    upcasts = [o.arg for o in opts if o.op.name == "UPCAST"]
+    assert len(upcasts) >= 2, f"no register tile: {opts}"
+
+
+def test_the_tile_leaves_other_reductions_to_tinygrad(monkeypatch):
+    from kiln.tinygrad import tile
+
+    tiled = []
+    choose = tile.contraction_tile
+    monkeypatch.setattr(tile, "contraction_tile", lambda *a: tiled.append(r := choose(*a)) or r)
+    a = rand(32, 48, seed=44)
+    with Context(CACHELEVEL=0, PARALLEL=0):
+        out = t(a).sum(axis=1).numpy()
+    np.testing.assert_allclose(out, a.sum(axis=1), rtol=1e-5, atol=1e-5)
+    assert all(r is None for r in tiled), tiled
+
+
 def test_pooling():
     x = rand(1, 2, 6, 6, seed=12)
     expect = x.reshape(1, 2, 3, 2, 3, 2).max(axis=(3, 5))

@@ -32,6 +32,7 @@ from tinygrad.uop.ops import KernelInfo, UOp
 
 import kiln
 
+from . import tile
 from .render import ALU, Converter, Unsupported, render
 
 # tinygrad's dtypes that kiln has (kiln's names in `kiln.DTYPES`)
@@ -131,6 +132,8 @@ class KilnCPURenderer(KilnRenderer):
     has_shared = False
     has_threads = True
     supports_float4 = True
+    # contractions get kiln's register tile (`kiln.tinygrad.tile`)
+    contraction_tiles = True
 
     @property
     def global_max(self) -> tuple[int, ...]:  # type: ignore[override]
@@ -315,3 +318,6 @@ class KilnDevice(Compiled):
 
     def synchronize(self) -> None:
         self.kiln.synchronize()
+
+
+tile.install()

@@ -1,0 +1,122 @@
+"""Register tiles for contractions on kiln's CPU (tinygrad 0.14.0).
+
+tinygrad's hand-coded heuristic gives a CPU matmul a 4×4 scalar tile, which runs at a tenth of
+what the machine does. A register-blocked matrix multiply keeps a tile of C in vector registers:
+each step of the reduction loads one vector of B, broadcasts one element of A per row and issues
+one FMA per vector. tinygrad can state that tile (UPCAST an output axis along which one operand
+is contiguous by a vector's lanes, UPCAST another output axis by the tile's rows), and kiln's
+CPU renderer turns the resulting scalar accumulators back into vector ones
+(`vectorize_outer_products` in kiln-ir).
+
+`install` puts `hand_coded_optimizations` under a wrapper in tinygrad's heuristic module (the name
+`apply_opts` looks up at each call, so no tinygrad file changes): for a kernel whose renderer asks
+for tiles (`contraction_tiles`, kiln's CPU) and whose reduction is a sum of products of two
+buffers, it applies that tile and the CPU threads; every other kernel, and every other device,
+gets tinygrad's heuristic unchanged. BEAM, `NOOPT` and kernels with explicit opts never reach the
+heuristic, as before. `kiln.tinygrad.device` installs it when imported, so tinygrad's compile
+worker processes (which import it to unpickle the renderer) get it too.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, heuristic
+from tinygrad.codegen.opt.postrange import Scheduler
+from tinygrad.uop.ops import AxisType, Ops, UOp
+
+TINYGRAD_VERSION = "0.14.0"
+tinygrad_heuristic: Callable[[Scheduler], Scheduler] = heuristic.hand_coded_optimizations
+
+
+def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
+    """The constant stride of each range in the operand's buffer index (`INDEX(buf, idx)`,
+    through casts and the `WHERE(valid, load, 0)` of padding), for the terms of the form `range`
+    or `range*c`; None if not an index."""
+    while operand.op is Ops.CAST or (operand.op is Ops.WHERE and operand.src[2].op is Ops.CONST):
+        operand = operand.src[0] if operand.op is Ops.CAST else operand.src[1]
+    if operand.op is not Ops.INDEX or len(operand.src) < 2:
+        return None
+    strides: dict[UOp, int] = {}
+    for term in operand.src[1].get_idx().split_uop(Ops.ADD):
+        if term.op is Ops.RANGE:
+            strides[term] = strides.get(term, 0) + 1
+        elif term.op is Ops.MUL and term.src[0].op is Ops.RANGE and term.src[1].op is Ops.CONST:
+            strides[term.src[0]] = strides.get(term.src[0], 0) + int(term.src[1].arg)
+    return strides
+
+
+def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[Scheduler]:
+    """The register tile for a sum-of-products kernel, or None (then tinygrad's heuristic runs).
+
+    Lanes: an output axis along which one operand has stride 1 and the other stride 0, upcast by
+    two vectors' lanes (one where the axis is too short; 8 or 4 lanes where it does not divide).
+    Rows: an output axis the other operand varies along and the lane operand does not, upcast by
+    8 rows (4 where vectors are narrower than 64 bytes): 8×2 accumulators of 16 lanes, kiln's
+    own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Then the CPU threads split the first
+    output loop that divides evenly."""
+    red = k.reduceop
+    if red is None or red.arg[0] is not Ops.ADD or len(k.reduceops) != 1:
+        return None
+    mul = red.src[0]
+    while mul.op is Ops.CAST:
+        mul = mul.src[0]
+    if mul.op is not Ops.MUL:
+        return None
+    strides = [_strides(s) for s in mul.src]
+    if strides[0] is None or strides[1] is None:
+        return None
+    lanes_max = max(vector_bytes // mul.dtype.itemsize, 4)
+    rows_max = 8 if vector_bytes >= 64 else 4
+    shape = k.full_shape
+    for lane_side in (0, 1):
+        lane_s, row_s = strides[lane_side], strides[1 - lane_side]
+        lane_axis = next((a for a in k.upcastable_dims if lane_s.get(k.rngs[a]) == 1 and k.rngs[a] not in row_s), None)
+        row_axis = next((a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s), None)
+        if lane_axis is None or row_axis is None:
+            continue
+        short = shape[lane_axis] if 4 < shape[lane_axis] <= lanes_max else 0  # a whole short axis (7, 14)
+        lanes = next((n for n in (lanes_max, 8, short, 4) if 0 < n <= lanes_max and shape[lane_axis] % n == 0), None)
+        rows = next((n for n in (rows_max, 4, 2) if n <= rows_max and shape[row_axis] % n == 0), None)
+        if lanes is None or rows is None:
+            continue
+        tk = k.copy()
+        try:
+            row_rng = tk.rngs[row_axis]  # the lane upcasts renumber the axes, not this range
+            outer, _ = tk.apply_opt(Opt(OptOps.UPCAST, lane_axis, lanes))
+            if outer in tk.rngs and (outer.vmax + 1) % 2 == 0:
+                tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(outer), 2))
+            tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(row_rng), rows))
+        except KernelOptError:
+            continue
+        _thread(tk, threads)
+        return tk
+    return None
+
+
+def _thread(k: Scheduler, threads: int) -> None:
+    """Splits the first output loop that divides evenly over the most threads (up to `threads`)."""
+    for n in range(threads, 1, -1):
+        for axis in k.axes_of(AxisType.WEAK):
+            if k.full_shape[axis] % n == 0:
+                try:
+                    k.apply_opt(Opt(OptOps.THREAD, axis, n))
+                    return
+                except KernelOptError:
+                    pass
+
+
+def hand_coded_optimizations(k: Scheduler) -> Scheduler:
+    """tinygrad's heuristic, with kiln's register tile first for contractions on kiln's CPU."""
+    ren = k.ren
+    if getattr(ren, "contraction_tiles", False):
+        props = ren.device.properties  # type: ignore[attr-defined]
+        tiled = contraction_tile(k, int(props.get("vector_bytes") or 16), ren.global_max[0])
+        if tiled is not None:
+            return tiled
+    return tinygrad_heuristic(k)
+
+
+def install() -> None:
+    """Routes tinygrad's heuristic through `hand_coded_optimizations` (idempotent)."""
+    heuristic.hand_coded_optimizations = hand_coded_optimizations
