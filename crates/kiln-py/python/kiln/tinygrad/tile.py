@@ -14,11 +14,14 @@ for tiles (`contraction_tiles`, kiln's CPU) and whose reduction is a sum of prod
 buffers, it applies that tile and the CPU threads; every other kernel, and every other device,
 gets tinygrad's heuristic unchanged. BEAM, `NOOPT` and kernels with explicit opts never reach the
 heuristic, as before. `kiln.tinygrad.device` installs it when imported, so tinygrad's compile
-worker processes (which import it to unpickle the renderer) get it too.
+worker processes (which import it to unpickle the renderer) get it too. It reads tinygrad 0.14.0's
+scheduler (`Scheduler.reduceop`, `rngs`, `apply_opt`); under another tinygrad version `install`
+leaves tinygrad's heuristic alone.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Callable, Optional
 
 from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, heuristic
@@ -50,13 +53,14 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     """The register tile for a sum-of-products kernel, or None (then tinygrad's heuristic runs).
 
     Lanes: an output axis along which one operand has stride 1 and the other stride 0, upcast by
-    two vectors' lanes (one where the axis is too short; 8 or 4 lanes where it does not divide).
+    two vectors' lanes (one where the axis is too short; where a vector does not divide it, the
+    largest divisor of at least 4 lanes that a vector holds: kiln splits 14 lanes into 8, 4, 2).
     Rows: an output axis the other operand varies along and the lane operand does not, upcast by
     8 rows (4 where vectors are narrower than 64 bytes): 8×2 accumulators of 16 lanes, kiln's
     own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Then the CPU threads split the first
     output loop that divides evenly."""
-    red = k.reduceop
-    if red is None or red.arg[0] is not Ops.ADD or len(k.reduceops) != 1:
+    red = k.reduceop  # the first reduction picks the axes; the tile serves every one of them
+    if red is None or red.arg[0] is not Ops.ADD:
         return None
     mul = red.src[0]
     while mul.op is Ops.CAST:
@@ -75,8 +79,8 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         row_axis = next((a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s), None)
         if lane_axis is None or row_axis is None:
             continue
-        short = shape[lane_axis] if 4 < shape[lane_axis] <= lanes_max else 0  # a whole short axis (7, 14)
-        lanes = next((n for n in (lanes_max, 8, short, 4) if 0 < n <= lanes_max and shape[lane_axis] % n == 0), None)
+        # two whole vectors, else the largest divisor of the axis a vector holds (14 of 196, 7 of 49)
+        lanes = next((n for n in (lanes_max, 8, *range(lanes_max - 1, 3, -1)) if n <= lanes_max and shape[lane_axis] % n == 0), None)
         rows = next((n for n in (rows_max, 4, 2) if n <= rows_max and shape[row_axis] % n == 0), None)
         if lanes is None or rows is None:
             continue
@@ -118,5 +122,7 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
 
 
 def install() -> None:
-    """Routes tinygrad's heuristic through `hand_coded_optimizations` (idempotent)."""
-    heuristic.hand_coded_optimizations = hand_coded_optimizations
+    """Routes tinygrad's heuristic through `hand_coded_optimizations` (idempotent), on the tinygrad
+    version this module was written for."""
+    if importlib.metadata.version("tinygrad") == TINYGRAD_VERSION:
+        heuristic.hand_coded_optimizations = hand_coded_optimizations
