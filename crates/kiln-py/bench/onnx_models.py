@@ -8,10 +8,13 @@ own CPU runtime (`DEV=CPU`), against onnxruntime's CPU execution provider, one r
 The models, batch 1, nothing downloaded:
 - PP-OCRv4 text recognition (`ppocrv4_rec`, input 1x3x48x320), detection (`ppocrv4_det`, 1x3x640x640)
   and the mobile v2.0 direction classifier (`ppocr_cls`, 1x3x48x192), from rapidocr-onnxruntime's
-  wheel. tinygrad 0.14 loads neither the detection model (an empty constant, dims [0] and no data,
-  fails its "only 1 data field is allowed") nor the classifier (its batch dimension is the fixed
-  -1, which no input shape matches): those two are reported as skipped with tinygrad's error, for
-  as long as tinygrad fails them with it; onnxruntime's times are still measured.
+  wheel. tinygrad 0.14 does not load the detection model: its Constant nodes hold empty tensors
+  (dims [0] and no data field, which ONNX allows), and `OnnxPBParser._parse_TensorProto` asserts
+  exactly one data field ("only 1 data field is allowed") in the middle of parsing the stream, where
+  no wrapper can repair it. tinygrad's own CPU refuses the classifier too (its input is
+  `[-1, 3, ?, ?]`: "has mismatch on dim=0. Expected -1"); on `KILN` it runs, through
+  `kiln.tinygrad.onnx_inputs`, which reads -1 and "?" as open dimensions. A runtime that fails a
+  model with its known error is reported as skipped with it; onnxruntime's times are still measured.
 - magika's file-type model (`magika`), from magika's wheel: int32 byte features (values 0-255, 256
   the padding token), shaped as the graph's input says.
 - The model-zoo graphs the onnx wheel ships in `onnx/backend/test/data/light/` (ResNet-50,

@@ -2,8 +2,8 @@
 onnxruntime: a few of the models of `bench/onnx_models.py`, for correctness only (the benchmark
 times them), prepared and run by the benchmark's own functions in this process.
 
-SqueezeNet (random weights in the graph the onnx wheel ships), magika's file-type model and
-PP-OCRv4 text recognition (trained weights, from the wheels of
+SqueezeNet (random weights in the graph the onnx wheel ships), magika's file-type model,
+PP-OCRv4 text recognition and PP-OCR's direction classifier (trained weights, from the wheels of
 `bench/requirements-models.txt`). Skipped when tinygrad 0.14.0, onnx or onnxruntime is not
 installed; a model is skipped when the package that carries it is not.
 """
@@ -30,7 +30,7 @@ kiln.tinygrad.install()
 MODELS = {m.name: m for m in onnx_models.models()}
 
 
-@pytest.mark.parametrize("name", ["squeezenet", "magika", "ppocrv4_rec"])
+@pytest.mark.parametrize("name", ["squeezenet", "magika", "ppocrv4_rec", "ppocr_cls"])
 def test_model_matches_onnxruntime(name, tmp_path):
     model = MODELS[name]
     found = model.locate()
@@ -44,3 +44,23 @@ def test_model_matches_onnxruntime(name, tmp_path):
     assert info["kernels"] > 0  # the outputs checked come from a JIT replay (its warm-up ran on other inputs)
     result = onnx_models.compare(got, want, model)
     assert "error" not in result, result["error"]
+
+
+def test_inputs_with_unknown_dimensions_take_any_size(tmp_path):
+    """`kiln.tinygrad.onnx_inputs`: -1 and "?" dimensions are open ones, each its own."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    from tinygrad import Tensor
+    from tinygrad.nn.onnx import OnnxRunner
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3, "?", "?"])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1  # what paddle2onnx writes
+    data = np.linspace(-1, 1, 2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    onnx.save(model, str(tmp_path / "relu.onnx"))
+    with Context(DEV="KILN"):
+        got = OnnxRunner(str(tmp_path / "relu.onnx"))({"x": Tensor(data)})["y"].numpy()
+    np.testing.assert_array_equal(got, np.maximum(data, 0))

@@ -8,9 +8,10 @@ backend. A tensor's device `KILN:1` is the backend's device 1.
 
 Registration. tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x`. kiln's wheel
 installs `kiln-tinygrad.pth`, which runs `_kiln_tinygrad.install()` at interpreter start-up:
-that puts a finder on `sys.meta_path` answering only the name `tinygrad.runtime.ops_kiln` with a
-module whose `KilnDevice` is `kiln.tinygrad.device.KilnDevice`. Nothing is imported until
-tinygrad asks for the device, and no tinygrad file changes. Where `.pth` files are not processed
+that puts a finder on `sys.meta_path` answering the name `tinygrad.runtime.ops_kiln` with a
+module whose `KilnDevice` is `kiln.tinygrad.device.KilnDevice`, and `tinygrad.nn.onnx` with
+tinygrad's own module plus one fix to its `OnnxRunner` (`kiln.tinygrad.onnx_inputs`); no other.
+Nothing is imported until tinygrad asks for the device, and no tinygrad file changes. Where `.pth` files are not processed
 (`python -S`), calling `kiln.tinygrad.install()` before tinygrad opens a device does the same.
 """
 
