@@ -16,16 +16,15 @@ class _Loader(importlib.abc.Loader):
         return None  # the default module
 
     def exec_module(self, module):
-        from kiln.tinygrad import beam
-        from kiln.tinygrad.device import KilnDevice
+        from kiln.tinygrad.device import KilnDevice  # installs kiln.tinygrad.compat
 
-        beam.install()
         module.KilnDevice = KilnDevice
         module.__all__ = ["KilnDevice"]
 
 
 class _OnnxLoader(importlib.abc.Loader):
-    """tinygrad's own loader of `tinygrad.nn.onnx`, then kiln's fix to its runner."""
+    """tinygrad's own loader of `tinygrad.nn.onnx`, then kiln's fix to its runner
+    (`kiln.tinygrad.compat.install_onnx`)."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -35,9 +34,9 @@ class _OnnxLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        from kiln.tinygrad import onnx_inputs
+        from kiln.tinygrad import compat
 
-        onnx_inputs.install(module)
+        compat.install_onnx(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -60,6 +59,6 @@ def install():
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     if ONNX in sys.modules:  # imported before (python -S, then kiln.tinygrad.install())
-        from kiln.tinygrad import onnx_inputs
+        from kiln.tinygrad import compat
 
-        onnx_inputs.install(sys.modules[ONNX])
+        compat.install_onnx(sys.modules[ONNX])

@@ -23,6 +23,7 @@ from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.engine.realize import graph_cache  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
 from tinygrad.helpers import Context, Target  # noqa: E402
+from tinygrad.codegen.opt import heuristic  # noqa: E402
 from tinygrad.uop.ops import Ops  # noqa: E402
 
 kiln.tinygrad.install()
@@ -211,6 +212,28 @@ def test_the_tile_leaves_other_reductions_to_tinygrad(monkeypatch):
         out = t(a).sum(axis=1).numpy()
     np.testing.assert_allclose(out, a.sum(axis=1), rtol=1e-5, atol=1e-5)
     assert all(r is None for r in tiled), tiled
+
+
+def test_a_concatenated_convolution_reduces_over_its_own_channels_only(monkeypatch):
+    """`kiln.tinygrad.compat.cat`: the inputs of a concatenation are realized first, so the
+    convolution's reduction is not fused into the concatenation (where it would run for every
+    channel of the result, the earlier ones masked off)."""
+    from kiln.tinygrad import tile
+
+    outputs = []
+    choose = tile.hand_coded_optimizations
+    def record(k):
+        if k.reduceop is not None:
+            outputs.append(int(np.prod(k.output_shape)))
+        return choose(k)
+
+    monkeypatch.setattr(heuristic, "hand_coded_optimizations", record)
+    x, w = rand(1, 16, 8, 8, seed=45), rand(8, 16, 3, 3, seed=46)
+    with Context(CACHELEVEL=0, PARALLEL=0):
+        out = t(x).cat(t(x).conv2d(t(w), padding=1), dim=1).numpy()
+    np.testing.assert_allclose(out[:, :16], x)
+    np.testing.assert_allclose(out[:, 16:], conv2d_reference(x, w, 1), rtol=1e-4, atol=1e-4)
+    assert outputs == [8 * 8 * 8], f"the reduction wrote {outputs} elements, not the convolution's 8×8×8"
 
 
 def test_pooling():

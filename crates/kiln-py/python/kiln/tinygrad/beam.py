@@ -8,7 +8,7 @@ candidates, renders them all here with their compiles held back, compiles the di
 with one `compile_many` (they stay in kiln's kernel cache, where loading them for timing finds
 them) and drops the candidates whose kernel does not compile, as tinygrad drops a candidate that
 fails to compile. Rounds of other renderers, and every other user of the pool, keep tinygrad's.
-No tinygrad file changes: `install` replaces the name `get_worker_pool` in the search module.
+`kiln.tinygrad.compat` puts this pool in place of `get_worker_pool` in the search module.
 """
 
 from __future__ import annotations
@@ -42,7 +42,3 @@ class KilnBeamPool:
         # a result is (index, (program, seconds)) or (index, None); the program's binary is its text
         return [(i, None if r is None or r[0].src[3].arg in failed else r) for i, r in results]
 
-
-def install() -> None:
-    """Gives tinygrad's BEAM search the batching pool (idempotent)."""
-    search.get_worker_pool = KilnBeamPool

@@ -32,7 +32,6 @@ from tinygrad.uop.ops import KernelInfo, UOp
 
 import kiln
 
-from . import tile
 from .render import ALU, Converter, Unsupported, render
 
 # tinygrad's dtypes that kiln has (kiln's names in `kiln.DTYPES`)
@@ -321,4 +320,6 @@ class KilnDevice(Compiled):
         self.kiln.synchronize()
 
 
-tile.install()
+from . import compat  # noqa: E402  (its BEAM pool needs this module's classes: imported last)
+
+compat.install()

@@ -8,27 +8,22 @@ is contiguous by a vector's lanes, UPCAST another output axis by the tile's rows
 CPU renderer turns the resulting scalar accumulators back into vector ones
 (`vectorize_outer_products` in kiln-ir).
 
-`install` puts `hand_coded_optimizations` under a wrapper in tinygrad's heuristic module (the name
-`apply_opts` looks up at each call, so no tinygrad file changes): for a kernel whose renderer asks
-for tiles (`contraction_tiles`, kiln's CPU) and whose reduction is a sum of products of two
-buffers, it applies that tile and the CPU threads; every other kernel, and every other device,
-gets tinygrad's heuristic unchanged. BEAM, `NOOPT` and kernels with explicit opts never reach the
-heuristic, as before. `kiln.tinygrad.device` installs it when imported, so tinygrad's compile
-worker processes (which import it to unpickle the renderer) get it too. It reads tinygrad 0.14.0's
-scheduler (`Scheduler.reduceop`, `rngs`, `apply_opt`); under another tinygrad version `install`
-leaves tinygrad's heuristic alone.
+`kiln.tinygrad.compat` puts `hand_coded_optimizations` in place of tinygrad's heuristic (the name
+`apply_opts` looks up at each call): for a kernel whose renderer asks for tiles
+(`contraction_tiles`, kiln's CPU) and whose reduction is a sum of products of two buffers, it
+applies that tile and the CPU threads; every other kernel, and every other device, gets tinygrad's
+heuristic unchanged. BEAM, `NOOPT` and kernels with explicit opts never reach the heuristic, as
+before. It reads tinygrad 0.14.0's scheduler (`Scheduler.reduceop`, `rngs`, `apply_opt`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Callable, Optional
 
 from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, heuristic
 from tinygrad.codegen.opt.postrange import Scheduler
 from tinygrad.uop.ops import AxisType, Ops, UOp
 
-TINYGRAD_VERSION = "0.14.0"
 tinygrad_heuristic: Callable[[Scheduler], Scheduler] = heuristic.hand_coded_optimizations
 
 
@@ -120,9 +115,3 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
             return tiled
     return tinygrad_heuristic(k)
 
-
-def install() -> None:
-    """Routes tinygrad's heuristic through `hand_coded_optimizations` (idempotent), on the tinygrad
-    version this module was written for."""
-    if importlib.metadata.version("tinygrad") == TINYGRAD_VERSION:
-        heuristic.hand_coded_optimizations = hand_coded_optimizations
