@@ -207,7 +207,9 @@ fn order_with(root: &Arc<UOp>, extra: &HashMap<*const UOp, Vec<Arc<UOp>>>) -> Op
 
 fn chain(end: &Arc<UOp>, used: &impl Fn(&Arc<UOp>) -> usize) -> Option<Chain> {
     let dt = end.dtype();
-    if !matches!(dt, DType::Scalar(s) if s != Scalar::Bool) {
+    // f16 and bf16 stay scalar: their MULACC rounds through f32, and kiln promises that only
+    // per scalar op; bool has no MULACC
+    if !matches!(dt, DType::Scalar(s) if !matches!(s, Scalar::Bool | Scalar::F16 | Scalar::BF16)) {
         return None;
     }
     let mut ranges = Vec::new();

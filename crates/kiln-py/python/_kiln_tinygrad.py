@@ -41,7 +41,7 @@ class _OnnxLoader(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     """Answers `tinygrad.runtime.ops_kiln`, and `tinygrad.nn.onnx` with tinygrad's module plus
-    `kiln.tinygrad.onnx_inputs`; nothing else."""
+    kiln's fix to it; nothing else."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == MODULE:

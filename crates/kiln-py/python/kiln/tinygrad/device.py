@@ -310,7 +310,6 @@ class KilnDevice(Compiled):
     def __init__(self, device: str = ""):
         renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer, KilnWebGPURenderer]
         super().__init__(device, KilnAllocator(self), renderers, KilnProgram, graph=KilnGraph)  # type: ignore[arg-type]
-
         backend = type(self.renderer).backend  # type: ignore[attr-defined]
         self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")
         if self.kiln.empty("u8", 1).is_host:
