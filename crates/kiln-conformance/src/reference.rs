@@ -12,13 +12,15 @@
 //! - f16/bf16 arithmetic is computed in f32 and rounded once per op;
 //! - CAST is Rust's `as` (float → integer saturates, NaN → 0), anything → bool is `!= 0`,
 //!   bool → anything is 0/1; BITCAST reinterprets the bytes;
-//! - NEG of a bool is NOT.
+//! - NEG of a bool is NOT;
+//! - WMMA (`D = A·B + C`, see [`wmma`]) starts every element of D from C's, adds one fused
+//!   multiply-add per k in increasing k, in f32, and rounds once to the accumulator dtype.
 //!
 //! Floating-point results are compared in units in the last place ([`ulps`]) with the
 //! per-op bounds of [`max_ulps`], which follow the OpenCL C accuracy table (the loosest
 //! contract among kiln's targets); exact ops must match bit for bit up to the sign of zero.
 
-use kiln_device::kiln_ir::{Op, Scalar};
+use kiln_device::kiln_ir::{Op, Scalar, Wmma};
 
 use crate::host::{Value, normalize, round_float, wrap_int};
 
@@ -179,6 +181,45 @@ macro_rules! float_op {
 float_op!(f32_op, f32);
 float_op!(f64_op, f64);
 
+/// `D = A·B + C` for every thread of a WMMA's thread group at once: `a`, `b` and `c` hold the
+/// fragments of threads `0..w.threads` one after another (thread `t`'s A fragment is
+/// `a[t * w.a_elems()..][..w.a_elems()]`), values of the input and accumulator dtypes; the
+/// result is the D fragments in the same order. The fragments are gathered into whole
+/// matrices by the layout of [`kiln_device::kiln_ir::wmma`], so the cross-thread op of a
+/// warp is evaluated exactly as its one-thread form. Each element of D is C's element,
+/// then `acc = fma(a, b, acc)` in f32 for k = 0, 1, ..., then rounded to the accumulator
+/// dtype. `None` when a slice has the wrong length.
+pub fn wmma(w: &Wmma, a: &[f64], b: &[f64], c: &[f64]) -> Option<Vec<f64>> {
+    let threads = w.threads as usize;
+    let (n, k) = (w.n as usize, w.k as usize);
+    if a.len() != threads * w.a_elems() || b.len() != threads * w.b_elems() || c.len() != threads * w.c_elems() {
+        return None;
+    }
+    let gather = |frags: &[f64], elems: usize, cols: usize, coord: fn(&Wmma, usize, usize) -> (usize, usize)| {
+        let mut whole = vec![0f32; frags.len()];
+        for (j, v) in frags.iter().enumerate() {
+            let (r, col) = coord(w, j / elems, j % elems);
+            whole[r * cols + col] = *v as f32;
+        }
+        whole
+    };
+    let (ma, mb, mc) = (
+        gather(a, w.a_elems(), k, Wmma::a_coord),
+        gather(b, w.b_elems(), n, Wmma::b_coord),
+        gather(c, w.c_elems(), n, Wmma::c_coord),
+    );
+    let mut d = vec![0f64; c.len()];
+    for (j, out) in d.iter_mut().enumerate() {
+        let (r, col) = w.c_coord(j / w.c_elems(), j % w.c_elems());
+        let mut acc = mc[r * n + col];
+        for kk in 0..k {
+            acc = ma[r * k + kk].mul_add(mb[kk * n + col], acc);
+        }
+        *out = round_float(acc as f64, w.acc);
+    }
+    Some(d)
+}
+
 /// How far (in ulps of `s`) a backend's float result for `op` may be from the reference.
 pub fn max_ulps(op: Op, s: Scalar) -> u64 {
     let exact = matches!(
@@ -308,6 +349,45 @@ mod tests {
         assert_eq!(ulps(-0.0, 0.0, Scalar::F64), 0);
         assert_eq!(ulps(f64::NAN, 0.0, Scalar::F64), u64::MAX);
         assert_eq!(ulps(-1.0, 1.0, Scalar::F16), 2 * 0x3c00);
+    }
+
+    #[test]
+    fn wmma_is_an_fma_chain_per_element_for_either_layout() {
+        let single = Wmma::single(2, 2, 3, Scalar::F32, Scalar::F32);
+        // A = [[1, 2, 3], [4, 5, 6]], B = [[1, 0], [0, 1], [1, 1]], C = [[0.5, 0], [0, -1]].
+        let d = wmma(&single, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[0.5, 0.0, 0.0, -1.0]);
+        assert_eq!(d, Some(vec![4.5, 5.0, 10.0, 10.0]));
+        assert_eq!(wmma(&single, &[1.0], &[], &[]), None);
+        // Fused, in order: (1 + 2^-24) * (1 - 2^-24) + -1 is -2^-48, not 0.
+        let one = Wmma::single(1, 1, 1, Scalar::F32, Scalar::F32);
+        let e = 2f64.powi(-24);
+        assert_eq!(wmma(&one, &[1.0 + 2.0 * e], &[1.0 - e], &[-1.0]), Some(vec![e - 2.0 * e * e]));
+        // Rounded once to f16 at the end: 2048 + 1 + 1 = 2050 (f16 per step would give 2048).
+        let half = Wmma::single(1, 1, 2, Scalar::F16, Scalar::F16);
+        assert_eq!(wmma(&half, &[1.0, 1.0], &[1.0, 1.0], &[2048.0]), Some(vec![2050.0]));
+        // A warp: the identity times B's values, laid out by the mma.sync layout, gives C + B.
+        let w = Wmma::warp(16, 8, 8, Scalar::F32, Scalar::F32);
+        let (mut a, mut b, mut c) = (vec![0.0; 32 * 4], vec![0.0; 32 * 2], vec![0.0; 32 * 4]);
+        for lane in 0..32 {
+            for i in 0..4 {
+                let (r, col) = w.a_coord(lane, i);
+                a[lane * 4 + i] = if r == col { 1.0 } else { 0.0 };
+                let (r, col) = w.c_coord(lane, i);
+                c[lane * 4 + i] = (r * 8 + col) as f64;
+            }
+            for i in 0..2 {
+                let (r, col) = w.b_coord(lane, i);
+                b[lane * 2 + i] = (r * 100 + col) as f64;
+            }
+        }
+        let d = wmma(&w, &a, &b, &c).unwrap_or_default();
+        for lane in 0..32 {
+            for i in 0..4 {
+                let (r, col) = w.c_coord(lane, i);
+                let want = (r * 8 + col) as f64 + if r < 8 { (r * 100 + col) as f64 } else { 0.0 };
+                assert_eq!(d[lane * 4 + i], want, "lane {lane} element {i}");
+            }
+        }
     }
 
     #[test]

@@ -72,7 +72,7 @@ fn run_pair(name: &str, test: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outc
 
 macro_rules! suite {
     ($name:literal) => {
-        use kiln_conformance::suite::{bounds, buffers, errors, plans, programs, queues, signals, workgroups};
+        use kiln_conformance::suite::{bounds, buffers, errors, matrix, plans, programs, queues, signals, workgroups};
         use kiln_device::kiln_ir::Scalar;
 
         suite!(@single $name;
@@ -152,6 +152,18 @@ macro_rules! suite {
             workgroup_two_level_reduction => workgroups::two_level_reduction,
             workgroup_if_blocks => workgroups::if_blocks,
             workgroup_guarded_local_memory => workgroups::guarded_local_memory,
+
+            wmma_tile_f32 => |d| matrix::tile(d, Scalar::F32, Scalar::F32),
+            wmma_tile_f16_f32 => |d| matrix::tile(d, Scalar::F16, Scalar::F32),
+            wmma_tile_bf16_f32 => |d| matrix::tile(d, Scalar::BF16, Scalar::F32),
+            wmma_tile_f16 => |d| matrix::tile(d, Scalar::F16, Scalar::F16),
+            wmma_tile_bf16 => |d| matrix::tile(d, Scalar::BF16, Scalar::BF16),
+            wmma_warp_m16n8k16_f16_f32 => |d| matrix::warp(d, 0),
+            wmma_warp_m16n8k16_bf16_f32 => |d| matrix::warp(d, 1),
+            wmma_warp_m16n8k16_f16_f16 => |d| matrix::warp(d, 2),
+            wmma_warp_m16n8k8_f16_f32 => |d| matrix::warp(d, 3),
+            wmma_warp_m16n8k8_f16_f16 => |d| matrix::warp(d, 4),
+            wmma_warp_m16n8k8_tf32_f32 => |d| matrix::warp(d, 5),
 
             bounds_launch_refuses_out_of_bounds => bounds::launch_refuses_out_of_bounds,
             bounds_queue_exec_refuses_out_of_bounds => bounds::queue_exec_refuses_out_of_bounds,

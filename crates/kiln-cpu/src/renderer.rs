@@ -56,9 +56,9 @@ use std::fmt::Write as _;
 
 use kiln_cstyle::{
     Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_float_literal, c_vector_operator,
-    saturating_cast,
+    saturating_cast, unsupported_wmma,
 };
-use kiln_device::kiln_ir::{DType, Op, Scalar, bf16_bits, f16_bits};
+use kiln_device::kiln_ir::{DType, Op, Scalar, Wmma, bf16_bits, f16_bits};
 use kiln_device::{Error, Result};
 
 /// Renders kernels to C for [`crate::CCompiler`].
@@ -242,6 +242,105 @@ impl CpuDialect {
             format!(
                 "static inline {ty} {def}({ty} x) {{\n#if {VMATH_GUARD}\n{}#else\n  {ty} r;\n  for (int i = 0; i < {w}; i++) r[i] = {libm}(x[i]);\n  return r;\n#endif\n}}\n",
                 subst(&body, &ty, &it, &ut, &t)
+            )
+        });
+        name
+    }
+}
+
+/// The WMMA forms the CPU declares for a target whose widest vector register is
+/// `vector_bytes` bytes: the one-thread micro-tile `m4nLk4`, L the f32 lanes of one register
+/// (4 to 16), for f32→f32, f16→f32, bf16→f32, f16→f16 and bf16→bf16. Each row of D is one
+/// register of f32 accumulators. The renderer takes any one-thread shape whose fragments
+/// fit a vector; these are the ones a compiler should tile for.
+pub fn cpu_wmma_forms(vector_bytes: usize) -> Vec<Wmma> {
+    let lanes = (vector_bytes / 4).clamp(4, 16) as u16;
+    [
+        (Scalar::F32, Scalar::F32),
+        (Scalar::F16, Scalar::F32),
+        (Scalar::BF16, Scalar::F32),
+        (Scalar::F16, Scalar::F16),
+        (Scalar::BF16, Scalar::BF16),
+    ]
+    .into_iter()
+    .map(|(input, acc)| Wmma::single(4, lanes, 4, input, acc))
+    .collect()
+}
+
+impl CpuDialect {
+    /// Registers `kiln_wmma_<shape>_<input>_<acc>`, the register micro-tile of the one-thread
+    /// WMMA `w`, and returns its name. The fragments are copied into f32 arrays (f16 and bf16
+    /// converted exactly, through `kiln_f16_to_f32`, which is a `_Float16` conversion where
+    /// the compiler has the type, or `kiln_bf16_to_f32`); each row of D is a vector of N f32
+    /// accumulators, started from C's row, and takes for k = 0, 1, ... one vector fused
+    /// multiply-add of A's element (broadcast) by B's row k, with the target's FMA
+    /// instructions at its vector width (`kiln_fma_f32xN`, a `fmaf` lane loop where the
+    /// target has none). Every element of D is thus the in-order fma chain of
+    /// [`kiln_device::kiln_ir::wmma`], rounded once to the accumulator dtype (to nearest
+    /// even): bit for bit the reference.
+    fn wmma_helper(&self, w: &Wmma, p: &mut Prelude) -> String {
+        let name = format!("kiln_wmma_{}_{}_{}", w.shape_name(), w.input.name(), w.acc.name());
+        let def = name.clone();
+        p.need(&name.clone(), move |p| {
+            let (m, n, k) = (w.m as usize, w.n as usize, w.k as usize);
+            let [adt, bdt, cdt] = w.operand_dtypes();
+            let ty = |dt: DType, p: &mut Prelude| match dt {
+                DType::Vector(s, lanes) => self.vector_type(s, lanes, p),
+                other => self.scalar_type(other.scalar().unwrap_or(Scalar::F32), p),
+            };
+            let (at, bt, ct) = (ty(adt, p), ty(bdt, p), ty(cdt, p));
+            let row_dt = DType::vec(Scalar::F32, n.min(255) as u8);
+            let row = ty(row_dt, p);
+            let fma = match row_dt {
+                DType::Vector(..) => self.vector_alu(Op::MulAcc, row_dt, &["x".into(), "y".into(), "z".into()], p),
+                _ => None,
+            };
+            let fma =
+                fma.unwrap_or_else(|| self.math(MathFn::Fma, Scalar::F32, &["x".into(), "y".into(), "z".into()], p));
+            let fma = |x: &str, y: &str, z: &str| fma.replace("(x, y, z)", &format!("({x}, {y}, {z})"));
+            let broadcast =
+                if n > 1 { format!("(({row}){{0}} + av[i * {k} + j])") } else { format!("av[i * {k} + j]") };
+            let mut body = String::new();
+            // The fragments as f32 arrays.
+            for (arr, src, count, s) in
+                [("av", "a", m * k, w.input), ("bv", "b", k * n, w.input), ("cv", "c", m * n, w.acc)]
+            {
+                if s == Scalar::F32 {
+                    let _ = writeln!(body, "  float {arr}[{count}];\n  memcpy({arr}, &{src}, {});", count * 4);
+                } else {
+                    let conv = self.to_f32(&format!("{arr}_h[i]"), s, p);
+                    let _ = writeln!(
+                        body,
+                        "  uint16_t {arr}_h[{count}];\n  float {arr}[{count}];\n  memcpy({arr}_h, &{src}, {});\n  \
+                         for (int i = 0; i < {count}; i++) {arr}[i] = {conv};",
+                        count * 2
+                    );
+                }
+            }
+            let store = if w.acc == Scalar::F32 {
+                format!("    memcpy(dv + i * {n}, &acc, {});", n * 4)
+            } else {
+                let lane = if n > 1 { "acc[j]" } else { "acc" };
+                let conv = self.from_f32(lane, w.acc, p);
+                format!("    for (int j = 0; j < {n}; j++) dv[i * {n} + j] = {conv};")
+            };
+            let (dv_ty, dv_size) = if w.acc == Scalar::F32 { ("float", 4) } else { ("uint16_t", 2) };
+            let _ = write!(
+                body,
+                "  {dv_ty} dv[{mn}];\n  for (int i = 0; i < {m}; i++) {{\n    {row} acc = {{0}};\n    \
+                 memcpy(&acc, cv + i * {n}, {nb});\n    for (int j = 0; j < {k}; j++) {{\n      \
+                 {row} bk = {{0}};\n      memcpy(&bk, bv + j * {n}, {nb});\n      acc = {};\n    }}\n{store}\n  }}\n  \
+                 {ct} d = {{0}};\n  memcpy(&d, dv, {});\n  return d;\n",
+                fma(&broadcast, "bk", "acc"),
+                m * n * dv_size,
+                mn = m * n,
+                nb = n * 4,
+            );
+            format!(
+                "/* WMMA {w}: D = A·B + C on row-major fragments; each element of D is C's, then one fused\n   \
+                 multiply-add per k in order, in f32, rounded once to {acc}. */\n\
+                 static inline {ct} {def}({at} a, {bt} b, {ct} c) {{\n{body}}}\n",
+                acc = w.acc
             )
         });
         name
@@ -968,6 +1067,19 @@ impl Dialect for CpuDialect {
         }
     }
 
+    /// The one-thread form only (see [`CpuDialect::wmma_helper`]); a warp form has no
+    /// meaning on the CPU, whose work items share no registers.
+    fn wmma(&self, w: &Wmma, args: &[String; 3], p: &mut Prelude) -> Result<String> {
+        if w.threads != 1 {
+            return Err(unsupported_wmma(
+                w,
+                "the CPU renders the one-thread form (threads 1); the 32-thread warp forms are CUDA's",
+            ));
+        }
+        let name = self.wmma_helper(w, p);
+        Ok(format!("{name}({}, {}, {})", args[0], args[1], args[2]))
+    }
+
     fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<String> {
         Err(no_work_groups("work-group local memory (DEFINE_LOCAL)"))
     }
@@ -1033,4 +1145,62 @@ fn no_work_groups(what: &str) -> Error {
         "the CPU backend does not run kernels with {what}: it has no work groups; \
          run this kernel on OpenCL (e.g. `--device OPENCL:0`), which does"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_device::Renderer;
+    use kiln_device::kiln_ir::KernelBuilder;
+
+    /// A kernel that runs `forms` one after another on fragments loaded from slots 0..3.
+    fn wmma_kernel(forms: &[Wmma]) -> std::sync::Arc<kiln_device::kiln_ir::UOp> {
+        let mut k = KernelBuilder::new();
+        let zero = kiln_device::kiln_ir::Val::int(0);
+        for (i, w) in forms.iter().enumerate() {
+            let [a, b, c] = w.operand_dtypes();
+            let slot = 4 * i;
+            let load = |k: &mut KernelBuilder, s: usize, dt: DType| {
+                let p = k.param(s, dt.scalar().unwrap_or(Scalar::F32), 64);
+                p.at_vec(&zero, dt.width()).load()
+            };
+            let (va, vb, vc) = (load(&mut k, slot, a), load(&mut k, slot + 1, b), load(&mut k, slot + 2, c));
+            let d = va.wmma(&vb, &va.wmma(&vb, &vc, *w), *w);
+            let out = k.param(slot + 3, w.acc, 64);
+            k.store(&out.at_vec(&zero, c.width()), &d);
+        }
+        k.finish().unwrap()
+    }
+
+    #[test]
+    fn wmma_is_one_helper_per_form_with_vector_fma_rows() {
+        let f32_tile = Wmma::single(4, 16, 4, Scalar::F32, Scalar::F32);
+        let f16_tile = Wmma::single(2, 8, 1, Scalar::F16, Scalar::F16);
+        let src = cpu_renderer_for(64).render(&wmma_kernel(&[f32_tile, f16_tile]), Some("k")).unwrap().src;
+        for helper in ["kiln_wmma_m4n16k4_f32_f32(", "kiln_wmma_m2n8k1_f16_f16("] {
+            assert_eq!(
+                src.matches(&format!("static inline kiln_f32x64 {helper}")).count()
+                    + src.matches(&format!("static inline kiln_f16x16 {helper}")).count(),
+                1,
+                "{helper}:\n{src}"
+            );
+            assert_eq!(src.matches(helper).count(), 3, "one definition and two calls of {helper}:\n{src}");
+        }
+        // Rows of 16 f32 lanes take the target's vector FMA; f16 goes through f32 and back.
+        assert!(src.contains("acc = kiln_fma_f32x16(((kiln_f32x16){0} + av[i * 4 + j]), bk, acc);"), "{src}");
+        assert!(src.contains("kiln_f16_to_f32(av_h[i])") && src.contains("kiln_f32_to_f16(acc[j])"), "{src}");
+    }
+
+    #[test]
+    fn warp_forms_are_refused_with_a_render_error() {
+        for w in Wmma::warp_shapes() {
+            match cpu_renderer().render(&wmma_kernel(&[w]), Some("k")) {
+                Err(Error::Render(m)) => assert!(m.contains("unsupported op WMMA") && m.contains("CUDA"), "{m}"),
+                other => panic!("{w}: {:?}", other.map(|s| s.src)),
+            }
+        }
+        let forms = cpu_wmma_forms(32);
+        assert_eq!(forms.len(), 5);
+        assert!(forms.iter().all(|w| (w.m, w.n, w.k, w.threads) == (4, 8, 4, 1) && w.check().is_none()));
+    }
 }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use kiln_device::{Error, Result};
-use kiln_ir::{AddrSpace, DType, DeviceSpec, Op, Scalar, UOp};
+use kiln_ir::{AddrSpace, DType, DeviceSpec, Op, Scalar, UOp, Wmma};
 
 use crate::literal::c_int_literal;
 
@@ -329,4 +329,25 @@ pub trait Dialect {
                 .into(),
         ))
     }
+
+    /// `D = A·B + C` ([`Op::Wmma`]) as an expression of the D fragment's type (the vector of
+    /// `w.acc` lanes that C is), from `args`, the A, B and C fragment expressions. A dialect
+    /// renders exactly the forms its device declares (`DeviceProperties::wmma`), with the
+    /// layout and arithmetic of [`kiln_ir::wmma`]; typically a helper function registered in
+    /// the prelude, one per distinct form. The default refuses: a backend without a matrix
+    /// unit.
+    ///
+    /// # Errors
+    /// [`Error::Render`] naming the form when the backend does not render it.
+    fn wmma(&self, w: &Wmma, _args: &[String; 3], _p: &mut Prelude) -> Result<String> {
+        Err(unsupported_wmma(w, "this backend declares no matrix unit"))
+    }
+}
+
+/// The error of a dialect that does not render the WMMA form `w`, saying `why` and what to do.
+pub fn unsupported_wmma(w: &Wmma, why: &str) -> Error {
+    Error::Render(format!(
+        "unsupported op WMMA {w}: {why}; the device's properties (`wmma`) list the forms it renders: use one of \
+         those, or write the contraction as MULACC loops"
+    ))
 }

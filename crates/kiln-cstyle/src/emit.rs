@@ -407,6 +407,12 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 let e = self.alu(n, op, &args)?;
                 self.declare(n, "alu", e)?;
             }
+            Op::Wmma => {
+                let Arg::Wmma(w) = n.arg() else { return Err(render_err(n, "needs its shape argument")) };
+                let args = [self.expr(&src[0])?, self.expr(&src[1])?, self.expr(&src[2])?];
+                let e = self.d.wmma(w, &args, &mut self.p)?;
+                self.declare(n, "wmma", e)?;
+            }
             Op::Cast => {
                 let e = self.convert(n, &src[0])?;
                 self.declare(n, "cast", e)?;

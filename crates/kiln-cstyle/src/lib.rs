@@ -115,7 +115,9 @@ use std::sync::Arc;
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
 use kiln_ir::{DeviceSpec, Op, UOp, linearize, validate};
 
-pub use dialect::{Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator};
+pub use dialect::{
+    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator, unsupported_wmma,
+};
 pub use gpu::{Gpu, GpuLanguage};
 pub use literal::{c_float_literal, c_int_literal, int_literal, saturating_cast, wrap_int};
 pub use reserved::kernel_name;

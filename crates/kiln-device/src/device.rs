@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use kiln_ir::{DeviceSpec, Scalar, UOp};
+use kiln_ir::{DeviceSpec, Scalar, UOp, Wmma};
 
 use crate::buffer::{Allocator, Buffer};
 use crate::cache::{KernelCache, Toolchain};
@@ -43,6 +43,11 @@ pub struct DeviceProperties {
     /// Local (work-group shared) memory one work group may use, in bytes. A kiln kernel
     /// declares at most [`kiln_ir::MAX_LOCAL_BYTES`] whatever the device has.
     pub local_memory_bytes: Option<usize>,
+    /// The matrix multiply-accumulate forms ([`kiln_ir::Op::Wmma`] arguments: shape, dtypes,
+    /// threads) the device's renderer turns into its matrix unit or register micro-tile, so
+    /// a compiler can shape its matmuls around them (tinygrad's `tensor_cores`). A kernel
+    /// with a WMMA the list lacks may be refused with [`Error::Render`]. Empty: none.
+    pub wmma: Vec<Wmma>,
 }
 
 impl DeviceProperties {

@@ -25,6 +25,7 @@ use crate::IrError;
 use crate::dtype::{AddrSpace, DType, Scalar};
 use crate::uop::{Arg, Op, StoreHint, UOp};
 use crate::validate::validate;
+use crate::wmma::Wmma;
 
 /// A node being built. Cheap to clone (an `Arc`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -171,6 +172,12 @@ impl Val {
     /// `self * b + c` in one rounding where the target has FMA.
     pub fn mul_acc(&self, b: &Val, c: &Val) -> Val {
         Val(UOp::new(Op::MulAcc, self.dtype(), Arg::None, vec![self.0.clone(), b.0.clone(), c.0.clone()]))
+    }
+    /// `D = A·B + C` ([`Op::Wmma`]): `self` is this thread's A fragment, `b` and `c` its B
+    /// and C fragments, laid out as [`crate::wmma`] says for `arg`; the result is the D fragment.
+    pub fn wmma(&self, b: &Val, c: &Val, arg: Wmma) -> Val {
+        let dt = arg.operand_dtypes()[2];
+        Val(UOp::new(Op::Wmma, dt, Arg::Wmma(arg), vec![self.0.clone(), b.0.clone(), c.0.clone()]))
     }
     /// Converts the value to `dtype` lane by lane: float → integer saturates (NaN → 0),
     /// integer → integer wraps, anything → bool is `!= 0`.

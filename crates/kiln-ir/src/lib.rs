@@ -51,6 +51,7 @@ mod test_rng;
 mod text;
 mod uop;
 mod validate;
+pub mod wmma;
 
 pub use builder::{Acc, IntoVal, KernelBuilder, Val};
 pub use dtype::half::{bf16_bits, f16_bits};
@@ -62,6 +63,7 @@ pub use symbolic::{eval_int, variables};
 pub use text::{MAX_KERNEL_FILE_BYTES, edit_distance, locate_node, parse, parse_kernel, print, read_kernel_file};
 pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};
 pub use validate::{MAX_LOCAL_BYTES, validate};
+pub use wmma::Wmma;
 
 /// Everything that can be wrong with a kernel or a size expression.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -139,6 +139,7 @@ use std::sync::Arc;
 
 use crate::dtype::{DType, DeviceSpec, Scalar};
 use crate::uop::{Arg, Op, UOp};
+use crate::wmma::Wmma;
 use crate::{IrError, linearize, validate};
 
 /// The bits `nan` stands for: the quiet NaN with no payload. Spelled out rather than taken
@@ -318,6 +319,7 @@ fn arg_text(arg: &Arg) -> String {
         Arg::Str(s) => quote(s),
         Arg::Var { name, min, max } => format!("{} {min} {max}", quote(name)),
         Arg::Device(d) => format!("device {d}"),
+        Arg::Wmma(w) => w.text(),
         Arg::Bytes(b) => {
             let mut s = String::with_capacity(2 + 2 * b.len());
             s.push_str("0x");
@@ -831,6 +833,7 @@ enum Kind {
     Var,
     Device,
     Bytes,
+    Wmma,
 }
 
 fn kind_of(arg: &Arg) -> Kind {
@@ -843,6 +846,7 @@ fn kind_of(arg: &Arg) -> Kind {
         Arg::Var { .. } => Kind::Var,
         Arg::Device(_) => Kind::Device,
         Arg::Bytes(_) => Kind::Bytes,
+        Arg::Wmma(_) => Kind::Wmma,
     }
 }
 
@@ -856,6 +860,7 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Var => "a variable (\"name\" min max)",
         Kind::Device => "a device",
         Kind::Bytes => "bytes",
+        Kind::Wmma => "a WMMA shape (m16n8k16 f16 f32 threads 32)",
     }
 }
 
@@ -875,6 +880,10 @@ fn accepted(op: Op) -> (&'static [Kind], &'static str) {
         Op::Store => (&[Kind::None, Kind::Str], "an optional hint: `STORE void \"nontemporal\" (%p, %v)`"),
         Op::Device => (&[Kind::Device], "the device: `DEVICE void device CPU`"),
         Op::Binary => (&[Kind::Bytes], "the bytes in hex: `BINARY void 0x7f454c46`"),
+        Op::Wmma => (
+            &[Kind::Wmma],
+            "shape, input and accumulator dtypes, threads: `WMMA f32x4 m16n8k16 f16 f32 threads 32 (%a, %b, %c)`",
+        ),
         _ => (&[Kind::None], "no argument: constants are separate CONST nodes"),
     }
 }
@@ -895,6 +904,9 @@ fn parse_arg(
             _ => Err(line.err(t.at, "expected an integer")),
         }
     };
+    if op == Op::Wmma && !toks.is_empty() {
+        return parse_wmma(line, toks, after);
+    }
     let arg = match toks {
         [] => Arg::None,
         [Token { tok: Tok::Word(kw), .. }, rest @ ..] if kw.eq_ignore_ascii_case("device") => match rest {
@@ -925,6 +937,38 @@ fn parse_arg(
     }
     let at = toks.first().map_or(op_at, |t| t.at);
     Err(line.err(at, format!("{} takes {example}; got {}", op.name(), kind_name(kind_of(&arg)))))
+}
+
+/// WMMA's argument: `m16n8k16 f16 f32 threads 32` (shape, input dtype, accumulator dtype,
+/// thread count). Whether the combination is one kiln defines is [`crate::validate`]'s call.
+fn parse_wmma(line: Line<'_>, toks: &[Token<'_>], after: usize) -> Result<Arg, IrError> {
+    const FORM: &str = "a WMMA argument is `mMnNkK INPUT ACC threads T`, e.g. `m16n8k16 f16 f32 threads 32`";
+    let word = |i: usize| match toks.get(i) {
+        Some(Token { tok: Tok::Word(w), at }) => Ok((*w, *at)),
+        Some(t) => Err(line.err(t.at, FORM)),
+        None => Err(line.err(after, FORM)),
+    };
+    let (shape, at) = word(0)?;
+    let (m, n, k) =
+        Wmma::parse_shape(shape).ok_or_else(|| line.err(at, format!("`{shape}` is not a shape: {FORM}")))?;
+    let scalar = |i: usize| -> Result<Scalar, IrError> {
+        let (w, at) = word(i)?;
+        match w.parse::<DType>() {
+            Ok(DType::Scalar(s)) => Ok(s),
+            _ => Err(line.err(at, format!("`{w}` is not a scalar dtype: {FORM}"))),
+        }
+    };
+    let (input, acc) = (scalar(1)?, scalar(2)?);
+    let (kw, at) = word(3)?;
+    if kw != "threads" {
+        return Err(line.err(at, format!("expected `threads`: {FORM}")));
+    }
+    let (t, at) = word(4)?;
+    let threads = t.parse::<u16>().map_err(|_| line.err(at, format!("`{t}` is not a thread count: {FORM}")))?;
+    if let Some(extra) = toks.get(5) {
+        return Err(line.err(extra.at, format!("unexpected text after the thread count: {FORM}")));
+    }
+    Ok(Arg::Wmma(Wmma { m, n, k, input, acc, threads }))
 }
 
 fn parse_int(w: &str) -> Result<i64, String> {
@@ -1270,6 +1314,7 @@ mod tests {
             Kind::Var => Arg::Var { name: "v\t".into(), min: i64::MIN, max: i64::MAX },
             Kind::Device => Arg::Device(DeviceSpec::new("OPENCL", 3)),
             Kind::Bytes => Arg::Bytes(vec![0, 1, 0xfe]),
+            Kind::Wmma => Arg::Wmma(Wmma::warp(16, 8, 8, Scalar::F32, Scalar::F32)),
         };
         let dtypes = [
             DType::Void,
@@ -1287,6 +1332,74 @@ mod tests {
         }
         let root = UOp::new(Op::Sink, DType::Void, Arg::None, nodes);
         round_trip(&root);
+    }
+
+    /// A one-tile matmul through WMMA: the fragments load as vectors, the op prints with its
+    /// shape, dtypes and threads, and the text parses back to the very same graph.
+    fn wmma_text(arg: &str, a: &str, b: &str, c: &str) -> String {
+        format!(
+            "%n = CONST i32 64\n%z = CONST i32 0\n%pa = PARAM ptr<{a_s}> 0 (%n)\n%pb = PARAM ptr<{a_s}> 1 (%n)\n\
+             %pc = PARAM ptr<{c_s}> 2 (%n)\n%ia = INDEX ptr<{a}> (%pa, %z)\n%ib = INDEX ptr<{b}> (%pb, %z)\n\
+             %ic = INDEX ptr<{c}> (%pc, %z)\n%a = LOAD {a} (%ia)\n%b = LOAD {b} (%ib)\n%c = LOAD {c} (%ic)\n\
+             %d = WMMA {c} {arg} (%a, %b, %c)\n%st = STORE (%ic, %d)\nSINK (%st)",
+            a_s = a.split('x').next().unwrap_or(a),
+            c_s = c.split('x').next().unwrap_or(c),
+        )
+    }
+
+    #[test]
+    fn wmma_round_trips_and_is_validated() {
+        let text = wmma_text("m4n16k4 f32 f32 threads 1", "f32x16", "f32x64", "f32x64");
+        let sink = parse_kernel(&text).unwrap();
+        let printed = round_trip(&sink);
+        assert!(printed.contains("WMMA f32x64 m4n16k4 f32 f32 threads 1 ("), "{printed}");
+        assert!(Arc::ptr_eq(&parse_kernel(&printed).unwrap(), &sink));
+        let warp = parse_kernel(&wmma_text("m16n8k16 bf16 f32 threads 32", "bf16x8", "bf16x4", "f32x4")).unwrap();
+        assert!(round_trip(&warp).contains("WMMA f32x4 m16n8k16 bf16 f32 threads 32"));
+        // The argument is part of the identity.
+        let other = parse_kernel(&wmma_text("m16n8k16 f16 f32 threads 32", "f16x8", "f16x4", "f32x4")).unwrap();
+        assert_ne!(warp.content_hash(), other.content_hash());
+
+        for (arg, a, b, c, needle) in [
+            (
+                "m4n16k4 f32 f32 threads 1",
+                "f32x16",
+                "f32x32",
+                "f32x64",
+                "the B fragment of m4n16k4 f32->f32 (1 thread) is f32x64",
+            ),
+            (
+                "m16n8k16 f16 f32 threads 32",
+                "f16x8",
+                "f16x4",
+                "f16x4",
+                "expected f32x4 for the result (the D fragment), got f16x4",
+            ),
+            ("m16n16k16 f16 f32 threads 32", "f16x8", "f16x8", "f32x8", "is not a warp shape of mma.sync"),
+            ("m8n8k4 f32 f32 threads 2", "f32x16", "f32x16", "f32x32", "2 threads"),
+            ("m8n16k1 f32 f32 threads 1", "f32x8", "f32x16", "f32x64", "needs a 128-lane fragment"),
+            ("m4n4k4 i32 i32 threads 1", "i32x16", "i32x16", "i32x16", "not a WMMA dtype pair"),
+        ] {
+            match parse_kernel(&wmma_text(arg, a, b, c)) {
+                Err(IrError::Parse { line: 12, message, .. }) => assert!(message.contains(needle), "{arg}: {message}"),
+                other => panic!("{arg}: {other:?}"),
+            }
+        }
+        for (arg, needle) in [
+            ("", "WMMA takes shape, input and accumulator dtypes, threads"),
+            ("m4n4 f32 f32 threads 1", "`m4n4` is not a shape"),
+            ("m4n4k4 f32 float threads 1", "`float` is not a scalar dtype"),
+            ("m4n4k4 f32 f32 lanes 1", "expected `threads`"),
+            ("m4n4k4 f32 f32 threads -1", "`-1` is not a thread count"),
+            ("m4n4k4 f32 f32 threads 1 2", "unexpected text after the thread count"),
+            ("m4n4k4 f32 f32", "a WMMA argument is"),
+        ] {
+            let line = format!("%a = CONST f32 1.0\n%d = WMMA f32 {arg} (%a, %a, %a)");
+            match parse(&line) {
+                Err(IrError::Parse { line: 2, message, .. }) => assert!(message.contains(needle), "{arg}: {message}"),
+                other => panic!("{arg}: {other:?}"),
+            }
+        }
     }
 
     /// The tiled matmul example: local memory, barriers and an IF block print, parse back

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use sha2::{Digest, Sha256};
 
 use crate::dtype::{AddrSpace, DType, DeviceSpec};
+use crate::wmma::Wmma;
 
 /// Every operation a kernel can contain.
 ///
@@ -189,6 +190,15 @@ pub enum Op {
     If,
     /// Closes the block of an IF. src: `[if, effects inside the block...]`.
     EndIf,
+
+    // --- matrix units ---
+    /// `D = A·B + C` on register fragments (tinygrad's `Ops.WMMA`). arg: a [`Wmma`] (shape,
+    /// input and accumulator dtypes, threads). src: `[a, b, c]`, each thread's fragment of
+    /// A, B and C as vectors of `input`, `input` and `acc` lanes; dtype: the D fragment, laid
+    /// out like C. The layouts and the arithmetic are in [`crate::wmma`]. A backend renders
+    /// only the forms its device declares (`DeviceProperties::wmma`); others refuse the
+    /// kernel with a render error.
+    Wmma,
 }
 
 impl Op {
@@ -254,6 +264,7 @@ impl Op {
         Op::Barrier,
         Op::If,
         Op::EndIf,
+        Op::Wmma,
     ];
 
     /// The upper-case name used in the text format.
@@ -318,6 +329,7 @@ impl Op {
             Op::Barrier => "BARRIER",
             Op::If => "IF",
             Op::EndIf => "ENDIF",
+            Op::Wmma => "WMMA",
         }
     }
 
@@ -424,6 +436,8 @@ pub enum Arg {
     Device(DeviceSpec),
     /// A BINARY's compiled bytes.
     Bytes(Vec<u8>),
+    /// A WMMA's shape, dtypes and fragment layout.
+    Wmma(Wmma),
 }
 
 impl Eq for Arg {}
@@ -470,6 +484,13 @@ impl Arg {
             Arg::Bytes(v) => {
                 out.push(7);
                 s(out, v);
+            }
+            Arg::Wmma(w) => {
+                out.push(8);
+                for d in [w.m, w.n, w.k, w.threads] {
+                    out.extend_from_slice(&d.to_le_bytes());
+                }
+                out.extend_from_slice(&[w.input as u8, w.acc as u8]);
             }
         }
     }

@@ -90,6 +90,7 @@ fn check_node(n: &UOp) -> Result<(), String> {
             | Op::Source
             | Op::Binary
             | Op::Store
+            | Op::Wmma
     );
     if !takes_arg && *n.arg() != Arg::None {
         return Err(format!("takes no argument, got {}", n.arg()));
@@ -378,6 +379,26 @@ fn check_node(n: &UOp) -> Result<(), String> {
                 return Err("first operand must be the IF it closes".into());
             }
             void(dt)
+        }
+        Op::Wmma => {
+            count(&[3])?;
+            let Arg::Wmma(w) = n.arg() else {
+                return Err(format!(
+                    "needs a shape, dtypes and threads (`m16n8k16 f16 f32 threads 32`), got {}",
+                    n.arg()
+                ));
+            };
+            if let Some(why) = w.check() {
+                return Err(why);
+            }
+            let [a, b, c] = w.operand_dtypes();
+            same(c, dt, "the result (the D fragment)")?;
+            for (want, s, what) in [(a, &src[0], "A"), (b, &src[1], "B"), (c, &src[2], "C")] {
+                if s.dtype() != want {
+                    return Err(format!("the {what} fragment of {w} is {want} per thread, got {}", s.dtype()));
+                }
+            }
+            Ok(())
         }
         Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary => Ok(()),
         op => Err(format!("{op} is not allowed here")),

@@ -828,6 +828,18 @@ impl Emitter {
                 let lane = n.arg_int().unwrap_or(0);
                 self.declare(n, "gep", format!("{v}[{lane}]"))?;
             }
+            // WGSL has no matrix-multiply instruction (subgroup matrices are an unratified
+            // proposal): the backend declares no WMMA form.
+            Op::Wmma => {
+                return Err(render_err(
+                    n,
+                    format!(
+                        "unsupported op WMMA {}: WebGPU declares no matrix unit (WGSL has no matrix-multiply \
+                         instruction); write the contraction as MULACC loops",
+                        n.arg()
+                    ),
+                ));
+            }
             op => return Err(render_err(n, format!("{op} cannot be rendered to WGSL"))),
         }
         Ok(())

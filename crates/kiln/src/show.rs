@@ -158,6 +158,7 @@ pub fn linear(order: &[Arc<UOp>]) -> String {
             Arg::Var { name, min, max } => line.push_str(&format!(" {name} [{min}, {max}]")),
             Arg::Device(d) => line.push_str(&format!(" {d}")),
             Arg::Bytes(b) => line.push_str(&format!(" <{} bytes>", b.len())),
+            Arg::Wmma(w) => line.push_str(&format!(" {w}")),
         }
         if !node.src().is_empty() {
             let srcs = node.src().iter().map(|s| match pos.get(&Arc::as_ptr(s)) {

@@ -6,6 +6,7 @@ pub mod buffers;
 pub mod errors;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
+pub mod matrix;
 pub mod plans;
 pub mod programs;
 pub mod queues;
