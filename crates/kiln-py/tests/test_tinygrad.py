@@ -179,9 +179,14 @@ def test_conv2d_with_padding():
 
 
 @pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
-@pytest.mark.parametrize("shape", ["matmul", "conv3x3_pad1_14x14", "conv1x1"])
+@pytest.mark.parametrize(
+    "shape", ["matmul", "conv3x3_pad1_14x14", "conv1x1", "blocked_conv3x3_pad1_7x7", "blocked_conv3x3_stride2", "blocked_conv7x7_pad3_stride2"]
+)
 def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape):
-    from kiln.tinygrad import tile
+    """Every contraction gets a tile, and the results stay those of the reference: convolutions
+    with ONNX's weight order and with `kiln.tinygrad.onnx_layout.blocked` (output channels as
+    lanes, also where the image is 7 wide, strided, or 7×7-windowed with padding)."""
+    from kiln.tinygrad import onnx_layout, tile
 
     tiled = []
     choose = tile.contraction_tile
@@ -190,15 +195,33 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
         a, b = rand(64, 40, seed=40), rand(40, 96, seed=41)
         run, want = lambda: (t(a) @ t(b)).numpy(), a.astype(np.float64) @ b
     else:
-        k, pad = (3, 1) if shape.startswith("conv3x3") else (1, 0)
-        x, w = rand(1, 8, 14, 14, seed=42), rand(16, 8, k, k, seed=43)
-        run, want = lambda: t(x).conv2d(t(w), padding=pad).numpy(), conv2d_reference(x, w, pad)
+        k = 7 if "7x7" in shape else 3 if "3x3" in shape else 1
+        pad, stride, hw = k // 2, 2 if "stride2" in shape else 1, 7 if "_7x7" in shape else 14
+        x, w = rand(1, 8, hw, hw, seed=42), rand(64, 8, k, k, seed=43)
+        blocked = shape.startswith("blocked")
+        weight = (lambda: onnx_layout.blocked(t(w), 32)) if blocked else (lambda: t(w))
+        run = lambda: t(x).conv2d(weight(), padding=pad, stride=stride).numpy()  # noqa: E731
+        want = conv2d_reference(x, w, pad)[:, :, ::stride, ::stride]
     with Context(CACHELEVEL=0, PARALLEL=0):  # compiled here, by the patched heuristic
         out = run()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
     opts = [o for r in tiled if r is not None for o in r.applied_opts]
     upcasts = [o.arg for o in opts if o.op.name == "UPCAST"]
     assert len(upcasts) >= 2, f"no register tile: {opts}"
+
+
+@pytest.mark.parametrize("cout,block", [(64, 32), (24, 32)])
+def test_blocked_weights_keep_their_values_in_blocks_of_output_channels(cout, block):
+    """`onnx_layout.blocked`: the same tensor, stored [cout/block, cin, kh, kw, block]; all of
+    cout innermost where the block does not divide it."""
+    from kiln.tinygrad import onnx_layout
+
+    w = rand(cout, 5, 3, 3, seed=47)
+    stored = onnx_layout.blocked(t(w), block).realize()
+    np.testing.assert_array_equal(stored.numpy(), w)
+    b = block if cout % block == 0 else cout
+    order = w.reshape(cout // b, b, 5, 3, 3).transpose(0, 2, 3, 4, 1).ravel()
+    np.testing.assert_array_equal(np.frombuffer(stored.uop.base.buffer.as_memoryview(), np.float32), order)
 
 
 def test_the_tile_leaves_other_reductions_to_tinygrad(monkeypatch):

@@ -14,6 +14,8 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
 - `OnnxRunner._parse_input`, when `tinygrad.nn.onnx` is imported (the import hook of
   `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
   tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
+- `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, the weights of ungrouped convolutions
+  are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.onnx_layout`).
 
 `install` runs when `kiln.tinygrad.device` is imported, so tinygrad's compile worker processes
 (which import it to unpickle the renderer) get the changes too. Under another tinygrad version
@@ -26,10 +28,10 @@ import importlib.metadata
 from types import ModuleType
 from typing import Any
 
-from tinygrad import Tensor
+from tinygrad import Device, Tensor
 from tinygrad.codegen.opt import heuristic, search
 
-from . import onnx_inputs, tile
+from . import onnx_inputs, onnx_layout, tile
 
 TINYGRAD_VERSION = "0.14.0"
 tinygrad_cat = Tensor.cat
@@ -58,9 +60,10 @@ def install() -> None:
 
 
 def install_onnx(onnx_module: ModuleType) -> None:
-    """Wraps `OnnxRunner._parse_input` of a just-imported `tinygrad.nn.onnx` (idempotent)."""
+    """Wraps `OnnxRunner._parse_input` and `_init_from_graph` of a just-imported
+    `tinygrad.nn.onnx` (idempotent)."""
     runner: Any = onnx_module.OnnxRunner
-    if not pinned() or getattr(runner, "_kiln_open_dims", False):
+    if not pinned() or getattr(runner, "_kiln_installed", False):
         return
     parse_input = runner._parse_input
 
@@ -68,4 +71,14 @@ def install_onnx(onnx_module: ModuleType) -> None:
         return parse_input(self, name, value, onnx_inputs.open_dims(name, spec))
 
     runner._parse_input = open_parse_input
-    runner._kiln_open_dims = True
+    init_from_graph = runner._init_from_graph
+
+    def init_with_kiln_layout(self: Any, graph: dict, *args: Any, **kwargs: Any) -> None:
+        init_from_graph(self, graph, *args, **kwargs)
+        renderer = Device[Device.DEFAULT].renderer
+        if getattr(renderer, "contraction_tiles", False):
+            # two vectors of f32 lanes: the output channels of one register tile
+            onnx_layout.reorder_conv_weights(self, 2 * tile.vector_bytes(renderer) // 4)
+
+    runner._init_from_graph = init_with_kiln_layout
+    runner._kiln_installed = True

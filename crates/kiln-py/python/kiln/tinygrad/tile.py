@@ -18,29 +18,47 @@ before. It reads tinygrad 0.14.0's scheduler (`Scheduler.reduceop`, `rngs`, `app
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, heuristic
 from tinygrad.codegen.opt.postrange import Scheduler
+from tinygrad.renderer import Renderer
 from tinygrad.uop.ops import AxisType, Ops, UOp
 
 tinygrad_heuristic: Callable[[Scheduler], Scheduler] = heuristic.hand_coded_optimizations
 
 
+IRREGULAR = 1 << 40  # the "stride" of a range that the index uses other than as `range*c`
+
+
+def _skip_gates(u: UOp) -> UOp:
+    """`u` through casts and the `WHERE(valid, x, 0)` of padding."""
+    while u.op is Ops.CAST or (u.op is Ops.WHERE and u.src[2].op is Ops.CONST):
+        u = u.src[0] if u.op is Ops.CAST else u.src[1]
+    return u
+
+
 def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
-    """The constant stride of each range in the operand's buffer index (`INDEX(buf, idx)`,
-    through casts and the `WHERE(valid, load, 0)` of padding), for the terms of the form `range`
-    or `range*c`; None if not an index."""
-    while operand.op is Ops.CAST or (operand.op is Ops.WHERE and operand.src[2].op is Ops.CONST):
-        operand = operand.src[0] if operand.op is Ops.CAST else operand.src[1]
+    """The ranges the operand's buffer index (`INDEX(buf, idx)`) depends on, each with its constant
+    stride where the index uses it only in terms `range` or `range*c`, else `IRREGULAR` (a strided
+    window's divisions); None if the operand is not an index."""
+    operand = _skip_gates(operand)
     if operand.op is not Ops.INDEX or len(operand.src) < 2:
         return None
+    idx = operand.src[1].get_idx()
+    if idx.op in (Ops.FLOORMOD, Ops.CMOD) and idx.src[1].op is Ops.CONST:  # a strided window's `% numel`
+        idx = idx.src[0]
     strides: dict[UOp, int] = {}
-    for term in operand.src[1].get_idx().split_uop(Ops.ADD):
+    for term in idx.split_uop(Ops.ADD):
         if term.op is Ops.RANGE:
             strides[term] = strides.get(term, 0) + 1
         elif term.op is Ops.MUL and term.src[0].op is Ops.RANGE and term.src[1].op is Ops.CONST:
             strides[term.src[0]] = strides.get(term.src[0], 0) + int(term.src[1].arg)
+        else:
+            for r in term.toposort():
+                if r.op is Ops.RANGE:
+                    strides[r] = IRREGULAR
     return strides
 
 
@@ -57,9 +75,7 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     red = k.reduceop  # the first reduction picks the axes; the tile serves every one of them
     if red is None or red.arg[0] is not Ops.ADD:
         return None
-    mul = red.src[0]
-    while mul.op is Ops.CAST:
-        mul = mul.src[0]
+    mul = _skip_gates(red.src[0])
     if mul.op is not Ops.MUL:
         return None
     strides = [_strides(s) for s in mul.src]
@@ -68,22 +84,38 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     lanes_max = max(vector_bytes // mul.dtype.itemsize, 4)
     rows_max = 8 if vector_bytes >= 64 else 4
     shape = k.full_shape
+
+    def lanes_of(a: int) -> tuple[int, int]:
+        """(lanes per vector, vectors): two whole vectors, else the largest divisor of at least 4
+        that a vector holds (14 of 196, 7 of 49), twice where that still divides."""
+        n = next((n for n in (lanes_max, 8, *range(lanes_max - 1, 3, -1)) if n <= lanes_max and shape[a] % n == 0), 0)
+        return n, (2 if n and (shape[a] // n) % 2 == 0 else 1)
+
+    def rows_of(a: int) -> int:
+        return next((n for n in range(rows_max, 1, -1) if shape[a] % n == 0), 0)
+
+    plans = []
     for lane_side in (0, 1):
         lane_s, row_s = strides[lane_side], strides[1 - lane_side]
-        lane_axis = next((a for a in k.upcastable_dims if lane_s.get(k.rngs[a]) == 1 and k.rngs[a] not in row_s), None)
-        row_axis = next((a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s), None)
-        if lane_axis is None or row_axis is None:
+        lane_axes = [a for a in k.upcastable_dims if lane_s.get(k.rngs[a]) == 1 and k.rngs[a] not in row_s]
+        if not lane_axes:
             continue
-        # two whole vectors, else the largest divisor of the axis a vector holds (14 of 196, 7 of 49)
-        lanes = next((n for n in (lanes_max, 8, *range(lanes_max - 1, 3, -1)) if n <= lanes_max and shape[lane_axis] % n == 0), None)
-        rows = next((n for n in (rows_max, 4, 2) if n <= rows_max and shape[row_axis] % n == 0), None)
-        if lanes is None or rows is None:
+        lane_axis = max(lane_axes, key=lambda a: math.prod(lanes_of(a)))  # the first of the best
+        row_axes = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s]
+        if not row_axes or not lanes_of(lane_axis)[0]:
             continue
+        # the most rows, then the closest together (one cache line of broadcasts)
+        row_axis = max(row_axes, key=lambda a: (rows_of(a), -row_s[k.rngs[a]]))
+        if rows_of(row_axis):
+            plans.append((math.prod(lanes_of(lane_axis)), -lane_side, lane_axis, row_axis))
+    # the side with the most lanes (a convolution's output channels over a 7-pixel row); the first on a tie
+    for _, _, lane_axis, row_axis in sorted(plans, reverse=True):
+        (lanes, vectors), rows = lanes_of(lane_axis), rows_of(row_axis)
         tk = k.copy()
         try:
             row_rng = tk.rngs[row_axis]  # the lane upcasts renumber the axes, not this range
             outer, _ = tk.apply_opt(Opt(OptOps.UPCAST, lane_axis, lanes))
-            if outer in tk.rngs and (outer.vmax + 1) % 2 == 0:
+            if vectors == 2:
                 tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(outer), 2))
             tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(row_rng), rows))
         except KernelOptError:
@@ -105,12 +137,16 @@ def _thread(k: Scheduler, threads: int) -> None:
                     pass
 
 
+def vector_bytes(renderer: Renderer) -> int:
+    """The width of the vector registers kiln's CPU compiles for (16 if it does not say)."""
+    return int(renderer.device.properties.get("vector_bytes") or 16)  # type: ignore[attr-defined]
+
+
 def hand_coded_optimizations(k: Scheduler) -> Scheduler:
     """tinygrad's heuristic, with kiln's register tile first for contractions on kiln's CPU."""
     ren = k.ren
     if getattr(ren, "contraction_tiles", False):
-        props = ren.device.properties  # type: ignore[attr-defined]
-        tiled = contraction_tile(k, int(props.get("vector_bytes") or 16), ren.global_max[0])
+        tiled = contraction_tile(k, vector_bytes(ren), ren.global_max[0])
         if tiled is not None:
             return tiled
     return tinygrad_heuristic(k)
