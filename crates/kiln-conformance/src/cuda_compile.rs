@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output, cuda_renderer};
-use kiln_device::kiln_ir::DeviceSpec;
+use kiln_device::kiln_ir::{DeviceSpec, Scalar, Wmma};
 use kiln_device::{
     CacheConfig, CompiledSpec, Compiler, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer, Result,
 };
@@ -35,6 +35,37 @@ impl Compiler for CrossCompiler {
     fn fingerprint(&self) -> String {
         format!("{} | {}", self.cpu.fingerprint(), self.cuda.fingerprint())
     }
+}
+
+/// Every warp WMMA form ([`Wmma::warp_shapes`], tinygrad's `tc.cuda_sm80` list) in the
+/// conformance warp kernel ([`crate::suite::matrix::warp_kernel`]), rendered as CUDA C++ and
+/// compiled to PTX and an [`ARCH`] cubin: the `mma.sync` spellings checked by NVRTC and
+/// ptxas without a GPU. (The `cuda-compile` device itself is the CPU's, which refuses the
+/// warp forms, so its suite run cannot reach them.) Also checks that the CUDA renderer
+/// refuses the one-thread form with a render error.
+pub fn wmma_warp_shapes() -> crate::Outcome {
+    let cuda = CudaCompiler::new(ARCH, Output::Cubin)?;
+    let renderer = cuda_renderer(DeviceSpec::new("CUDA", 0));
+    for w in Wmma::warp_shapes() {
+        let sink = crate::suite::matrix::warp_kernel(w)?;
+        let name = format!("wmma_{}_{}_{}", w.shape_name(), w.input.name(), w.acc.name());
+        let spec = renderer.render(&sink, Some(&name))?;
+        crate::ensure!(
+            spec.src.contains(&format!("mma.sync.aligned.{}.row.col.", w.shape_name())),
+            "{w}: {}",
+            spec.src
+        );
+        cuda.ptx_and_cubin(&spec.src, &spec.name).map_err(|e| {
+            crate::Failure::Violation(format!("WMMA {w} does not compile for {ARCH}: {e}\n{}", spec.src))
+        })?;
+    }
+    let single = crate::suite::matrix::tile_kernel(Wmma::single(4, 4, 4, Scalar::F32, Scalar::F32))?;
+    crate::expect_err(
+        "the one-thread WMMA on CUDA",
+        renderer.render(&single, Some("wmma_single")),
+        |e| matches!(e, Error::Render(m) if m.contains("unsupported op WMMA")),
+    )?;
+    Ok(())
 }
 
 /// Opens the `cuda-compile` device: a fresh CPU device (its own allocator) with the cross

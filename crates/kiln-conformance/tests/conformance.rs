@@ -214,6 +214,14 @@ macro_rules! suite {
     };
 }
 
+/// The CUDA warp WMMA forms compiled to PTX and an sm_90 cubin (NVRTC and ptxas, no GPU),
+/// when the `cuda-compile` backend is present; required when `KILN_REQUIRE` names it.
+#[cfg(all(feature = "cpu", feature = "cuda"))]
+#[test]
+fn cuda_compile_wmma_warp_shapes() {
+    run("cuda-compile", "cuda_compile_wmma_warp_shapes", |_| kiln_conformance::cuda_compile::wmma_warp_shapes());
+}
+
 /// One line per backend: module name and backend name (as in `KILN_REQUIRE`); also lists
 /// every instantiated backend with its tests, for the check below.
 macro_rules! backends {

@@ -18,9 +18,11 @@
 use std::sync::Arc;
 
 use kiln_device::{Error, Result};
-use kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp, bf16_bits, f16_bits};
+use kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp, Wmma, bf16_bits, f16_bits};
 
-use crate::dialect::{Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator};
+use crate::dialect::{
+    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator, unsupported_wmma,
+};
 use crate::literal::{c_float_literal, int_literal, saturating_cast};
 
 /// A GPU language, in the spirit of tinygrad's `OpenCLRenderer`: the constants say how it
@@ -99,6 +101,17 @@ pub trait GpuLanguage {
             Scalar::F32 => "float",
             Scalar::F64 => "double",
         }
+    }
+
+    /// Registers the helper function of the WMMA form `w` (see [`Dialect::wmma`]) and
+    /// returns its name; `types` are the C types of the A, B and C (= D) fragments, as the
+    /// dialect spells them (structs of an array `v` where the width is not native). The
+    /// default refuses: a language without a matrix-unit instruction kiln renders.
+    ///
+    /// # Errors
+    /// [`Error::Render`] (through [`unsupported_wmma`]) naming the form.
+    fn wmma(w: &Wmma, _types: [&str; 3], _p: &mut Prelude) -> Result<String> {
+        Err(unsupported_wmma(w, "this language has no matrix-unit instruction that kiln renders"))
     }
 
     /// `e` converted from float `from` to integer `to`, saturating, NaN to 0 (Rust's `as`).
@@ -493,6 +506,12 @@ impl<L: GpuLanguage> Dialect for Gpu<L> {
 
     fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<String> {
         Ok(format!("{} {} {name}[{len}]", L::SHARED, self.memory_type(s, p)))
+    }
+
+    fn wmma(&self, w: &Wmma, args: &[String; 3], p: &mut Prelude) -> Result<String> {
+        let [a, b, c] = w.operand_dtypes().map(|dt| self.value_type(dt, p));
+        let name = L::wmma(w, [&a, &b, &c], p)?;
+        Ok(format!("{name}({}, {}, {})", args[0], args[1], args[2]))
     }
 
     fn barrier(&self, _p: &mut Prelude) -> Result<String> {

@@ -223,6 +223,7 @@ impl DeviceInfo {
             max_work_group_size: Some(self.max_threads_per_block as usize),
             max_work_group_dims: Some(self.max_block_dims.map(|d| d as usize)),
             local_memory_bytes: Some(self.max_shared_memory_per_block as usize),
+            wmma: renderer::cuda_wmma_forms(self.arch.major, self.arch.minor),
             ..DeviceProperties::default()
         }
     }

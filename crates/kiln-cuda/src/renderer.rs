@@ -20,9 +20,12 @@
 //!   other than 0/1 in a bool buffer reads as `true`, never as an invalid `bool`.
 //! - float → integer casts saturate and map NaN to 0 with explicit compares (a C++ cast of an
 //!   out-of-range float is undefined behaviour the optimizer may exploit).
+//! - WMMA's warp forms ([`Wmma::WARP_SHAPES`]) are one inline-PTX `mma.sync.aligned` each
+//!   (see [`CudaCpp::wmma`]); the one-thread form is the CPU's and is refused.
 
-use kiln_cstyle::{CStyle, Gpu, GpuLanguage};
-use kiln_device::kiln_ir::DeviceSpec;
+use kiln_cstyle::{CStyle, Gpu, GpuLanguage, Prelude, unsupported_wmma};
+use kiln_device::Result;
+use kiln_device::kiln_ir::{DeviceSpec, Scalar, Wmma};
 
 /// CUDA C++ as data for the GPU dialect ([`kiln_cstyle::gpu`]).
 #[derive(Debug, Clone, Copy, Default)]
@@ -34,6 +37,38 @@ pub type CudaDialect = Gpu<CudaCpp>;
 /// Renders kernels as CUDA C++. The source does not depend on the GPU: the architecture is
 /// the compiler's business, so one rendering serves every CUDA device.
 pub type CudaRenderer = CStyle<CudaDialect>;
+
+/// The WMMA forms a CUDA device of compute capability `major.minor` runs with `mma.sync`:
+/// every warp form on sm_80 and later; the m16n8k8 f16 forms on sm_75 (Turing); none before.
+pub fn cuda_wmma_forms(major: u32, minor: u32) -> Vec<Wmma> {
+    let sm = major * 10 + minor;
+    Wmma::warp_shapes().into_iter().filter(|w| sm >= 80 || (sm >= 75 && w.k == 8 && w.input == Scalar::F16)).collect()
+}
+
+/// The PTX type of an `mma.sync` operand of `s`; f32 inputs are tf32.
+fn ptx_type(s: Scalar, input: bool) -> &'static str {
+    match s {
+        Scalar::F16 => "f16",
+        Scalar::BF16 => "bf16",
+        _ if input => "tf32",
+        _ => "f32",
+    }
+}
+
+/// The 32-bit registers of fragment `frag` (elements of `s`, `elems` of them) as `"r"`
+/// operands: two 16-bit elements per register, the lower-indexed in the low half (PTX's
+/// `.f16x2`/`.bf16x2` packing), or one f32's bits (tf32 reads the top 19 of them).
+fn packed_registers(frag: &str, s: Scalar, elems: usize) -> Vec<String> {
+    if s.size() == 2 {
+        (0..elems / 2)
+            .map(|j| {
+                format!("\"r\"((unsigned int){frag}.v[{}] | ((unsigned int){frag}.v[{}] << 16))", 2 * j, 2 * j + 1)
+            })
+            .collect()
+    } else {
+        (0..elems).map(|j| format!("\"r\"(__float_as_uint({frag}.v[{j}]))")).collect()
+    }
+}
 
 /// The renderer for the CUDA device `device`.
 pub fn cuda_renderer(device: DeviceSpec) -> CudaRenderer {
@@ -99,6 +134,72 @@ static __device__ __forceinline__ unsigned short kiln_f32_to_f16(float f) {
   a += 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
   return (unsigned short)(s | (a >> 13));
 }";
+    /// `kiln_wmma_<shape>_<input>_<acc>`: one `mma.sync.aligned.<shape>.row.col` on the
+    /// warp's fragments, whose lanes [`kiln_device::kiln_ir::wmma`] lays out as the PTX ISA
+    /// does for these shapes (A row-major, B column-major: `.row.col`). The fragments are kiln's
+    /// struct vectors; their 16-bit elements are packed two per register, an f32 accumulator
+    /// is four `"f"` registers, an f16 one two packed `"r"` registers unpacked after the
+    /// instruction. The sum's order and internal precision are the hardware's, and tf32
+    /// inputs keep only their top 19 bits.
+    fn wmma(w: &Wmma, types: [&str; 3], p: &mut Prelude) -> Result<String> {
+        if w.threads != 32 {
+            return Err(unsupported_wmma(
+                w,
+                "CUDA renders the 32-thread warp forms with mma.sync; the one-thread form is the CPU's",
+            ));
+        }
+        if let Some(why) = w.check() {
+            return Err(unsupported_wmma(w, &why));
+        }
+        let name = format!("kiln_wmma_{}_{}_{}", w.shape_name(), w.input.name(), w.acc.name());
+        let def = name.clone();
+        let [at, bt, ct] = types;
+        p.need(&name, |_| {
+            let a = packed_registers("a", w.input, w.a_elems());
+            let b = packed_registers("b", w.input, w.b_elems());
+            let (outputs, c, unpack): (Vec<String>, Vec<String>, String) = if w.acc == Scalar::F32 {
+                let outs = (0..w.c_elems()).map(|i| format!("\"=f\"(d.v[{i}])")).collect();
+                (outs, (0..w.c_elems()).map(|i| format!("\"f\"(c.v[{i}])")).collect(), String::new())
+            } else {
+                let regs = w.c_elems() / 2;
+                let outs = (0..regs).map(|i| format!("\"=r\"(r[{i}])")).collect();
+                let unpack = (0..w.c_elems())
+                    .map(|i| format!("  d.v[{i}] = (unsigned short)(r[{}] >> {});\n", i / 2, 16 * (i % 2)))
+                    .collect::<String>();
+                (outs, packed_registers("c", w.acc, w.c_elems()), format!("  unsigned int r[{regs}];\n{unpack}"))
+            };
+            let mut next = 0;
+            let mut group = |n: usize| {
+                let g: Vec<String> = (next..next + n).map(|i| format!("%{i}")).collect();
+                next += n;
+                format!("{{{}}}", g.join(", "))
+            };
+            let (gd, ga, gb, gc) = (group(outputs.len()), group(a.len()), group(b.len()), group(c.len()));
+            let instr = format!(
+                "mma.sync.aligned.{}.row.col.{}.{}.{}.{}",
+                w.shape_name(),
+                ptx_type(w.acc, false),
+                ptx_type(w.input, true),
+                ptx_type(w.input, true),
+                ptx_type(w.acc, false)
+            );
+            // The unpacking of an f16 D goes after the asm; its register array before it.
+            let (decl, after) = match unpack.split_once('\n') {
+                Some((decl, after)) if !unpack.is_empty() => (format!("{decl}\n"), after.to_string()),
+                _ => (String::new(), String::new()),
+            };
+            let inputs: Vec<String> = a.into_iter().chain(b).chain(c).collect();
+            format!(
+                "/* WMMA {w}: D = A·B + C on the warp's mma.sync fragments. */\n\
+                 static __device__ __forceinline__ {ct} {def}({at} a, {bt} b, {ct} c) {{\n  {ct} d;\n{decl}  \
+                 asm(\"{instr} {gd}, {ga}, {gb}, {gc};\"\n      : {}\n      : {});\n{after}  return d;\n}}",
+                outputs.join(", "),
+                inputs.join(", ")
+            )
+        });
+        Ok(name)
+    }
+
     /// One rounding from double: the double is first rounded to float with round-to-odd
     /// (`__double2float_rz` plus a sticky bit), which makes the second rounding exact.
     const F64_TO_F16: &'static str = "\
@@ -165,5 +266,47 @@ mod tests {
         assert_eq!(d.math(MathFn::Fma, Scalar::F32, &["a".into(), "b".into(), "c".into()], &mut p), "fmaf(a, b, c)");
         assert_eq!(d.cast("x", Scalar::F32, Scalar::I8, &mut p), "kiln_f32_to_i8(x)");
         assert!(p.items().iter().any(|i| i.contains("x != x ? (signed char)0 : x <= (-128.0f) ? (-128)")));
+    }
+
+    /// Each warp form is one mma.sync with tinygrad's operand types and register counts.
+    #[test]
+    fn wmma_warp_forms_are_one_mma_sync_each() {
+        use kiln_device::kiln_ir::Wmma;
+        for (w, instr, regs) in Wmma::warp_shapes()
+            .into_iter()
+            .zip([
+                (
+                    "m16n8k16.row.col.f32.f16.f16.f32",
+                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13}",
+                ),
+                (
+                    "m16n8k16.row.col.f32.bf16.bf16.f32",
+                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13}",
+                ),
+                ("m16n8k16.row.col.f16.f16.f16.f16", "{%0, %1}, {%2, %3, %4, %5}, {%6, %7}, {%8, %9}"),
+                ("m16n8k8.row.col.f32.f16.f16.f32", "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10}"),
+                ("m16n8k8.row.col.f16.f16.f16.f16", "{%0, %1}, {%2, %3}, {%4}, {%5, %6}"),
+                (
+                    "m16n8k8.row.col.f32.tf32.tf32.f32",
+                    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13}",
+                ),
+            ])
+            .map(|(w, (i, r))| (w, i, r))
+        {
+            let mut k = KernelBuilder::new();
+            let [a, b, c] = w.operand_dtypes();
+            let lane = k.special("lidx0", 32);
+            let frag = |k: &mut KernelBuilder, slot: usize, dt: DType| {
+                let p = k.param(slot, dt.scalar().unwrap_or(Scalar::F32), 32 * dt.width() as i64);
+                p.at_vec(&(&lane * dt.width() as i64), dt.width())
+            };
+            let (pa, pb, pc) = (frag(&mut k, 0, a), frag(&mut k, 1, b), frag(&mut k, 2, c));
+            k.store(&pc, &pa.load().wmma(&pb.load(), &pc.load(), w));
+            let src = render(&k.finish().unwrap());
+            assert!(src.contains(&format!("asm(\"mma.sync.aligned.{instr} {regs};\"")), "{w}:\n{src}");
+        }
+        assert_eq!(cuda_wmma_forms(9, 0).len(), 6);
+        assert_eq!(cuda_wmma_forms(7, 5).iter().map(|w| (w.k, w.input)).collect::<Vec<_>>(), [(8, Scalar::F16); 2]);
+        assert!(cuda_wmma_forms(7, 0).is_empty());
     }
 }
