@@ -39,7 +39,7 @@
 //!   END BIND AFTER INDEX LOAD STORE DEFINE_ACC ASSIGN NEG NOT SQRT RECIP EXP2 LOG2 EXP LOG SIN
 //!   COS TRUNC ABS ADD SUB MUL DIV IDIV MOD MAX MIN POW AND OR XOR SHL SHR CMPLT CMPLE CMPEQ CMPNE
 //!   WHERE MULACC CAST BITCAST VECTORIZE GEP PROGRAM DEVICE LINEAR SOURCE BINARY DEFINE_LOCAL
-//!   BARRIER IF ENDIF`.
+//!   BARRIER IF ENDIF WMMA`.
 //! - `dtype` is the node's value type: `void`, a scalar (`bool i8 i16 i32 i64 u8 u16 u32 u64
 //!   f16 bf16 f32 f64`), a vector `f32x4` (2 to 64 lanes), or a pointer `ptr<f32>` /
 //!   `ptr<f32x4>` (global) or `lptr<f32>` (local). It may be left out only on SINK, STORE,
@@ -69,6 +69,7 @@
 //! | PROGRAM | optional kernel name | `PROGRAM void "add" (%sink, %dev, %src)` |
 //! | DEVICE | `device` and a device name | `DEVICE void device CUDA:1` |
 //! | BINARY | bytes in hex | `BINARY void 0x7f454c46` |
+//! | WMMA | shape, input and accumulator dtypes, threads ([`crate::Wmma`]) | `WMMA f32x4 m16n8k16 f16 f32 threads 32 (%a, %b, %c)` |
 //! | every other op | none | `ADD f32 (%x, %y)` |
 //!
 //! Literals:
