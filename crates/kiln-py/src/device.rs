@@ -164,7 +164,9 @@ impl PyDevice {
 
     /// What kernel generators may rely on: `isa`, `vector_bytes`, `l1d_bytes`, `l2_bytes`,
     /// `l3_bytes`, `max_work_group_size`, `max_work_group_dims`, `local_memory_bytes` (each
-    /// `None` when unknown or, for the work-group ones, on a device without work groups).
+    /// `None` when unknown or, for the work-group ones, on a device without work groups), and
+    /// `wmma`: the matrix-multiply-accumulate forms the device renders, each
+    /// `(m, n, k, input dtype, accumulator dtype, threads)`.
     #[getter]
     fn properties<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.get()?.properties();
@@ -177,6 +179,9 @@ impl PyDevice {
         d.set_item("max_work_group_size", p.max_work_group_size)?;
         d.set_item("max_work_group_dims", p.max_work_group_dims)?;
         d.set_item("local_memory_bytes", p.local_memory_bytes)?;
+        let wmma: Vec<(u16, u16, u16, String, String, u16)> =
+            p.wmma.iter().map(|w| (w.m, w.n, w.k, w.input.to_string(), w.acc.to_string(), w.threads)).collect();
+        d.set_item("wmma", wmma)?;
         Ok(d)
     }
 

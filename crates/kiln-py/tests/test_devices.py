@@ -21,8 +21,11 @@ def test_device_properties_and_statistics(dev):
     assert dev.name == "CPU" and "C compiler" in dev.description
     props = dev.properties
     work_groups = {"max_work_group_size", "max_work_group_dims", "local_memory_bytes"}
-    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes"} | work_groups
+    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes", "wmma"} | work_groups
     assert props["vector_bytes"] is None or props["vector_bytes"] >= 16
+    # the CPU's matrix-multiply-accumulate forms: one thread, f32 accumulators among them
+    assert props["wmma"] and all(len(f) == 6 and f[5] == 1 for f in props["wmma"]), props["wmma"]
+    assert any(f[3:5] == ("f32", "f32") for f in props["wmma"]), props["wmma"]
     assert all(props[k] is None for k in work_groups), "kiln's CPU has no work groups"
     before = dev.memory_stats()
     assert set(before) == {"in_use", "cached", "high_water", "hits", "misses", "budget"}
@@ -40,6 +43,8 @@ def test_gpu_properties_give_the_work_group_limits(backend):
     size, dims, local = props["max_work_group_size"], props["max_work_group_dims"], props["local_memory_bytes"]
     assert size >= 1 and len(dims) == 3 and all(d >= 1 for d in dims), props
     assert local >= 16 << 10, props  # OpenCL 1.0's full profile and WebGPU have 16 KiB, CUDA 48 KiB
+    # OpenCL C and WGSL have no matrix instruction kiln renders (CUDA: mma.sync from sm_75)
+    assert backend == "CUDA" or props["wmma"] == [], props["wmma"]
 
 
 def test_a_device_name_is_parsed_by_kiln():

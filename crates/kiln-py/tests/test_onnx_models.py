@@ -71,35 +71,57 @@ def test_inputs_with_unknown_dimensions_take_any_size(tmp_path):
 
 
 def test_ungrouped_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, monkeypatch):
-    """`kiln.tinygrad.onnx_layout`: on kiln's CPU, the weights of each ungrouped Conv are stored
+    """`kiln.tinygrad.layout`: on kiln's CPU, the weights of each ungrouped Conv are stored
     in blocks of output channels (the grouped one keeps ONNX's order); the results stay
     onnxruntime's."""
     import numpy as np
     import onnx
-    from kiln.tinygrad import onnx_layout
+    from kiln.tinygrad import layout
     from onnx import TensorProto, helper, numpy_helper
     from tinygrad import Device, Tensor
     from tinygrad.nn.onnx import OnnxRunner
 
     reordered = []
-    reorder = onnx_layout.reorder_conv_weights
-    monkeypatch.setattr(onnx_layout, "reorder_conv_weights", lambda r, b: reordered.append(reorder(r, b)))
+    reorder = layout.reorder_conv_weights
+    monkeypatch.setattr(layout, "reorder_conv_weights", lambda r, b: reordered.append(reorder(r, b)))
     rng = np.random.default_rng(48)
-    w = numpy_helper.from_array(rng.standard_normal((64, 8, 3, 3)).astype(np.float32), "w")
+    w = numpy_helper.from_array(rng.standard_normal((64, 4, 3, 3)).astype(np.float32), "w")
     dw = numpy_helper.from_array(rng.standard_normal((64, 1, 3, 3)).astype(np.float32), "dw")
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("Conv", ["h", "dw"], ["y"], pads=[1, 1, 1, 1], group=64),
     ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 14, 14])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 14, 14])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])
     graph = helper.make_graph(nodes, "g", [x], [y], initializer=[w, dw])
     path = tmp_path / "convs.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    data = rng.standard_normal((1, 8, 14, 14)).astype(np.float32)
+    data = rng.standard_normal((1, 4, 14, 14)).astype(np.float32)
     _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
     with Context(DEV=DEV):
         got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
         cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
     assert reordered == ([1] if cpu else [])
     np.testing.assert_allclose(got, want["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_empty_constant_tensors_load(tmp_path):
+    """`kiln.tinygrad.onnx_tensors`: a tensor with no elements and no data field (as paddle2onnx
+    writes PP-OCRv4's detector) loads as an empty tensor."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    from tinygrad import Tensor
+    from tinygrad.nn.onnx import OnnxRunner
+
+    empty = helper.make_tensor("e", TensorProto.FLOAT, [0], [])
+    assert not any(empty.HasField(f) for f in ("raw_data",)) and not empty.float_data
+    nodes = [helper.make_node("Constant", [], ["e"], value=empty), helper.make_node("Concat", ["x", "e"], ["y"], axis=0)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)]),
+              str(tmp_path / "empty.onnx"))
+    data = np.arange(4, dtype=np.float32)
+    with Context(DEV=DEV):
+        got = OnnxRunner(str(tmp_path / "empty.onnx"))({"x": Tensor(data)})["y"].numpy()
+    np.testing.assert_array_equal(got, data)

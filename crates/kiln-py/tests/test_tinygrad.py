@@ -55,6 +55,44 @@ def test_gpu_renderers_take_work_group_limits_from_the_device(backend):
     assert renderer.shared_max == min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
 
 
+def test_cuda_declares_tinygrads_tensor_cores_that_kiln_renders():
+    """`declared_tensor_cores`: kiln's CUDA WMMA forms (sm_80: the six of `mma.sync`) are
+    exactly tinygrad's `tc.cuda_sm80`; a form kiln lacks (fp8) is not declared."""
+    from kiln.tinygrad.device import declared_tensor_cores
+    from tinygrad.codegen.opt import tc
+
+    sm80 = [(16, 8, 16, i, o, 32) for i, o in [("f16", "f32"), ("bf16", "f32"), ("f16", "f16")]]
+    sm80 += [(16, 8, 8, "f16", "f32", 32), (16, 8, 8, "f16", "f16", 32), (16, 8, 8, "f32", "f32", 32)]
+    assert declared_tensor_cores(sm80) == tc.cuda_sm80
+    assert declared_tensor_cores(sm80[3:5]) == tc.cuda_sm75
+    assert declared_tensor_cores([]) == []
+
+
+@pytest.mark.skipif(BACKEND != "CUDA", reason="tensor cores: kiln's CUDA backend on a GPU")
+def test_half_matmul_runs_on_tensor_cores():
+    sources = []
+    compiler = Device[Device.DEFAULT].compiler
+    compile_ = compiler.compile
+    compiler.compile = lambda src: sources.append(src) or compile_(src)
+    try:
+        a, b = rand(64, 96, seed=50).astype(np.float16), rand(96, 32, seed=51).astype(np.float16)
+        with Context(CACHELEVEL=0):
+            out = (t(a).matmul(t(b), dtype=dtypes.float32)).numpy()
+    finally:
+        compiler.compile = compile_
+    np.testing.assert_allclose(out, a.astype(np.float32) @ b.astype(np.float32), rtol=1e-2, atol=1e-2)
+    assert any("WMMA" in s for s in sources), "no kernel used kiln's WMMA"
+
+
+def test_a_kernel_tinygrad_cached_runs_again_after_a_device_reset():
+    """A `KilnProgram` from before `kiln.Device.reset()` loads its kernel again into the new
+    generation (tinygrad keeps programs across it) instead of failing with DeviceLostError."""
+    x = rand(37, seed=54)
+    np.testing.assert_array_equal((t(x) * 3).numpy(), x * 3)
+    Device[Device.DEFAULT].kiln.reset()
+    np.testing.assert_array_equal((t(x) * 3).numpy(), x * 3)
+
+
 def test_smoke():
     assert (t([1, 2, 3]) + 1).tolist() == [2, 3, 4]
 
@@ -184,9 +222,9 @@ def test_conv2d_with_padding():
 )
 def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape):
     """Every contraction gets a tile, and the results stay those of the reference: convolutions
-    with ONNX's weight order and with `kiln.tinygrad.onnx_layout.blocked` (output channels as
+    with ONNX's weight order and with `kiln.tinygrad.layout.blocked` (output channels as
     lanes, also where the image is 7 wide, strided, or 7×7-windowed with padding)."""
-    from kiln.tinygrad import onnx_layout, tile
+    from kiln.tinygrad import layout, tile
 
     tiled = []
     choose = tile.contraction_tile
@@ -199,7 +237,7 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
         pad, stride, hw = k // 2, 2 if "stride2" in shape else 1, 7 if "_7x7" in shape else 14
         x, w = rand(1, 8, hw, hw, seed=42), rand(64, 8, k, k, seed=43)
         blocked = shape.startswith("blocked")
-        weight = (lambda: onnx_layout.blocked(t(w), 32)) if blocked else (lambda: t(w))
+        weight = (lambda: layout.blocked(t(w), 0, 32)) if blocked else (lambda: t(w))
         run = lambda: t(x).conv2d(weight(), padding=pad, stride=stride).numpy()  # noqa: E731
         want = conv2d_reference(x, w, pad)[:, :, ::stride, ::stride]
     with Context(CACHELEVEL=0, PARALLEL=0):  # compiled here, by the patched heuristic
@@ -212,16 +250,35 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
 
 @pytest.mark.parametrize("cout,block", [(64, 32), (24, 32)])
 def test_blocked_weights_keep_their_values_in_blocks_of_output_channels(cout, block):
-    """`onnx_layout.blocked`: the same tensor, stored [cout/block, cin, kh, kw, block]; all of
+    """`layout.blocked`: the same tensor, stored [cout/block, cin, kh, kw, block]; all of
     cout innermost where the block does not divide it."""
-    from kiln.tinygrad import onnx_layout
+    from kiln.tinygrad import layout
 
     w = rand(cout, 5, 3, 3, seed=47)
-    stored = onnx_layout.blocked(t(w), block).realize()
+    stored = layout.blocked(t(w), 0, block).realize()
     np.testing.assert_array_equal(stored.numpy(), w)
     b = block if cout % block == 0 else cout
     order = w.reshape(cout // b, b, 5, 3, 3).transpose(0, 2, 3, 4, 1).ravel()
     np.testing.assert_array_equal(np.frombuffer(stored.uop.base.buffer.as_memoryview(), np.float32), order)
+
+
+@pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
+@pytest.mark.parametrize("rows,packed", [(64, True), (4, False)])
+def test_a_matrix_products_right_operand_is_packed_in_column_blocks(monkeypatch, rows, packed):
+    """`compat.dot`: with at least `layout.MIN_ROWS` rows on the left, the right operand is
+    stored [N/32, K, 32] (blocked along its columns) before the product; the product is exact."""
+    from kiln.tinygrad import layout
+
+    seen = []
+    pack = layout.pack_columns
+    monkeypatch.setattr(layout, "pack_columns", lambda *a: seen.append(r := pack(*a)) or r)
+    a, b = rand(rows, 40, seed=52), rand(40, 96, seed=53)
+    out = (t(a) @ t(b)).numpy()
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    assert [r is not None for r in seen] == [packed]
+    if packed:
+        stored = seen[0].uop.base.buffer.as_memoryview()
+        np.testing.assert_array_equal(np.frombuffer(stored, np.float32), b.reshape(40, 3, 32).transpose(1, 0, 2).ravel())
 
 
 def test_the_tile_leaves_other_reductions_to_tinygrad(monkeypatch):

@@ -107,7 +107,10 @@ class Device:
     def properties(self) -> dict[str, Any]:
         """``isa``, ``vector_bytes``, ``l1d_bytes``, ``l2_bytes``, ``l3_bytes``;
         ``max_work_group_size``, ``max_work_group_dims`` (x, y, z) and ``local_memory_bytes`` on
-        devices with work groups (OpenCL, CUDA). Each is ``None`` when unknown or absent."""
+        devices with work groups (OpenCL, CUDA). Each is ``None`` when unknown or absent.
+        ``wmma``: the matrix-multiply-accumulate forms (kiln's ``WMMA`` op) the device renders,
+        each ``(m, n, k, input dtype, accumulator dtype, threads)``, e.g.
+        ``(16, 8, 16, "f16", "f32", 32)`` on CUDA sm_80+; empty where it has none."""
     @property
     def generation(self) -> int:
         """0 when opened, +1 per ``reset()``; objects of an older generation raise ``DeviceLostError``."""

@@ -14,8 +14,12 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
 - `OnnxRunner._parse_input`, when `tinygrad.nn.onnx` is imported (the import hook of
   `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
   tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
+- `Tensor.dot` on kiln's CPU: the right operand of a large enough f32 matrix product is packed
+  in blocks of the register tile's columns first (`kiln.tinygrad.layout`).
+- `OnnxPBParser._parse_TensorProto`, likewise: a tensor with no elements and no data field (which
+  ONNX allows) loads as an empty tensor (`kiln.tinygrad.onnx_tensors`).
 - `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, the weights of ungrouped convolutions
-  are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.onnx_layout`).
+  are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
 
 `install` runs when `kiln.tinygrad.device` is imported, so tinygrad's compile worker processes
 (which import it to unpickle the renderer) get the changes too. Under another tinygrad version
@@ -31,10 +35,11 @@ from typing import Any
 from tinygrad import Device, Tensor
 from tinygrad.codegen.opt import heuristic, search
 
-from . import onnx_inputs, onnx_layout, tile
+from . import layout, onnx_inputs, onnx_tensors, tile
 
 TINYGRAD_VERSION = "0.14.0"
 tinygrad_cat = Tensor.cat
+tinygrad_dot = Tensor.dot
 
 
 def pinned() -> bool:
@@ -49,6 +54,22 @@ def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
     return tinygrad_cat(self, *args, dim=dim)
 
 
+def lane_block(renderer: Any) -> int:
+    """Two vectors of f32 lanes: the columns of one register tile on kiln's CPU."""
+    return 2 * tile.vector_bytes(renderer) // 4
+
+
+def dot(self: Tensor, w: Tensor, dtype: Any = None) -> Tensor:
+    """tinygrad's `Tensor.dot`, with a matrix product's right operand packed in blocks of the
+    register tile's columns on kiln's CPU (`kiln.tinygrad.layout.pack_columns`)."""
+    if isinstance(self.device, str) and self.device.split(":")[0] == "KILN":
+        renderer = Device[self.device].renderer
+        if getattr(renderer, "contraction_tiles", False):
+            packed = layout.pack_columns(self, w, lane_block(renderer))
+            w = w if packed is None else packed
+    return tinygrad_dot(self, w, dtype=dtype)
+
+
 def install() -> None:
     """Installs the changes above (idempotent)."""
     from . import beam  # it imports kiln.tinygrad.device, which calls this at its end
@@ -57,6 +78,7 @@ def install() -> None:
     if pinned():
         heuristic.hand_coded_optimizations = tile.hand_coded_optimizations
         Tensor.cat = cat  # type: ignore[method-assign]
+        Tensor.dot = dot  # type: ignore[method-assign]
 
 
 def install_onnx(onnx_module: ModuleType) -> None:
@@ -77,8 +99,9 @@ def install_onnx(onnx_module: ModuleType) -> None:
         init_from_graph(self, graph, *args, **kwargs)
         renderer = Device[Device.DEFAULT].renderer
         if getattr(renderer, "contraction_tiles", False):
-            # two vectors of f32 lanes: the output channels of one register tile
-            onnx_layout.reorder_conv_weights(self, 2 * tile.vector_bytes(renderer) // 4)
+            layout.reorder_conv_weights(self, lane_block(renderer))
 
     runner._init_from_graph = init_with_kiln_layout
     runner._kiln_installed = True
+    pb: Any = onnx_module.OnnxPBParser
+    pb._parse_TensorProto = onnx_tensors.parse_empty(pb._parse_TensorProto, lambda t: onnx_module.OnnxDataType(t).to_dtype())

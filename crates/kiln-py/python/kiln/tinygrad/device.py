@@ -22,6 +22,8 @@ import os
 import time
 from typing import Any, Optional, cast
 
+from tinygrad.codegen.opt import tc as tinygrad_tc
+from tinygrad.codegen.opt.tc import TensorCore
 from tinygrad.device import Allocator, BufferSpec, Compiled, CompileError, Compiler, TinyELF
 from tinygrad.device import Device as TinyDevice
 from tinygrad.engine.jit import GraphRunner
@@ -32,7 +34,7 @@ from tinygrad.uop.ops import KernelInfo, UOp
 
 import kiln
 
-from .render import ALU, Converter, Unsupported, render
+from .render import ALU, Converter, Unsupported, kiln_scalar, render
 
 # tinygrad's dtypes that kiln has (kiln's names in `kiln.DTYPES`)
 KILN_DTYPES = {
@@ -161,7 +163,28 @@ class KilnOpenCLRenderer(KilnGPURenderer):
 
 
 class KilnCUDARenderer(KilnGPURenderer):
+    """kiln's CUDA backend; tinygrad's tensor cores for CUDA (`tc.get_cuda` of the device's
+    architecture), those kiln's device renders as `WMMA` (`properties["wmma"]`: `mma.sync`)."""
+
     backend = "CUDA"
+
+    def __init__(self, target: Target):
+        super().__init__(target)
+        self.tensor_cores = declared_tensor_cores(self.device.properties.get("wmma") or [])
+
+
+def declared_tensor_cores(forms: list[tuple[int, int, int, str, str, int]]) -> list[TensorCore]:
+    """tinygrad's CUDA tensor cores (the newest architecture's list) that are among kiln's `WMMA`
+    forms `(m, n, k, input, accumulator, threads)`; tinygrad's dims are `(N, M, K)`."""
+    have = set(map(tuple, forms))
+
+    def form(tc: TensorCore) -> Optional[tuple[int, int, int, str, str, int]]:
+        try:
+            return (tc.dims[1], tc.dims[0], tc.dims[2], kiln_scalar(tc.dtype_in), kiln_scalar(tc.dtype_out), tc.threads)
+        except Unsupported:  # fp8, which kiln has no dtype for
+            return None
+
+    return [tc for tc in tinygrad_tc.get_cuda("sm_89") if form(tc) in have]
 
 
 class KilnWebGPURenderer(KilnGPURenderer):
@@ -225,8 +248,9 @@ class KilnProgram:
     own SPECIAL extents in kiln, so they are not passed again)."""
 
     def __init__(self, dev: KilnDevice, obj: TinyELF):
-        self.dev, self.name = dev, obj.name
-        self.kernel = dev.renderer.compiler.load(obj.lib.decode())
+        self.dev, self.name, self.source = dev, obj.name, obj.lib.decode()
+        self.kernel = dev.renderer.compiler.load(self.source)
+        self.generation = dev.kiln.generation
         # the signature lists the buffers (in the order tinygrad passes them) and then the variables
         self.dtypes = [dt for _, dt in sorted(self.kernel.params)]
         nbufs = len(self.dtypes)
@@ -241,6 +265,11 @@ class KilnProgram:
                  wait: bool = False, **kw: Any) -> Optional[float]:
         args = [bufs[i] for i in self.order]
         named = {n: v for n, v in zip(self.var_names, vals) if v is not None and n in self.wanted}
+        if self.generation != self.dev.kiln.generation:
+            # the device was reset since this kernel was loaded (tinygrad keeps programs in its
+            # caches across that): load it again, into the device's generation
+            self.kernel = self.dev.renderer.compiler.load(self.source)
+            self.generation = self.dev.kiln.generation
         try:
             if wait:
                 st = time.perf_counter()

@@ -392,6 +392,11 @@ class Converter:
             if not effects:
                 raise Unsupported("kernel without stores")
             return g.node("SINK", "void", None, effects)
+        elif op is Ops.WMMA:
+            # tinygrad's arg: (name, (N, M, K), dtype_in, dtype_out, device, threads, upcasts, reduces)
+            (n, m, k), dtype_in, dtype_out, threads = u.arg[1], u.arg[2], u.arg[3], u.arg[5]
+            form = f"m{m}n{n}k{k} {kiln_scalar(dtype_in)} {kiln_scalar(dtype_out)} threads {threads}"
+            self.m[u] = g.node("WMMA", self.dtype_of(u), form, [self.val(s) for s in u.src])
         elif op in ALU:
             srcs = [self.val(s) for s in u.src]
             if op in COMPARISONS:
