@@ -70,39 +70,50 @@ def test_inputs_with_unknown_dimensions_take_any_size(tmp_path):
     np.testing.assert_array_equal(got, np.maximum(data, 0))
 
 
-def test_ungrouped_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, monkeypatch):
-    """`kiln.tinygrad.layout`: on kiln's CPU, the weights of each ungrouped Conv are stored
-    in blocks of output channels (the grouped one keeps ONNX's order); the results stay
-    onnxruntime's."""
+def test_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, monkeypatch):
+    """On kiln's CPU: `kiln.tinygrad.layout` stores the weights of an ungrouped Conv and of one
+    with 32 output channels per group in blocks of output channels (a depthwise one keeps ONNX's
+    order), and both get register tiles; a GlobalMaxPool's input is realized, so the convolution
+    before it is not fused into the pooling. The results stay onnxruntime's."""
     import numpy as np
     import onnx
-    from kiln.tinygrad import layout
+    from kiln.tinygrad import layout, tile
     from onnx import TensorProto, helper, numpy_helper
     from tinygrad import Device, Tensor
     from tinygrad.nn.onnx import OnnxRunner
+    from tinygrad.uop.ops import Ops
 
-    reordered = []
-    reorder = layout.reorder_conv_weights
+    reordered, tiles = [], []
+    reorder, choose = layout.reorder_conv_weights, tile.contraction_tile
     monkeypatch.setattr(layout, "reorder_conv_weights", lambda r, b: reordered.append(reorder(r, b)))
+    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
     rng = np.random.default_rng(48)
-    w = numpy_helper.from_array(rng.standard_normal((64, 4, 3, 3)).astype(np.float32), "w")
-    dw = numpy_helper.from_array(rng.standard_normal((64, 1, 3, 3)).astype(np.float32), "dw")
+    weights = {"w": (64, 4, 3, 3), "gw": (64, 32, 3, 3), "dw": (64, 1, 3, 3)}
+    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in weights.items()]
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("Conv", ["h", "dw"], ["y"], pads=[1, 1, 1, 1], group=64),
+        helper.make_node("Conv", ["h", "gw"], ["g"], pads=[1, 1, 1, 1], group=2),
+        helper.make_node("Conv", ["g", "dw"], ["d"], pads=[1, 1, 1, 1], group=64),
+        helper.make_node("GlobalMaxPool", ["d"], ["y"]),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 14, 14])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])
-    graph = helper.make_graph(nodes, "g", [x], [y], initializer=[w, dw])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 1, 1])
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=init)
     path = tmp_path / "convs.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     data = rng.standard_normal((1, 4, 14, 14)).astype(np.float32)
     _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
-    with Context(DEV=DEV):
+    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
         got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
         cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
-    assert reordered == ([1] if cpu else [])
     np.testing.assert_allclose(got, want["y"], rtol=1e-4, atol=1e-4)
+    if cpu:
+        assert reordered == [2]
+        kernels = [(k.full_shape, k.reduceop.arg[0], r is not None) for k, r in tiles if k.reduceop is not None]
+        # the ungrouped and the grouped convolution get tiles (the depthwise one has no row axis),
+        # and the pooling is a kernel of its own: a max over the realized 64×7×7 output
+        assert [tiled for _, _, tiled in kernels] == [True, True, False, False], kernels
+        assert kernels[-1][:2] == ([64, 49], Ops.MAX), kernels
 
 
 def test_empty_constant_tensors_load(tmp_path):

@@ -10,7 +10,9 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   a realized tensor), then tinygrad's `cat` copies them. tinygrad otherwise fuses a concatenation
   into the kernels that produce its inputs, and a convolution concatenated to earlier channels (a
   DenseNet layer, an Inception block) then runs its reduction for every channel of the result,
-  the earlier ones masked off: DenseNet-121 ran 4.7× slower on kiln's CPU that way.
+  the earlier ones masked off: DenseNet-121 ran 4.7× slower on kiln's CPU that way. On kiln's CPU
+  the concatenation is realized too: a convolution reading it otherwise loads each element
+  through a choice between the inputs, and gets no register tile (SqueezeNet's fire modules).
 - `OnnxRunner._parse_input`, when `tinygrad.nn.onnx` is imported (the import hook of
   `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
   tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
@@ -18,6 +20,10 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   in blocks of the register tile's columns first (`kiln.tinygrad.layout`).
 - `OnnxPBParser._parse_TensorProto`, likewise: a tensor with no elements and no data field (which
   ONNX allows) loads as an empty tensor (`kiln.tinygrad.onnx_tensors`).
+- ONNX's `GlobalAveragePool` and `GlobalMaxPool` (`onnx_ops`), likewise: on kiln's CPU their input
+  is realized first. tinygrad otherwise fuses the convolution before them into the pooling
+  kernel, a sum nested in another reduction, which gets no register tile (magika's one
+  convolution ran at 12 GFLOP/s that way, SqueezeNet's last at 15).
 - `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, the weights of ungrouped convolutions
   are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
 
@@ -30,7 +36,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, Optional
 
 from tinygrad import Device, Tensor
 from tinygrad.codegen.opt import heuristic, search
@@ -40,6 +46,7 @@ from . import layout, onnx_inputs, onnx_tensors, tile
 TINYGRAD_VERSION = "0.14.0"
 tinygrad_cat = Tensor.cat
 tinygrad_dot = Tensor.dot
+GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 
 
 def pinned() -> bool:
@@ -48,10 +55,12 @@ def pinned() -> bool:
 
 
 def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-    """tinygrad's `Tensor.cat`, with the inputs realized first on kiln's devices."""
-    if isinstance(self.device, str) and self.device.split(":")[0] == "KILN":
-        self, args = self.contiguous(), tuple(a.contiguous() for a in args)
-    return tinygrad_cat(self, *args, dim=dim)
+    """tinygrad's `Tensor.cat`, with the inputs realized first on kiln's devices, and on kiln's
+    CPU the result too."""
+    if not (isinstance(self.device, str) and self.device.split(":")[0] == "KILN"):
+        return tinygrad_cat(self, *args, dim=dim)
+    out = tinygrad_cat(self.contiguous(), *(a.contiguous() for a in args), dim=dim)
+    return out.contiguous() if tiling_renderer(self.device) is not None else out
 
 
 def lane_block(renderer: Any) -> int:
@@ -59,15 +68,31 @@ def lane_block(renderer: Any) -> int:
     return 2 * tile.vector_bytes(renderer) // 4
 
 
+def tiling_renderer(device: Any) -> Optional[Any]:
+    """The renderer of `device` if it is kiln's CPU (a renderer with `contraction_tiles`)."""
+    if not (isinstance(device, str) and device.split(":")[0] == "KILN"):
+        return None
+    renderer = Device[device].renderer
+    return renderer if getattr(renderer, "contraction_tiles", False) else None
+
+
 def dot(self: Tensor, w: Tensor, dtype: Any = None) -> Tensor:
     """tinygrad's `Tensor.dot`, with a matrix product's right operand packed in blocks of the
     register tile's columns on kiln's CPU (`kiln.tinygrad.layout.pack_columns`)."""
-    if isinstance(self.device, str) and self.device.split(":")[0] == "KILN":
-        renderer = Device[self.device].renderer
-        if getattr(renderer, "contraction_tiles", False):
-            packed = layout.pack_columns(self, w, lane_block(renderer))
-            w = w if packed is None else packed
+    renderer = tiling_renderer(self.device)
+    if renderer is not None:
+        packed = layout.pack_columns(self, w, lane_block(renderer))
+        w = w if packed is None else packed
     return tinygrad_dot(self, w, dtype=dtype)
+
+
+def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """An ONNX global pooling op whose input is realized first on kiln's CPU."""
+
+    def pool_realized(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return pool(x.contiguous() if tiling_renderer(x.device) is not None else x, *args, **kwargs)
+
+    return pool_realized
 
 
 def install() -> None:
@@ -103,5 +128,9 @@ def install_onnx(onnx_module: ModuleType) -> None:
 
     runner._init_from_graph = init_with_kiln_layout
     runner._kiln_installed = True
+    ops = onnx_module.onnx_ops  # the dict every OnnxRunner looks its ops up in
+    for name in GLOBAL_POOLS:
+        if callable(ops.get(name)):
+            ops[name] = realized_input(ops[name])
     pb: Any = onnx_module.OnnxPBParser
     pb._parse_TensorProto = onnx_tensors.parse_empty(pb._parse_TensorProto, lambda t: onnx_module.OnnxDataType(t).to_dtype())

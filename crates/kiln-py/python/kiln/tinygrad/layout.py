@@ -10,8 +10,8 @@ that every step falls in the same cache set and in another page, and a tile's pa
 stay in L1. `blocked` stores the operand with the lane axis split into blocks of the tile's
 lanes, the block outermost and its lanes innermost: a panel is then one contiguous run.
 
-- `reorder_conv_weights` (ONNX models: `OnnxRunner._init_from_graph`): the weights of ungrouped
-  convolutions, `[cout, cin, kh, kw]` in ONNX, are stored `[cout/32, cin, kh, kw, 32]`. The output
+- `reorder_conv_weights` (ONNX models: `OnnxRunner._init_from_graph`): the weights of convolutions
+  (ungrouped, or with a multiple of the block per group), `[cout, cin, kh, kw]` in ONNX, are stored `[cout/32, cin, kh, kw, 32]`. The output
   channels become the lanes of every convolution (a 7×7 image gives whole vectors, a strided
   window a tile at all), and ONNX initializers are constants, so the copy is made once, on the
   first call, and later calls read it.
@@ -45,19 +45,19 @@ def blocked(t: Tensor, axis: int, block: int) -> Tensor:
 
 
 def reorder_conv_weights(runner: Any, block: int) -> int:
-    """Stores each initializer that an ungrouped `Conv` of an `OnnxRunner` reads as its weight
-    blocked along its output channels; returns how many it reordered. A weight another node also
-    reads is the same tensor to it."""
+    """Stores each initializer that a `Conv` of an `OnnxRunner` reads as its weight blocked along
+    its output channels, where the block divides each group's; returns how many it reordered. A
+    weight another node also reads is the same tensor to it."""
     values = runner.graph_values
-    names = {
-        node.inputs[1]
-        for node in runner.graph_nodes
-        if node.op == "Conv" and len(node.inputs) > 1 and node.opts.get("group", 1) == 1
-    }
+    groups = {node.inputs[1]: node.opts.get("group", 1) for node in runner.graph_nodes if node.op == "Conv" and len(node.inputs) > 1}
     done = 0
-    for name in sorted(names):
+    for name, group in sorted(groups.items()):
         weight = values.get(name)
-        if isinstance(weight, Tensor) and weight.ndim >= 3:
+        if not isinstance(weight, Tensor) or weight.ndim < 3:
+            continue
+        # a grouped convolution gets blocks within its groups (a depthwise one none: each output
+        # channel reads its own input channel, so the image varies along the lanes too)
+        if group == 1 or (isinstance(weight.shape[0], int) and (weight.shape[0] // group) % block == 0):
             values[name] = blocked(weight, 0, block)
             done += 1
     return done

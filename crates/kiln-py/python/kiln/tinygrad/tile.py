@@ -65,13 +65,17 @@ def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
 def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[Scheduler]:
     """The register tile for a sum-of-products kernel, or None (then tinygrad's heuristic runs).
 
-    Lanes: an output axis along which one operand has stride 1 and the other stride 0, upcast by
-    two vectors' lanes (one where the axis is too short; where a vector does not divide it, the
-    largest divisor of at least 4 lanes that a vector holds: kiln splits 14 lanes into 8, 4, 2).
-    Rows: an output axis the other operand varies along and the lane operand does not, upcast by
-    8 rows (4 where vectors are narrower than 64 bytes): 8×2 accumulators of 16 lanes, kiln's
-    own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Then the CPU threads split the first
-    output loop that divides evenly."""
+    Lanes: an output axis along which one operand has stride 1 and the other does not vary,
+    upcast by two vectors' lanes (one where the axis is too short; where a vector does not divide
+    it, the largest divisor of at least 4 lanes that a vector holds: kiln splits 14 lanes into 8,
+    4, 2). Where both operands offer such an axis (a convolution: the image's width, and the
+    output channels of weights stored by `kiln.tinygrad.layout`), the one with more lanes wins.
+    Rows: an output axis the other operand varies along (through a strided window's divisions
+    too) and the lane operand does not, upcast by the largest divisor up to 8 rows (4 where
+    vectors are narrower than 64 bytes), the closest-together axis on a tie: 8×2 accumulators of
+    16 lanes, kiln's own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Then the CPU threads
+    split the first output loop that divides evenly; where none does, fewer rows (down to half)
+    may make one."""
     red = k.reduceop  # the first reduction picks the axes; the tile serves every one of them
     if red is None or red.arg[0] is not Ops.ADD:
         return None
@@ -109,32 +113,39 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         if rows_of(row_axis):
             plans.append((math.prod(lanes_of(lane_axis)), -lane_side, lane_axis, row_axis))
     # the side with the most lanes (a convolution's output channels over a 7-pixel row); the first on a tie
+    unthreaded = None
     for _, _, lane_axis, row_axis in sorted(plans, reverse=True):
-        (lanes, vectors), rows = lanes_of(lane_axis), rows_of(row_axis)
-        tk = k.copy()
-        try:
-            row_rng = tk.rngs[row_axis]  # the lane upcasts renumber the axes, not this range
-            outer, _ = tk.apply_opt(Opt(OptOps.UPCAST, lane_axis, lanes))
-            if vectors == 2:
-                tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(outer), 2))
-            tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(row_rng), rows))
-        except KernelOptError:
-            continue
-        _thread(tk, threads)
-        return tk
-    return None
+        (lanes, vectors), most = lanes_of(lane_axis), rows_of(row_axis)
+        # the most rows, else fewer where that lets the threads split the outputs evenly
+        for rows in (n for n in range(most, max(most // 2, 2) - 1, -1) if shape[row_axis] % n == 0):
+            tk = k.copy()
+            try:
+                row_rng = tk.rngs[row_axis]  # the lane upcasts renumber the axes, not this range
+                outer, _ = tk.apply_opt(Opt(OptOps.UPCAST, lane_axis, lanes))
+                if vectors == 2:
+                    tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(outer), 2))
+                tk.apply_opt(Opt(OptOps.UPCAST, tk.rngs.index(row_rng), rows))
+            except KernelOptError:
+                continue
+            if threads < 2 or _thread(tk, threads):
+                return tk
+            if unthreaded is None:
+                unthreaded = tk
+    return unthreaded
 
 
-def _thread(k: Scheduler, threads: int) -> None:
-    """Splits the first output loop that divides evenly over the most threads (up to `threads`)."""
+def _thread(k: Scheduler, threads: int) -> bool:
+    """Splits the first output loop that divides evenly over the most threads (up to `threads`);
+    False if none does."""
     for n in range(threads, 1, -1):
         for axis in k.axes_of(AxisType.WEAK):
             if k.full_shape[axis] % n == 0:
                 try:
                     k.apply_opt(Opt(OptOps.THREAD, axis, n))
-                    return
+                    return True
                 except KernelOptError:
                     pass
+    return False
 
 
 def vector_bytes(renderer: Renderer) -> int:
