@@ -58,6 +58,12 @@ struct Member {
 /// `vector_bytes` bytes (the target's widest vector register; runs shorter than two lanes
 /// stay scalar). Returns `root` itself when nothing matches.
 pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp> {
+    vectorize(root, vector_bytes).unwrap_or_else(|| root.clone())
+}
+
+/// The rewritten graph, or None where nothing changes (or a lookup the plan relies on fails,
+/// which would be a bug here: the graph is then left as it is rather than panicking).
+fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
     let topo = root.toposort();
     let mut users: HashMap<*const UOp, usize> = HashMap::new();
     for n in &topo {
@@ -68,7 +74,7 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
     let used = |n: &Arc<UOp>| users.get(&Arc::as_ptr(n)).copied().unwrap_or(0);
     let chains: Vec<Chain> = topo.iter().filter_map(|n| chain(n, &used)).collect();
     if chains.len() < 2 {
-        return root.clone();
+        return None;
     }
 
     // The operand shared by more accumulators is the broadcast one (a row of A), the other the
@@ -84,7 +90,8 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
     let mut order: Vec<Key> = Vec::new();
     for (ci, c) in chains.iter().enumerate() {
         let [x, y] = &c.operands;
-        let (shared, lane_op) = if sharers[&Arc::as_ptr(y)] > sharers[&Arc::as_ptr(x)] { (y, x) } else { (x, y) };
+        let shares = |o: &Arc<UOp>| sharers.get(&Arc::as_ptr(o)).copied().unwrap_or(0);
+        let (shared, lane_op) = if shares(y) > shares(x) { (y, x) } else { (x, y) };
         let Some(lane) = lane_of(lane_op) else { continue };
         let base = lane.base.as_ref().map_or(std::ptr::null(), Arc::as_ptr);
         let ranges = c.ranges.iter().map(Arc::as_ptr).collect();
@@ -101,7 +108,8 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
         topo.iter().filter(|n| n.op() == Op::DefineAcc).filter_map(|n| n.arg_int()).max().unwrap_or(-1) + 1;
     let mut plans: Vec<Vec<Member>> = Vec::new();
     for key in &order {
-        let mut members = std::mem::take(groups.get_mut(key).expect("every key has a group"));
+        let Some(group) = groups.get_mut(key) else { continue };
+        let mut members = std::mem::take(group);
         members.sort_by_key(|m| m.lane.offset);
         members.dedup_by_key(|m| m.lane.offset);
         let Some(scalar) = chains[members[0].chain].end.dtype().scalar() else { continue };
@@ -130,7 +138,7 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
         flush(&mut run);
     }
     if plans.is_empty() {
-        return root.clone();
+        return None;
     }
 
     // Rebuild bottom-up, in an order where every member of a plan comes after the inputs of all
@@ -145,9 +153,7 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
             inputs.insert(Arc::as_ptr(&chains[m.chain].end), all.clone());
         }
     }
-    let Some(order) = order_with(root, &inputs) else {
-        return root.clone();
-    };
+    let order = order_with(root, &inputs)?;
     let mut built: Vec<Option<Arc<UOp>>> = vec![None; plans.len()];
     let mut memo: HashMap<*const UOp, Arc<UOp>> = HashMap::new();
     for node in &order {
@@ -155,7 +161,7 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
             let vend = match &built[pi] {
                 Some(v) => v.clone(),
                 None => {
-                    let v = build_vector(&plans[pi], &chains, &memo, next_acc);
+                    let v = build_vector(&plans[pi], &chains, &memo, next_acc)?;
                     next_acc += chains[plans[pi][0].chain].ranges.len() as i64;
                     built[pi] = Some(v.clone());
                     v
@@ -163,14 +169,15 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
             };
             UOp::new(Op::Gep, node.dtype(), Arg::Int(lane as i64), vec![vend])
         } else {
-            let src: Vec<Arc<UOp>> = node.src().iter().map(|s| memo[&Arc::as_ptr(s)].clone()).collect();
+            let src: Vec<Arc<UOp>> =
+                node.src().iter().map(|s| memo.get(&Arc::as_ptr(s)).cloned()).collect::<Option<_>>()?;
             let changed = src.iter().zip(node.src()).any(|(a, b)| !Arc::ptr_eq(a, b));
             let rebuilt = if changed { node.with_src(src) } else { node.clone() };
             whole_vector(&rebuilt).unwrap_or(rebuilt)
         };
         memo.insert(Arc::as_ptr(node), new);
     }
-    memo[&Arc::as_ptr(root)].clone()
+    memo.get(&Arc::as_ptr(root)).cloned()
 }
 
 /// A post-order of the graph under `root` in which a node also comes after its `extra`
@@ -313,43 +320,43 @@ fn prev_power_of_two(n: usize) -> usize {
 
 /// The vector accumulator of one plan: `END(range, ASSIGN(vacc, MULACC(broadcast a, LOAD
 /// b[0..w], vacc)))` (nested as the scalar ones were), every input taken from `memo` (already
-/// rebuilt), the accumulators numbered from `id`.
-fn build_vector(plan: &[Member], chains: &[Chain], memo: &HashMap<*const UOp, Arc<UOp>>, id: i64) -> Arc<UOp> {
-    let get = |n: &Arc<UOp>| memo[&Arc::as_ptr(n)].clone();
-    let first = &chains[plan[0].chain];
+/// rebuilt), the accumulators numbered from `id`; None if an input is missing from `memo`.
+fn build_vector(plan: &[Member], chains: &[Chain], memo: &HashMap<*const UOp, Arc<UOp>>, id: i64) -> Option<Arc<UOp>> {
+    let get = |n: &Arc<UOp>| memo.get(&Arc::as_ptr(n)).cloned();
+    let first = &chains[plan.first()?.chain];
     let (shared, lane) = (&plan[0].shared, &plan[0].lane);
-    let scalar = first.end.dtype().scalar().expect("chains hold scalar values");
+    let scalar = first.end.dtype().scalar()?;
     let w = plan.len() as u8;
     let vt = DType::vec(scalar, w);
-    let ranges: Vec<Arc<UOp>> = first.ranges.iter().map(get).collect();
+    let ranges: Vec<Arc<UOp>> = first.ranges.iter().map(get).collect::<Option<_>>()?;
     let mut accs = Vec::with_capacity(ranges.len());
-    let mut start = UOp::new(Op::Vectorize, vt, Arg::None, vec![get(&first.init)]);
+    let mut start = UOp::new(Op::Vectorize, vt, Arg::None, vec![get(&first.init)?]);
     for (i, r) in (0..).zip(&ranges) {
         start = UOp::new(Op::DefineAcc, vt, Arg::Int(id + i), vec![start, r.clone()]);
         accs.push(start.clone());
     }
     let lanes = if plan.iter().all(|m| m.lane.plain) {
         let addr = match (&lane.base, lane.offset) {
-            (Some(b), 0) => get(b),
-            (Some(b), c) => UOp::new(Op::Add, lane.index, Arg::None, vec![get(b), UOp::const_int(lane.index, c)]),
+            (Some(b), 0) => get(b)?,
+            (Some(b), c) => UOp::new(Op::Add, lane.index, Arg::None, vec![get(b)?, UOp::const_int(lane.index, c)]),
             (None, c) => UOp::const_int(lane.index, c),
         };
-        let pointer = get(&lane.pointer);
+        let pointer = get(&lane.pointer)?;
         let ptr_dt = match pointer.dtype() {
             DType::Ptr { scalar, space, .. } => DType::Ptr { scalar, width: w, space },
             other => other,
         };
         UOp::new(Op::Load, vt, Arg::None, vec![UOp::new(Op::Index, ptr_dt, Arg::None, vec![pointer, addr])])
     } else {
-        UOp::new(Op::Vectorize, vt, Arg::None, plan.iter().map(|m| get(&m.lane.value)).collect())
+        UOp::new(Op::Vectorize, vt, Arg::None, plan.iter().map(|m| get(&m.lane.value)).collect::<Option<_>>()?)
     };
-    let broadcast = UOp::new(Op::Vectorize, vt, Arg::None, vec![get(shared)]);
+    let broadcast = UOp::new(Op::Vectorize, vt, Arg::None, vec![get(shared)?]);
     let mut value = UOp::new(Op::MulAcc, vt, Arg::None, vec![broadcast, lanes, start]);
     for (acc, r) in accs.into_iter().zip(ranges).rev() {
         let assign = UOp::new(Op::Assign, vt, Arg::None, vec![acc, value]);
         value = UOp::new(Op::End, vt, Arg::None, vec![r, assign]);
     }
-    value
+    Some(value)
 }
 
 /// `VECTORIZE(GEP(v, 0), ..., GEP(v, w-1))` of a `w`-lane `v` is `v`.
