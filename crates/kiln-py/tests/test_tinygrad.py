@@ -71,7 +71,7 @@ def test_cuda_declares_tinygrads_tensor_cores_that_kiln_renders():
 @pytest.mark.skipif(BACKEND != "CUDA", reason="tensor cores: kiln's CUDA backend on a GPU")
 def test_half_matmul_runs_on_tensor_cores():
     sources = []
-    compiler = Device[Device.DEFAULT].compiler
+    compiler = Device[DEV].compiler
     compile_ = compiler.compile
     compiler.compile = lambda src: sources.append(src) or compile_(src)
     try:
@@ -89,7 +89,7 @@ def test_a_kernel_tinygrad_cached_runs_again_after_a_device_reset():
     generation (tinygrad keeps programs across it) instead of failing with DeviceLostError."""
     x = rand(37, seed=54)
     np.testing.assert_array_equal((t(x) * 3).numpy(), x * 3)
-    Device[Device.DEFAULT].kiln.reset()
+    Device[DEV].kiln.reset()
     np.testing.assert_array_equal((t(x) * 3).numpy(), x * 3)
 
 

@@ -24,8 +24,8 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   is realized first. tinygrad otherwise fuses the convolution before them into the pooling
   kernel, a sum nested in another reduction, which gets no register tile (magika's one
   convolution ran at 12 GFLOP/s that way, SqueezeNet's last at 15).
-- `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, the weights of ungrouped convolutions
-  are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
+- `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, convolution weights are stored in
+  blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
 
 `install` runs when `kiln.tinygrad.device` is imported, so tinygrad's compile worker processes
 (which import it to unpickle the renderer) get the changes too. Under another tinygrad version
@@ -107,8 +107,8 @@ def install() -> None:
 
 
 def install_onnx(onnx_module: ModuleType) -> None:
-    """Wraps `OnnxRunner._parse_input` and `_init_from_graph` of a just-imported
-    `tinygrad.nn.onnx` (idempotent)."""
+    """Wraps `OnnxRunner._parse_input` and `_init_from_graph`, the global pools of `onnx_ops`
+    and `OnnxPBParser._parse_TensorProto` of a just-imported `tinygrad.nn.onnx` (idempotent)."""
     runner: Any = onnx_module.OnnxRunner
     if not pinned() or getattr(runner, "_kiln_installed", False):
         return
@@ -122,8 +122,8 @@ def install_onnx(onnx_module: ModuleType) -> None:
 
     def init_with_kiln_layout(self: Any, graph: dict, *args: Any, **kwargs: Any) -> None:
         init_from_graph(self, graph, *args, **kwargs)
-        renderer = Device[Device.DEFAULT].renderer
-        if getattr(renderer, "contraction_tiles", False):
+        renderer = tiling_renderer(Device.DEFAULT)
+        if renderer is not None:
             layout.reorder_conv_weights(self, lane_block(renderer))
 
     runner._init_from_graph = init_with_kiln_layout
