@@ -864,6 +864,35 @@ mod tests {
         }
     }
 
+    /// The bf16 and f16 WMMA micro-tiles use AVX512-BF16's `vdpbf16ps` and AVX512-FP16's
+    /// `vfmadd231ph` where the host has them, and a forced AVX-512 build (`x86-64-v4`, which
+    /// has neither) the portable f32 body.
+    #[test]
+    fn wmma_tiles_use_the_matrix_instructions_the_cpu_has() {
+        use crate::isa::{Isa, IsaTarget, MatrixUnits};
+        use kiln_device::Renderer;
+        use kiln_device::kiln_ir::{KernelBuilder, Scalar, Wmma};
+        let mut b = KernelBuilder::new();
+        for (slot, (input, acc)) in [(Scalar::BF16, Scalar::F32), (Scalar::F16, Scalar::F16)].into_iter().enumerate() {
+            let w = Wmma::single(4, 16, 4, input, acc);
+            let p = |b: &mut KernelBuilder, i: usize, s: Scalar| b.param(4 * slot + i, s, 64);
+            let (pa, pb, pc, pd) = (p(&mut b, 0, input), p(&mut b, 1, input), p(&mut b, 2, acc), p(&mut b, 3, acc));
+            let zero = kiln_device::kiln_ir::Val::int(0);
+            let (a, bb, c) = (pa.at_vec(&zero, 16).load(), pb.at_vec(&zero, 64).load(), pc.at_vec(&zero, 64).load());
+            b.store(&pd.at_vec(&zero, 64), &a.wmma(&bb, &c, w));
+        }
+        let src = crate::cpu_renderer().render(&b.finish().unwrap(), Some("k")).unwrap().src;
+        let cc = CCompiler::detect().unwrap();
+        let native = assembly(&cc, &src);
+        let units = MatrixUnits::of(IsaTarget::native());
+        assert_eq!(native.contains("vdpbf16ps"), units.avx512_bf16, "{units:?}");
+        assert_eq!(native.contains("vfmadd231ph"), units.avx512_fp16, "{units:?}");
+        if let Ok(avx512) = IsaTarget::force(Isa::Avx512) {
+            let forced = assembly(&cc.with_isa(avx512), &src);
+            assert!(!forced.contains("vdpbf16ps") && !forced.contains("vfmadd231ph"));
+        }
+    }
+
     #[test]
     fn kernels_include_no_system_header_and_declare_every_math_function() {
         use kiln_cstyle::MathFn;

@@ -110,6 +110,47 @@ impl fmt::Display for Isa {
     }
 }
 
+/// The matrix arithmetic a target has beyond its vector width, which the CPU's WMMA
+/// micro-tiles use where present (see `renderer::CpuDialect::native_wmma`). A forced
+/// instruction set has none: `-march=x86-64-v4` enables neither extension.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct MatrixUnits {
+    /// AVX512-BF16: `vdpbf16ps`, pairs of bf16 products added into f32.
+    pub avx512_bf16: bool,
+    /// AVX512-FP16: f16 arithmetic, `vfmadd231ph` among it.
+    pub avx512_fp16: bool,
+}
+
+impl MatrixUnits {
+    /// What `target` has: this CPU's units when it compiles for the host (`-march=native`),
+    /// none for a forced set.
+    pub fn of(target: IsaTarget) -> MatrixUnits {
+        if target.forced { MatrixUnits::default() } else { MatrixUnits::host() }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn host() -> MatrixUnits {
+        MatrixUnits {
+            avx512_bf16: is_x86_feature_detected!("avx512bf16"),
+            avx512_fp16: is_x86_feature_detected!("avx512fp16"),
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn host() -> MatrixUnits {
+        MatrixUnits::default()
+    }
+
+    /// `, AVX512-BF16, AVX512-FP16` for the device description (empty without either).
+    fn describe(self) -> String {
+        [(self.avx512_bf16, "AVX512-BF16"), (self.avx512_fp16, "AVX512-FP16")]
+            .iter()
+            .filter(|(has, _)| *has)
+            .map(|(_, name)| format!(", {name}"))
+            .collect()
+    }
+}
+
 /// Whether this process's CPU (and OS: AVX state saved on context switch) has x86 `feature`.
 #[cfg(target_arch = "x86_64")]
 fn host_has(feature: &str) -> bool {
@@ -307,6 +348,7 @@ pub fn describe(target: IsaTarget, caches: CacheSizes) -> String {
     if let Some(b) = target.isa.vector_bytes() {
         s += &format!(" ({b}-byte vectors{forced})");
     }
+    s += &MatrixUnits::of(target).describe();
     for (name, size) in [("L1d", caches.l1d), ("L2", caches.l2), ("L3", caches.l3)] {
         if let Some(size) = size {
             s += &format!(", {name} {}", kib(size));
@@ -415,7 +457,11 @@ mod tests {
         assert_eq!((p.l1d_bytes, p.l2_bytes, p.l3_bytes), (Some(32 << 10), Some(1 << 20), None));
         assert_eq!(describe(t, caches), "AVX2 (32-byte vectors, forced by KILN_CPU_ISA), L1d 32 KiB, L2 1 MiB");
         let native = IsaTarget { isa: Isa::Avx512, forced: false, by_env: false };
-        assert_eq!(describe(native, CacheSizes::default()), "AVX-512 (64-byte vectors)");
+        let units = MatrixUnits::of(native).describe();
+        assert_eq!(describe(native, CacheSizes::default()), format!("AVX-512 (64-byte vectors){units}"));
+        let both = MatrixUnits { avx512_bf16: true, avx512_fp16: true };
+        assert_eq!(both.describe(), ", AVX512-BF16, AVX512-FP16");
+        assert_eq!(MatrixUnits::of(t), MatrixUnits::default(), "a forced set has no extension");
         let device = IsaTarget { by_env: false, ..t };
         assert_eq!(describe(device, CacheSizes::default()), "AVX2 (32-byte vectors, this device's set)");
     }

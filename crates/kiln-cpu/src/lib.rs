@@ -63,7 +63,7 @@ use kiln_device::{
 pub use allocator::CpuAllocator;
 pub use compiler::{CC_ENV, CCompiler, COMPILE_TIMEOUT_ENV, DEFAULT_COMPILE_TIMEOUT};
 pub use guard::GuardPageAllocator;
-pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget};
+pub use isa::{CPU_ISA_ENV, CacheSizes, Isa, IsaTarget, MatrixUnits};
 pub use pool::Pool;
 pub use program::CpuProgram;
 pub use queue::{CpuQueue, CpuQueueFactory};

@@ -251,8 +251,8 @@ impl CpuDialect {
 /// The WMMA forms the CPU declares for a target whose widest vector register is
 /// `vector_bytes` bytes: the one-thread micro-tile `m4nLk4`, L the f32 lanes of one register
 /// (4 to 16), for f32→f32, f16→f32, bf16→f32, f16→f16 and bf16→bf16. Each row of D is one
-/// register of f32 accumulators. The renderer takes any one-thread shape whose fragments
-/// fit a vector; these are the ones a compiler should tile for.
+/// register of accumulators (f32, or f16 on AVX512-FP16). The renderer takes any one-thread
+/// shape whose fragments fit a vector; these are the ones a compiler should tile for.
 pub fn cpu_wmma_forms(vector_bytes: usize) -> Vec<Wmma> {
     let lanes = (vector_bytes / 4).clamp(4, 16) as u16;
     [
@@ -267,17 +267,27 @@ pub fn cpu_wmma_forms(vector_bytes: usize) -> Vec<Wmma> {
     .collect()
 }
 
+/// The preprocessor condition under which a WMMA helper uses AVX512-BF16's `vdpbf16ps`
+/// (GCC has `__builtin_shufflevector` from 12).
+const AVX512_BF16_GUARD: &str = "defined(__AVX512BF16__) && (defined(__clang__) || __GNUC__ >= 12)";
+/// The preprocessor condition under which a WMMA helper uses AVX512-FP16's `vfmadd231ph`.
+const AVX512_FP16_GUARD: &str = "defined(__AVX512FP16__)";
+
 impl CpuDialect {
     /// Registers `kiln_wmma_<shape>_<input>_<acc>`, the register micro-tile of the one-thread
-    /// WMMA `w`, and returns its name. The fragments are copied into f32 arrays (f16 and bf16
-    /// converted exactly, through `kiln_f16_to_f32`, which is a `_Float16` conversion where
-    /// the compiler has the type, or `kiln_bf16_to_f32`); each row of D is a vector of N f32
-    /// accumulators, started from C's row, and takes for k = 0, 1, ... one vector fused
-    /// multiply-add of A's element (broadcast) by B's row k, with the target's FMA
-    /// instructions at its vector width (`kiln_fma_f32xN`, a `fmaf` lane loop where the
-    /// target has none). Every element of D is thus the in-order fma chain of
-    /// [`kiln_device::kiln_ir::wmma`], rounded once to the accumulator dtype (to nearest
-    /// even): bit for bit the reference.
+    /// WMMA `w`, and returns its name.
+    ///
+    /// The portable body copies the fragments into f32 arrays (f16 and bf16 converted
+    /// exactly, through `kiln_f16_to_f32`, which is a `_Float16` conversion where the compiler
+    /// has the type, or `kiln_bf16_to_f32`); each row of D is a vector of N f32 accumulators,
+    /// started from C's row, and takes for k = 0, 1, ... one vector fused multiply-add of A's
+    /// element (broadcast) by B's row k, with the target's FMA instructions at its vector width
+    /// (`kiln_fma_f32xN`, a `fmaf` lane loop where the target has none). Every element of D is
+    /// thus the in-order fma chain of [`kiln_device::kiln_ir::wmma`], rounded once to the
+    /// accumulator dtype (to nearest even): bit for bit the reference.
+    ///
+    /// Where the target has a matrix instruction for the form, a body of its own comes first
+    /// under the preprocessor condition of that instruction set (see [`CpuDialect::native_wmma`]).
     fn wmma_helper(&self, w: &Wmma, p: &mut Prelude) -> String {
         let name = format!("kiln_wmma_{}_{}_{}", w.shape_name(), w.input.name(), w.acc.name());
         let def = name.clone();
@@ -305,25 +315,9 @@ impl CpuDialect {
             for (arr, src, count, s) in
                 [("av", "a", m * k, w.input), ("bv", "b", k * n, w.input), ("cv", "c", m * n, w.acc)]
             {
-                if s == Scalar::F32 {
-                    let _ = writeln!(body, "  float {arr}[{count}];\n  memcpy({arr}, &{src}, {});", count * 4);
-                } else {
-                    let conv = self.to_f32(&format!("{arr}_h[i]"), s, p);
-                    let _ = writeln!(
-                        body,
-                        "  uint16_t {arr}_h[{count}];\n  float {arr}[{count}];\n  memcpy({arr}_h, &{src}, {});\n  \
-                         for (int i = 0; i < {count}; i++) {arr}[i] = {conv};",
-                        count * 2
-                    );
-                }
+                let _ = writeln!(body, "{}", self.fragment_as_f32(arr, src, count, s, p));
             }
-            let store = if w.acc == Scalar::F32 {
-                format!("    memcpy(dv + i * {n}, &acc, {});", n * 4)
-            } else {
-                let lane = if n > 1 { "acc[j]" } else { "acc" };
-                let conv = self.from_f32(lane, w.acc, p);
-                format!("    for (int j = 0; j < {n}; j++) dv[i * {n} + j] = {conv};")
-            };
+            let store = self.store_row(w, p);
             let (dv_ty, dv_size) = if w.acc == Scalar::F32 { ("float", 4) } else { ("uint16_t", 2) };
             let _ = write!(
                 body,
@@ -336,14 +330,124 @@ impl CpuDialect {
                 mn = m * n,
                 nb = n * 4,
             );
+            let body = match self.native_wmma(w, &ct, p) {
+                Some((guard, native)) => format!("#if {guard}\n{native}#else\n{body}#endif\n"),
+                None => body,
+            };
             format!(
                 "/* WMMA {w}: D = A·B + C on row-major fragments; each element of D is C's, then one fused\n   \
-                 multiply-add per k in order, in f32, rounded once to {acc}. */\n\
+                 multiply-add per k in order, in f32, rounded once to {acc}{native}. */\n\
                  static inline {ct} {def}({at} a, {bt} b, {ct} c) {{\n{body}}}\n",
-                acc = w.acc
+                acc = w.acc,
+                native = self.native_wmma_note(w),
             )
         });
         name
+    }
+
+    /// `float {arr}[count]` holding the fragment `src` of `count` elements of dtype `s`.
+    fn fragment_as_f32(&self, arr: &str, src: &str, count: usize, s: Scalar, p: &mut Prelude) -> String {
+        if s == Scalar::F32 {
+            format!("  float {arr}[{count}];\n  memcpy({arr}, &{src}, {});", count * 4)
+        } else {
+            let conv = self.to_f32(&format!("{arr}_h[i]"), s, p);
+            format!(
+                "  uint16_t {arr}_h[{count}];\n  float {arr}[{count}];\n  memcpy({arr}_h, &{src}, {});\n  \
+                 for (int i = 0; i < {count}; i++) {arr}[i] = {conv};",
+                count * 2
+            )
+        }
+    }
+
+    /// The statement storing row `i` of f32 accumulators `acc` into `dv`, D's elements in the
+    /// accumulator dtype of `w`.
+    fn store_row(&self, w: &Wmma, p: &mut Prelude) -> String {
+        let n = w.n as usize;
+        if w.acc == Scalar::F32 {
+            format!("    memcpy(dv + i * {n}, &acc, {});", n * 4)
+        } else {
+            let lane = if n > 1 { "acc[j]" } else { "acc" };
+            let conv = self.from_f32(lane, w.acc, p);
+            format!("    for (int j = 0; j < {n}; j++) dv[i * {n} + j] = {conv};")
+        }
+    }
+
+    /// What the comment of a helper says of its native body, if it has one.
+    fn native_wmma_note(&self, w: &Wmma) -> &'static str {
+        match (w.input, w.acc, w.n, w.k % 2) {
+            (Scalar::BF16, _, 16, 0) => {
+                "; where the target has AVX512-BF16, vdpbf16ps adds k in pairs (odd k first) and reads \
+                 denormal inputs as zero, and flushes denormal sums to zero"
+            }
+            (Scalar::F16, Scalar::F16, 8 | 16 | 32, _) => {
+                "; where the target has AVX512-FP16, the multiply-adds are vfmadd231ph in f16, each k \
+                 rounded to f16"
+            }
+            _ => "",
+        }
+    }
+
+    /// The body of `w` on the target's matrix instructions, with the preprocessor condition it
+    /// needs, where it has one (the comment of [`CpuDialect::native_wmma_note`] says how it
+    /// rounds). `ct` is C's (and D's) type.
+    ///
+    /// - bf16 inputs, N = 16, even K: AVX512-BF16's `vdpbf16ps`. Each pair of B's rows is
+    ///   interleaved once (`b[k][n], b[k+1][n]` per 32-bit lane), each pair of A's elements
+    ///   broadcast as one 32-bit lane; a row of D is 16 f32 accumulators taking K/2 of them.
+    /// - f16 → f16, N of 8, 16 or 32 (one xmm, ymm or zmm of f16): AVX512-FP16's
+    ///   `vfmadd231ph`, a row of D being N f16 accumulators taking one fused multiply-add per k.
+    fn native_wmma(&self, w: &Wmma, ct: &str, p: &mut Prelude) -> Option<(&'static str, String)> {
+        let (m, n, k) = (w.m as usize, w.n as usize, w.k as usize);
+        match (w.input, w.acc, n, k % 2) {
+            (Scalar::BF16, _, 16, 0) => {
+                let row = self.vector_type(Scalar::F32, 16, p);
+                let pairs = self.vector_type(Scalar::U16, 32, p);
+                let pair = self.vector_type(Scalar::U32, 16, p);
+                let interleave: Vec<String> = (0..16).flat_map(|i| [i.to_string(), (i + 16).to_string()]).collect();
+                let (dv_ty, dv_size) = if w.acc == Scalar::F32 { ("float", 4) } else { ("uint16_t", 2) };
+                let body = format!(
+                    "  uint16_t ah[{mk}], bh[{kn}];\n  memcpy(ah, &a, {mk2});\n  memcpy(bh, &b, {kn2});\n{cv}\n  \
+                     {pairs} bp[{half}];\n  for (int j = 0; j < {half}; j++) {{\n    {pairs} rows;\n    \
+                     memcpy(&rows, bh + j * 32, 64);\n    bp[j] = __builtin_shufflevector(rows, rows, {idx});\n  }}\n  \
+                     {dv_ty} dv[{mn}];\n  for (int i = 0; i < {m}; i++) {{\n    {row} acc;\n    memcpy(&acc, cv + i * 16, 64);\n    \
+                     for (int j = 0; j < {half}; j++) {{\n      uint32_t a2;\n      memcpy(&a2, ah + i * {k} + 2 * j, 4);\n      \
+                     {pair} ap = ({pair}){{0}} + a2;\n      \
+                     __asm__(\"vdpbf16ps %2, %1, %0\" : \"+v\"(acc) : \"v\"(ap), \"v\"(bp[j]));\n    }}\n{store}\n  }}\n  \
+                     {ct} d;\n  memcpy(&d, dv, {dbytes});\n  return d;\n",
+                    mk = m * k,
+                    kn = k * n,
+                    mk2 = m * k * 2,
+                    kn2 = k * n * 2,
+                    cv = self.fragment_as_f32("cv", "c", m * n, w.acc, p),
+                    half = k / 2,
+                    idx = interleave.join(", "),
+                    mn = m * n,
+                    store = self.store_row(w, p),
+                    dbytes = m * n * dv_size,
+                );
+                Some((AVX512_BF16_GUARD, body))
+            }
+            (Scalar::F16, Scalar::F16, 8 | 16 | 32, _) => {
+                let row = self.vector_type(Scalar::U16, n as u8, p);
+                let body = format!(
+                    "  uint16_t ah[{mk}], bh[{kn}], dh[{mn}];\n  memcpy(ah, &a, {mk2});\n  memcpy(bh, &b, {kn2});\n  \
+                     memcpy(dh, &c, {mn2});\n  for (int i = 0; i < {m}; i++) {{\n    {row} acc;\n    \
+                     memcpy(&acc, dh + i * {n}, {n2});\n    for (int j = 0; j < {k}; j++) {{\n      {row} bk;\n      \
+                     memcpy(&bk, bh + j * {n}, {n2});\n      {row} ak = ({row}){{0}} + ah[i * {k} + j];\n      \
+                     __asm__(\"vfmadd231ph %2, %1, %0\" : \"+v\"(acc) : \"v\"(ak), \"v\"(bk));\n    }}\n    \
+                     memcpy(dh + i * {n}, &acc, {n2});\n  }}\n  {ct} d;\n  memcpy(&d, dh, {mn2});\n  return d;\n",
+                    mk = m * k,
+                    kn = k * n,
+                    mn = m * n,
+                    mk2 = m * k * 2,
+                    kn2 = k * n * 2,
+                    mn2 = m * n * 2,
+                    n2 = n * 2,
+                );
+                Some((AVX512_FP16_GUARD, body))
+            }
+            _ => None,
+        }
     }
 }
 

@@ -1143,3 +1143,18 @@ fn the_bounds_policy_picks_guard_or_refuse() {
     assert_eq!(buf.to_vec::<f32>().unwrap(), [0.0; 64], "a refused launch ran");
     strict.launch(&[&buf], &[4]).unwrap();
 }
+
+/// The WMMA micro-tiles with every compiler on `PATH`, at the native instruction set (with
+/// AVX512-BF16's and AVX512-FP16's instructions where this CPU has them) and at SSE2 (the
+/// portable body), against the conformance suite's reference.
+#[test]
+fn wmma_tiles_match_the_reference_with_every_compiler_and_isa() {
+    use Scalar::{BF16, F16, F32};
+    for dev in devices_per_compiler() {
+        for (input, acc) in [(F32, F32), (F16, F32), (BF16, F32), (F16, F16), (BF16, BF16)] {
+            if let Err(e) = kiln_conformance::suite::matrix::tile(&dev, input, acc) {
+                panic!("{input}→{acc} on {}: {e}", dev.description());
+            }
+        }
+    }
+}

@@ -22,10 +22,12 @@
 //!
 //! Arithmetic: every element of D is `C[m][n]` followed by one fused multiply-add per k, in
 //! increasing k, computed in f32 (f16 and bf16 inputs are exact in f32, and so is the
-//! product of two of them), then rounded once to the accumulator dtype. On the CPU that is
-//! exactly what runs. A GPU's matrix unit sums in an order and with internal precision of
-//! its own (and rounds f32 inputs of the tf32 shape to tf32): its results are within the
-//! accumulator's rounding of that reference, not equal to it.
+//! product of two of them), then rounded once to the accumulator dtype. The CPU's portable
+//! micro-tile is exactly that; its AVX512-BF16 and AVX512-FP16 instructions, like a GPU's
+//! matrix unit, are within one rounding of the accumulator per term. A GPU's matrix unit
+//! sums in an order and with internal precision of its own (and rounds f32 inputs of the tf32
+//! shape to tf32): its results are within the accumulator's rounding of that reference, not
+//! equal to it.
 
 use std::fmt;
 
