@@ -267,6 +267,15 @@ pub fn cpu_wmma_forms(vector_bytes: usize) -> Vec<Wmma> {
     .collect()
 }
 
+/// A WMMA helper's body on the target's matrix instructions (see [`CpuDialect::native_wmma`]).
+struct NativeWmma {
+    /// The preprocessor condition under which it replaces the portable body.
+    guard: &'static str,
+    /// How it rounds, for the helper's comment.
+    note: &'static str,
+    body: String,
+}
+
 /// The preprocessor condition under which a WMMA helper uses AVX512-BF16's `vdpbf16ps`
 /// (GCC has `__builtin_shufflevector` from 12).
 const AVX512_BF16_GUARD: &str = "defined(__AVX512BF16__) && (defined(__clang__) || __GNUC__ >= 12)";
@@ -330,16 +339,16 @@ impl CpuDialect {
                 mn = m * n,
                 nb = n * 4,
             );
-            let body = match self.native_wmma(w, &ct, p) {
-                Some((guard, native)) => format!("#if {guard}\n{native}#else\n{body}#endif\n"),
-                None => body,
+            let (body, note) = match self.native_wmma(w, &ct, p) {
+                Some(n) => (format!("#if {}\n{}#else\n{body}#endif\n", n.guard, n.body), n.note),
+                None => (body, ""),
             };
             format!(
                 "/* WMMA {w}: D = A·B + C on row-major fragments; each element of D is C's, then one fused\n   \
                  multiply-add per k in order, in f32, rounded once to {acc}{native}. */\n\
                  static inline {ct} {def}({at} a, {bt} b, {ct} c) {{\n{body}}}\n",
                 acc = w.acc,
-                native = self.native_wmma_note(w),
+                native = note,
             )
         });
         name
@@ -372,31 +381,16 @@ impl CpuDialect {
         }
     }
 
-    /// What the comment of a helper says of its native body, if it has one.
-    fn native_wmma_note(&self, w: &Wmma) -> &'static str {
-        match (w.input, w.acc, w.n, w.k % 2) {
-            (Scalar::BF16, _, 16, 0) => {
-                "; where the target has AVX512-BF16, vdpbf16ps adds k in pairs (odd k first) and reads \
-                 denormal inputs as zero, and flushes denormal sums to zero"
-            }
-            (Scalar::F16, Scalar::F16, 8 | 16 | 32, _) => {
-                "; where the target has AVX512-FP16, the multiply-adds are vfmadd231ph in f16, each k \
-                 rounded to f16"
-            }
-            _ => "",
-        }
-    }
-
-    /// The body of `w` on the target's matrix instructions, with the preprocessor condition it
-    /// needs, where it has one (the comment of [`CpuDialect::native_wmma_note`] says how it
-    /// rounds). `ct` is C's (and D's) type.
+    /// The body of `w` on the target's matrix instructions, where it has one, with the
+    /// preprocessor condition it needs and what the helper's comment says of how it rounds.
+    /// `ct` is C's (and D's) type.
     ///
     /// - bf16 inputs, N = 16, even K: AVX512-BF16's `vdpbf16ps`. Each pair of B's rows is
     ///   interleaved once (`b[k][n], b[k+1][n]` per 32-bit lane), each pair of A's elements
     ///   broadcast as one 32-bit lane; a row of D is 16 f32 accumulators taking K/2 of them.
     /// - f16 → f16, N of 8, 16 or 32 (one xmm, ymm or zmm of f16): AVX512-FP16's
     ///   `vfmadd231ph`, a row of D being N f16 accumulators taking one fused multiply-add per k.
-    fn native_wmma(&self, w: &Wmma, ct: &str, p: &mut Prelude) -> Option<(&'static str, String)> {
+    fn native_wmma(&self, w: &Wmma, ct: &str, p: &mut Prelude) -> Option<NativeWmma> {
         let (m, n, k) = (w.m as usize, w.n as usize, w.k as usize);
         match (w.input, w.acc, n, k % 2) {
             (Scalar::BF16, _, 16, 0) => {
@@ -425,7 +419,12 @@ impl CpuDialect {
                     store = self.store_row(w, p),
                     dbytes = m * n * dv_size,
                 );
-                Some((AVX512_BF16_GUARD, body))
+                Some(NativeWmma {
+                    guard: AVX512_BF16_GUARD,
+                    note: "; where the target has AVX512-BF16, vdpbf16ps adds k in pairs (odd k first), reads \
+                           denormal inputs as zero and flushes denormal sums to zero",
+                    body,
+                })
             }
             (Scalar::F16, Scalar::F16, 8 | 16 | 32, _) => {
                 let row = self.vector_type(Scalar::U16, n as u8, p);
@@ -444,7 +443,12 @@ impl CpuDialect {
                     mn2 = m * n * 2,
                     n2 = n * 2,
                 );
-                Some((AVX512_FP16_GUARD, body))
+                Some(NativeWmma {
+                    guard: AVX512_FP16_GUARD,
+                    note: "; where the target has AVX512-FP16, the multiply-adds are vfmadd231ph in f16, each k \
+                           rounded to f16",
+                    body,
+                })
             }
             _ => None,
         }
