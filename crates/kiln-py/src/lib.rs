@@ -3,9 +3,9 @@
 //! every object is shareable between threads, and every failure is a `kiln.Error` (Rust
 //! panics included).
 //!
-//! The package sits on top of kiln (see `docs/architecture.md`): it opens devices through
-//! the `kiln` command line's crate (which registers the backends of the features `cpu`,
-//! `opencl` and `cuda`), launches through `kiln-device` and replays through `kiln-runtime`;
+//! The package sits on top of kiln (see `docs/architecture.md`): it registers the backends
+//! through `kiln-backends` (those of its features, every one by default), launches through
+//! `kiln-device` and replays through `kiln-runtime`;
 //! the Rust crates below it know nothing of Python. Its modules: `device` (`kiln.Device`,
 //! `kiln.devices()`), `buffer` (`kiln.Buffer`: numpy copies, zero-copy views), `dlpack`
 //! (export and `kiln.from_dlpack`), `kernel` (`kiln.Kernel`), `plan` (`kiln.Plan`,
