@@ -166,6 +166,14 @@ def renderer_for(backend: str) -> type[KilnRenderer]:
     return type(f"Kiln{backend}Renderer", (KilnRenderer,), {"backend": backend})
 
 
+def __getattr__(name: str) -> type[KilnRenderer]:
+    """The classes `renderer_for` makes, by name (`KilnOPENCLRenderer`): pickle finds a class
+    by its module and name, and tinygrad pickles renderers for its compile workers."""
+    if name.startswith("Kiln") and name.endswith("Renderer") and len(name) > len("KilnRenderer"):
+        return renderer_for(name[len("Kiln") : -len("Renderer")])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def renderers() -> list[type[KilnRenderer]]:
     """A renderer for every backend the package registers, in registration order (kiln's CPU
     first: `DEV=KILN` runs there)."""
