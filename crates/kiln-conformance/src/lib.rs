@@ -12,15 +12,15 @@
 //! misbehaviour, so a caller (a test harness, a `kiln conformance` command) decides how to
 //! report it.
 //!
-//! Backends come from kiln-device's registry (plus the suite's own, see [`REGISTRATIONS`]) and
-//! are opened at run time ([`backend`]). Each has a [`Registration`]: its peer and the tests
-//! it does not support, with the reason. A test that cannot run (its backend is absent, or
+//! Backends come from kiln-device's registry (plus the suite's own, see [`OWN`]) and
+//! are opened at run time ([`backend`]). Each has a [`Registration`], which its backend
+//! crate exports: its peer and the tests it does not support, with the reason. A test that cannot run (its backend is absent, or
 //! unsupported there) writes `SKIPPED <test>: <reason>` to the test output (shown beside its
 //! `ok`), unless `KILN_REQUIRE` (a comma list such as `cpu,opencl`) names the backend: then
 //! an absent backend fails the test.
 //!
 //! The crate sits at the top of kiln next to the command line (see `docs/architecture.md`):
-//! it depends on every backend it is built with (features `cpu`, `opencl`, `cuda`) and on
+//! it depends on kiln-backends (whose features choose the backends it runs on) and on
 //! `kiln-runtime`, and nothing that ships depends on it. Beside the [`suite`] it holds the
 //! [`reference`](mod@reference) semantics every backend must reproduce (plain Rust),
 //! [`host`] values of every dtype with their buffer upload and download, and the small
@@ -46,7 +46,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln_device::kiln_ir::IrError;
 use kiln_device::{Device, DynQueueFactory, Error};
 
-#[cfg(all(feature = "cpu", feature = "cuda"))]
 pub mod cuda_compile;
 pub mod host;
 pub mod kernels;
@@ -133,63 +132,30 @@ impl Mismatches {
     }
 }
 
-/// How one backend runs the suite, in the style of IREE's CTS: its peer for the
-/// cross-device checks, and every test it does not support, each with the reason.
-#[derive(Debug, Clone, Copy)]
-pub struct Registration {
-    /// The backend's name as `KILN_REQUIRE` spells it (lower case): a registry backend's
-    /// name, or one the suite builds itself (`cpu-guarded`, `cuda-compile`).
-    pub name: &'static str,
-    /// The backend whose device the cross-device checks pair with this one.
-    pub peer: &'static str,
-    /// `(test, reason)`: the tests (by their function name in `tests/conformance.rs`) that
-    /// this backend reports as skipped, with why.
-    pub unsupported: &'static [(&'static str, &'static str)],
-}
+pub use kiln_device::Conformance as Registration;
 
-/// Why a backend whose devices are the CPU's cannot run `error_foreign_buffer`.
-const SAME_DEVICE_PEER: (&str, &str) =
-    ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
-
-/// Why the OpenCL backend skips the 8- and 16-lane f32 ALU checks: PoCL 3.1 (the driver CI
-/// runs) computes `sin` and `cos` of `float8`/`float16` wrongly for small inputs
-/// (sin(0.001) = 0.008, cos(0.001) = 0.99997), while its scalar and 4-lane forms are right.
-const POCL_VECTOR_SIN: &str = "PoCL 3.1's float8/float16 sin and cos are wrong for small inputs (sin(0.001) = 0.008); scalar and \
-     4-lane f32 are checked";
-
-/// Why the WebGPU backend skips `bitcasts_half`: WGSL reinterprets an f16 only as half of
-/// a `vec2<f16>` (naga's `bitcast` keeps the component count, so a lone f16 has no bitcast to
-/// an integer), and the way through its f32 value quiets a signalling NaN (f16 0xfc4d reads
-/// back as 0xfe4d). Every other f16 and bf16 bitcast of the group is exact.
-const WGSL_F16_BITS: &str = "WGSL cannot reinterpret a lone f16's bits; through f32, a signalling f16 NaN is quieted";
-
-/// Every backend the suite runs on, with its peer and the tests it does not support. A
-/// backend of the registry needs a line here and one line in `tests/conformance.rs`'s
-/// `backends!` (a test checks that every registered backend has both).
-///
-/// Two backends are the suite's own rather than the registry's: `cpu-guarded` is the CPU
-/// device over [`kiln_cpu::GuardPageAllocator`] (every contract again, with buffers that
-/// fault at the first byte past their end); `cuda-compile` is the CPU device whose compiler
-/// also compiles every kernel to PTX and an `sm_90` cubin ([`cuda_compile`]): the CUDA
-/// toolchain checked on every conformance kernel, no GPU needed.
-pub const REGISTRATIONS: &[Registration] = &[
-    Registration { name: "cpu", peer: "opencl", unsupported: &[] },
-    Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
-    Registration { name: "cpu-avx2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
-    Registration { name: "cpu-sse2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
-    Registration {
-        name: "opencl",
-        peer: "cpu",
-        unsupported: &[("alu_f32x8", POCL_VECTOR_SIN), ("alu_f32x16", POCL_VECTOR_SIN)],
-    },
-    Registration { name: "cuda", peer: "cpu", unsupported: &[] },
+/// The suite's own devices, beside the registry's: `cpu-guarded` is the CPU device over
+/// [`kiln_cpu::GuardPageAllocator`] (every contract again, with buffers that fault at the
+/// first byte past their end); `cuda-compile` is the CPU device whose compiler also compiles
+/// every kernel to PTX and an `sm_90` cubin ([`cuda_compile`]): the CUDA toolchain checked on
+/// every conformance kernel, no GPU needed. Each runs when this build registers the backends
+/// it is made of.
+pub const OWN: &[Registration] = &[
+    Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[kiln_cpu::SAME_DEVICE_PEER] },
     Registration { name: "cuda-compile", peer: "opencl", unsupported: &[] },
-    Registration { name: "webgpu", peer: "cpu", unsupported: &[("bitcasts_half", WGSL_F16_BITS)] },
 ];
+
+/// Every backend the suite runs on in this build, with its peer and the tests it does not
+/// support: each registry backend's own entry (its driver's, listed by kiln-backends) and the
+/// suite's [`OWN`]. Each needs one line in `tests/conformance.rs`'s `backends!` (a test checks
+/// that every registered backend has one).
+pub fn registrations() -> impl Iterator<Item = &'static Registration> {
+    kiln_backends::conformance().chain(OWN)
+}
 
 /// The registration of backend `name` (lower case).
 pub fn registration(name: &str) -> Option<&'static Registration> {
-    REGISTRATIONS.iter().find(|r| r.name == name)
+    registrations().find(|r| r.name == name)
 }
 
 /// Why backend `name` does not support `test`, when its registration lists it.
@@ -197,17 +163,19 @@ pub fn unsupported(name: &str, test: &str) -> Option<&'static str> {
     registration(name)?.unsupported.iter().find(|(t, _)| *t == test).map(|(_, why)| *why)
 }
 
-/// Registers every backend this build links with kiln-device's registry (the crate's `cpu`,
-/// `opencl` and `cuda` features). Idempotent.
+/// Registers every backend this build has with kiln-device's registry. Idempotent.
 pub fn register_backends() {
-    #[cfg(feature = "cpu")]
-    kiln_cpu::register();
-    #[cfg(feature = "opencl")]
-    kiln_opencl::register();
-    #[cfg(feature = "cuda")]
-    kiln_cuda::register();
-    #[cfg(feature = "webgpu")]
-    kiln_webgpu::register();
+    kiln_backends::register_all();
+}
+
+/// Whether the backends of the suite's own device `name` are registered: the CPU, and for
+/// `cuda-compile` CUDA as well.
+fn own_present(name: &str) -> bool {
+    let cpu = kiln_device::find_backend(kiln_cpu::BACKEND).is_some();
+    match name {
+        "cuda-compile" => cpu && kiln_device::find_backend(kiln_cuda::BACKEND).is_some(),
+        _ => cpu,
+    }
 }
 
 /// Opens a backend's first device, once per process: every later call returns the same
@@ -215,7 +183,7 @@ pub fn register_backends() {
 /// kernel cache. A registry backend is opened through [`kiln_device::open_device`].
 ///
 /// # Errors
-/// [`Error::Invalid`] for a name the suite does not know ([`REGISTRATIONS`]);
+/// [`Error::Invalid`] for a name the suite does not know ([`registrations`]);
 /// [`Error::Unavailable`] for one this build leaves out; the errors of opening it.
 pub fn open(name: &str) -> Result<Arc<Device>, Error> {
     type Opened = HashMap<String, Result<Arc<Device>, Error>>;
@@ -225,26 +193,28 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
         return r.clone();
     }
     register_backends();
+    let own = OWN.iter().any(|r| r.name == name);
     let r = match name {
-        #[cfg(feature = "cpu")]
+        _ if own && !own_present(name) => {
+            Err(Error::Unavailable(format!("this build of kiln-conformance leaves out a backend `{name}` is made of")))
+        }
         "cpu-guarded" => kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a))),
-        #[cfg(all(feature = "cpu", feature = "cuda"))]
         "cuda-compile" => cuda_compile::open(),
         _ if registration(name).is_some() && kiln_device::find_backend(name).is_some() => {
             kiln_device::open_device(name)
         }
-        _ if registration(name).is_some() => {
-            Err(Error::Unavailable(format!("this build of kiln-conformance leaves out the `{name}` backend")))
-        }
+        _ if kiln_backends::left_out().iter().any(|l| l.feature == name) => Err(Error::Unavailable(format!(
+            "this build of kiln-conformance leaves out the `{name}` backend (feature kiln-backends/{name})"
+        ))),
         _ => Err(Error::Invalid(format!("unknown backend `{name}` (known: {})", known().join(", ")))),
     };
     opened.insert(name.to_string(), r.clone());
     r
 }
 
-/// Every backend name the suite knows: [`REGISTRATIONS`]'s, lower case.
+/// Every backend name the suite knows in this build: [`registrations`]'s, lower case.
 pub fn known() -> Vec<&'static str> {
-    REGISTRATIONS.iter().map(|r| r.name).collect()
+    registrations().map(|r| r.name).collect()
 }
 
 /// The device of backend `name`, or `None` after reporting `test` as skipped with the
@@ -300,9 +270,10 @@ mod tests {
 
     #[test]
     fn unsupported_tests_have_reasons() {
-        assert_eq!(unsupported("cpu-guarded", SAME_DEVICE_PEER.0), Some(SAME_DEVICE_PEER.1));
-        assert_eq!(unsupported("cpu", SAME_DEVICE_PEER.0), None);
-        assert!(REGISTRATIONS.iter().flat_map(|r| r.unsupported).all(|(_, why)| !why.is_empty()));
+        let (test, why) = kiln_cpu::SAME_DEVICE_PEER;
+        assert_eq!(unsupported("cpu-guarded", test), Some(why));
+        assert_eq!(unsupported("cpu", test), None);
+        assert!(registrations().flat_map(|r| r.unsupported).all(|(_, why)| !why.is_empty()));
     }
 
     #[test]

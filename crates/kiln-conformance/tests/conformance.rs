@@ -2,8 +2,8 @@
 //!
 //! Every test body lives in `kiln_conformance::suite`; this file only lists them once
 //! (`suite!`) and instantiates the list per backend (`backends!`). Adding a backend is its
-//! registration in `kiln_conformance::REGISTRATIONS` (peer, unsupported tests) and one line
-//! in `backends!`; `every_registered_backend_runs_the_suite` fails until both exist. Adding a
+//! registration in its driver (`kiln_device::Conformance`: peer, unsupported tests) and one
+//! line in `backends!`; `every_registered_backend_runs_the_suite` fails until both exist. Adding a
 //! check is one line in the `suite!` list.
 //!
 //! A test whose backend is not present, or which its registration lists as unsupported,
@@ -216,7 +216,6 @@ macro_rules! suite {
 
 /// The CUDA warp WMMA forms compiled to PTX and an sm_90 cubin (NVRTC and ptxas, no GPU),
 /// when the `cuda-compile` backend is present; required when `KILN_REQUIRE` names it.
-#[cfg(all(feature = "cpu", feature = "cuda"))]
 #[test]
 fn cuda_compile_wmma_warp_shapes() {
     run("cuda-compile", "cuda_compile_wmma_warp_shapes", |_| kiln_conformance::cuda_compile::wmma_warp_shapes());
@@ -283,8 +282,7 @@ backends! {
     webgpu: "webgpu",
 }
 
-/// Every backend of the registry (in any build: a backend left out of this one is still
-/// listed in the suite's registrations) and of the suite's own runs the suite, every
+/// Every backend of the registry and of the suite's own runs the suite, every
 /// unsupported test a registration lists is a test of it, and `KILN_REQUIRE` names only
 /// backends the suite runs (a misspelt name would otherwise require nothing).
 #[test]
@@ -296,7 +294,7 @@ fn every_registered_backend_runs_the_suite() {
         assert!(kiln_conformance::registration(&name).is_some(), "registered backend `{name}` has no Registration");
         assert!(instantiated(&name).is_some(), "registered backend `{name}` has no line in backends!");
     }
-    for r in kiln_conformance::REGISTRATIONS {
+    for r in kiln_conformance::registrations() {
         let Some((_, single, pair)) = instantiated(r.name) else { panic!("`{}` has no line in backends!", r.name) };
         assert!(instantiated(r.peer).is_some(), "`{}`'s peer `{}` is not a backend of the suite", r.name, r.peer);
         for (test, _) in r.unsupported {

@@ -331,6 +331,7 @@ pub fn properties(target: IsaTarget, caches: CacheSizes) -> DeviceProperties {
         l2_bytes: caches.l2,
         l3_bytes: caches.l3,
         wmma: crate::renderer::cpu_wmma_forms(target.isa.vector_bytes().unwrap_or(16)),
+        threads: Some(crate::Pool::global().threads()),
         // no work groups or local memory
         ..DeviceProperties::default()
     }

@@ -183,6 +183,23 @@ pub fn register() {
     }
 }
 
+/// Why a backend whose devices are the CPU's cannot run `error_foreign_buffer`.
+pub const SAME_DEVICE_PEER: (&str, &str) =
+    ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
+
+/// The CPU backend's driver, for kiln-backends' list: the CPU and its [`ISA_BACKENDS`] (whose
+/// peer is the CPU itself), no offline target, no baseline of its own (the host's are the bench's).
+pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
+    register,
+    conformance: &[
+        kiln_device::Conformance { name: "cpu", peer: "opencl", unsupported: &[] },
+        kiln_device::Conformance { name: "cpu-avx2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
+        kiln_device::Conformance { name: "cpu-sse2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
+    ],
+    targets: &[],
+    baseline: kiln_device::no_baseline,
+};
+
 /// The CPU model name from `/proc/cpuinfo` (or the architecture when unavailable).
 pub fn cpu_model() -> String {
     cpuinfo()

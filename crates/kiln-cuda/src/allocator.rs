@@ -109,6 +109,11 @@ impl CudaAllocator {
 }
 
 impl Allocator for CudaAllocator {
+    /// DLPack's `kDLCUDA`.
+    fn dlpack_device_type(&self) -> Option<i32> {
+        Some(2)
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.cu.spec
     }

@@ -51,6 +51,8 @@
 //!   skeleton.
 //! - [`signal`]: timeline signals backed by CUDA events (the generic event ring).
 //! - [`graph`]: CUDA graphs, which an execution plan replays as one launch.
+//! - [`exports`]: the backend for the rest of kiln: registration, conformance entry, the
+//!   offline `cuda:sm_XY` target and its own bench baselines (cuBLAS, device copy).
 //! - `blas` (feature `cublas`): cuBLAS sgemm, the matmul baseline of `kiln bench`.
 //!
 //! # Contexts and threads
@@ -65,6 +67,7 @@ pub mod allocator;
 #[cfg(feature = "cublas")]
 pub mod blas;
 pub mod compiler;
+pub mod exports;
 pub mod graph;
 pub mod program;
 pub mod queue;
@@ -82,6 +85,7 @@ use kiln_device::{Device, DeviceParts, DeviceProperties, Error, LruAllocator, Re
 
 pub use allocator::CudaAllocator;
 pub use compiler::{Arch, CudaCompiler, Output};
+pub use exports::DRIVER;
 pub use graph::CudaGraphs;
 pub use program::CudaProgram;
 pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};

@@ -409,6 +409,10 @@ impl Allocator for LruAllocator {
         self.inner.is_host()
     }
 
+    fn dlpack_device_type(&self) -> Option<i32> {
+        self.inner.dlpack_device_type()
+    }
+
     fn stats(&self) -> AllocatorStats {
         let s = self.lock();
         AllocatorStats {

@@ -117,6 +117,12 @@ pub trait Allocator: Send + Sync {
         false
     }
 
+    /// The device type DLPack gives this memory when it is not host memory (`kDLCUDA` = 2,
+    /// `kDLOpenCL` = 4, ...), as its `__dlpack_device__` reports it; `None` where DLPack has none.
+    fn dlpack_device_type(&self) -> Option<i32> {
+        None
+    }
+
     /// A snapshot of the counters; all zero for allocators that keep none.
     fn stats(&self) -> AllocatorStats {
         AllocatorStats::default()

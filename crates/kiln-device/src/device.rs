@@ -48,6 +48,9 @@ pub struct DeviceProperties {
     /// a compiler can shape its matmuls around them (tinygrad's `tensor_cores`). A kernel
     /// with a WMMA the list lacks may be refused with [`Error::Render`]. Empty: none.
     pub wmma: Vec<Wmma>,
+    /// The threads a kernel's work is spread over on a host device (the CPU's core pool), so
+    /// that a host baseline can be given as many; `None` on devices that are not the host.
+    pub threads: Option<usize>,
 }
 
 impl DeviceProperties {

@@ -332,6 +332,10 @@ impl Allocator for FaultAllocator {
         self.inner.is_host()
     }
 
+    fn dlpack_device_type(&self) -> Option<i32> {
+        self.inner.dlpack_device_type()
+    }
+
     fn stats(&self) -> AllocatorStats {
         self.inner.stats()
     }

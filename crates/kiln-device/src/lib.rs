@@ -17,8 +17,9 @@
 //! A [`Device`] owns all of this for one backend device: it holds the [`DeviceParts`] a
 //! backend builds for each generation, and [`Device::reset`] recovers it after a fatal
 //! error. Backends register with the [`registry`] and are opened by name with
-//! [`open_device`]. Every failure is an [`Error`], and [`Error::class`] sorts it into an
-//! [`ErrorClass`] for a recovery policy.
+//! [`open_device`]; each backend crate describes itself to the rest of kiln as a [`Driver`].
+//! Every failure is an [`Error`], and [`Error::class`] sorts it into an [`ErrorClass`] for a
+//! recovery policy.
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -53,6 +54,7 @@ pub mod buffer;
 pub mod cache;
 pub mod context;
 pub mod device;
+pub mod driver;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
@@ -76,6 +78,7 @@ pub use buffer::{Allocator, AllocatorStats, Buffer, Element, MAX_BUFFER_BYTES, R
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
 pub use device::{Device, DeviceProperties, MAX_KERNEL_NAME};
+pub use driver::{Baseline, BaselineFn, BenchWork, Conformance, Driver, OfflineTarget, TargetOutput, no_baseline};
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphFactory, GraphLaunch, LaunchGraph};
 pub use guarded::{BOUNDS_ENV, BoundsPolicy, FaultWatch};

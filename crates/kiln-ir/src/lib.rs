@@ -60,7 +60,9 @@ pub use guard::{Guarded, GuardedAccess, guard};
 pub use linearize::{MAX_CHAIN_DEPTH, MAX_LOOPS, chain_depth, check_chain_depth, linearize};
 pub use outer::vectorize_outer_products;
 pub use symbolic::{eval_int, variables};
-pub use text::{MAX_KERNEL_FILE_BYTES, edit_distance, locate_node, parse, parse_kernel, print, read_kernel_file};
+pub use text::{
+    MAX_KERNEL_FILE_BYTES, edit_distance, entry_name, locate_node, parse, parse_kernel, print, read_kernel_file,
+};
 pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};
 pub use validate::{MAX_LOCAL_BYTES, validate};
 pub use wmma::Wmma;

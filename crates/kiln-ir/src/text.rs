@@ -210,6 +210,17 @@ pub fn read_kernel_file(path: &std::path::Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// The entry-point name of the kernel in file `path`: its stem made into a C identifier
+/// (`dir/my-kernel.kiln` → `my_kernel`); a name starting with a digit gets a `k_` prefix.
+pub fn entry_name(path: &std::path::Path) -> String {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut name: String = stem.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert_str(0, "k_");
+    }
+    name
+}
+
 /// Reads a graph written in the text format and returns its root (the node on the last
 /// line). Purely syntactic: the graph is not validated (use [`parse_kernel`] for that).
 /// Never panics.
@@ -1073,6 +1084,15 @@ mod tests {
     use super::*;
     use crate::dtype::{AddrSpace, Scalar};
     use crate::{KernelBuilder, Val};
+
+    #[test]
+    fn entry_names_are_c_identifiers() {
+        use std::path::Path;
+        assert_eq!(entry_name(Path::new("examples/kernels/add.kiln")), "add");
+        assert_eq!(entry_name(Path::new("my-kernel.v2.kiln")), "my_kernel_v2");
+        assert_eq!(entry_name(Path::new("2d.kiln")), "k_2d");
+        assert_eq!(entry_name(Path::new("")), "k_");
+    }
 
     /// Prints, parses back, and checks the result is the very same node and prints the same.
     fn round_trip(root: &Arc<UOp>) -> String {

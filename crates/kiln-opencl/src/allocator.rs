@@ -61,6 +61,11 @@ pub(crate) fn mem(ptr: RawPtr) -> cl_mem {
 }
 
 impl Allocator for OpenClAllocator {
+    /// DLPack's `kDLOpenCL`.
+    fn dlpack_device_type(&self) -> Option<i32> {
+        Some(4)
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.cl.spec
     }

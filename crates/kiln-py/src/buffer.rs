@@ -211,7 +211,8 @@ impl PyBuffer {
     }
 
     /// DLPack device: `(1, 0)` for host memory, `(2, n)` for CUDA device n, `(4, n)` for
-    /// OpenCL and `(15, n)` for WebGPU (whose memory `__dlpack__` does not export).
+    /// OpenCL, and for another backend the type its allocator names (memory `__dlpack__` does
+    /// not export: only host and CUDA memory have pointers a consumer can use).
     fn __dlpack_device__(&self) -> (i32, i32) {
         dlpack::device_of(&self.buf)
     }

@@ -36,7 +36,7 @@ impl DeviceInfo {
 /// Every device of every backend this build has, available or not and why not (as
 /// `kiln devices`).
 pub fn devices(py: Python<'_>) -> PyResult<Vec<DeviceInfo>> {
-    let rows = detached(py, None, || Ok(kiln::devices::probe(false)))?;
+    let rows = detached(py, None, || Ok(kiln_backends::probe(false)))?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -96,7 +96,7 @@ fn read_source(source: &Bound<'_, PyAny>) -> PyResult<(String, Option<String>)> 
         Some(p) => {
             let text = kiln_ir::read_kernel_file(&p)
                 .map_err(|e| raise(py, KilnError::Io(format!("cannot read kernel file {}: {e}", p.display()))))?;
-            Ok((text, Some(kiln::session::entry_name(&p))))
+            Ok((text, Some(kiln_ir::entry_name(&p))))
         }
         None => Ok((source.extract()?, None)),
     }
@@ -106,8 +106,8 @@ fn read_source(source: &Bound<'_, PyAny>) -> PyResult<(String, Option<String>)> 
 /// feature to build it with), or a name kiln does not know.
 fn unknown_backend(base: &str) -> String {
     let have = kiln_device::device_names();
-    match kiln::session::left_out().into_iter().find(|(name, _)| *name == base) {
-        Some((_, feature)) => format!(
+    match kiln_backends::left_out().into_iter().find(|l| l.name == base) {
+        Some(kiln_backends::LeftOut { feature, .. }) => format!(
             "this kiln package was built without the {base} backend (its devices: {have}); rebuild it with the \
              `{feature}` feature"
         ),
@@ -166,7 +166,8 @@ impl PyDevice {
     /// `l3_bytes`, `max_work_group_size`, `max_work_group_dims`, `local_memory_bytes` (each
     /// `None` when unknown or, for the work-group ones, on a device without work groups), and
     /// `wmma`: the matrix-multiply-accumulate forms the device renders, each
-    /// `(m, n, k, input dtype, accumulator dtype, threads)`.
+    /// `(m, n, k, input dtype, accumulator dtype, threads)`; `threads`: the threads a host
+    /// device (the CPU) spreads a kernel over, `None` on other devices.
     #[getter]
     fn properties<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let p = self.get()?.properties();
@@ -182,6 +183,7 @@ impl PyDevice {
         let wmma: Vec<(u16, u16, u16, String, String, u16)> =
             p.wmma.iter().map(|w| (w.m, w.n, w.k, w.input.to_string(), w.acc.to_string(), w.threads)).collect();
         d.set_item("wmma", wmma)?;
+        d.set_item("threads", p.threads)?;
         Ok(d)
     }
 

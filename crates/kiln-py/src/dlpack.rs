@@ -20,10 +20,8 @@ pub const DL_CPU: i32 = 1;
 pub const DL_CUDA: i32 = 2;
 /// `kDLCUDAHost`: pinned host memory, readable by the host.
 const DL_CUDA_HOST: i32 = 3;
-/// `kDLOpenCL`: OpenCL device memory.
-const DL_OPENCL: i32 = 4;
-/// `kDLWebGPU`: WebGPU device memory.
-const DL_WEBGPU: i32 = 15;
+/// `kDLExtDev`: memory of a device DLPack has no type for.
+const DL_EXT_DEV: i32 = 12;
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`.
 const FLAG_READ_ONLY: u64 = 1;
 
@@ -207,18 +205,15 @@ fn capsule<M: ManagedTensor>(py: Python<'_>, managed: *mut M) -> PyResult<Py<PyA
 }
 
 /// The DLPack device of a buffer, as `__dlpack_device__` reports it: host memory is `kDLCPU`,
-/// CUDA memory `kDLCUDA`, OpenCL `kDLOpenCL` and WebGPU `kDLWebGPU` (those two are reported
-/// but not exported: their memory has no pointer a consumer could use).
+/// other memory the type its backend's allocator names (`kDLCUDA`, `kDLOpenCL`, ...; only
+/// CUDA memory is exported, the others have no pointer a consumer could use), else
+/// `kDLExtDev`.
 pub fn device_of(buf: &Buffer) -> (i32, i32) {
     let ordinal = i32::try_from(buf.device().ordinal()).unwrap_or(i32::MAX);
     if buf.allocator().is_host() {
         return (DL_CPU, 0);
     }
-    match buf.device().base_type() {
-        "CUDA" => (DL_CUDA, ordinal),
-        "OPENCL" => (DL_OPENCL, ordinal),
-        _ => (DL_WEBGPU, ordinal),
-    }
+    (buf.allocator().dlpack_device_type().unwrap_or(DL_EXT_DEV), ordinal)
 }
 
 /// The DLPack device of a buffer whose memory can be exported (host or CUDA memory).

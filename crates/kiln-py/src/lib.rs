@@ -3,9 +3,9 @@
 //! every object is shareable between threads, and every failure is a `kiln.Error` (Rust
 //! panics included).
 //!
-//! The package sits on top of kiln (see `docs/architecture.md`): it opens devices through
-//! the `kiln` command line's crate (which registers the backends of the features `cpu`,
-//! `opencl` and `cuda`), launches through `kiln-device` and replays through `kiln-runtime`;
+//! The package sits on top of kiln (see `docs/architecture.md`): it registers the backends
+//! through `kiln-backends` (those of its features, every one by default), launches through
+//! `kiln-device` and replays through `kiln-runtime`;
 //! the Rust crates below it know nothing of Python. Its modules: `device` (`kiln.Device`,
 //! `kiln.devices()`), `buffer` (`kiln.Buffer`: numpy copies, zero-copy views), `dlpack`
 //! (export and `kiln.from_dlpack`), `kernel` (`kiln.Kernel`), `plan` (`kiln.Plan`,
@@ -53,6 +53,13 @@ use pyo3::prelude::*;
 #[pyfunction]
 fn devices(py: Python<'_>) -> PyResult<Vec<device::DeviceInfo>> {
     device::devices(py)
+}
+
+/// The backends this build registers, in registration order (`CPU` first): the names of
+/// their devices, without an ordinal. Opens nothing.
+#[pyfunction]
+fn backends() -> Vec<&'static str> {
+    kiln_device::backends().iter().map(|b| b.name).collect()
 }
 
 /// A buffer sharing `x`'s memory (any DLPack tensor, e.g. a numpy array) when the device can
@@ -108,7 +115,7 @@ fn _raise_for_test(py: Python<'_>, kind: &str) -> PyResult<()> {
 
 #[pymodule]
 fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    kiln::session::register_backends();
+    kiln_backends::register_all();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     m.add_class::<device::PyDevice>()?;
@@ -117,6 +124,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::PyKernel>()?;
     m.add_class::<plan::PyPlan>()?;
     m.add_class::<plan::PlanRun>()?;
+    m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(from_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(_drain, m)?)?;

@@ -21,7 +21,8 @@ def test_device_properties_and_statistics(dev):
     assert dev.name == "CPU" and "C compiler" in dev.description
     props = dev.properties
     work_groups = {"max_work_group_size", "max_work_group_dims", "local_memory_bytes"}
-    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes", "wmma"} | work_groups
+    assert set(props) == {"isa", "vector_bytes", "l1d_bytes", "l2_bytes", "l3_bytes", "wmma", "threads"} | work_groups
+    assert props["threads"] >= 1, "kiln's CPU is a host device: its kernels run on its core pool"
     assert props["vector_bytes"] is None or props["vector_bytes"] >= 16
     # the CPU's matrix-multiply-accumulate forms: one thread, f32 accumulators among them
     assert props["wmma"] and all(len(f) == 6 and f[5] == 1 for f in props["wmma"]), props["wmma"]

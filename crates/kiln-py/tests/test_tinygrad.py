@@ -18,7 +18,7 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
     pytest.skip("kiln.tinygrad is written against tinygrad 0.14.0", allow_module_level=True)
 
 import kiln.tinygrad  # noqa: E402
-from kiln.tinygrad.device import HEADER, KilnCUDARenderer, KilnGraph, KilnOpenCLRenderer, KilnWebGPURenderer  # noqa: E402
+from kiln.tinygrad.device import HEADER, KilnGraph, renderer_for  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.engine.realize import graph_cache  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
@@ -49,8 +49,7 @@ def test_the_device_is_kiln():
 @pytest.mark.parametrize("backend", ["OPENCL", "CUDA", "WEBGPU"])
 def test_gpu_renderers_take_work_group_limits_from_the_device(backend):
     props = require(backend).properties
-    renderers = {"OPENCL": KilnOpenCLRenderer, "CUDA": KilnCUDARenderer, "WEBGPU": KilnWebGPURenderer}
-    renderer = renderers[backend](Target.parse(f"KILN:{backend}"))
+    renderer = renderer_for(backend)(Target.parse(f"KILN:{backend}"))
     assert renderer.local_max == tuple(props["max_work_group_dims"])
     assert renderer.shared_max == min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
 

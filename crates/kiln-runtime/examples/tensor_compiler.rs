@@ -11,7 +11,8 @@
 //!
 //! The program is a dense layer and a softmax, row by row: `y = softmax(relu(x · w + b))`.
 //!
-//! `cargo run --release -p kiln-runtime --example tensor_compiler [-- OPENCL:0 | CUDA:0 | WEBGPU:0]`
+//! `cargo run --release -p kiln-runtime --example tensor_compiler [-- DEVICE]`: any device
+//! `kiln devices` lists (`OPENCL:0`, `CUDA:0`, ...); the CPU by default.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -321,14 +322,9 @@ fn interpret(program: &Program, sizes: &HashMap<Dim, usize>, inputs: &[(Tensor, 
 // ------------------------------------------------------------------------- the driver
 
 fn main() -> Result<()> {
+    kiln_backends::register_all();
     let spec: DeviceSpec = std::env::args().nth(1).as_deref().unwrap_or("CPU").parse()?;
-    let device = match spec.base_type() {
-        kiln_cpu::BACKEND => kiln_cpu::open(&spec)?,
-        kiln_opencl::BACKEND => kiln_opencl::open(&spec)?,
-        kiln_cuda::BACKEND => kiln_cuda::open(&spec)?,
-        kiln_webgpu::BACKEND => kiln_webgpu::open(&spec)?,
-        other => return Err(format!("this example runs on CPU, OPENCL:n, CUDA:n or WEBGPU:n, not {other}").into()),
-    };
+    let device = kiln_device::open_device(&spec.to_string())?;
 
     // y = softmax(relu(x · w + b)), one softmax per row.
     let mut p = Program::default();

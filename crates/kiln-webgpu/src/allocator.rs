@@ -103,6 +103,11 @@ fn write(gpu: &WgpuDevice, buffer: &wgpu::Buffer, start: u64, data: &[u8]) -> Re
 }
 
 impl Allocator for WgpuAllocator {
+    /// DLPack's `kDLWebGPU`.
+    fn dlpack_device_type(&self) -> Option<i32> {
+        Some(15)
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.gpu.spec
     }

@@ -37,9 +37,12 @@
 //! - [`allocator`]: storage buffers and staged host transfers.
 //! - [`queue`]: kiln queues over wgpu's one ordered queue.
 //! - [`signal`]: timeline signals over wgpu submission indices.
+//! - [`exports`]: the backend for the rest of kiln: registration, conformance entry, the
+//!   offline `webgpu` target (WGSL, SPIR-V, MSL) and its own bench baselines.
 
 pub mod allocator;
 pub mod compiler;
+pub mod exports;
 pub mod loops;
 pub mod program;
 pub mod queue;
@@ -55,6 +58,7 @@ use kiln_device::{Device, Error, LruAllocator, RawPtr, Result};
 
 pub use allocator::WgpuAllocator;
 pub use compiler::{Emit, WgslCompiler, translate};
+pub use exports::DRIVER;
 pub use program::{EmptyDispatch, WgpuProgram};
 pub use queue::{WebGpu, WgpuQueue, WgpuQueueFactory, WgpuStream};
 pub use renderer::{Caps, WgslRenderer};

@@ -11,7 +11,7 @@ use kiln_device::{Buffer, Kernel};
 type Launches<'a> = Vec<(Kernel, Vec<&'a Buffer>)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    kiln::session::register_backends();
+    kiln_backends::register_all();
     let name = std::env::args().nth(1).unwrap_or_else(|| "CPU".into());
     let dev = kiln_device::open_device(&name)?;
     let axis = if name == "CPU" { "gidx0" } else { "idx0" };

@@ -3,12 +3,9 @@
 
 use std::fmt::Write;
 
-use kiln_device::{AllocatorStats, CacheStats};
-use kiln_ir::DeviceSpec;
-
+use crate::cache;
 use crate::error::CliError;
 use crate::show::bytes;
-use crate::{cache, session};
 
 /// `kiln devices [--verbose]`.
 #[derive(Debug, Default, clap::Args)]
@@ -23,57 +20,9 @@ pub struct DevicesArgs {
     pub verbose: bool,
 }
 
-/// One line of the listing.
-#[derive(Debug)]
-pub struct DeviceRow {
-    /// `CPU`, `OPENCL:1`, or the backend name when it has no usable device.
-    pub name: String,
-    /// The description, or why the device or backend is unavailable.
-    pub status: Result<String, String>,
-    pub stats: Option<AllocatorStats>,
-    /// This process's kernel-cache counters of the device (when it was opened).
-    pub cache: Option<CacheStats>,
-}
-
-/// Probes every backend of the device registry, in registration order, then lists the
-/// backends this binary was built without. Opening a device is only needed for `--verbose`
-/// (allocator stats) and for a backend without a probe of its own (the CPU, whose
-/// availability depends on a C compiler being found).
-pub fn probe(open: bool) -> Vec<DeviceRow> {
-    let mut rows = Vec::new();
-    for backend in kiln_device::backends() {
-        match backend.devices() {
-            Ok(list) if list.is_empty() => rows.push(unavailable(backend.name, "it reports no devices".into())),
-            Ok(list) => rows.extend(list.into_iter().map(|(spec, description)| row(&spec, description, open))),
-            Err(e) => rows.push(unavailable(backend.name, e.to_string())),
-        }
-    }
-    for (name, feature) in session::left_out() {
-        let why = format!("this kiln was built without the `{feature}` feature (cargo build --features {feature})");
-        rows.push(unavailable(name, why));
-    }
-    rows
-}
-
-/// The row of a device its backend's probe found, opened (for its counters) when `open`.
-fn row(spec: &DeviceSpec, description: String, open: bool) -> DeviceRow {
-    let opened = if open { Some(kiln_device::open_device(&spec.to_string())) } else { None };
-    let (status, stats, cache) = match opened {
-        Some(Err(e)) => (Err(e.to_string()), None, None),
-        Some(Ok(d)) => (Ok(d.description().to_string()), Some(d.allocator().stats()), Some(d.cache().stats())),
-        None => (Ok(description), None, None),
-    };
-    DeviceRow { name: spec.to_string(), status, stats, cache }
-}
-
-/// The row of a backend that has no usable device, saying why.
-fn unavailable(name: &str, why: String) -> DeviceRow {
-    DeviceRow { name: name.into(), status: Err(why), stats: None, cache: None }
-}
-
 /// Runs `kiln devices`; returns the text for stdout.
 pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
-    let rows = probe(args.verbose);
+    let rows = kiln_backends::probe(args.verbose);
     let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
     let mut out = String::new();
     for r in &rows {
@@ -106,22 +55,4 @@ pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
         out.push_str(&cache::stats_text()?);
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_backend_has_a_row() {
-        crate::session::register_backends();
-        let rows = probe(false);
-        assert_eq!(rows[0].name, "CPU");
-        // Every registered backend: its devices, or one row saying why there are none.
-        for b in kiln_device::backends() {
-            assert!(rows.iter().any(|r| r.name.split(':').next() == Some(b.name)), "{}", b.name);
-        }
-        assert!(rows.iter().any(|r| r.name.starts_with("OPENCL")));
-        assert!(rows.iter().any(|r| r.name.starts_with("CUDA")));
-    }
 }

@@ -88,15 +88,16 @@ pub enum Command {
 }
 
 /// The command line: the derived [`Cli`], with every `--device` help naming the backends
-/// of the device registry ([`session::with_device_help`]).
+/// of the device registry ([`session::with_device_help`]) and `compile`'s `--emit` and
+/// `--target` the backends' offline targets ([`compile::with_target_help`]).
 fn command() -> clap::Command {
-    session::with_device_help(Cli::command())
+    compile::with_target_help(session::with_device_help(Cli::command()))
 }
 
 /// Runs the command line `args` (without the program name) and returns the exit status.
 /// Output goes to stdout (`--help` and `--version` included), errors to stderr as `error: ...`.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> i32 {
-    session::register_backends();
+    kiln_backends::register_all();
     match dispatch(args) {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();
@@ -179,6 +180,6 @@ mod tests {
 
 /// The README's Rust example is compiled and run as a doctest, so it cannot rot (it opens
 /// the CPU backend).
-#[cfg(all(doctest, feature = "cpu"))]
+#[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;

@@ -11,7 +11,7 @@ const STACK_BYTES: usize = 1 << 30;
 /// tenth of a millisecond of a warm `kiln run` spent on nothing. The main thread only waits,
 /// and reports a thread that could not start or panicked.
 fn main() {
-    // Mesa's Vulkan device-select layer, loaded with the WebGPU backend, prints "error:
+    // Mesa's Vulkan device-select layer, loaded with wgpu's Vulkan instance, prints "error:
     // XDG_RUNTIME_DIR is invalid" twice on every device listing where that variable is
     // unset; it only reorders devices, so kiln turns it off unless the user chose.
     if std::env::var_os("NODEVICE_SELECT").is_none() {

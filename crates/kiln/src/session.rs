@@ -1,6 +1,6 @@
-//! What every kernel-running command shares: registering the backends, opening a device,
-//! reading a kernel file, compiling it and binding `--var` values. `run` uses it today;
-//! `bench` (its own module, added beside `run`) builds on the same functions.
+//! What every kernel-running command shares: opening a device, reading a kernel file,
+//! compiling it and binding `--var` values. `run` uses it today; `bench` (its own module,
+//! added beside `run`) builds on the same functions.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,28 +9,6 @@ use kiln_device::{Device, Kernel, ProgramSpec};
 use kiln_ir::{DeviceSpec, UOp};
 
 use crate::error::{CliError, Context};
-
-/// Registers every backend compiled into this binary (its `cpu`, `opencl` and `cuda` features) with
-/// the device registry. Idempotent. Every command that names devices (`devices`, `run`, `bench`,
-/// `compile`, their `--device` help) then reads the registry.
-pub fn register_backends() {
-    #[cfg(feature = "cpu")]
-    kiln_cpu::register();
-    #[cfg(feature = "opencl")]
-    kiln_opencl::register();
-    #[cfg(feature = "cuda")]
-    kiln_cuda::register();
-    #[cfg(feature = "webgpu")]
-    kiln_webgpu::register();
-}
-
-/// The backends this binary was built without, as `(backend, cargo feature)`: `kiln devices`
-/// lists them with the feature that adds them.
-pub fn left_out() -> Vec<(&'static str, &'static str)> {
-    let features = [("CPU", "cpu", cfg!(feature = "cpu")), ("OPENCL", "opencl", cfg!(feature = "opencl"))];
-    let cuda = [("CUDA", "cuda", cfg!(feature = "cuda")), ("WEBGPU", "webgpu", cfg!(feature = "webgpu"))];
-    features.into_iter().chain(cuda).filter(|(.., built)| !built).map(|(name, feature, _)| (name, feature)).collect()
-}
 
 /// `cmd` with the help of every subcommand's `--device` completed by the registered backends:
 /// `The device to run on: CPU, CPU-AVX2, CPU-SSE2, OPENCL or CUDA (NAME:n for device n)`.
@@ -63,7 +41,7 @@ impl KernelFile {
         let text = kiln_ir::read_kernel_file(path).map_err(|e| CliError::io("cannot read kernel file", path, e))?;
         let sink = kiln_ir::parse_kernel(&text).context(|| format!("cannot parse kernel {}", path.display()))?;
         kiln_ir::check_chain_depth(&sink).context(|| format!("cannot compile kernel {}", path.display()))?;
-        Ok(KernelFile { path: path.to_path_buf(), name: entry_name(path), sink, text })
+        Ok(KernelFile { path: path.to_path_buf(), name: kiln_ir::entry_name(path), sink, text })
     }
 
     /// Renders, compiles and loads the kernel on `device` (through the kernel cache).
@@ -94,16 +72,6 @@ impl KernelFile {
     fn doing(&self, verb: &str, device: &DeviceSpec) -> String {
         format!("cannot {verb} {} for {device}", self.path.display())
     }
-}
-
-/// `dir/my-kernel.kiln` → `my_kernel`; a name starting with a digit gets a `k_` prefix.
-pub fn entry_name(path: &Path) -> String {
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut name: String = stem.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
-        name.insert_str(0, "k_");
-    }
-    name
 }
 
 /// Opens a device by name (`CPU`, `OPENCL:0`, ...).
@@ -190,14 +158,6 @@ mod tests {
             }
         }
         assert!(seen >= 5, "found {seen} example kernels in {}", dir.display());
-    }
-
-    #[test]
-    fn entry_names_are_c_identifiers() {
-        assert_eq!(entry_name(Path::new("examples/kernels/add.kiln")), "add");
-        assert_eq!(entry_name(Path::new("my-kernel.v2.kiln")), "my_kernel_v2");
-        assert_eq!(entry_name(Path::new("2d.kiln")), "k_2d");
-        assert_eq!(entry_name(Path::new("")), "k_");
     }
 
     #[test]

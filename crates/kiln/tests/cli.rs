@@ -563,7 +563,7 @@ fn help_version_and_completions_are_generated() {
     }
     assert_eq!(ok(s.kiln(&["help", "run"], &[])), run_help);
     // The --device help lists the backends this build registers, from the registry.
-    kiln::session::register_backends();
+    kiln_backends::register_all();
     let backends = kiln_device::device_names();
     assert!(backends.starts_with("CPU, CPU-AVX2") && backends.contains("CPU-SSE2"), "{backends}");
     for command in ["run", "bench", "compile"] {
@@ -920,14 +920,16 @@ SINK void (%st)
 /// `--target cuda:sm_XY` compiles without a GPU: PTX to stdout, a cubin only to `-o FILE`;
 /// a PTX needs no ptxas (a broken `KILN_PTXAS` fails only the cubin), and a bad
 /// `KILN_NVRTC` or architecture is a clean error. Skipped when NVRTC is absent.
-#[cfg(feature = "cuda")]
 #[test]
 fn cuda_targets_compile_offline() {
     let s = Scratch::new("cuda");
     let add = example("add.kiln");
     let probe = s.kiln(&["compile", &add, "--target", "cuda:sm_90", "--emit", "ptx"], &[]);
-    if !probe.status.success() && stderr(&probe).contains("compiler not available") {
-        println!("skipped: {}", stderr(&probe));
+    let why = stderr(&probe);
+    if !probe.status.success()
+        && ["compiler not available", "built without", "invalid value"].iter().any(|w| why.contains(w))
+    {
+        println!("skipped: {why}");
         return;
     }
     let ptx = ok(probe);

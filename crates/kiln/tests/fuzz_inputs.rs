@@ -354,7 +354,7 @@ fn damaged_cache_entries_are_recompiled_never_loaded() {
 /// command line names a kernel after its file) still make source the compiler accepts.
 #[test]
 fn kernels_and_variables_named_like_keywords_types_or_each_other_compile() {
-    kiln::session::register_backends();
+    kiln_backends::register_all();
     let add = &kernel_files()[0];
     // A C keyword of its own, GNU C's and C23's `typeof`, an OpenCL vector type, macro and
     // built-in function (the unit tests of `kernel_name` cover the rest of the kinds).

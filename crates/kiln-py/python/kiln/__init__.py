@@ -13,7 +13,7 @@ OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions and rep
 import atexit
 import os
 
-# Mesa's Vulkan device-select layer (loaded with the WebGPU backend) prints "error:
+# Mesa's Vulkan device-select layer (loaded with wgpu's Vulkan instance) prints "error:
 # XDG_RUNTIME_DIR is invalid" on every device listing where that variable is unset; it only
 # reorders devices, so kiln turns it off before Vulkan loads, unless the user chose.
 os.environ.setdefault("NODEVICE_SELECT", "1")
@@ -41,6 +41,7 @@ from ._kiln import (
     TimeoutError,
     UnavailableError,
     __version__,
+    backends,
     devices,
     from_dlpack,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "TimeoutError",
     "UnavailableError",
     "__version__",
+    "backends",
     "devices",
     "from_dlpack",
 ]

@@ -77,6 +77,10 @@ class DeviceInfo:
     description: str
     """The device's description when available, else why it is not."""
 
+def backends() -> list[str]:
+    """The backends this build registers, in registration order (``CPU`` first): the names
+    of their devices, without an ordinal. Opens nothing."""
+
 def devices() -> list[DeviceInfo]:
     """Every device of every backend this build has, available or not and why not (as
     ``kiln devices``)."""

@@ -366,7 +366,7 @@ mod tests {
     /// when a device is present, and the CPU picks the width its instruction set reports.
     #[test]
     fn bandwidth_kernels_are_correct_at_every_width() {
-        crate::session::register_backends();
+        kiln_backends::register_all();
         let cpu = kiln_device::open_device("CPU").unwrap();
         let lanes = cpu.properties().f32_lanes();
         assert!(lanes.is_some(), "the CPU reports its vector width: {:?}", cpu.properties());
@@ -393,7 +393,6 @@ mod tests {
     /// The AVX2 code path on any CPU that has AVX2: the device forced to AVX2 reports 32-byte
     /// vectors, so the bench picks 8 lanes, and its kernels (compiled with `-march=x86-64-v3`,
     /// no AVX-512 instruction) are correct at that width and at 16.
-    #[cfg(feature = "cpu")]
     #[test]
     fn bandwidth_kernels_are_correct_on_a_cpu_forced_to_avx2() {
         use kiln_cpu::{Isa, IsaTarget};
@@ -417,7 +416,7 @@ mod tests {
     #[test]
     fn nontemporal_add_and_softmax_match_the_plain_kernels() {
         use kiln_device::Buffer;
-        crate::session::register_backends();
+        kiln_backends::register_all();
         let dev = kiln_device::open_device("CPU").unwrap();
         let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();
         let n = 2 * 4096 * 8;
@@ -449,7 +448,7 @@ mod tests {
     #[test]
     fn tile_and_strip_matmuls_compute_the_product() {
         use kiln_device::Buffer;
-        crate::session::register_backends();
+        kiln_backends::register_all();
         let n = 96usize;
         let tiles = [
             MatmulTile::for_width(8),

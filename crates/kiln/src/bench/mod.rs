@@ -130,7 +130,7 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         // Before any device opens: the child holds OpenBLAS's threads and nothing else.
         return baselines::matmul_baseline_child(args.baseline_threads, reps(args));
     }
-    session::register_backends();
+    kiln_backends::register_all();
     let device = session::open_device(&args.device)?;
     if args.disk_hit_child {
         return entries::disk_hit_child(&device);

@@ -4,7 +4,7 @@ tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x` and taking its
 import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.runtime.ops_kiln`.
 
 - The renderer names the kiln backend: `DEV=KILN` (or `KILN:CPU`) runs on kiln's CPU,
-  `DEV=KILN:OPENCL`, `DEV=KILN:CUDA` and `DEV=KILN:WEBGPU` on kiln's GPU backends (tinygrad's own
+  `DEV=KILN:OPENCL`, `DEV=KILN:CUDA` and the rest on kiln's other backends (tinygrad's own
   `DEVICE:RENDERER` convention, `Target.parse`). A tensor's `KILN:1` is the backend's device 1.
 - The renderer converts tinygrad's linearized UOps to kiln text (`kiln.tinygrad.render`); its
   capability flags are those of the backend, so tinygrad emits only what that backend runs.
@@ -18,6 +18,7 @@ import hook in `kiln.tinygrad` gives it this module's `KilnDevice` as `tinygrad.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import time
 from typing import Any, Optional, cast
@@ -100,7 +101,14 @@ class KilnCompiler(Compiler):
 
 
 class KilnRenderer(Renderer):
-    """Renders linear UOps as kiln text for one kiln backend (`backend`, set by each subclass)."""
+    """Renders linear UOps as kiln text for one kiln backend (`backend`: one subclass per backend
+    the package registers, `renderers()`), configured from its device's properties. A host device
+    (kiln's CPU, whose properties give its `threads`) has no work groups or local memory; it runs
+    `core_id` threads, one chunk per core, and contractions get kiln's register tile
+    (`kiln.tinygrad.tile`). Another device has work groups and local memory of its own sizes
+    (local memory at most what a kiln kernel may declare, `kiln.MAX_LOCAL_BYTES`), no global
+    extent past kiln's `i32` launch indices, and tinygrad's tensor cores that it renders as
+    `WMMA` (`properties["wmma"]`: CUDA's `mma.sync`)."""
 
     backend = ""
     # the ALU ops kiln has (tinygrad reads only the keys: it keeps these ops and rewrites the
@@ -111,6 +119,18 @@ class KilnRenderer(Renderer):
         super().__init__(target)
         self.device = kiln.Device(self.backend)
         self.compiler = KilnCompiler(self.device)
+        props = self.device.properties
+        host = props.get("threads") is not None
+        self.has_local = self.has_shared = not host
+        self.has_threads = self.contraction_tiles = host
+        if host:
+            self.supports_float4 = True
+            self.global_max = (os.cpu_count() or 1, 0, 0)
+        else:
+            self.global_max = (2**31 - 1,) * 3
+            self.local_max = tuple(props["max_work_group_dims"])
+            self.shared_max = min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
+            self.tensor_cores = declared_tensor_cores(props.get("wmma") or [])
 
     def supported_dtypes(self) -> set[DType]:
         return {d for d in super().supported_dtypes() if d in KILN_DTYPES}
@@ -123,54 +143,6 @@ class KilnRenderer(Renderer):
         except Unsupported as e:
             raise CompileError(f"tinygrad kernel {name} has what kiln's IR lacks: {e}") from e
         return render(root, [HEADER + name])
-
-
-class KilnCPURenderer(KilnRenderer):
-    """kiln's CPU: no work groups or local memory; `core_id` threads, one chunk per core."""
-
-    backend = "CPU"
-    has_local = False
-    has_shared = False
-    has_threads = True
-    supports_float4 = True
-    # contractions get kiln's register tile (`kiln.tinygrad.tile`)
-    contraction_tiles = True
-
-    @property
-    def global_max(self) -> tuple[int, ...]:  # type: ignore[override]
-        return (os.cpu_count() or 1, 0, 0)
-
-
-class KilnGPURenderer(KilnRenderer):
-    """kiln's GPU backends: work groups, local memory and barriers. Work groups and local memory
-    are the device's (`kiln.Device.properties`), local memory at most what a kiln kernel may
-    declare (`kiln.MAX_LOCAL_BYTES`); launch indices are kiln's `i32`, so no global extent may
-    pass its maximum."""
-
-    has_local = True
-    has_shared = True
-    global_max = (2**31 - 1,) * 3
-
-    def __init__(self, target: Target):
-        super().__init__(target)
-        props = self.device.properties
-        self.local_max = tuple(props["max_work_group_dims"])
-        self.shared_max = min(props["local_memory_bytes"], kiln.MAX_LOCAL_BYTES)
-
-
-class KilnOpenCLRenderer(KilnGPURenderer):
-    backend = "OPENCL"
-
-
-class KilnCUDARenderer(KilnGPURenderer):
-    """kiln's CUDA backend; tinygrad's tensor cores for CUDA (`tc.get_cuda` of the device's
-    architecture), those kiln's device renders as `WMMA` (`properties["wmma"]`: `mma.sync`)."""
-
-    backend = "CUDA"
-
-    def __init__(self, target: Target):
-        super().__init__(target)
-        self.tensor_cores = declared_tensor_cores(self.device.properties.get("wmma") or [])
 
 
 def declared_tensor_cores(forms: list[tuple[int, int, int, str, str, int]]) -> list[TensorCore]:
@@ -187,10 +159,25 @@ def declared_tensor_cores(forms: list[tuple[int, int, int, str, str, int]]) -> l
     return [tc for tc in tinygrad_tc.get_cuda("sm_89") if form(tc) in have]
 
 
-class KilnWebGPURenderer(KilnGPURenderer):
-    """kiln's WebGPU backend (wgpu), with its adapter's work-group limits."""
+@functools.cache
+def renderer_for(backend: str) -> type[KilnRenderer]:
+    """The renderer class of kiln backend `backend`; tinygrad picks it by its name
+    (`DEV=KILN:OPENCL` → `KilnOPENCLRenderer`)."""
+    return type(f"Kiln{backend}Renderer", (KilnRenderer,), {"backend": backend})
 
-    backend = "WEBGPU"
+
+def __getattr__(name: str) -> type[KilnRenderer]:
+    """The classes `renderer_for` makes, by name (`KilnOPENCLRenderer`): pickle finds a class
+    by its module and name, and tinygrad pickles renderers for its compile workers."""
+    if name.startswith("Kiln") and name.endswith("Renderer") and len(name) > len("KilnRenderer"):
+        return renderer_for(name[len("Kiln") : -len("Renderer")])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def renderers() -> list[type[KilnRenderer]]:
+    """A renderer for every backend the package registers, in registration order (kiln's CPU
+    first: `DEV=KILN` runs there)."""
+    return [renderer_for(b) for b in kiln.backends()]
 
 
 def host_memory(buf: kiln.Buffer) -> memoryview:
@@ -337,8 +324,7 @@ class KilnDevice(Compiled):
     """A tinygrad device backed by one kiln device (the renderer's backend, this ordinal)."""
 
     def __init__(self, device: str = ""):
-        renderers = [KilnCPURenderer, KilnOpenCLRenderer, KilnCUDARenderer, KilnWebGPURenderer]
-        super().__init__(device, KilnAllocator(self), renderers, KilnProgram, graph=KilnGraph)  # type: ignore[arg-type]
+        super().__init__(device, KilnAllocator(self), renderers(), KilnProgram, graph=KilnGraph)  # type: ignore[arg-type]
         backend = type(self.renderer).backend  # type: ignore[attr-defined]
         self.kiln = kiln.Device(backend if backend == "CPU" or self.device_id == 0 else f"{backend}:{self.device_id}")
         if self.kiln.empty("u8", 1).is_host:

@@ -1,16 +1,10 @@
 //! The baselines kiln's figures are compared with, each measured in the same run: plain Rust
 //! on all cores, the matrixmultiply crate, OpenBLAS in a process of its own ([`openblas`]),
-//! the streaming bandwidth limit ([`stream`]) and, on CUDA and WebGPU, the device's own
-//! ([`cuda`], [`webgpu`]).
+//! the streaming bandwidth limit ([`stream`]) and, where a backend has them, the device's own
+//! (its driver's, [`kiln_device::Driver::baseline`]: a device copy, cuBLAS, an empty dispatch).
 
-#[cfg(feature = "cuda")]
-pub(super) mod cuda;
-#[cfg(any(feature = "cuda", feature = "webgpu"))]
-pub(super) mod device_copy;
 pub mod openblas;
 pub(super) mod stream;
-#[cfg(feature = "webgpu")]
-pub(super) mod webgpu;
 
 use std::process::Command as Process;
 
@@ -18,12 +12,10 @@ use super::entries::{MATMUL_N, matmul_inputs};
 use super::{BenchArgs, kiln_exe, time_reps, wrong};
 use crate::error::CliError;
 
-/// The threads kiln's CPU kernels run on (its core pool): the OpenBLAS baseline gets as many.
-fn kiln_threads() -> usize {
-    #[cfg(feature = "cpu")]
-    return kiln_cpu::Pool::global().threads();
-    #[cfg(not(feature = "cpu"))]
-    threads()
+/// The threads `device`'s kernels run on (the CPU's core pool), else the host's cores: the
+/// OpenBLAS baseline gets as many.
+fn kiln_threads(device: &kiln_device::Device) -> usize {
+    device.properties().threads.unwrap_or_else(threads)
 }
 
 /// The host's cores: the Rust baselines run one thread on each.
@@ -85,8 +77,11 @@ pub(super) fn matmul(a: &[f32], b: &[f32], c: &mut [f32], n: usize) {
 /// Runs `kiln bench --baseline-child matmul_f32_1024` on kiln's thread count and reads its
 /// report. OPENBLAS_CORETYPE
 /// is set from the CPU's widest ISA ([`openblas::core_type`]) unless the user set it.
-pub(super) fn openblas_in_child(args: &BenchArgs) -> Result<openblas::ChildReport, CliError> {
-    let threads = kiln_threads();
+pub(super) fn openblas_in_child(
+    args: &BenchArgs,
+    device: &kiln_device::Device,
+) -> Result<openblas::ChildReport, CliError> {
+    let threads = kiln_threads(device);
     let exe = kiln_exe()?;
     let mut cmd = Process::new(&exe);
     cmd.args(["bench", "--baseline-child", "matmul_f32_1024", "--baseline-threads", &threads.to_string()]);

@@ -87,16 +87,18 @@ impl Bench {
         // threads never share this one with kiln's workers; matrixmultiply here.
         let from_child = match wanted {
             openblas::Wanted::MatrixMultiply => None,
-            openblas::Wanted::Auto | openblas::Wanted::OpenBlas => match baselines::openblas_in_child(args)? {
-                openblas::ChildReport::Timed { name, seconds } => Some((name, seconds)),
-                openblas::ChildReport::Unavailable { why } if wanted == openblas::Wanted::OpenBlas => {
-                    return Err(kiln_err(
-                        "choosing the matmul baseline",
-                        kiln_device::Error::Invalid(format!("{}=openblas: {why}", openblas::BASELINE_ENV)),
-                    ));
+            openblas::Wanted::Auto | openblas::Wanted::OpenBlas => {
+                match baselines::openblas_in_child(args, &self.device)? {
+                    openblas::ChildReport::Timed { name, seconds } => Some((name, seconds)),
+                    openblas::ChildReport::Unavailable { why } if wanted == openblas::Wanted::OpenBlas => {
+                        return Err(kiln_err(
+                            "choosing the matmul baseline",
+                            kiln_device::Error::Invalid(format!("{}=openblas: {why}", openblas::BASELINE_ENV)),
+                        ));
+                    }
+                    openblas::ChildReport::Unavailable { .. } => None,
                 }
-                openblas::ChildReport::Unavailable { .. } => None,
-            },
+            }
         };
         let (name, base): (Cow<'static, str>, Vec<f64>) = match from_child {
             Some((name, seconds)) => (name.into(), seconds),

@@ -11,13 +11,13 @@ mod streaming;
 use std::sync::Arc;
 
 use kiln_device::kiln_ir::{DeviceSpec, Scalar, UOp};
-use kiln_device::{Buffer, Device, Kernel};
+use kiln_device::{BenchWork, Buffer, Device, Kernel};
 
 pub(super) use matmul::{MATMUL_N, matmul_inputs};
 pub(super) use process::disk_hit_child;
 
-use super::report::BenchResult;
-use super::{BenchArgs, kernels, kiln_err};
+use super::report::{BenchResult, Stats};
+use super::{BenchArgs, kernels, kiln_err, per_sec, scaled, time_reps, wrong};
 use crate::error::CliError;
 
 /// The device under test and the timed repetitions per entry.
@@ -69,8 +69,8 @@ impl Bench {
         name != "matmul_f32_4096" || self.gpu_shaped()
     }
 
-    /// Runs the entry `name` (one of [`super::ENTRIES`]), with the CUDA or WebGPU device's
-    /// own baseline where one applies.
+    /// Runs the entry `name` (one of [`super::ENTRIES`]), with the device's own baseline
+    /// where its backend has one ([`Bench::own_baseline`]).
     pub(super) fn entry(&self, name: &'static str, args: &BenchArgs) -> Result<BenchResult, CliError> {
         let result = match name {
             "bandwidth_limit" => self.bandwidth_limit(),
@@ -93,10 +93,47 @@ impl Bench {
             "device_reset" => self.device_reset(),
             other => Err(CliError::Usage(format!("unknown bench entry `{other}`"))),
         }?;
-        #[cfg(feature = "cuda")]
-        let result = self.cuda_baseline(result)?;
-        #[cfg(feature = "webgpu")]
-        let result = self.webgpu_baseline(result)?;
-        Ok(result)
+        self.own_baseline(result)
+    }
+
+    /// `r` with its baseline replaced by the device's own for the same work, where its
+    /// backend has one: checked (by the backend, or here against the host product when it
+    /// hands its output back), then timed like kiln's figure and in the same unit.
+    fn own_baseline(&self, r: BenchResult) -> Result<BenchResult, CliError> {
+        let inputs = match r.name {
+            "matmul_f32_1024" => Some((1024, matmul_inputs(1024))),
+            "matmul_f32_4096" => Some((4096, matmul_inputs(4096))),
+            _ => None,
+        };
+        let work = match (r.name, &inputs) {
+            // c = a + b reads 8 and writes 4 bytes per element; a sum reads 4.
+            ("add_f32_16m", _) => BenchWork::Stream { bytes: 12 << 24 },
+            ("sum_f32_16m", _) => BenchWork::Stream { bytes: 4 << 24 },
+            ("queue_roundtrip", _) => BenchWork::RoundTrip,
+            (_, Some((n, (a, b)))) => BenchWork::Sgemm { n: *n, a, b },
+            _ => return Ok(r),
+        };
+        let own = kiln_backends::baseline(&self.device, &work).map_err(|e| kiln_err("the device's own baseline", e))?;
+        let Some(mut own) = own else { return Ok(r) };
+        let mut run = || (own.run)().map_err(|e| kiln_err(&format!("the {} baseline", own.name), e));
+        run()?;
+        if let (Some(out), Some((n, (a, b)))) = (&own.output, &inputs) {
+            let mut reference = vec![0f32; n * n];
+            super::baselines::matmul(a, b, &mut reference, *n);
+            if self.read(out)? != reference {
+                return Err(wrong(r.name, format!("{} disagrees with the host product", own.name)));
+            }
+        }
+        let figure = match work {
+            BenchWork::Stream { bytes } => per_sec(&time_reps(self.reps, &mut run)?, bytes as f64 / 1e9),
+            BenchWork::RoundTrip => {
+                for _ in 0..10 {
+                    run()?;
+                }
+                scaled(&time_reps(self.reps * 100, &mut run)?, 1e6)
+            }
+            BenchWork::Sgemm { n, .. } => per_sec(&time_reps(self.reps, &mut run)?, 2.0 * (n * n * n) as f64 / 1e9),
+        };
+        Ok(BenchResult { baseline: Some(Stats::of(figure)?), baseline_name: own.name.clone().into(), ..r })
     }
 }
