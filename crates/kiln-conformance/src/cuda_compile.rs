@@ -9,7 +9,8 @@ use std::sync::Arc;
 use kiln_cuda::{Arch, CudaCompiler, CudaRenderer, Output, cuda_renderer};
 use kiln_device::kiln_ir::{DeviceSpec, Scalar, Wmma};
 use kiln_device::{
-    CacheConfig, CompiledSpec, Compiler, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer, Result,
+    CacheConfig, CompiledSpec, Compiler, CompilerPair, Device, DeviceParts, Error, KernelCache, ProgramSpec, Renderer,
+    Result,
 };
 
 /// The architecture every kernel is compiled for (H100).
@@ -76,14 +77,17 @@ pub fn open() -> Result<Arc<Device>> {
     let description = format!("{} + CUDA {ARCH} compile", cpu.description());
     // Each generation takes the CPU device's current parts, with the cross compiler in front.
     let device = Device::new(DeviceSpec::new("CPU", 0), description, move |_| {
-        let (renderer, compiler) =
-            cpu.compilers().first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
+        let cpu_pair = cpu.compilers().first().cloned().ok_or_else(|| Error::Invalid("no CPU compiler".into()))?;
         let cross = Arc::new(CrossCompiler {
-            cpu: compiler,
+            cpu: cpu_pair.compiler,
             cuda: cuda.clone(),
             renderer: cuda_renderer(DeviceSpec::new("CUDA", 0)),
         });
-        let parts = DeviceParts::new(cpu.allocator(), vec![(renderer, cross)], cpu.runtime());
+        let parts = DeviceParts::new(
+            cpu.allocator(),
+            vec![CompilerPair::new("cc+nvrtc", cpu_pair.renderer, cross)],
+            cpu.runtime(),
+        );
         Ok(match cpu.queues() {
             Some(q) => parts.with_queues(q),
             None => parts,

@@ -141,8 +141,8 @@ pub use kiln_device::Conformance as Registration;
 /// every conformance kernel, no GPU needed. Each runs when this build registers the backends
 /// it is made of.
 pub const OWN: &[Registration] = &[
-    Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[kiln_cpu::SAME_DEVICE_PEER] },
-    Registration { name: "cuda-compile", peer: "opencl", unsupported: &[] },
+    Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[kiln_cpu::SAME_DEVICE_PEER], pair: None },
+    Registration { name: "cuda-compile", peer: "opencl", unsupported: &[], pair: None },
 ];
 
 /// Every backend the suite runs on in this build, with its peer and the tests it does not
@@ -200,6 +200,9 @@ pub fn open(name: &str) -> Result<Arc<Device>, Error> {
         }
         "cpu-guarded" => kiln_cpu::GuardPageAllocator::new().and_then(|a| kiln_cpu::open_with_allocator(Arc::new(a))),
         "cuda-compile" => cuda_compile::open(),
+        _ if let Some((backend, pair)) = registration(name).and_then(|r| r.pair) => {
+            kiln_device::open_device(backend).and_then(|d| Ok(Arc::new(d.with_default_compiler(pair)?)))
+        }
         _ if registration(name).is_some() && kiln_device::find_backend(name).is_some() => {
             kiln_device::open_device(name)
         }

@@ -183,7 +183,7 @@ pub struct IsaTarget {
     /// The set kernels use.
     pub isa: Isa,
     /// Whether it was chosen rather than the host's widest (compiled for that level, not
-    /// `-march=native`): by [`CPU_ISA_ENV`] or by a device such as `CPU-AVX2`.
+    /// `-march=native`): by [`CPU_ISA_ENV`] or by a compiler pair such as `cc-avx2`.
     pub forced: bool,
     /// Whether [`CPU_ISA_ENV`] chose it.
     pub by_env: bool,

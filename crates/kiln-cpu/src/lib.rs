@@ -5,8 +5,8 @@
 //! It is one of kiln's backends (see `docs/architecture.md`): it implements the contracts of
 //! [`kiln_device`] and builds the [`DeviceParts`] of its one device, [`CPU`] (all the host's
 //! cores). Open it with [`open`], or [`register`] it and open it by name with
-//! [`kiln_device::open_device`]; [`ISA_BACKENDS`] add pseudo-devices that compile for an older
-//! instruction set. The main types are [`CpuRenderer`], [`CCompiler`] (which C compiler, why,
+//! [`kiln_device::open_device`]. Its compiler pairs are the C compiler for the host's widest
+//! instruction set ([`CC_PAIR`], the default) and for older ones ([`ISA_PAIRS`]). The main types are [`CpuRenderer`], [`CCompiler`] (which C compiler, why,
 //! and its flags), [`CpuProgram`], [`CpuAllocator`], [`CpuQueueFactory`] and [`Pool`].
 //!
 //! ```
@@ -57,7 +57,8 @@ use std::sync::{Arc, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
-    Allocator, Backend, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory, register_backend,
+    Allocator, Backend, CompilerPair, Device, DeviceParts, Error, LruAllocator, Program, Result, RuntimeFactory,
+    register_backend,
 };
 
 pub use allocator::CpuAllocator;
@@ -75,13 +76,16 @@ pub const BACKEND: &str = "CPU";
 /// The CPU backend's one device (all the host's cores), printed `CPU`.
 pub static CPU: DeviceSpec = DeviceSpec::new(BACKEND, 0);
 
-/// The instruction-set pseudo-backends: the CPU device compiling its kernels for an older
-/// instruction set than the host's widest ([`open_with_isa`]), so that the conformance suite
-/// and `kiln --device CPU-AVX2` check the code paths an older machine takes. Each has one
-/// device, ordinal 0; its buffers and kernels are the `CPU` device's ([`Device::spec`] is
-/// `CPU`). Opening one on a CPU without that set (or of another architecture) fails with
-/// the reason.
-pub const ISA_BACKENDS: &[(&str, Isa)] = &[("CPU-AVX2", Isa::Avx2), ("CPU-SSE2", Isa::Sse2)];
+/// The name of the CPU device's default compiler pair: the C compiler ([`CCompiler`]) for
+/// the instruction set `KILN_CPU_ISA` picks (the host's widest by default).
+pub const CC_PAIR: &str = "cc";
+
+/// The CPU device's other compiler pairs: the same C compiler building for an older
+/// instruction set than the host's widest ([`IsaTarget::force`]), so that the conformance
+/// suite and `kiln run --compiler cc-avx2` check the code paths an older machine takes. Each
+/// pair carries that set's [`kiln_device::DeviceProperties`] (its vector width); a set this
+/// CPU cannot run (or of another architecture) is not offered.
+pub const ISA_PAIRS: &[(&str, Isa)] = &[("cc-avx2", Isa::Avx2), ("cc-sse2", Isa::Sse2)];
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
 /// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
@@ -148,53 +152,57 @@ fn open_with(
         isa::describe(compiler.isa(), caches)
     );
     let compiler_isa = compiler.isa();
-    let renderer = Arc::new(cpu_renderer_for(compiler_isa.isa.vector_bytes().unwrap_or(16)));
-    // The renderer and compiler hold no device state and survive a reset; memory, queues and
-    // loaded programs are built anew for every generation.
+    let pair = |name: &str, compiler: Arc<CCompiler>| {
+        let target = compiler.isa();
+        let renderer = Arc::new(cpu_renderer_for(target.isa.vector_bytes().unwrap_or(16)));
+        CompilerPair::new(name, renderer, compiler).with_properties(isa::properties(target, caches))
+    };
+    let mut pairs = vec![pair(CC_PAIR, compiler.clone())];
+    for &(name, set) in ISA_PAIRS {
+        if let Ok(target) = IsaTarget::force(set) {
+            pairs.push(pair(name, Arc::new(compiler.as_ref().clone().with_isa(target))));
+        }
+    }
+    // The renderers and compilers hold no device state and survive a reset; memory, queues
+    // and loaded programs are built anew for every generation.
     let device = Device::new(crate::CPU.clone(), description, move |_| {
         let runtime: RuntimeFactory =
             Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-        Ok(DeviceParts::new(make_allocator()?, vec![(renderer.clone(), compiler.clone())], runtime)
-            .with_queues(Arc::new(CpuQueueFactory::new())))
+        Ok(DeviceParts::new(make_allocator()?, pairs.clone(), runtime).with_queues(Arc::new(CpuQueueFactory::new())))
     })?
     .with_properties(isa::properties(compiler_isa, caches));
     Ok(Arc::new(device))
 }
 
-/// Opens the device of an [`ISA_BACKENDS`] pseudo-backend (`CPU-AVX2`).
-///
-/// # Errors
-/// [`Error::Unavailable`] for another spec; the errors of [`IsaTarget::force`] (this CPU
-/// lacks the set) and [`open_with_isa`].
-pub fn open_isa_backend(spec: &DeviceSpec) -> Result<Arc<Device>> {
-    let isa = ISA_BACKENDS.iter().find(|(name, _)| *name == spec.base_type() && spec.ordinal() == 0);
-    let Some(&(_, isa)) = isa else {
-        return Err(Error::Unavailable(format!("{spec} is not an instruction-set pseudo-backend of the CPU")));
-    };
-    open_with_isa(IsaTarget::force(isa)?)
-}
-
-/// Registers the `CPU` backend ([`open`]) and its [`ISA_BACKENDS`] with the device registry
+/// Registers the `CPU` backend ([`open`]) with the device registry
 /// ([`kiln_device::open_device`]). Idempotent.
 pub fn register() {
     register_backend(Backend { name: BACKEND, probe: None, open });
-    for &(name, _) in ISA_BACKENDS {
-        register_backend(Backend { name, probe: None, open: open_isa_backend });
-    }
 }
 
 /// Why a backend whose devices are the CPU's cannot run `error_foreign_buffer`.
 pub const SAME_DEVICE_PEER: (&str, &str) =
     ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
 
-/// The CPU backend's driver, for kiln-backends' list: the CPU and its [`ISA_BACKENDS`] (whose
-/// peer is the CPU itself), no offline target, no baseline of its own (the host's are the bench's).
+/// The CPU backend's driver, for kiln-backends' list: the CPU with its default pair and with
+/// each of its [`ISA_PAIRS`] (whose peer is the CPU itself), no offline target, no baseline of
+/// its own (the host's are the bench's).
 pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
     register,
     conformance: &[
-        kiln_device::Conformance { name: "cpu", peer: "opencl", unsupported: &[] },
-        kiln_device::Conformance { name: "cpu-avx2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
-        kiln_device::Conformance { name: "cpu-sse2", peer: "cpu", unsupported: &[SAME_DEVICE_PEER] },
+        kiln_device::Conformance { name: "cpu", peer: "opencl", unsupported: &[], pair: None },
+        kiln_device::Conformance {
+            name: "cpu-avx2",
+            peer: "cpu",
+            unsupported: &[SAME_DEVICE_PEER],
+            pair: Some((BACKEND, "cc-avx2")),
+        },
+        kiln_device::Conformance {
+            name: "cpu-sse2",
+            peer: "cpu",
+            unsupported: &[SAME_DEVICE_PEER],
+            pair: Some((BACKEND, "cc-sse2")),
+        },
     ],
     targets: &[],
     baseline: kiln_device::no_baseline,

@@ -14,7 +14,7 @@ use crate::{Arch, BACKEND, CudaCompiler, Output, cuda_renderer};
 /// The CUDA backend's driver, for kiln-backends' list.
 pub const DRIVER: Driver = Driver {
     register: crate::register,
-    conformance: &[Conformance { name: "cuda", peer: "cpu", unsupported: &[] }],
+    conformance: &[Conformance { name: "cuda", peer: "cpu", unsupported: &[], pair: None }],
     targets: &[OfflineTarget {
         name: "cuda",
         usage: "cuda:sm_XY (e.g. cuda:sm_90)",

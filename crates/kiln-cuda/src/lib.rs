@@ -446,7 +446,8 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         let runtime: kiln_device::RuntimeFactory =
             Arc::new(move |compiled| Ok(Arc::new(CudaProgram::load(loader.clone(), compiled)?) as _));
         let allocator = Arc::new(LruAllocator::from_env(Arc::new(CudaAllocator::new(cu.clone())))?);
-        let compilers: Vec<kiln_device::CompilerPair> = vec![(
+        let compilers = vec![kiln_device::CompilerPair::new(
+            "nvrtc",
             Arc::new(cuda_renderer(ctx.spec().clone())),
             Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
         )];

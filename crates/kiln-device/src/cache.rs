@@ -56,6 +56,7 @@ use sha2::{Digest, Sha256};
 use crate::allocator::parse_byte_size;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, Loader};
+use crate::parts::CompilerPair;
 use crate::program::{CompiledSpec, Compiler, ProgramSpec, Renderer};
 
 /// The environment variable that turns the disk cache on (`1`, default) or off (`0`).
@@ -116,10 +117,29 @@ impl Toolchain {
     /// renderer is not part of the identity: its output is (see [`Toolchain::disk_key`]), and
     /// a device renders every kernel with one renderer.
     pub fn new(renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>, loader: Loader) -> Toolchain {
+        Toolchain::identified(renderer, compiler, loader, None)
+    }
+
+    /// The toolchain of a device's compiler pair: as [`Toolchain::new`], with the pair's name
+    /// in its identity, so that two pairs of one device (which may share a compiler and differ
+    /// in their renderers) never share a memory-cache entry.
+    pub fn of_pair(pair: &CompilerPair, loader: Loader) -> Toolchain {
+        Toolchain::identified(pair.renderer.clone(), pair.compiler.clone(), loader, Some(&pair.name))
+    }
+
+    fn identified(
+        renderer: Arc<dyn Renderer>,
+        compiler: Arc<dyn Compiler>,
+        loader: Loader,
+        pair: Option<&str>,
+    ) -> Toolchain {
         let fingerprint = compiler.fingerprint();
         let mut h = Sha256::new();
         put_str(&mut h, compiler.cache_key());
         put_str(&mut h, &fingerprint);
+        if let Some(pair) = pair {
+            put_str(&mut h, pair);
+        }
         Toolchain { renderer, compiler, loader, fingerprint, id: h.finalize().into() }
     }
 
@@ -1202,7 +1222,7 @@ mod tests {
         let dir = TempDir::new("device");
         let r = rig(MockCompiler::new("fp"));
         let open = |cache: KernelCache| {
-            let pair: crate::parts::CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
+            let pair = CompilerPair::new("mock", Arc::new(MockRenderer), r.compiler.clone());
             let loaded = r.loaded.clone();
             Device::new(DeviceSpec::new("CPU", 0), "mock".into(), move |_| {
                 Ok(crate::parts::DeviceParts::new(

@@ -238,19 +238,58 @@ impl Device {
         &self.cache
     }
 
+    /// The names of the device's (renderer, compiler) pairs, the default first.
+    pub fn compiler_names(&self) -> Vec<String> {
+        self.current().compilers.iter().map(|p| p.name.clone()).collect()
+    }
+
     /// The default renderer (of the first pair) of the current generation.
     pub fn renderer(&self) -> Arc<dyn Renderer> {
-        self.current().compilers[0].0.clone()
+        self.current().compilers[0].renderer.clone()
     }
 
     /// The default compiler (of the first pair) of the current generation.
     pub fn compiler(&self) -> Arc<dyn Compiler> {
-        self.current().compilers[0].1.clone()
+        self.current().compilers[0].compiler.clone()
     }
 
-    /// The device family without ordinal: compiled kernels are shared across its members.
-    pub fn base_device_key(&self) -> &str {
-        self.spec().base_type()
+    /// The index of the pair named `name`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] naming the device's pairs when it has none of that name.
+    fn pair_index(&self, name: &str) -> Result<usize> {
+        let names = self.compiler_names();
+        names.iter().position(|n| n == name).ok_or_else(|| {
+            Error::Unavailable(format!(
+                "device {} has no compiler pair `{name}`; its pairs are: {} (`kiln devices` lists them)",
+                self.spec(),
+                names.join(", ")
+            ))
+        })
+    }
+
+    /// A new device of the same backend and spec whose default pair is `name` (then the
+    /// others, in their order), described by that pair's properties where it has its own: a
+    /// new context at generation 0 and its own kernel cache, as [`Device::with_faults`]
+    /// makes one. The conformance suite runs every pair this way, and `kiln --compiler`
+    /// and Python's `kiln.Device(name, compiler=…)` open one.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the device has no pair `name`; the errors of
+    /// [`Device::new`] (the parts are built again).
+    pub fn with_default_compiler(&self, name: &str) -> Result<Device> {
+        let index = self.pair_index(name)?;
+        let properties = self.current().compilers[index].properties.clone().unwrap_or_else(|| self.properties.clone());
+        let (inner, name) = (self.build.clone(), name.to_string());
+        let build: PartsBuilder = Arc::new(move |context| {
+            let mut parts = inner(context)?;
+            if let Some(i) = parts.compilers.iter().position(|p| p.name == name) {
+                let pair = parts.compilers.remove(i);
+                parts.compilers.insert(0, pair);
+            }
+            Ok(parts)
+        });
+        Ok(Device::open(self.spec().clone(), self.description.clone(), build)?.with_properties(properties))
     }
 
     /// A lazily allocated buffer of `len` elements on this device, in the current generation
@@ -279,6 +318,20 @@ impl Device {
     /// [`Error::DeviceFailed`] while the device is lost; the errors of
     /// [`KernelCache::get_or_compile`].
     pub fn compile(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
+        self.compile_on(0, sink, name)
+    }
+
+    /// [`Device::compile`] with the pair named `compiler` instead of the default. Its kernels
+    /// are cached apart from every other pair's.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the device has no pair `compiler`; the errors of
+    /// [`Device::compile`].
+    pub fn compile_with(&self, compiler: &str, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
+        self.compile_on(self.pair_index(compiler)?, sink, name)
+    }
+
+    fn compile_on(&self, pair: usize, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
         if let Some(name) = name
             && name.chars().count() > MAX_KERNEL_NAME
         {
@@ -289,7 +342,7 @@ impl Device {
         }
         let mut tries = 1;
         loop {
-            let result = self.compile_in_current_generation(sink, name);
+            let result = self.compile_in_current_generation(pair, sink, name);
             let stale = match &result {
                 Ok(kernel) => kernel.check_current().is_err(),
                 Err(e) => e.class() == ErrorClass::DeviceLost,
@@ -305,13 +358,13 @@ impl Device {
     /// ended before it returns the stale outcome.
     pub const COMPILE_TRIES: usize = 3;
 
-    fn compile_in_current_generation(&self, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
+    fn compile_in_current_generation(&self, pair: usize, sink: &Arc<UOp>, name: Option<&str>) -> Result<Kernel> {
         self.context.stamp().check("the device")?;
         let current = self.current();
-        let toolchain = current.toolchain.get_or_init(|| {
-            let (renderer, compiler) = current.compilers[0].clone();
-            Arc::new(Toolchain::new(renderer, compiler, current.loader.clone()))
-        });
+        let (Some(slot), Some(compilers)) = (current.toolchains.get(pair), current.compilers.get(pair)) else {
+            return Err(Error::Invalid(format!("device {} has no compiler pair {pair}", self.spec())));
+        };
+        let toolchain = slot.get_or_init(|| Arc::new(Toolchain::of_pair(compilers, current.loader.clone())));
         let mut kernel = self.cache.get_or_compile(sink, name, self.spec(), toolchain)?;
         if kernel.spec.bounds.pending() > 0 && self.bounds_policy() == BoundsPolicy::Guard {
             // The guarded form compiles through the same cache and toolchain, on first need.
@@ -442,7 +495,7 @@ pub(crate) mod tests {
         r: &crate::testing::Rig,
         allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>,
     ) -> Device {
-        let pair: CompilerPair = (Arc::new(MockRenderer), r.compiler.clone());
+        let pair = CompilerPair::new("mock", Arc::new(MockRenderer), r.compiler.clone());
         let (loaded, allocators) = (r.loaded.clone(), allocators.clone());
         Device::new(spec, "mock".into(), move |_| {
             let a = MockAllocator::new(1 << 20);
@@ -451,6 +504,41 @@ pub(crate) mod tests {
         })
         .unwrap()
         .with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only())))
+    }
+
+    /// A mock `CPU` device of the pairs `names` (each the rig's renderer and compiler).
+    fn mock_device_with_pairs(r: &crate::testing::Rig, names: &[&str]) -> Result<Device> {
+        let pairs: Vec<CompilerPair> =
+            names.iter().map(|n| CompilerPair::new(*n, Arc::new(MockRenderer), r.compiler.clone())).collect();
+        let loaded = r.loaded.clone();
+        Device::new(DeviceSpec::new("CPU", 0), "mock".into(), move |_| {
+            Ok(DeviceParts::new(MockAllocator::new(1 << 20), pairs.clone(), runtime(loaded.clone())))
+        })
+        .map(|d| d.with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only()))))
+    }
+
+    #[test]
+    fn compiler_pairs_are_picked_by_name_cached_apart_and_named_once() {
+        let r = rig(MockCompiler::new("fp"));
+        let dev = mock_device_with_pairs(&r, &["first", "second"]).unwrap();
+        assert_eq!(dev.compiler_names(), ["first", "second"]);
+        let sink = kernel(2.0);
+        dev.compile(&sink, Some("k")).unwrap();
+        dev.compile_with("first", &sink, Some("k")).unwrap();
+        assert_eq!(r.compiles(), 1, "the default pair is `first`: one cache entry");
+        dev.compile_with("second", &sink, Some("k")).unwrap();
+        assert_eq!(r.compiles(), 2, "another pair's kernel is cached apart");
+        let err = dev.compile_with("third", &sink, Some("k")).unwrap_err();
+        assert!(matches!(&err, Error::Unavailable(m) if m.contains("`third`") && m.contains("first, second")), "{err}");
+
+        let second = dev.with_default_compiler("second").unwrap();
+        assert_eq!(second.compiler_names(), ["second", "first"]);
+        assert!(matches!(dev.with_default_compiler("third"), Err(Error::Unavailable(_))));
+
+        for names in [&["same", "same"][..], &[""][..]] {
+            let err = mock_device_with_pairs(&r, names).unwrap_err();
+            assert!(matches!(&err, Error::Invalid(m) if m.contains("a name of its own")), "{names:?}: {err}");
+        }
     }
 
     #[test]

@@ -48,6 +48,10 @@ pub struct Conformance {
     /// `(test, reason)`: the tests (by their function name in kiln-conformance's
     /// `tests/conformance.rs`) that this backend reports as skipped, with why.
     pub unsupported: &'static [(&'static str, &'static str)],
+    /// `Some((backend, pair))`: the entry is registry backend `backend`'s device compiling
+    /// with its compiler pair `pair` ([`Device::with_default_compiler`]), so the suite runs
+    /// every pair; `None`: the registry backend `name`, with its default pair.
+    pub pair: Option<(&'static str, &'static str)>,
 }
 
 /// A target a backend compiles for without opening a device (`kiln compile --target NAME:ARCH`).

@@ -36,7 +36,7 @@ use crate::buffer::{Allocator, AllocatorStats, RawPtr, RawView};
 use crate::error::{Error, Result};
 use crate::graph::{GraphFactory, GraphLaunch, LaunchGraph};
 use crate::kernel::LaunchGate;
-use crate::parts::{DeviceParts, PartsBuilder};
+use crate::parts::{CompilerPair, DeviceParts, PartsBuilder};
 use crate::program::{CompiledSpec, Compiler, ProgramSpec, RuntimeFactory};
 use crate::queue::{DynQueue, DynQueueFactory};
 use crate::signal::TimelineSignal;
@@ -236,7 +236,10 @@ pub fn inject(parts: DeviceParts, plan: &Arc<FaultPlan>) -> DeviceParts {
         compilers: parts
             .compilers
             .into_iter()
-            .map(|(r, c)| (r, Arc::new(FaultCompiler { inner: c, plan: plan.clone() }) as Arc<dyn Compiler>))
+            .map(|pair| CompilerPair {
+                compiler: Arc::new(FaultCompiler { inner: pair.compiler, plan: plan.clone() }),
+                ..pair
+            })
             .collect(),
         runtime: Arc::new(move |compiled: &CompiledSpec| {
             loader.device_op("a program load")?;

@@ -27,17 +27,23 @@ pub(crate) struct Generation {
     /// Loads kernels of this generation (the runtime with the generation's origin).
     pub(crate) loader: Loader,
     pub(crate) queues: Option<Arc<dyn DynQueueFactory>>,
-    /// The default pair with its fingerprint, taken at the first compile.
-    pub(crate) toolchain: OnceLock<Arc<Toolchain>>,
+    /// Each pair's toolchain (with the compiler's fingerprint), made at the pair's first compile.
+    pub(crate) toolchains: Vec<OnceLock<Arc<Toolchain>>>,
 }
 
 impl Generation {
     pub(crate) fn new(parts: DeviceParts, stamp: Stamp) -> Result<Generation> {
+        let spec = stamp.context().spec();
         if parts.compilers.is_empty() {
-            return Err(Error::Invalid(format!(
-                "device {} needs at least one renderer/compiler pair",
-                stamp.context().spec()
-            )));
+            return Err(Error::Invalid(format!("device {spec} needs at least one renderer/compiler pair")));
+        }
+        for (i, pair) in parts.compilers.iter().enumerate() {
+            if pair.name.is_empty() || parts.compilers[..i].iter().any(|p| p.name == pair.name) {
+                return Err(Error::Invalid(format!(
+                    "device {spec}: compiler pair {i} is named `{}`; every pair needs a name of its own",
+                    pair.name
+                )));
+            }
         }
         let gate = parts.gate;
         let graphs = parts.graphs.map(|inner| {
@@ -46,11 +52,11 @@ impl Generation {
         let origin = Arc::new(Origin::new(stamp.clone(), gate, graphs));
         Ok(Generation {
             allocator: Arc::new(ContextAllocator::new(parts.allocator, stamp.clone())),
+            toolchains: parts.compilers.iter().map(|_| OnceLock::new()).collect(),
             compilers: parts.compilers,
             loader: Loader::of_generation(parts.runtime.clone(), origin),
             runtime: parts.runtime,
             queues: parts.queues.map(|q| Arc::new(ContextQueues::new(q, stamp)) as Arc<dyn DynQueueFactory>),
-            toolchain: OnceLock::new(),
         })
     }
 }

@@ -91,7 +91,7 @@ pub use program::{
 };
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use registry::{
-    Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, device_names, find_backend, open_device,
+    Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, device_names, find_backend, open_device, opened_device,
     register_backend, report_skip, required, required_names, skip_unless_required,
 };
 pub use ring::{BackendEvent, EventRing, RingSignal};

@@ -6,14 +6,49 @@ use std::sync::Arc;
 
 use crate::buffer::Allocator;
 use crate::context::DeviceContext;
+use crate::device::DeviceProperties;
 use crate::error::Result;
 use crate::graph::GraphFactory;
 use crate::kernel::LaunchGate;
 use crate::program::{Compiler, Renderer, RuntimeFactory};
 use crate::queue::DynQueueFactory;
 
-/// A (renderer, compiler) pair. A device may offer several (e.g. two C compilers).
-pub type CompilerPair = (Arc<dyn Renderer>, Arc<dyn Compiler>);
+/// A named (renderer, compiler) pair: one way a device turns kernels into programs. A device
+/// offers one or more, the first being its default (the CPU: its C compiler for the host's
+/// instruction set, then for older sets); [`crate::Device::compile_with`] picks one by name.
+#[derive(Clone)]
+pub struct CompilerPair {
+    /// The pair's name on its device (`cc`, `cc-avx2`, `opencl-c`), as `--compiler`,
+    /// Python's `compiler=` and `kiln devices` spell it.
+    pub name: String,
+    /// Turns kernels into the compiler's source.
+    pub renderer: Arc<dyn Renderer>,
+    /// Turns that source into programs.
+    pub compiler: Arc<dyn Compiler>,
+    /// What kernel generators should read when compiling with this pair, where it differs
+    /// from the device's [`DeviceProperties`] (an older instruction set's vector width);
+    /// `None`: the device's.
+    pub properties: Option<DeviceProperties>,
+}
+
+impl CompilerPair {
+    /// The pair `name` of `renderer` and `compiler`, described by the device's properties.
+    pub fn new(name: impl Into<String>, renderer: Arc<dyn Renderer>, compiler: Arc<dyn Compiler>) -> CompilerPair {
+        CompilerPair { name: name.into(), renderer, compiler, properties: None }
+    }
+
+    /// This pair described by `properties` instead of the device's.
+    pub fn with_properties(mut self, properties: DeviceProperties) -> CompilerPair {
+        self.properties = Some(properties);
+        self
+    }
+}
+
+impl std::fmt::Debug for CompilerPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CompilerPair({})", self.name)
+    }
+}
 
 /// What a backend builds for one device generation: memory, compilers, the program loader
 /// and (optionally) hardware queues.

@@ -186,6 +186,12 @@ pub fn open_device(name: &str) -> Result<Arc<Device>> {
     Ok(lock().open.entry(spec).or_insert(device).clone())
 }
 
+/// The device `spec` if [`open_device`] has opened it in this process (a listing that must
+/// not open devices can still describe those that are open).
+pub fn opened_device(spec: &DeviceSpec) -> Option<Arc<Device>> {
+    lock().open.get(spec).cloned()
+}
+
 /// The error for a device whose backend is not registered: which backends are, and the call
 /// that registers this one if its crate is linked.
 fn unregistered(spec: &DeviceSpec, registered: &[Backend]) -> Error {

@@ -370,8 +370,11 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
         let runtime: kiln_device::RuntimeFactory =
             Arc::new(move |compiled| Ok(Arc::new(OpenClProgram::load(loader.clone(), compiled)?) as _));
         let allocator = Arc::new(LruAllocator::from_env(Arc::new(OpenClAllocator::new(cl.clone())))?);
-        let compilers: Vec<kiln_device::CompilerPair> =
-            vec![(Arc::new(opencl_renderer(&cl)), Arc::new(OpenClCompiler::new(cl.clone())))];
+        let compilers = vec![kiln_device::CompilerPair::new(
+            "opencl-c",
+            Arc::new(opencl_renderer(&cl)),
+            Arc::new(OpenClCompiler::new(cl.clone())),
+        )];
         Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
             .with_queues(Arc::new(OpenClQueueFactory::new(cl))))
     })?;
@@ -397,6 +400,7 @@ pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
         name: "opencl",
         peer: "cpu",
         unsupported: &[("alu_f32x8", POCL_VECTOR_SIN), ("alu_f32x16", POCL_VECTOR_SIN)],
+        pair: None,
     }],
     targets: &[],
     baseline: kiln_device::no_baseline,

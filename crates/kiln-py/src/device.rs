@@ -137,15 +137,24 @@ fn source_and_name(item: &Bound<'_, PyAny>) -> PyResult<(String, Option<String>)
 #[pymethods]
 impl PyDevice {
     /// Opens the device `name` (`"CPU"`, `"OPENCL"`, `"OPENCL:1"`, `"CUDA:0"`); a device is
-    /// opened once per process and shared by every handle.
+    /// opened once per process and shared by every handle. With `compiler` (one of its
+    /// `compilers`, e.g. the CPU's `"cc-avx2"`), a device of its own whose default compiler
+    /// pair is that one, with that pair's `properties`.
     #[new]
-    fn new(py: Python<'_>, name: &str) -> PyResult<PyDevice> {
+    #[pyo3(signature = (name, compiler=None))]
+    fn new(py: Python<'_>, name: &str, compiler: Option<String>) -> PyResult<PyDevice> {
         if let Ok(spec) = name.parse::<kiln_ir::DeviceSpec>()
             && kiln_device::find_backend(spec.base_type()).is_none()
         {
             return Err(raise(py, KilnError::Unavailable(unknown_backend(spec.base_type()))));
         }
-        let device = detached(py, None, || kiln_device::open_device(name).map_err(Failure::from))?;
+        let device = detached(py, None, || {
+            let device = kiln_device::open_device(name)?;
+            Ok(match compiler.as_deref() {
+                Some(pair) => Arc::new(device.with_default_compiler(pair)?),
+                None => device,
+            })
+        })?;
         let stream = crate::stream::of(&device);
         Ok(PyDevice { device, stream, closed: AtomicBool::new(false) })
     }
@@ -154,6 +163,13 @@ impl PyDevice {
     #[getter]
     fn name(&self) -> String {
         self.device.spec().to_string()
+    }
+
+    /// The names of the device's compiler pairs, the default first (the CPU's: `cc` for the
+    /// host's instruction set, `cc-avx2` and `cc-sse2` for older ones).
+    #[getter]
+    fn compilers(&self) -> PyResult<Vec<String>> {
+        Ok(self.get()?.compiler_names())
     }
 
     /// A human-readable description (model, driver, compiler).
@@ -260,16 +276,27 @@ impl PyDevice {
         detached(py, None, || Ok(device.allocator().trim()))
     }
 
-    /// Compiles kernel text (or a `.kiln` file) for this device, through the kernel cache.
-    /// Parse errors raise `ParseError` with `line` and `col`.
-    #[pyo3(signature = (source, name=None))]
-    fn compile(&self, py: Python<'_>, source: &Bound<'_, PyAny>, name: Option<String>) -> PyResult<PyKernel> {
+    /// Compiles kernel text (or a `.kiln` file) for this device, through the kernel cache,
+    /// with the compiler pair `compiler` (one of `compilers`; the default when `None`).
+    /// Parse errors raise `ParseError` with `line` and `col`; an unknown pair raises
+    /// `UnavailableError` naming the device's pairs.
+    #[pyo3(signature = (source, name=None, compiler=None))]
+    fn compile(
+        &self,
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        name: Option<String>,
+        compiler: Option<String>,
+    ) -> PyResult<PyKernel> {
         let device = self.get()?;
         let (text, default) = read_source(source)?;
         let name = name.or(default);
         let kernel = detached(py, Some(&text), || {
             let sink = kiln_ir::parse_kernel(&text)?;
-            Ok(device.compile(&sink, name.as_deref())?)
+            Ok(match compiler.as_deref() {
+                Some(pair) => device.compile_with(pair, &sink, name.as_deref())?,
+                None => device.compile(&sink, name.as_deref())?,
+            })
         })?;
         PyKernel::new(py, kernel, device, Some(text.into()))
     }

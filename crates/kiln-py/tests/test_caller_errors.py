@@ -106,7 +106,7 @@ def test_d5_sizes_past_any_buffer_are_refused_and_len_works(dev):
 
 
 def test_d6_a_failed_allocation_leaves_high_water_alone():
-    d = kiln.Device("CPU-SSE2")  # a device of its own: no other test's buffers in its counters
+    d = kiln.Device("CPU", compiler="cc-sse2")  # a device of its own: no other test's buffers in its counters
     before = d.memory_stats()["high_water"]
     with pytest.raises(kiln.OutOfMemoryError):
         d.empty("u8", 2**40)
@@ -193,7 +193,7 @@ def test_a_closed_handle_refuses_everything_but_its_name_and_the_objects_made_be
 
 
 def test_stale_buffers_are_refused_when_viewed_or_copied_after_a_reset():
-    d = kiln.Device("CPU-AVX2")  # reset only this test's device
+    d = kiln.Device("CPU", compiler="cc-avx2")  # reset only this test's device
     b = d.empty("f32", 4)
     d.reset()
     for call in (lambda: b.view(0, 2), lambda: b.reinterpret("u8"), lambda: kiln.Plan(d).copy(d.empty("f32", 4), b)):

@@ -48,6 +48,26 @@ def test_gpu_properties_give_the_work_group_limits(backend):
     assert backend == "CUDA" or props["wmma"] == [], props["wmma"]
 
 
+def test_compiler_pairs_are_listed_picked_per_kernel_and_per_device(dev):
+    pairs = dev.compilers
+    assert pairs[0] == "cc", pairs  # the C compiler for the host's instruction set is the default
+    x = np.arange(4, dtype="float32")
+    a = dev.empty("f32", 4)
+    a.copy_from(x)
+    for pair in pairs:  # the same kernel through every pair
+        out = dev.empty("f32", 4)
+        dev.compile(INC, name="inc", compiler=pair)(a, out, n=4)
+        assert out.numpy().tolist() == (x + 1).tolist(), pair
+    with pytest.raises(kiln.UnavailableError, match="no compiler pair `nope`; its pairs are: cc"):
+        dev.compile(INC, compiler="nope")
+    if "cc-sse2" in pairs:
+        old = kiln.Device("CPU", compiler="cc-sse2")
+        assert old.compilers[0] == "cc-sse2" and old.properties["vector_bytes"] == 16, old.properties
+        assert old.properties["isa"] == "SSE2"
+    with pytest.raises(kiln.UnavailableError, match="its pairs are"):
+        kiln.Device("CPU", compiler="nope")
+
+
 def test_a_device_name_is_parsed_by_kiln():
     assert kiln.Device("cpu").name == "CPU"
     with pytest.raises(kiln.InvalidArgumentError, match="device"):

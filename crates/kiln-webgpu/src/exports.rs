@@ -25,7 +25,12 @@ const WGSL_F16_BITS: &str = "WGSL cannot reinterpret a lone f16's bits; through 
 /// The WebGPU backend's driver, for kiln-backends' list.
 pub const DRIVER: Driver = Driver {
     register: crate::register,
-    conformance: &[Conformance { name: "webgpu", peer: "cpu", unsupported: &[("bitcasts_half", WGSL_F16_BITS)] }],
+    conformance: &[Conformance {
+        name: "webgpu",
+        peer: "cpu",
+        unsupported: &[("bitcasts_half", WGSL_F16_BITS)],
+        pair: None,
+    }],
     targets: &[OfflineTarget {
         name: "webgpu",
         usage: "webgpu",

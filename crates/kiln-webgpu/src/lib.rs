@@ -321,7 +321,8 @@ fn build_device_with(spec: &DeviceSpec, loop_budget: Option<Option<u64>>) -> Res
         let runtime: kiln_device::RuntimeFactory =
             Arc::new(move |compiled| Ok(Arc::new(WgpuProgram::load(loader.clone(), compiled)?) as _));
         let allocator = Arc::new(LruAllocator::from_env(Arc::new(WgpuAllocator::new(gpu.clone())))?);
-        let compilers: Vec<kiln_device::CompilerPair> = vec![(
+        let compilers = vec![kiln_device::CompilerPair::new(
+            "wgsl",
             Arc::new(WgslRenderer::new(gpu.spec.clone(), gpu.caps).with_loop_budget(gpu.loop_budget)),
             Arc::new(WgslCompiler::new(gpu.caps, gpu.identity())),
         )];

@@ -25,6 +25,10 @@ pub struct CompileArgs {
     /// The device to render for
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
+    /// The device's compiler pair to use instead of its default (`kiln devices` lists them:
+    /// the CPU's `cc`, `cc-avx2`, `cc-sse2`)
+    #[arg(long, value_name = "NAME")]
+    pub compiler: Option<String>,
     /// What to print: the rendered source, the metadata, the linear order, or a format of the --target
     #[arg(long, default_value = "source")]
     pub emit: String,
@@ -107,7 +111,7 @@ pub fn run(args: &CompileArgs) -> Result<String, CliError> {
             return Err(CliError::Usage(format!("--emit {} needs a target: add --target {usage}", args.emit)));
         }
         None => {
-            let device = session::open_device(&args.device)?;
+            let device = session::open_device(&args.device, args.compiler.as_deref())?;
             let spec =
                 if args.check { (*kernel_file.compile(&device)?.spec).clone() } else { kernel_file.render(&device)? };
             (spec, None)

@@ -9,8 +9,9 @@ use crate::show::bytes;
 
 /// `kiln devices [--verbose]`.
 #[derive(Debug, Default, clap::Args)]
-#[command(after_help = "Lists every device of every backend this kiln registers (the CPU and its instruction-set \
-variants CPU-AVX2 and CPU-SSE2; OPENCL:n when an OpenCL driver is present; CUDA:n when the NVIDIA driver is present). \
+#[command(after_help = "Lists every device of every backend this kiln registers (the CPU; OPENCL:n when an OpenCL \
+driver is present; CUDA:n when the NVIDIA driver is present), with each open device's compiler pairs, the default \
+first (the CPU's: cc for the host's instruction set, cc-avx2 and cc-sse2 for older ones; pick one with --compiler). \
 A backend that cannot be used is listed as unavailable with the reason. \
 The CPU row names the C compiler its kernels are built with and why that one: KILN_CC when set, \
 else clang when it is on PATH, else cc.")]
@@ -29,6 +30,9 @@ pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
         match &r.status {
             Ok(desc) => {
                 let _ = writeln!(out, "{:<width$}  available    {desc}", r.name);
+                if !r.compilers.is_empty() {
+                    let _ = writeln!(out, "{:<width$}    compilers: {} (default first)", "", r.compilers.join(", "));
+                }
             }
             Err(why) => {
                 let _ = writeln!(out, "{:<width$}  unavailable  {}", r.name, why.replace('\n', " "));

@@ -28,6 +28,10 @@ pub struct RunArgs {
     /// The device to run on
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
+    /// The device's compiler pair to use instead of its default (`kiln devices` lists them:
+    /// the CPU's `cc`, `cc-avx2`, `cc-sse2`)
+    #[arg(long, value_name = "NAME")]
+    pub compiler: Option<String>,
     /// Bind a kernel variable (every variable needs exactly one)
     #[arg(long = "var", value_name = "NAME=VALUE", value_parser = session::parse_var)]
     pub vars: Vec<(String, i64)>,
@@ -196,7 +200,7 @@ pub fn run(args: &RunArgs) -> Result<String, CliError> {
     }
     let trace = args.trace.as_deref().map(|p| Destination::open("cannot write the trace file", p)).transpose()?;
     let kernel_file = KernelFile::load(&args.file)?;
-    let device = session::open_device(&args.device)?;
+    let device = session::open_device(&args.device, args.compiler.as_deref())?;
     let kernel = kernel_file.compile(&device)?;
     let spec = &kernel.spec;
     let vals = session::bind_vars(spec, &args.vars)?;

@@ -11,7 +11,7 @@ use kiln_ir::{DeviceSpec, UOp};
 use crate::error::{CliError, Context};
 
 /// `cmd` with the help of every subcommand's `--device` completed by the registered backends:
-/// `The device to run on: CPU, CPU-AVX2, CPU-SSE2, OPENCL or CUDA (NAME:n for device n)`.
+/// `The device to run on: CPU, OPENCL or CUDA (NAME:n for device n)`.
 pub fn with_device_help(cmd: clap::Command) -> clap::Command {
     let names = kiln_device::device_names();
     cmd.mut_subcommands(|sub| {
@@ -74,9 +74,16 @@ impl KernelFile {
     }
 }
 
-/// Opens a device by name (`CPU`, `OPENCL:0`, ...).
-pub fn open_device(spec: &DeviceSpec) -> Result<Arc<Device>, CliError> {
-    kiln_device::open_device(&spec.to_string()).context(|| format!("cannot open device {spec}"))
+/// Opens a device by name (`CPU`, `OPENCL:0`, ...), with its compiler pair `compiler` as the
+/// default where one is given (`--compiler cc-avx2`; `kiln devices` lists each device's pairs).
+pub fn open_device(spec: &DeviceSpec, compiler: Option<&str>) -> Result<Arc<Device>, CliError> {
+    let device = kiln_device::open_device(&spec.to_string()).context(|| format!("cannot open device {spec}"))?;
+    match compiler {
+        None => Ok(device),
+        Some(name) => Ok(Arc::new(
+            device.with_default_compiler(name).context(|| format!("cannot open device {spec} with compiler {name}"))?,
+        )),
+    }
 }
 
 /// Parses `--device` text (a clap value parser: the message follows clap's "invalid value"):

@@ -97,13 +97,19 @@ def from_dlpack(x: Any, device: Optional[Device] = None) -> Buffer:
 
 class Device:
     """A compute device, opened by name: ``Device("CPU")``, ``Device("OPENCL")``,
-    ``Device("CUDA:0")``. A device is opened once per process and shared by every handle.
-    Usable as a context manager, which closes the handle."""
+    ``Device("CUDA:0")``. A device is opened once per process and shared by every handle;
+    ``Device("CPU", compiler="cc-avx2")`` is a device of its own whose default compiler pair is
+    that one (see ``compilers``). Usable as a context manager, which closes the handle."""
 
-    def __init__(self, name: str) -> None: ...
+    def __init__(self, name: str, compiler: Optional[str] = None) -> None: ...
     @property
     def name(self) -> str:
         """The device's name (``"CPU"``, ``"OPENCL"``, ``"OPENCL:1"``)."""
+    @property
+    def compilers(self) -> list[str]:
+        """The device's compiler pairs, the default first: the CPU's ``cc`` (the host's
+        instruction set), ``cc-avx2`` and ``cc-sse2`` (older ones, where the CPU runs them);
+        ``opencl-c``, ``nvrtc``, ``wgsl`` elsewhere."""
     @property
     def description(self) -> str:
         """Model, driver and compiler, in words."""
@@ -135,10 +141,11 @@ class Device:
         """``in_use``, ``cached``, ``high_water`` (bytes), ``hits``, ``misses``, ``budget``."""
     def trim(self) -> int:
         """Frees the allocator's cached blocks; returns the bytes released."""
-    def compile(self, source: Source, name: Optional[str] = None) -> Kernel:
-        """Compiles kernel text or a ``.kiln`` file through the kernel cache. Parse and
-        validation errors raise ``ParseError`` with ``line`` and ``col``. The name defaults
-        to the file's stem."""
+    def compile(self, source: Source, name: Optional[str] = None, compiler: Optional[str] = None) -> Kernel:
+        """Compiles kernel text or a ``.kiln`` file through the kernel cache, with the compiler
+        pair ``compiler`` (one of ``compilers``; the default when ``None``: an unknown one
+        raises ``UnavailableError`` naming the pairs). Parse and validation errors raise
+        ``ParseError`` with ``line`` and ``col``. The name defaults to the file's stem."""
     def compile_many(self, sources: Iterable[Union[Source, Tuple[Source, Optional[str]]]]) -> list[Kernel]:
         """Compiles several kernels on all cores; each entry is a source or ``(source, name)``.
         Returns the kernels in order; raises the first failing entry's error."""

@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// The device to benchmark
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
+    /// The device's compiler pair to use instead of its default (`kiln devices` lists them:
+    /// the CPU's `cc`, `cc-avx2`, `cc-sse2`)
+    #[arg(long, value_name = "NAME")]
+    pub compiler: Option<String>,
     /// Print {"device", "results": [...]} instead of a table
     #[arg(long)]
     pub json: bool,
@@ -131,7 +135,7 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         return baselines::matmul_baseline_child(args.baseline_threads, reps(args));
     }
     kiln_backends::register_all();
-    let device = session::open_device(&args.device)?;
+    let device = session::open_device(&args.device, args.compiler.as_deref())?;
     if args.disk_hit_child {
         return entries::disk_hit_child(&device);
     }

@@ -98,7 +98,7 @@ fn load_affine(compiled: &CompiledSpec) -> Result<Arc<dyn Program>> {
 fn graph_device(mode: Mode, counts: &Arc<Counts>) -> Device {
     let counts = counts.clone();
     Device::new(DeviceSpec::new("CPU", 0), "mock graphs".into(), move |_| {
-        let pair: CompilerPair = (Arc::new(SpecOnly), Arc::new(SpecOnly));
+        let pair = CompilerPair::new("spec-only", Arc::new(SpecOnly), Arc::new(SpecOnly));
         Ok(DeviceParts::new(HostAllocator::shared(), vec![pair], Arc::new(load_affine))
             .with_queues(queue_factory())
             .with_graphs(Arc::new(MockGraphs { mode, counts: counts.clone() })))

@@ -19,8 +19,12 @@ impl Bench {
     pub(super) fn cache_disk_hit(&self, args: &BenchArgs) -> Result<BenchResult, CliError> {
         let (exe, dir) = exe_and_private_dir("kiln-bench-disk-")?;
         let child = |expect_hit: bool| -> Result<f64, CliError> {
-            let out = Process::new(&exe)
-                .args(["bench", "--disk-hit-child", "--device", &args.device.to_string()])
+            let mut cmd = Process::new(&exe);
+            cmd.args(["bench", "--disk-hit-child", "--device", &args.device.to_string()]);
+            if let Some(compiler) = &args.compiler {
+                cmd.args(["--compiler", compiler]);
+            }
+            let out = cmd
                 .env("KILN_CACHE_DIR", dir.path())
                 .env_remove("KILN_CACHE")
                 .output()
@@ -89,7 +93,8 @@ impl Bench {
         // Each run's output replaces this, so a run that wrote nothing is caught.
         let poison = npy_of("c.npy", &[f32::NAN; 8])?;
         let slot = |i: usize, file: &str| format!("{i}={}", path(file).display());
-        let run_args = [
+        let compiler = args.compiler.iter().flat_map(|c| ["--compiler".to_string(), c.clone()]);
+        let run_args: Vec<String> = [
             "run".into(),
             path("add.kiln").display().to_string(),
             "--device".into(),
@@ -102,7 +107,10 @@ impl Bench {
             slot(1, "b.npy"),
             "--out".into(),
             slot(2, "c.npy"),
-        ];
+        ]
+        .into_iter()
+        .chain(compiler)
+        .collect();
         // Times one child process (started, run to its end); its stdout is dropped.
         let timed = |args: &[String]| -> Result<f64, CliError> {
             let mut cmd = Process::new(&exe);
