@@ -8,6 +8,7 @@ use kiln_device::{Error, Result};
 use kiln_ir::{AddrSpace, DType, DeviceSpec, Op, Scalar, UOp, Wmma};
 
 use crate::literal::c_int_literal;
+use crate::syntax::Syntax;
 
 /// Helper definitions (typedefs, inline functions, pragmas) a rendered kernel needs, in the
 /// order they must appear. Dialects register what they use while spelling expressions.
@@ -178,11 +179,12 @@ impl Address {
     }
 }
 
-/// How one C-family language spells things. See the module docs for what the core decides.
+/// How one language spells values, memory and the kernel around the core's walk; its
+/// statements are its [`Syntax`]. See the crate docs for what the core decides.
 ///
 /// Methods get the [`Prelude`] to register helper definitions they use. Expressions returned
 /// must be self-contained (parenthesized where precedence could matter).
-pub trait Dialect {
+pub trait Dialect: Syntax {
     /// Refuses a kernel this dialect's device cannot run before anything is rendered (e.g.
     /// f64 on an OpenCL device without `cl_khr_fp64`). Default: every kernel is rendered.
     ///
@@ -200,9 +202,6 @@ pub trait Dialect {
 
     /// Lines at the very top of the file (includes, pragmas).
     fn header(&self) -> String;
-
-    /// The register type of a scalar (`float`, `int32_t`, `bool`, ...).
-    fn scalar_type(&self, s: Scalar, p: &mut Prelude) -> String;
 
     /// The element type behind a buffer pointer (defaults to the register type).
     fn memory_type(&self, s: Scalar, p: &mut Prelude) -> String {
@@ -300,12 +299,13 @@ pub trait Dialect {
     /// A declaration (without the final `;`) of work-group local memory: an array `name` of
     /// `len` elements of `s` in memory representation ([`Dialect::memory_type`]), shared by
     /// the work items of one group and uninitialised (OpenCL `__local T name[len]`, CUDA
-    /// `__shared__ T name[len]`). Loads and stores reach it through an [`Address`] whose
+    /// `__shared__ T name[len]`); `None` where the language declares it outside the kernel
+    /// (registered in the prelude). Loads and stores reach it through an [`Address`] whose
     /// space is [`AddrSpace::Local`]. The default refuses: a backend without work groups.
     ///
     /// # Errors
     /// [`Error::Render`] when the backend has no work-group local memory (the default).
-    fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<String> {
+    fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<Option<String>> {
         Err(Error::Render(
             "work-group local memory (DEFINE_LOCAL) needs a backend with work groups, which this one is not: \
              run the kernel on OpenCL or CUDA"

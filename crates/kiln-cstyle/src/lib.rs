@@ -105,6 +105,7 @@ mod emit;
 pub mod gpu;
 pub mod literal;
 pub mod reserved;
+pub mod syntax;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]
@@ -121,6 +122,7 @@ pub use dialect::{
 pub use gpu::{Gpu, GpuLanguage};
 pub use literal::{c_float_literal, c_int_literal, int_literal, saturating_cast, wrap_int};
 pub use reserved::kernel_name;
+pub use syntax::{Syntax, unsigned_of};
 
 use emit::Emitter;
 pub use emit::{acc_of, extent_closure};
@@ -151,22 +153,48 @@ impl<D: Dialect + Send + Sync> Renderer for CStyle<D> {
     /// the validator's error ([`Error::Ir`]).
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
         self.dialect.refuse(ast, &self.device)?;
-        if ast.op() != Op::Sink {
-            return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
-        }
-        validate(ast)?;
-        let name = kernel_name(name, ast);
-        let mut spec = ProgramSpec::from_sink(&name, String::new(), self.device.clone(), ast)?;
-        let optimized = self.dialect.optimize(ast);
-        if !Arc::ptr_eq(&optimized, ast) {
-            validate(&optimized)?;
-        }
-        let linear = linearize(&optimized)?;
-        spec.src = Emitter::new(&self.dialect).run(&spec, &linear)?;
+        let (mut spec, linear) = lower(ast, name, &self.device, |ast| self.dialect.optimize(ast))?;
+        spec.src = emit(&self.dialect, &spec, &linear)?;
         Ok(spec)
     }
 
     fn device(&self) -> &DeviceSpec {
         &self.device
     }
+}
+
+/// The first half of rendering, the same for every language: checks that `ast` is a valid
+/// kernel (a SINK), derives its [`ProgramSpec`] (no source yet; the entry point is `name`
+/// made into an identifier, or `k_` plus the start of the content hash), then applies
+/// `rewrite` (a dialect's optimizations, a language's decompositor) and linearizes the result.
+///
+/// # Errors
+/// [`Error::Render`] for a root other than SINK; the validator's and the linearizer's errors
+/// ([`Error::Ir`]), also for a rewritten kernel that no longer validates.
+pub fn lower(
+    ast: &Arc<UOp>,
+    name: Option<&str>,
+    device: &DeviceSpec,
+    rewrite: impl FnOnce(&Arc<UOp>) -> Arc<UOp>,
+) -> Result<(ProgramSpec, Vec<Arc<UOp>>)> {
+    if ast.op() != Op::Sink {
+        return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
+    }
+    validate(ast)?;
+    let name = kernel_name(name, ast);
+    let spec = ProgramSpec::from_sink(&name, String::new(), device.clone(), ast)?;
+    let rewritten = rewrite(ast);
+    if !Arc::ptr_eq(&rewritten, ast) {
+        validate(&rewritten)?;
+    }
+    Ok((spec, linearize(&rewritten)?))
+}
+
+/// The second half: the source of the kernel in `linear` (its linear order, from [`lower`])
+/// in `dialect`, by the core's one walk.
+///
+/// # Errors
+/// [`Error::Render`] naming the node the core or the dialect cannot express.
+pub fn emit<D: Dialect + ?Sized>(dialect: &D, spec: &ProgramSpec, linear: &[Arc<UOp>]) -> Result<String> {
+    Emitter::new(dialect).run(spec, linear)
 }
