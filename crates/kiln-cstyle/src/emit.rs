@@ -714,7 +714,7 @@ fn infix_symbol(op: Op) -> &'static str {
 }
 
 /// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
-pub fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
+fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
     let mut node = n.clone();
     loop {
         let next = match node.op() {
@@ -729,7 +729,7 @@ pub fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
 
 /// Every node the SPECIAL extents depend on. They must be plain integer expressions over
 /// constants and variables (they are evaluated before any launch index exists).
-pub fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
+fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
     let mut out = HashSet::new();
     let mut stack: Vec<Arc<UOp>> = specials.iter().map(|s| s.src()[0].clone()).collect();
     while let Some(n) = stack.pop() {

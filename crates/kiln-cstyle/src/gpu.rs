@@ -21,10 +21,9 @@ use kiln_device::{Error, Result};
 use kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp, Wmma, bf16_bits, f16_bits};
 
 use crate::dialect::{
-    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator, unsupported_wmma,
+    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, Syntax, c_vector_operator, unsupported_wmma,
 };
 use crate::literal::{c_float_literal, int_literal, saturating_cast};
-use crate::syntax::Syntax;
 
 /// A GPU language, in the spirit of tinygrad's `OpenCLRenderer`: the constants say how it
 /// spells kernels, buffers, launch indices and helpers; the hooks are what is code.
