@@ -52,6 +52,7 @@ pub mod program;
 pub mod queue;
 pub mod renderer;
 pub mod signal;
+mod vmath;
 
 use std::sync::{Arc, OnceLock};
 

@@ -9,7 +9,6 @@ use kiln_ir::{AddrSpace, Arg, ContentHash, DType, Op, Scalar, StoreHint, UOp};
 
 use crate::dialect::{Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude};
 use crate::literal::wrap_int;
-use crate::reserved::var_c_name;
 
 /// The value of a node as later nodes refer to it.
 #[derive(Clone, Debug)]
@@ -23,6 +22,20 @@ struct Block {
     range: Option<ContentHash>,
     /// Accumulator write-backs `(acc, value)` deferred to the end of this block.
     commits: Vec<(String, String)>,
+    /// For a loop: its index and extent, and the first line of its body.
+    open: Option<Loop>,
+}
+
+struct Loop {
+    index: String,
+    extent: String,
+    start: usize,
+}
+
+impl Block {
+    fn new(range: Option<ContentHash>, open: Option<Loop>) -> Block {
+        Block { range, commits: Vec::new(), open }
+    }
 }
 
 /// A valued END that is not an accumulator: `name` is declared before the loop of `range`
@@ -58,7 +71,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             values: HashMap::new(),
             lines: Vec::new(),
             indent: 1,
-            blocks: vec![Block { range: None, commits: Vec::new() }],
+            blocks: vec![Block::new(None, None)],
             counters: HashMap::new(),
             used_names: HashSet::new(),
             carries: HashMap::new(),
@@ -92,12 +105,12 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                         (n.dtype(), params.iter_mut().find(|kp| kp.slot as i64 == *slot))
                     {
                         kp.space = space;
-                        self.values.insert(n.content_hash(), Value::Expr(kp.name.clone()));
+                        self.values.insert(n.content_hash(), Value::Addr(self.d.buffer(kp)));
                     }
                 }
                 (Op::DefineVar, Arg::Var { name, .. }) => {
                     let position = spec.var_names.iter().position(|v| v == name).unwrap_or(0);
-                    let c_name = var_c_name(name, position);
+                    let c_name = self.d.var_name(name, position);
                     if !vars.iter().any(|v| v.ir_name == *name) {
                         vars.push(KernelVar {
                             name: c_name.clone(),
@@ -280,7 +293,8 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
     fn declare(&mut self, n: &UOp, prefix: &'static str, init: String) -> Result<()> {
         let ty = self.ty(n, n.dtype())?;
         let name = self.fresh(prefix);
-        self.line(format!("const {ty} {name} = {init};"));
+        let decl = self.d.declare(&ty, &name, &init);
+        self.line(decl);
         self.values.insert(n.content_hash(), Value::Expr(name));
         Ok(())
     }
@@ -321,9 +335,11 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                     let end = self.carry_decl(n, &carry)?;
                     self.line(end);
                 }
-                self.line(format!("for ({ty} {name} = 0; {name} < {extent}; {name}++) {{"));
+                let open = self.d.open_loop(n, &ty, &name, &extent);
+                self.line(open);
                 self.indent += 1;
-                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+                let open = Loop { index: name.clone(), extent, start: self.lines.len() };
+                self.blocks.push(Block::new(Some(n.content_hash()), Some(open)));
                 self.values.insert(n.content_hash(), Value::Expr(name));
             }
             Op::End | Op::EndIf => self.end(n)?,
@@ -331,7 +347,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 let cond = self.expr(&src[0])?;
                 self.line(format!("if ({cond}) {{"));
                 self.indent += 1;
-                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new() });
+                self.blocks.push(Block::new(Some(n.content_hash()), None));
             }
             Op::DefineLocal => {
                 let (DType::Ptr { scalar, .. }, Some(len)) = (n.dtype(), src[0].arg_int()) else {
@@ -339,8 +355,9 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 };
                 let name = self.fresh("lmem");
                 let len = usize::try_from(len).map_err(|_| render_err(n, format!("size {len} is not a size")))?;
-                let decl = self.d.local_memory(&name, scalar, len, &mut self.p)?;
-                self.line(format!("{decl};"));
+                if let Some(decl) = self.d.local_memory(&name, scalar, len, &mut self.p)? {
+                    self.line(format!("{decl};"));
+                }
                 self.values.insert(n.content_hash(), Value::Expr(name));
             }
             Op::Barrier => {
@@ -353,23 +370,23 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 let DType::Ptr { scalar, space, .. } = n.dtype() else {
                     return Err(render_err(n, "INDEX must yield a pointer"));
                 };
-                let addr = if base.index == "0" {
-                    Address { base: base.base, index: idx, scalar, space }
-                } else {
-                    Address { base: base.pointer(), index: idx, scalar, space }
-                };
+                let addr = self.d.element(base, idx, scalar, space);
                 self.values.insert(n.content_hash(), Value::Addr(addr));
             }
             Op::Load => {
                 let addr = self.address(&src[0])?;
                 let load = self.d.load(&addr, n.dtype(), &mut self.p);
-                let init = if src.len() == 3 {
+                if src.len() == 3 {
                     let (alt, gate) = (self.expr(&src[1])?, self.expr(&src[2])?);
-                    format!("({gate} ? {load} : {alt})")
+                    let ty = self.ty(n, n.dtype())?;
+                    let name = self.fresh("val");
+                    for line in self.d.gated_load(&ty, &name, &load, &alt, &gate) {
+                        self.line(line);
+                    }
+                    self.values.insert(n.content_hash(), Value::Expr(name));
                 } else {
-                    load
-                };
-                self.declare(n, "val", init)?;
+                    self.declare(n, "val", load)?;
+                }
             }
             Op::Store => {
                 let addr = self.address(&src[0])?;
@@ -380,18 +397,21 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                     }
                     _ => self.d.store(&addr, &value, src[1].dtype(), &mut self.p),
                 };
+                let stmt = format!("{stmt};");
                 if src.len() == 3 {
                     let gate = self.expr(&src[2])?;
-                    self.line(format!("if ({gate}) {stmt};"));
+                    let gated = self.d.gated(&gate, &stmt);
+                    self.line(gated);
                 } else {
-                    self.line(format!("{stmt};"));
+                    self.line(stmt);
                 }
             }
             Op::DefineAcc => {
                 let ty = self.ty(n, n.dtype())?;
                 let init = self.expr(&src[0])?;
                 let name = self.fresh("acc");
-                self.line(format!("{ty} {name} = {init};"));
+                let decl = self.d.declare_mut(&ty, &name, &init);
+                self.line(decl);
                 self.values.insert(n.content_hash(), Value::Expr(name));
             }
             Op::Assign => {
@@ -457,7 +477,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             }
             _ => return Err(render_err(range, format!("cannot carry a {dt} out of a loop"))),
         };
-        Ok(format!("{ty} {} = {zero};", carry.name))
+        Ok(self.d.declare_mut(&ty, &carry.name, &zero))
     }
 
     fn zero(&mut self, s: Scalar) -> String {
@@ -467,7 +487,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
     fn end(&mut self, n: &Arc<UOp>) -> Result<()> {
         let range = n.src()[0].content_hash();
         if self.blocks.last().is_some_and(|b| b.range == Some(range)) {
-            let block = self.blocks.pop().unwrap_or(Block { range: None, commits: Vec::new() });
+            let block = self.blocks.pop().unwrap_or(Block::new(None, None));
             for (acc, value) in block.commits {
                 self.line(format!("{acc} = {value};"));
             }
@@ -483,6 +503,12 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                     None => return Err(render_err(n, "the value carried out of the loop is not defined in it")),
                 };
                 self.line(format!("{name} = {v};"));
+            }
+            if let Some(open) = block.open {
+                let body = self.lines.split_off(open.start.min(self.lines.len()));
+                let pad = "  ".repeat(self.indent);
+                let body = self.d.close_loop(&n.src()[0], &open.index, &open.extent, body, &pad);
+                self.lines.extend(body);
             }
             self.indent -= 1;
             self.line("}".into());
@@ -545,7 +571,7 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             }
             DType::Vector(s, w) => {
                 if op == Op::Where && args[0].1 == DType::BOOL {
-                    return Ok(format!("({} ? {} : {})", args[0].0, args[1].0, args[2].0));
+                    return Ok(self.d.select(&args[0].0, &args[1].0, &args[2].0));
                 }
                 let infix = matches!(op, Op::Add | Op::Sub | Op::Mul | Op::Div | Op::And | Op::Or | Op::Xor);
                 if (infix || op == Op::Neg) && self.d.native_vector_op(op, operand) {
@@ -573,14 +599,16 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
     /// One lane of an ALU op on operands of scalar `s` (for WHERE: `s` is the value type).
     fn scalar_alu(&mut self, n: &UOp, op: Op, s: Scalar, args: &[String]) -> Result<String> {
         if op == Op::Where {
-            return Ok(format!("({} ? {} : {})", args[0], args[1], args[2]));
+            return Ok(self.d.select(&args[0], &args[1], &args[2]));
         }
         let via = s.is_float() && self.d.float_via_f32(s);
         let cs = if via { Scalar::F32 } else { s };
         let a: Vec<String> =
             if via { args.iter().map(|e| self.d.to_f32(e, s, &mut self.p)).collect() } else { args.to_vec() };
+        if let Some(r) = self.d.scalar_op(op, cs, &a, &mut self.p) {
+            return Ok(self.finish(op, s, via, r));
+        }
         let math = |this: &mut Self, f: MathFn| this.d.math(f, cs, &a, &mut this.p);
-        let bits = (s.size() * 8) as i64;
         let r = match op {
             Op::Neg if s == Scalar::Bool => format!("(!{})", a[0]),
             Op::Neg => format!("(-{})", a[0]),
@@ -599,37 +627,36 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
                 format!("({one} / {})", a[0])
             }
             Op::Abs if s.is_float() => math(self, MathFn::Fabs),
-            Op::Abs if s.is_signed() => format!("({0} < 0 ? -{0} : {0})", a[0]),
+            Op::Abs if s.is_signed() => self.d.select(&format!("{} < 0", a[0]), &format!("-{}", a[0]), &a[0]),
             Op::Abs => a[0].clone(),
             Op::Max if s.is_float() => math(self, MathFn::Fmax),
             Op::Min if s.is_float() => math(self, MathFn::Fmin),
-            Op::Max => format!("({0} > {1} ? {0} : {1})", a[0], a[1]),
-            Op::Min => format!("({0} < {1} ? {0} : {1})", a[0], a[1]),
+            Op::Max => self.d.select(&format!("{} > {}", a[0], a[1]), &a[0], &a[1]),
+            Op::Min => self.d.select(&format!("{} < {}", a[0], a[1]), &a[0], &a[1]),
             Op::Pow => math(self, MathFn::Pow),
             Op::MulAcc if s.is_float() => math(self, MathFn::Fma),
             Op::MulAcc => format!("({} * {} + {})", a[0], a[1], a[2]),
-            Op::Shl if s.is_signed() => {
-                let (st, ut) = (self.d.scalar_type(s, &mut self.p), self.d.scalar_type(unsigned_of(s), &mut self.p));
-                format!("(({st})(({ut}){} << ({} & {})))", a[0], a[1], bits - 1)
-            }
-            Op::Shl => format!("({} << ({} & {}))", a[0], a[1], bits - 1),
-            Op::Shr => format!("({} >> ({} & {}))", a[0], a[1], bits - 1),
+            Op::Shl | Op::Shr => self.d.shift(op, s, &a[0], &a[1], &mut self.p),
             Op::Idiv | Op::Mod if s.is_int() => self.int_division(n, op, s, &a[0], &a[1]),
             op if op.is_binary() => format!("({} {} {})", a[0], infix_symbol(op), a[1]),
             op => return Err(render_err(n, format!("{op} is not an ALU op on {s}"))),
         };
+        Ok(self.finish(op, s, via, r))
+    }
+
+    /// The result `r` of ALU `op` on `s` (computed in f32 when `via`) as a value of `s`.
+    fn finish(&mut self, op: Op, s: Scalar, via: bool, r: String) -> String {
         if via && !op.is_comparison() {
-            return Ok(self.d.from_f32(&r, s, &mut self.p));
+            return self.d.from_f32(&r, s, &mut self.p);
         }
         // C promotes narrow integers and bools to int: bring the result back into the type so
         // lanes and inits hold exactly what the IR says.
         let wraps = matches!(op, Op::Neg | Op::Not | Op::Add | Op::Sub | Op::Mul | Op::Shl | Op::MulAcc | Op::Abs)
             || (s == Scalar::Bool && matches!(op, Op::And | Op::Or | Op::Xor | Op::Idiv | Op::Mod));
         if !op.is_comparison() && wraps && (s == Scalar::Bool || (s.is_int() && s.size() < 4)) {
-            let t = self.d.scalar_type(s, &mut self.p);
-            return Ok(format!("(({t}){r})"));
+            return self.d.wrap(&r, s, &mut self.p);
         }
-        Ok(r)
+        r
     }
 
     /// IDIV or MOD of `x` by `d` (scalar `s`, an integer type) with the defined results of
@@ -652,9 +679,9 @@ impl<'a, D: Dialect + ?Sized> Emitter<'a, D> {
             }
             _ => is_zero.clone(),
         };
-        let safe = format!("({x} {symbol} ({traps} ? {one} : {d}))");
+        let safe = format!("({x} {symbol} {})", self.d.select(&traps, &one, d));
         let by_zero = if op == Op::Idiv { zero } else { x.to_string() };
-        format!("({is_zero} ? {by_zero} : {safe})")
+        self.d.select(&is_zero, &by_zero, &safe)
     }
 }
 
@@ -686,19 +713,8 @@ fn infix_symbol(op: Op) -> &'static str {
     }
 }
 
-/// The unsigned integer type of the same size.
-fn unsigned_of(s: Scalar) -> Scalar {
-    match s {
-        Scalar::I8 => Scalar::U8,
-        Scalar::I16 => Scalar::U16,
-        Scalar::I32 => Scalar::U32,
-        Scalar::I64 => Scalar::U64,
-        other => other,
-    }
-}
-
 /// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
-pub fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
+fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
     let mut node = n.clone();
     loop {
         let next = match node.op() {
@@ -713,7 +729,7 @@ pub fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
 
 /// Every node the SPECIAL extents depend on. They must be plain integer expressions over
 /// constants and variables (they are evaluated before any launch index exists).
-pub fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
+fn extent_closure(specials: &[&Arc<UOp>]) -> Result<HashSet<ContentHash>> {
     let mut out = HashSet::new();
     let mut stack: Vec<Arc<UOp>> = specials.iter().map(|s| s.src()[0].clone()).collect();
     while let Some(n) = stack.pop() {

@@ -21,7 +21,7 @@ use kiln_device::{Error, Result};
 use kiln_ir::{DType, DeviceSpec, Op, Scalar, UOp, Wmma, bf16_bits, f16_bits};
 
 use crate::dialect::{
-    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator, unsupported_wmma,
+    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, Syntax, c_vector_operator, unsupported_wmma,
 };
 use crate::literal::{c_float_literal, int_literal, saturating_cast};
 
@@ -207,6 +207,13 @@ fn element(addr: &Address, k: u8) -> String {
     if k == 0 { format!("({})[{}]", addr.base, addr.index) } else { format!("({})[({}) + {k}]", addr.base, addr.index) }
 }
 
+impl<L: GpuLanguage> Syntax for Gpu<L> {
+    fn scalar_type(&self, s: Scalar, p: &mut Prelude) -> String {
+        self.need_f64(s, p);
+        L::type_name(s).into()
+    }
+}
+
 impl<L: GpuLanguage> Dialect for Gpu<L> {
     /// f64 on a device without it.
     fn refuse(&self, ast: &Arc<UOp>, device: &DeviceSpec) -> Result<()> {
@@ -221,11 +228,6 @@ impl<L: GpuLanguage> Dialect for Gpu<L> {
 
     fn header(&self) -> String {
         L::HEADER.into()
-    }
-
-    fn scalar_type(&self, s: Scalar, p: &mut Prelude) -> String {
-        self.need_f64(s, p);
-        L::type_name(s).into()
     }
 
     fn memory_type(&self, s: Scalar, p: &mut Prelude) -> String {
@@ -504,8 +506,8 @@ impl<L: GpuLanguage> Dialect for Gpu<L> {
         }
     }
 
-    fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<String> {
-        Ok(format!("{} {} {name}[{len}]", L::SHARED, self.memory_type(s, p)))
+    fn local_memory(&self, name: &str, s: Scalar, len: usize, p: &mut Prelude) -> Result<Option<String>> {
+        Ok(Some(format!("{} {} {name}[{len}]", L::SHARED, self.memory_type(s, p))))
     }
 
     fn wmma(&self, w: &Wmma, args: &[String; 3], p: &mut Prelude) -> Result<String> {

@@ -1,20 +1,25 @@
-//! kiln's C-family code generator: one walk over a kernel's linear order, spelled by a [`Dialect`].
+//! kiln's code generator: one walk over a kernel's linear order, spelled by a [`Dialect`].
 //!
 //! [`CStyle`] turns a kernel (a SINK) into C-like source plus its [`ProgramSpec`]. Everything
-//! that is the same in every C family member lives here: naming, scoping, loops and
-//! accumulators, the meaning of every op. A dialect (C for the CPU, OpenCL C, ...) only
-//! says how things are *spelled*: type names, vector syntax, the kernel signature, how launch
-//! indices come into being, math function names, conversions, loads and stores.
+//! that is the same in every language lives here: naming, scoping, loops, blocks,
+//! accumulators and carried values, the meaning of every op. A dialect (C for the CPU, OpenCL
+//! C, CUDA C) only says how things are *spelled*: type names, vector syntax, the kernel
+//! signature, how launch indices come into being, math function names, conversions, loads
+//! and stores. Its [`Syntax`] writes the statements and the few expressions whose form
+//! differs between languages; C's is the default, and WGSL (kiln-webgpu) overrides it on
+//! the same walk ([`lower`] then [`emit`]). What a language lacks altogether is rewritten
+//! in the IR before the walk (a renderer's decompositor), not spelled around here.
 //!
 //! # Emission model
 //! - CONST, PARAM, DEFINE_VAR, SPECIAL, INDEX, BIND and AFTER are inline expressions; every
-//!   other value gets one `const` declaration (`alu3`, `val0`, `cast1`, ...), so every
-//!   expression is self-contained and operator precedence never matters.
+//!   other value gets one declaration ([`Syntax::declare`]: `alu3`, `val0`, `cast1`, ...),
+//!   so every expression is self-contained and operator precedence never matters.
 //! - The nodes the SPECIAL extents depend on are emitted first (the kernel prologue), then
 //!   [`Dialect::open_launch`] introduces the launch indices (the CPU opens loops there, OpenCL
 //!   reads work-item ids), then the rest of the kernel in linear order.
-//! - RANGE opens `for (ridxN = 0; ridxN < extent; ridxN++) {`; the first END naming it closes it.
-//!   IF opens `if (cond) {`; its ENDIF closes it.
+//! - RANGE opens a loop ([`Syntax::open_loop`], in C `for (ridxN = 0; ridxN < extent; ridxN++) {`);
+//!   the first END naming it closes it ([`Syntax::close_loop`] may rewrite its body). IF opens
+//!   `if (cond) {`; its ENDIF closes it.
 //! - DEFINE_LOCAL declares work-group local memory ([`Dialect::local_memory`], `lmemN`) at the
 //!   top of the kernel body, before the launch indices open (OpenCL C allows `__local`
 //!   declarations only at kernel function scope). BARRIER is one statement
@@ -50,7 +55,8 @@
 //! - Bool values are 0/1; NEG of a bool is NOT.
 //!
 //! # Layout
-//! - [`dialect`]: the [`Dialect`] contract and the values it spells from.
+//! - [`dialect`]: the [`Dialect`] contract, its [`Syntax`] of statements (C's by default), and
+//!   the values they spell from.
 //! - [`reserved`]: the names no kernel or variable may take.
 //! - [`literal`]: number literals.
 //! - `emit`: the emitter (the walk above).
@@ -116,14 +122,13 @@ use kiln_device::{Error, ProgramSpec, Renderer, Result};
 use kiln_ir::{DeviceSpec, Op, UOp, linearize, validate};
 
 pub use dialect::{
-    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_vector_operator, unsupported_wmma,
+    Address, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, Syntax, c_vector_operator, unsupported_wmma,
 };
 pub use gpu::{Gpu, GpuLanguage};
 pub use literal::{c_float_literal, c_int_literal, int_literal, saturating_cast, wrap_int};
 pub use reserved::kernel_name;
 
 use emit::Emitter;
-pub use emit::{acc_of, extent_closure};
 
 /// Renders kernels with one dialect for one device family: a backend's [`Renderer`] is
 /// `CStyle<its dialect>`. Rendering keeps no state between kernels, so one renderer serves
@@ -151,22 +156,48 @@ impl<D: Dialect + Send + Sync> Renderer for CStyle<D> {
     /// the validator's error ([`Error::Ir`]).
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
         self.dialect.refuse(ast, &self.device)?;
-        if ast.op() != Op::Sink {
-            return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
-        }
-        validate(ast)?;
-        let name = kernel_name(name, ast);
-        let mut spec = ProgramSpec::from_sink(&name, String::new(), self.device.clone(), ast)?;
-        let optimized = self.dialect.optimize(ast);
-        if !Arc::ptr_eq(&optimized, ast) {
-            validate(&optimized)?;
-        }
-        let linear = linearize(&optimized)?;
-        spec.src = Emitter::new(&self.dialect).run(&spec, &linear)?;
+        let (mut spec, linear) = lower(ast, name, &self.device, |ast| self.dialect.optimize(ast))?;
+        spec.src = emit(&self.dialect, &spec, &linear)?;
         Ok(spec)
     }
 
     fn device(&self) -> &DeviceSpec {
         &self.device
     }
+}
+
+/// The first half of rendering, the same for every language: checks that `ast` is a valid
+/// kernel (a SINK), derives its [`ProgramSpec`] (no source yet; the entry point is `name`
+/// made into an identifier, or `k_` plus the start of the content hash), then applies
+/// `rewrite` (a dialect's optimizations, a language's decompositor) and linearizes the result.
+///
+/// # Errors
+/// [`Error::Render`] for a root other than SINK; the validator's and the linearizer's errors
+/// ([`Error::Ir`]), also for a rewritten kernel that no longer validates.
+pub fn lower(
+    ast: &Arc<UOp>,
+    name: Option<&str>,
+    device: &DeviceSpec,
+    rewrite: impl FnOnce(&Arc<UOp>) -> Arc<UOp>,
+) -> Result<(ProgramSpec, Vec<Arc<UOp>>)> {
+    if ast.op() != Op::Sink {
+        return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
+    }
+    validate(ast)?;
+    let name = kernel_name(name, ast);
+    let spec = ProgramSpec::from_sink(&name, String::new(), device.clone(), ast)?;
+    let rewritten = rewrite(ast);
+    if !Arc::ptr_eq(&rewritten, ast) {
+        validate(&rewritten)?;
+    }
+    Ok((spec, linearize(&rewritten)?))
+}
+
+/// The second half: the source of the kernel in `linear` (its linear order, from [`lower`])
+/// in `dialect`, by the core's one walk.
+///
+/// # Errors
+/// [`Error::Render`] naming the node the core or the dialect cannot express.
+pub fn emit<D: Dialect + ?Sized>(dialect: &D, spec: &ProgramSpec, linear: &[Arc<UOp>]) -> Result<String> {
+    Emitter::new(dialect).run(spec, linear)
 }

@@ -5,17 +5,20 @@ use std::sync::Arc;
 use kiln_device::{Error, ProgramSpec, Renderer, Result};
 use kiln_ir::{Arg, DType, DeviceSpec, KernelBuilder, Op, Scalar, UOp, Val};
 
-use crate::{Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, c_float_literal};
+use crate::{Address, CStyle, Dialect, KernelParam, KernelVar, LaunchIndex, MathFn, Prelude, Syntax, c_float_literal};
 
 /// A minimal OpenCL-flavoured dialect: enough to check what the core decides.
 struct Toy;
 
+impl Syntax for Toy {
+    fn scalar_type(&self, s: Scalar, _: &mut Prelude) -> String {
+        s.name().into()
+    }
+}
+
 impl Dialect for Toy {
     fn header(&self) -> String {
         "// toy".into()
-    }
-    fn scalar_type(&self, s: Scalar, _: &mut Prelude) -> String {
-        s.name().into()
     }
     fn vector_type(&self, s: Scalar, w: u8, p: &mut Prelude) -> String {
         let name = format!("{}x{w}", s.name());

@@ -48,6 +48,7 @@ pub mod program;
 pub mod queue;
 pub mod renderer;
 pub mod signal;
+mod wgsl;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -669,10 +670,10 @@ mod tests {
             WgslRenderer::new(DeviceSpec::new(BACKEND, 0), caps).with_loop_budget(Some(loops::LLVMPIPE_LOOP_BUDGET));
         let sum = kiln_device::kiln_ir::parse_kernel(include_str!("../../../examples/kernels/sum.kiln")).unwrap();
         let src = plain.render(&sum, Some("sum")).unwrap().src;
-        assert!(src.contains("ridx2++") && !src.contains("ridx2_b"), "{src}");
+        assert!(src.contains("ridx0++") && !src.contains("ridx0_b"), "{src}");
         let src = budgeted.render(&sum, Some("sum")).unwrap().src;
         assert!(
-            src.contains("ridx2_b += 257i") && src.contains("if (kiln_var0 - ridx2_b <= 256i) { break; }"),
+            src.contains("ridx0_b += 257i") && src.contains("if (kiln_var0 - ridx0_b <= 256i) { break; }"),
             "{src}"
         );
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/kernels");
