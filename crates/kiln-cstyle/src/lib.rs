@@ -6,7 +6,7 @@
 //! C, CUDA C) only says how things are *spelled*: type names, vector syntax, the kernel
 //! signature, how launch indices come into being, math function names, conversions, loads
 //! and stores. Its [`Syntax`] writes the statements and the few expressions whose form
-//! differs between languages; C's is the default, and WGSL (kiln-webgpu) overrides it on
+//! differs between languages; C's is the default, and a language that is not C overrides it on
 //! the same walk ([`lower`] then [`emit`]). What a language lacks altogether is rewritten
 //! in the IR before the walk (a renderer's decompositor), not spelled around here.
 //!

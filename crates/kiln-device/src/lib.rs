@@ -64,6 +64,7 @@ pub mod guarded;
 pub mod kernel;
 pub mod parts;
 pub mod program;
+pub mod properties;
 pub mod queue;
 pub mod registry;
 pub mod ring;
@@ -77,7 +78,7 @@ pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, MAX_BUFFER_BYTES, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
-pub use device::{Device, DeviceProperties, MAX_KERNEL_NAME};
+pub use device::{Device, MAX_KERNEL_NAME};
 pub use driver::{Baseline, BaselineFn, BenchWork, Conformance, Driver, OfflineTarget, TargetOutput, no_baseline};
 pub use error::{Error, ErrorClass, Result};
 pub use graph::{GraphFactory, GraphLaunch, LaunchGraph};
@@ -89,6 +90,7 @@ pub use program::{
     AccessProof, CompiledSpec, Compiler, LaunchDims, ParamInfo, Program, ProgramSpec, Renderer, RuntimeFactory,
     Variable, special_axis,
 };
+pub use properties::DeviceProperties;
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use registry::{
     Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, device_names, find_backend, open_device, opened_device,

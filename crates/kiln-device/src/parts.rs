@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use crate::buffer::Allocator;
 use crate::context::DeviceContext;
-use crate::device::DeviceProperties;
 use crate::error::Result;
 use crate::graph::GraphFactory;
 use crate::kernel::LaunchGate;
 use crate::program::{Compiler, Renderer, RuntimeFactory};
+use crate::properties::DeviceProperties;
 use crate::queue::DynQueueFactory;
 
 /// A named (renderer, compiler) pair: one way a device turns kernels into programs. A device
