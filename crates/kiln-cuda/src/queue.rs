@@ -123,7 +123,7 @@ impl AccelStream for CudaStream {
     }
 
     fn check_kernel(&self, kernel: &Kernel, launch: &LaunchDims) -> Result<()> {
-        let program = cuda_program(kernel)?;
+        let program = kernel.program_as::<CudaProgram>("the CUDA backend")?;
         if !Arc::ptr_eq(program.device(), &self.cu) {
             return Err(Error::Launch(format!(
                 "kernel `{}` was loaded in another CUDA context than this queue's (on {})",
@@ -141,7 +141,7 @@ impl AccelStream for CudaStream {
         dims: &LaunchDims,
         timer: Option<&Arc<dyn CommandTimer>>,
     ) -> Result<()> {
-        let program = cuda_program(kernel)?;
+        let program = kernel.program_as::<CudaProgram>("the CUDA backend")?;
         // SAFETY: `views` are live allocations of this context (checked at record time and
         // held by the skeleton until the launch completes); the stream is of this context.
         self.timed(timer, |stream| unsafe { program.enqueue_raw(stream, views, vals, dims) })
@@ -201,17 +201,6 @@ impl AccelBackend for Cuda {
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Error = Error;
-}
-
-/// The CUDA program behind `kernel`, or why it cannot run on a CUDA queue.
-fn cuda_program(kernel: &Kernel) -> Result<&CudaProgram> {
-    let program: &dyn std::any::Any = kernel.program().as_ref();
-    program.downcast_ref::<CudaProgram>().ok_or_else(|| {
-        Error::Launch(format!(
-            "kernel `{}` was loaded for {}, not by the CUDA backend: compile it with a CUDA device",
-            kernel.spec.name, kernel.spec.device
-        ))
-    })
 }
 
 /// Creates the stream queues and event signals of one CUDA device.

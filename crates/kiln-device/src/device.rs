@@ -472,6 +472,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_kernels_program_is_reached_as_its_own_type_only() {
+        use crate::program::Program;
+        struct Other;
+        impl Program for Other {
+            // Never called: the type only has to differ from the mock's program.
+            unsafe fn execute(&self, _: &[crate::RawView], _: &[i64], _: &crate::LaunchDims) -> Result<()> {
+                Ok(())
+            }
+            fn name(&self) -> &str {
+                "other"
+            }
+        }
+        let r = rig(MockCompiler::new("fp"));
+        let dev = mock_device_with_pairs(&r, &["mock"]).unwrap();
+        let k = dev.compile(&kernel(1.0), Some("k")).unwrap();
+        assert_eq!(k.program_as::<crate::testing::MockProgram>("the mock backend").unwrap().name(), "k");
+        let err = k.program_as::<Other>("the other backend").err().unwrap();
+        assert!(
+            matches!(&err, Error::Launch(m) if m.contains("`k`") && m.contains("not by the other backend")),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn compiler_pairs_are_picked_by_name_cached_apart_and_named_once() {
         let r = rig(MockCompiler::new("fp"));
         let dev = mock_device_with_pairs(&r, &["first", "second"]).unwrap();

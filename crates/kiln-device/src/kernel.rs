@@ -155,6 +155,22 @@ impl Kernel {
         &self.loaded.program
     }
 
+    /// The backend's program as its concrete type `P`, for a queue of backend `backend` (`"the
+    /// OpenCL backend"`) that enqueues it natively after [`Kernel::admit`].
+    ///
+    /// # Errors
+    /// [`Error::Launch`] when another backend loaded the kernel (it was compiled for another
+    /// device), saying so.
+    pub fn program_as<P: Program>(&self, backend: &str) -> Result<&P> {
+        let program: &dyn std::any::Any = self.loaded.program.as_ref();
+        program.downcast_ref::<P>().ok_or_else(|| {
+            Error::Launch(format!(
+                "kernel `{}` was loaded for {}, not by {backend}: compile it with a device of that backend",
+                self.spec.name, self.spec.device
+            ))
+        })
+    }
+
     /// The device generation the kernel was loaded under; `None` for one built by hand.
     pub fn origin(&self) -> Option<&Arc<Origin>> {
         self.loaded.origin.as_ref()

@@ -89,7 +89,7 @@ impl AccelStream for ClStream {
     }
 
     fn check_kernel(&self, kernel: &Kernel, launch: &LaunchDims) -> Result<()> {
-        let program = opencl_program(kernel)?;
+        let program = kernel.program_as::<OpenClProgram>("the OpenCL backend")?;
         if !Arc::ptr_eq(program.device(), &self.cl) {
             return Err(Error::Launch(format!(
                 "kernel `{}` was loaded for {} (another context), this queue runs on {}",
@@ -109,7 +109,7 @@ impl AccelStream for ClStream {
         dims: &LaunchDims,
         timer: Option<&Arc<dyn CommandTimer>>,
     ) -> Result<()> {
-        let program = opencl_program(kernel)?;
+        let program = kernel.program_as::<OpenClProgram>("the OpenCL backend")?;
         let reference = Instant::now();
         // SAFETY: `views` are live cl_mem windows of this context (checked at record time and
         // held by the skeleton until the launch completes); the queue is of this context.
@@ -193,17 +193,6 @@ impl AccelBackend for OpenCl {
 /// The (count, pointer) pair of an OpenCL wait list.
 fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
     if events.is_empty() { (0, std::ptr::null()) } else { (events.len() as u32, events.as_ptr()) }
-}
-
-/// The OpenCL program behind `kernel`, or why it cannot run on an OpenCL queue.
-fn opencl_program(kernel: &Kernel) -> Result<&OpenClProgram> {
-    let program: &dyn std::any::Any = kernel.program().as_ref();
-    program.downcast_ref::<OpenClProgram>().ok_or_else(|| {
-        Error::Launch(format!(
-            "kernel `{}` was loaded for {}, not by the OpenCL backend: compile it with an OpenCL device",
-            kernel.spec.name, kernel.spec.device
-        ))
-    })
 }
 
 /// Creates the queues and signals of one OpenCL device. Queues are independent in-order

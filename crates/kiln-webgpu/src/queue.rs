@@ -94,16 +94,6 @@ impl DeviceClock {
     }
 }
 
-fn webgpu_program(kernel: &Kernel) -> Result<&WgpuProgram> {
-    let program: &dyn std::any::Any = kernel.program().as_ref();
-    program.downcast_ref::<WgpuProgram>().ok_or_else(|| {
-        Error::Launch(format!(
-            "kernel `{}` was loaded for {}, not by the WebGPU backend: compile it with a WebGPU device",
-            kernel.spec.name, kernel.spec.device
-        ))
-    })
-}
-
 impl AccelStream for WgpuStream {
     type Backend = WebGpu;
 
@@ -112,7 +102,7 @@ impl AccelStream for WgpuStream {
     }
 
     fn check_kernel(&self, kernel: &Kernel, launch: &LaunchDims) -> Result<()> {
-        let program = webgpu_program(kernel)?;
+        let program = kernel.program_as::<WgpuProgram>("the WebGPU backend")?;
         if !Arc::ptr_eq(program.device(), &self.gpu) {
             return Err(Error::Launch(format!(
                 "kernel `{}` was loaded for another wgpu device of {}, this queue runs on {}",
@@ -133,7 +123,7 @@ impl AccelStream for WgpuStream {
         timer: Option<&Arc<dyn CommandTimer>>,
     ) -> Result<()> {
         self.gpu.check_lost()?;
-        let program = webgpu_program(kernel)?;
+        let program = kernel.program_as::<WgpuProgram>("the WebGPU backend")?;
         let start = Instant::now();
         let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
         let clock = (timer.is_some() && self.gpu.timestamps).then(|| DeviceClock::new(&self.gpu));
