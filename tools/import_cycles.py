@@ -89,10 +89,16 @@ def edges(src):
     lib = src / "lib.rs"
     roots = reexports(code(lib), modules) if lib.exists() else {}
     ignored = IGNORED | (set(TEST_FILE.findall(strip_comments(lib.read_text(encoding="utf-8")))) if lib.exists() else set())
+    test_files = set()
+    for path in files:
+        # `#[cfg(test)] mod tests;` in `a/mod.rs` or `a.rs` is the file `a/tests.rs`.
+        folder = path.parent if path.stem in ("mod", "lib", "main") else path.with_suffix("")
+        for name in TEST_FILE.findall(strip_comments(path.read_text(encoding="utf-8"))):
+            test_files |= {folder / f"{name}.rs", folder / name / "mod.rs"}
     graph = {m: set() for m in modules - ignored}
     for path in files:
         here = module_of(src, path)
-        if here is None or here in ignored:
+        if here is None or here in ignored or path in test_files:
             continue
         text = code(path)
         for m in PATH.finditer(text):

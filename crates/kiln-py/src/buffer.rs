@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 use crate::dlpack::{self, Imported};
 use crate::dtype;
 use crate::errors::{Failure, detached, invalid, invalid_arg, raise};
-use crate::stream::Stream;
+use kiln_runtime::LaunchStream;
 
 /// A typed window onto device memory. Views share the memory, which stays alive as long as
 /// any view, numpy array or DLPack tensor made from it.
@@ -19,7 +19,7 @@ pub struct PyBuffer {
     pub buf: Buffer,
     /// The queue of the buffer's device when its launches are asynchronous: host access
     /// waits for it first.
-    pub stream: Option<Arc<Stream>>,
+    pub stream: Option<Arc<LaunchStream>>,
 }
 
 /// numpy, imported on first need (it is only needed for numpy interop).
@@ -61,7 +61,7 @@ pub fn host_array(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
 impl PyBuffer {
     /// A buffer of `device` (asynchronous launches there are waited for before host access).
     pub fn on(buf: Buffer, device: &Arc<kiln_device::Device>) -> PyBuffer {
-        PyBuffer { buf, stream: crate::stream::of(device) }
+        PyBuffer { buf, stream: LaunchStream::of(device) }
     }
 
     /// Another window of the same memory.

@@ -12,7 +12,7 @@ use crate::buffer::{PyBuffer, host_array};
 use crate::dtype;
 use crate::errors::{Failure, detached, invalid_arg, raise};
 use crate::kernel::PyKernel;
-use crate::stream::Stream;
+use kiln_runtime::LaunchStream;
 
 /// One row of `kiln.devices()`: a device (or a backend without one) and whether it can be used.
 #[pyclass(frozen, name = "DeviceInfo", module = "kiln", get_all)]
@@ -51,7 +51,7 @@ pub fn devices(py: Python<'_>) -> PyResult<Vec<DeviceInfo>> {
 pub struct PyDevice {
     device: Arc<Device>,
     /// The device's queue of launches from Python when they are asynchronous.
-    stream: Option<Arc<Stream>>,
+    stream: Option<Arc<LaunchStream>>,
     closed: AtomicBool,
 }
 
@@ -155,7 +155,7 @@ impl PyDevice {
                 None => device,
             })
         })?;
-        let stream = crate::stream::of(&device);
+        let stream = LaunchStream::of(&device);
         Ok(PyDevice { device, stream, closed: AtomicBool::new(false) })
     }
 

@@ -13,7 +13,7 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 use crate::buffer::PyBuffer;
 use crate::errors::{detached, invalid_arg};
-use crate::stream::Stream;
+use kiln_runtime::LaunchStream;
 
 /// Kernels with at most this many buffers launch without a heap allocation for them.
 const INLINE: usize = 8;
@@ -30,7 +30,7 @@ pub struct PyKernel {
     keys: Vec<Py<PyString>>,
     /// The device's queue when its launches are asynchronous; `None` launches on the
     /// calling thread.
-    stream: Option<Arc<Stream>>,
+    stream: Option<Arc<LaunchStream>>,
 }
 
 impl PyKernel {
@@ -39,7 +39,7 @@ impl PyKernel {
         if let Some(text) = &text {
             crate::errors::remember(&kernel.spec.name, text);
         }
-        Ok(PyKernel { kernel, text, keys, stream: crate::stream::of(device) })
+        Ok(PyKernel { kernel, text, keys, stream: LaunchStream::of(device) })
     }
 
     /// The variables' values in `var_names` order, from keyword arguments.

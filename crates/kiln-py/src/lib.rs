@@ -45,7 +45,6 @@ mod dtype;
 mod errors;
 mod kernel;
 mod plan;
-mod stream;
 
 use pyo3::prelude::*;
 
@@ -77,7 +76,7 @@ fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<&device::PyD
 fn _drain(py: Python<'_>) {
     py.detach(|| {
         plan::wait_for_runs(std::time::Duration::from_secs(60));
-        stream::drain_all();
+        kiln_runtime::LaunchStream::drain_all();
     });
 }
 

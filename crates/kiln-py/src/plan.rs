@@ -13,7 +13,7 @@ use crate::buffer::PyBuffer;
 use crate::device::PyDevice;
 use crate::errors::{Failure, detached, invalid_arg, no_panic};
 use crate::kernel::PyKernel;
-use crate::stream::Stream;
+use kiln_runtime::LaunchStream;
 
 /// Records kernel launches and copies once, then replays them: the object a compiler's JIT
 /// replays. The plan orders its work by the bytes each node reads and writes and may run
@@ -23,7 +23,7 @@ pub struct PyPlan {
     /// The plan; runs and recording take turns.
     recorded: Arc<Mutex<ExecutionPlan>>,
     /// The device's queue of launches from Python, which a run waits for first.
-    stream: Option<Arc<Stream>>,
+    stream: Option<Arc<LaunchStream>>,
     /// The plan's variable names as of its last recording, readable while a run holds the
     /// plan: `run_async` checks its keywords against them before it starts.
     var_names: Mutex<Vec<String>>,
@@ -48,7 +48,7 @@ fn named(py: Python<'_>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<Vec<(Stri
 
 /// Runs `plan` with `vars` by name (variables not given keep their recorded values), after
 /// the launches made from Python on its device.
-fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)], stream: Option<&Stream>) -> Result<(), Failure> {
+fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)], stream: Option<&LaunchStream>) -> Result<(), Failure> {
     if let Some(s) = stream {
         s.wait()?;
     }
@@ -74,7 +74,7 @@ impl PyPlan {
         let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
         Ok(PyPlan {
             recorded: Arc::new(Mutex::new(plan)),
-            stream: crate::stream::of(device),
+            stream: LaunchStream::of(device),
             var_names: Mutex::new(Vec::new()),
         })
     }

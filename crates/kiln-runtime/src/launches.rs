@@ -1,18 +1,18 @@
 //! Asynchronous launches on devices whose memory the host does not address (OpenCL, CUDA):
-//! a launch there is recorded on the device's in-order queue and returns at once, and every
-//! host access to that device's memory (`numpy()`, `copy_from`, DLPack, a plan run) and
-//! `Device.synchronize()` first waits for what was launched. Host devices (the CPU) launch
-//! on the calling thread instead: their launches have completed when the call returns.
+//! [`LaunchStream::launch`] records a launch on the device's in-order queue and returns at
+//! once, and a caller about to touch that device's memory from the host (reading a buffer,
+//! copying into it, a plan run) first calls [`LaunchStream::wait`]. Host devices (the CPU)
+//! have no stream: launch on the calling thread, and a launch has completed when it returns.
+//! The Python package launches this way (its `Device.synchronize()` is a wait).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use kiln_device::{Buffer, Device, DynQueue, Error as KilnError, Kernel, Result as KilnResult, TimelineSignal};
-use kiln_ir::DeviceSpec;
 
-/// One device's queue for launches from Python, shared by every handle of the device.
-pub struct Stream {
+/// One device's queue of asynchronous launches, shared by every user of the device.
+pub struct LaunchStream {
     device: Arc<Device>,
     state: Mutex<Option<State>>,
 }
@@ -25,35 +25,38 @@ struct State {
     generation: u64,
 }
 
-/// Every device's stream, by device.
-fn streams() -> &'static Mutex<HashMap<DeviceSpec, Arc<Stream>>> {
-    static STREAMS: OnceLock<Mutex<HashMap<DeviceSpec, Arc<Stream>>>> = OnceLock::new();
+/// Every device's stream, by the device's identity (its context: two devices of one spec,
+/// such as one opened with another default compiler pair, have streams of their own). A
+/// stream holds its device open.
+fn streams() -> &'static Mutex<HashMap<usize, Arc<LaunchStream>>> {
+    static STREAMS: OnceLock<Mutex<HashMap<usize, Arc<LaunchStream>>>> = OnceLock::new();
     STREAMS.get_or_init(Default::default)
 }
 
-/// Waits for every launch made from Python on every device (at interpreter exit: a driver's
-/// worker thread must not run while its library unloads). Failures are left for no one.
-pub fn drain_all() {
-    let all: Vec<Arc<Stream>> = streams().lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
-    for stream in all {
-        let _ = stream.wait();
+impl LaunchStream {
+    /// The stream of `device`; `None` for a host device or one without queues (its launches
+    /// run on the calling thread).
+    pub fn of(device: &Arc<Device>) -> Option<Arc<LaunchStream>> {
+        if device.allocator().is_host() || device.queues().is_none() {
+            return None;
+        }
+        let mut streams = streams().lock().unwrap_or_else(|p| p.into_inner());
+        let stream = streams
+            .entry(Arc::as_ptr(device.context()) as usize)
+            .or_insert_with(|| Arc::new(LaunchStream { device: device.clone(), state: Mutex::new(None) }));
+        Some(stream.clone())
     }
-}
 
-/// The stream of `device`; `None` for a host device or one without queues (its launches
-/// run on the calling thread).
-pub fn of(device: &Arc<Device>) -> Option<Arc<Stream>> {
-    if device.allocator().is_host() || device.queues().is_none() {
-        return None;
+    /// Waits for every launch on every device's stream (at a process's exit: a driver's
+    /// worker thread must not run while its library unloads). Failures are left for no one.
+    pub fn drain_all() {
+        let all: Vec<Arc<LaunchStream>> =
+            streams().lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for stream in all {
+            let _ = stream.wait();
+        }
     }
-    let mut streams = streams().lock().unwrap_or_else(|p| p.into_inner());
-    let stream = streams
-        .entry(device.spec().clone())
-        .or_insert_with(|| Arc::new(Stream { device: device.clone(), state: Mutex::new(None) }));
-    Some(stream.clone())
-}
 
-impl Stream {
     fn lock(&self) -> MutexGuard<'_, Option<State>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -126,5 +129,54 @@ impl Stream {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar};
+
+    /// `x[i] += 1` over 64 f32.
+    fn increment(dev: &Device) -> Kernel {
+        let mut k = KernelBuilder::new();
+        let x = k.param(0, Scalar::F32, 64);
+        let i = k.global(0, 64);
+        k.store(&x.at(&i), &(x.at(&i).load() + 1.0));
+        dev.compile(&k.finish().expect("kernel"), Some("inc")).expect("compile")
+    }
+
+    #[test]
+    fn a_host_device_has_no_stream() {
+        let cpu = kiln_cpu::open(&DeviceSpec::new("CPU", 0)).expect("the CPU device");
+        assert!(LaunchStream::of(&cpu).is_none());
+    }
+
+    /// Skipped (with a note) where no OpenCL device is present.
+    #[test]
+    fn launches_run_in_order_and_a_wait_sees_them_all_on_each_devices_own_stream() {
+        let dev = match kiln_opencl::open(&DeviceSpec::new("OPENCL", 0)) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("skipping: no OpenCL device ({e})");
+                return;
+            }
+        };
+        let stream = LaunchStream::of(&dev).expect("OpenCL launches asynchronously");
+        assert!(Arc::ptr_eq(&stream, &LaunchStream::of(&dev).expect("the same stream")));
+        let other = Arc::new(dev.with_default_compiler("opencl-c").expect("another device of the spec"));
+        assert!(!Arc::ptr_eq(&stream, &LaunchStream::of(&other).expect("its stream")), "one stream per device");
+        let inc = increment(&dev);
+        let x = Buffer::from_slice(dev.allocator(), &[0f32; 64]).expect("buffer");
+        for _ in 0..5 {
+            stream.launch(&inc, &[&x], &[]).expect("launch");
+        }
+        stream.wait().expect("wait");
+        assert_eq!(x.to_vec::<f32>().expect("read"), [5f32; 64]);
+        // An argument error is returned at the launch, and the stream stays usable.
+        assert!(stream.launch(&inc, &[], &[]).is_err());
+        stream.launch(&inc, &[&x], &[]).expect("launch");
+        stream.wait().expect("wait");
+        assert_eq!(x.to_vec::<f32>().expect("read"), [6f32; 64]);
     }
 }

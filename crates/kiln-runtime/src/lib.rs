@@ -43,13 +43,14 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 mod fuse;
 pub mod hazard;
+mod launches;
 mod plan;
 mod profile;
 pub mod schedule;
 
 pub use hazard::{Dependency, Hazard};
+pub use launches::LaunchStream;
 pub use plan::{ExecutionPlan, KernelLaunch, PlanOptions, PlanRun};
 pub use profile::{Profile, ProfileEvent};

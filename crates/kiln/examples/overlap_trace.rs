@@ -2,7 +2,7 @@
 //! Chrome trace (open it in ui.perfetto.dev or chrome://tracing) and prints how much the
 //! branches' slices overlap in time.
 //!
-//! `cargo run --release -p kiln-runtime --example overlap_trace -- [trace.json]`
+//! `cargo run --release -p kiln --example overlap_trace -- [trace.json]`
 
 use std::error::Error;
 
@@ -13,7 +13,7 @@ use kiln_runtime::{ExecutionPlan, PlanOptions};
 fn main() -> Result<(), Box<dyn Error>> {
     let path = std::env::args().nth(1).unwrap_or_else(|| "overlap-trace.json".into());
     let device = kiln_cpu::open(&DeviceSpec::new("CPU", 0))?;
-    let spin = device.compile(&kiln_runtime::bench::spin_kernel(1)?, Some("spin"))?;
+    let spin = device.compile(&kiln::bench::plan::spin_kernel(1)?, Some("spin"))?;
     let mut k = KernelBuilder::new();
     let (a, b, c) = (k.param(0, Scalar::F32, 1usize), k.param(1, Scalar::F32, 1usize), k.param(2, Scalar::F32, 1usize));
     let i = k.global(0, 1usize);

@@ -1,9 +1,9 @@
 //! Plan replay measurements on the CPU backend (prints only):
-//! `cargo run --release -p kiln-runtime --example plan_bench [kernels] [iterations]`.
+//! `cargo run --release -p kiln --example plan_bench [kernels] [iterations]`.
 
+use kiln::bench::plan as bench;
 use kiln_device::Result;
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_runtime::bench;
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);

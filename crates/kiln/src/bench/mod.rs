@@ -15,6 +15,7 @@
 mod baselines;
 mod entries;
 pub mod kernels;
+pub mod plan;
 mod report;
 
 use std::io::IsTerminal as _;

@@ -1,4 +1,5 @@
-//! Measurements of plan replay, for the CLI's `bench` command and the `plan_bench` example.
+//! Measurements of plan replay, for the `bench` command and the `plan_bench` example, and
+//! the tiny kernels they replay.
 //! Nothing here asserts on time; it only measures and reports.
 
 use std::fmt;
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use kiln_device::kiln_ir::{DType, KernelBuilder, Scalar, UOp, Val};
 use kiln_device::{Buffer, Device, Kernel, Result};
 
-use crate::plan::{ExecutionPlan, PlanOptions};
+use kiln_runtime::{ExecutionPlan, PlanOptions};
 
 /// Host cost of replaying a chain of tiny dependent kernels.
 #[derive(Clone, Debug)]

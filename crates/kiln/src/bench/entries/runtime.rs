@@ -24,7 +24,7 @@ impl Bench {
     /// One tiny kernel: record → submit → the queue's worker runs it → signal → host wait.
     pub(super) fn queue_roundtrip(&self) -> Result<BenchResult, CliError> {
         let factory = self.queues()?;
-        let k = self.compile(kiln_runtime::bench::increment_kernel(), "increment")?;
+        let k = self.compile(crate::bench::plan::increment_kernel(), "increment")?;
         let x = self.zeros(1)?;
         let mut q = factory.create_dyn_compute_queue().map_err(|e| kiln_err("creating a queue", e))?;
         let s = factory.create_dyn_signal().map_err(|e| kiln_err("creating a signal", e))?;
@@ -58,7 +58,7 @@ impl Bench {
     /// A recorded plan of 1000 dependent tiny kernels, replayed; per kernel.
     pub(super) fn plan_replay(&self) -> Result<BenchResult, CliError> {
         let kernels = 1000usize;
-        let k = self.compile(kiln_runtime::bench::increment_kernel(), "increment")?;
+        let k = self.compile(crate::bench::plan::increment_kernel(), "increment")?;
         let x = self.zeros(1)?;
         let mut plan = ExecutionPlan::new(&self.device).map_err(|e| kiln_err("creating a plan", e))?;
         for _ in 0..kernels {
@@ -128,7 +128,7 @@ impl Bench {
     /// same two kernels one after the other. Reported as the ratio (lower is better).
     pub(super) fn two_queue_overlap(&self) -> Result<BenchResult, CliError> {
         let iterations = 20_000_000i64;
-        let k = self.compile(kiln_runtime::bench::spin_kernel(1), "spin")?;
+        let k = self.compile(crate::bench::plan::spin_kernel(1), "spin")?;
         let (xa, xb) = (self.upload(&[0.5])?, self.upload(&[0.25])?);
         let (ya, yb) = (self.zeros(1)?, self.zeros(1)?);
         let launch = |x: &Buffer, y: &Buffer| k.launch(&[x, y], &[iterations]).map_err(|e| kiln_err("running spin", e));
