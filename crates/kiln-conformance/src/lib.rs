@@ -221,19 +221,13 @@ pub fn known() -> Vec<&'static str> {
 }
 
 /// The device of backend `name`, or `None` after reporting `test` as skipped with the
-/// reason ([`kiln_device::skip_unless_required`]) when the backend cannot be opened.
+/// reason ([`kiln_device::testing::skip_unless_required`]) when the backend cannot be opened.
 ///
 /// # Panics
 /// When the backend cannot be opened and `KILN_REQUIRE` names it: this is the test
 /// harness's entry point, and a required backend that is missing fails the test.
 pub fn backend(name: &str, test: &str) -> Option<Arc<Device>> {
-    match open(name) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            kiln_device::skip_unless_required(name, test, &e);
-            None
-        }
-    }
+    kiln_device::testing::or_skip(name, test, open(name))
 }
 
 /// The queue factory of `dev`; a device without one fails the queue, signal and plan

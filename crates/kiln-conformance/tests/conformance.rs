@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use kiln_conformance::{Failure, Outcome, backend, unsupported};
 use kiln_device::Device;
-use kiln_device::report_skip;
+use kiln_device::testing::report_skip;
 
 /// The longest one test body may take before it counts as hung. Far above any healthy run
 /// (the whole suite takes seconds); it turns a deadlock into a failure naming the test

@@ -651,7 +651,7 @@ fn resolve_program(program: &str) -> Option<String> {
 impl Compiler for CCompiler {
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
         let bytes = self.compile_source(&spec.name, &spec.src)?;
-        Ok(CompiledSpec { name: spec.name.clone(), src: Some(spec.src.clone()), bytes, spec: Arc::new(spec.clone()) })
+        Ok(CompiledSpec { name: spec.name.clone(), bytes, spec: Arc::new(spec.clone()) })
     }
 
     fn cache_key(&self) -> &'static str {

@@ -408,7 +408,6 @@ mod tests {
         let src = "float kiln_nowhere(float);\nfloat k(float x) { return kiln_nowhere(x); }\n";
         let compiled = |bytes| CompiledSpec {
             name: "k".into(),
-            src: None,
             bytes,
             spec: Arc::new(crate::cpu_renderer().render(&tiny_kernel(), Some("k")).unwrap()),
         };
@@ -433,7 +432,6 @@ mod tests {
         }
         let compiled = CompiledSpec {
             name: "k".into(),
-            src: None,
             bytes: library(1),
             spec: Arc::new(crate::cpu_renderer().render(&tiny_kernel(), Some("k")).unwrap()),
         };

@@ -443,7 +443,7 @@ impl CudaCompiler {
 impl Compiler for CudaCompiler {
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
         let bytes = self.compile_source(&spec.src, &spec.name)?;
-        Ok(CompiledSpec { name: spec.name.clone(), src: Some(spec.src.clone()), bytes, spec: Arc::new(spec.clone()) })
+        Ok(CompiledSpec { name: spec.name.clone(), bytes, spec: Arc::new(spec.clone()) })
     }
 
     fn cache_key(&self) -> &'static str {
@@ -502,7 +502,7 @@ mod tests {
         use kiln_device::Renderer;
         use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar, Val};
         if let Err(e) = nvrtc_status() {
-            kiln_device::skip_unless_required("cuda-compile", "the PTX and cubin test", &e);
+            kiln_device::testing::skip_unless_required("cuda-compile", "the PTX and cubin test", &e);
             return;
         }
         let mut k = KernelBuilder::new();

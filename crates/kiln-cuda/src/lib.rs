@@ -74,7 +74,6 @@ pub mod queue;
 pub mod renderer;
 pub mod signal;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -88,7 +87,7 @@ pub use compiler::{Arch, CudaCompiler, Output};
 pub use exports::DRIVER;
 pub use graph::CudaGraphs;
 pub use program::CudaProgram;
-pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream};
+pub use queue::{Cuda, CudaQueue, CudaQueueFactory, CudaStream, queue_factory};
 pub use renderer::{CudaCpp, CudaDialect, CudaRenderer, cuda_renderer};
 pub use signal::{CudaEvent, CudaSignal};
 
@@ -368,10 +367,7 @@ impl Drop for CudaDevice {
 }
 
 /// The process-wide opened devices, by ordinal.
-fn opened() -> &'static Mutex<HashMap<u32, Arc<CudaDevice>>> {
-    static OPENED: OnceLock<Mutex<HashMap<u32, Arc<CudaDevice>>>> = OnceLock::new();
-    OPENED.get_or_init(|| Mutex::new(HashMap::new()))
-}
+static CONTEXTS: kiln_device::ContextMap<CudaDevice> = kiln_device::ContextMap::new(BACKEND);
 
 /// The shared [`CudaDevice`] of `CUDA:ordinal`, opened on first use.
 pub fn cuda_device(spec: &DeviceSpec) -> Result<Arc<CudaDevice>> {
@@ -382,14 +378,9 @@ pub fn cuda_device(spec: &DeviceSpec) -> Result<Arc<CudaDevice>> {
 /// the shared one after resetting its primary context if a sticky error poisoned it (see
 /// [`CudaDevice`]).
 fn open_cuda_device(spec: &DeviceSpec, reset: bool) -> Result<Arc<CudaDevice>> {
-    if spec.base_type() != BACKEND {
-        return Err(Error::Invalid(format!("{spec} is not a CUDA device (expected {BACKEND}:n)")));
-    }
-    let ordinal = spec.ordinal();
-    let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(d) = map.get(&ordinal) {
+    let stale = |d: &Arc<CudaDevice>| {
         if !reset || d.sticky_error().is_none() {
-            return Ok(d.clone());
+            return Ok(false);
         }
         // Retire the poisoned context: its objects make no driver call any more, and its
         // retain is given back now so the reset leaves no user of the old context.
@@ -402,20 +393,18 @@ fn open_cuda_device(spec: &DeviceSpec, reset: bool) -> Result<Arc<CudaDevice>> {
             let _ = sys::cuCtxSetCurrent(std::ptr::null_mut());
             sys::cuDevicePrimaryCtxReset_v2(d.device).result().map_err(|e| driver("cuDevicePrimaryCtxReset", e))?;
         }
-        let fresh = Arc::new(CudaDevice::open(spec, ordinal)?);
-        map.insert(ordinal, fresh.clone());
-        return Ok(fresh);
-    }
-    let n = device_count()?;
-    if ordinal >= n {
-        return Err(Error::Unavailable(format!(
-            "{spec} does not exist: this machine has {n} CUDA device(s) (CUDA:0..{})",
-            n - 1
-        )));
-    }
-    let dev = Arc::new(CudaDevice::open(spec, ordinal)?);
-    map.insert(ordinal, dev.clone());
-    Ok(dev)
+        Ok(true)
+    };
+    CONTEXTS.get(spec, stale, |spec| {
+        let n = device_count()?;
+        if spec.ordinal() >= n {
+            return Err(Error::Unavailable(format!(
+                "{spec} does not exist: this machine has {n} CUDA device(s) (CUDA:0..{})",
+                n.saturating_sub(1)
+            )));
+        }
+        CudaDevice::open(spec, spec.ordinal())
+    })
 }
 
 /// Every CUDA device with its description, or why there are none.
@@ -452,7 +441,7 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
             Arc::new(CudaCompiler::new(cu.info.arch, Output::Cubin)?),
         )];
         Ok(DeviceParts::new(allocator, compilers, runtime)
-            .with_queues(Arc::new(CudaQueueFactory::new(cu.clone())))
+            .with_queues(Arc::new(queue::queue_factory(cu.clone())))
             .with_graphs(Arc::new(CudaGraphs::new(cu))))
     })?;
     Ok(device.with_properties(properties))
@@ -468,14 +457,7 @@ pub fn register() {
 /// skipped. With `KILN_REQUIRE` naming `cuda`, a missing device fails the test instead.
 #[cfg(test)]
 pub(crate) fn test_device() -> Option<Arc<Device>> {
-    let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
-    match build_device(&DeviceSpec::new(crate::BACKEND, 0)) {
-        Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
-        Err(e) => {
-            kiln_device::skip_unless_required("cuda", "this CUDA test", &e);
-            None
-        }
-    }
+    kiln_device::testing::device_or_skip("cuda", "this CUDA test", build_device(&DeviceSpec::new(BACKEND, 0)))
 }
 
 #[cfg(test)]

@@ -28,12 +28,12 @@ use cudarc::driver::sys;
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
 use kiln_device::{
-    AccelBackend, AccelStream, BackendEvent, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView,
-    Result, StreamQueue,
+    AccelBackend, AccelStream, BackendEvent, Buffer, Error, Kernel, LaunchDims, RawView, Result, StreamQueue,
+    StreamQueueFactory,
 };
 
 use crate::allocator::address;
-use crate::signal::{CudaEvent, CudaSignal};
+use crate::signal::CudaEvent;
 use crate::{CudaDevice, CudaProgram, driver};
 
 /// One in-order CUDA queue (compute or copy).
@@ -197,41 +197,14 @@ pub struct Cuda;
 
 impl AccelBackend for Cuda {
     const NAME: &'static str = "CUDA";
-    type Device = DeviceOf<Cuda>;
     type Stream = CudaStream;
     type Event = CudaEvent;
-    type Error = Error;
 }
 
-/// Creates the stream queues and event signals of one CUDA device.
-pub struct CudaQueueFactory {
-    cu: Arc<CudaDevice>,
-}
+/// The stream queues and event signals of one CUDA device.
+pub type CudaQueueFactory = StreamQueueFactory<Cuda>;
 
-impl CudaQueueFactory {
-    pub fn new(cu: Arc<CudaDevice>) -> CudaQueueFactory {
-        CudaQueueFactory { cu }
-    }
-}
-
-impl QueueFactory for CudaQueueFactory {
-    type Queue = CudaQueue;
-    type Signal = CudaSignal;
-
-    fn create_compute_queue(&self) -> Result<CudaQueue> {
-        Ok(StreamQueue::new(CudaStream::new(self.cu.clone())?))
-    }
-
-    /// Copies get their own stream, so they overlap kernels of the compute queue.
-    fn create_copy_queue(&self) -> Result<Option<CudaQueue>> {
-        self.create_compute_queue().map(Some)
-    }
-
-    fn create_signal(&self) -> Result<Arc<CudaSignal>> {
-        Ok(Arc::new(CudaSignal::default()))
-    }
-
-    fn device(&self) -> &DeviceSpec {
-        &self.cu.spec
-    }
+/// The queue factory of `cu`: every queue its own stream, so copies overlap kernels.
+pub fn queue_factory(cu: Arc<CudaDevice>) -> CudaQueueFactory {
+    StreamQueueFactory::new(cu.spec.clone(), move || CudaStream::new(cu.clone()))
 }

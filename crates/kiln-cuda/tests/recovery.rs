@@ -17,13 +17,7 @@ const LONG: Duration = Duration::from_secs(60);
 const N: usize = 64;
 
 fn device() -> Option<Arc<Device>> {
-    match kiln_cuda::open(&DeviceSpec::new("CUDA", 0)) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            kiln_device::skip_unless_required("cuda", "the recovery test", &e);
-            None
-        }
-    }
+    kiln_device::testing::or_skip("cuda", "the recovery test", kiln_cuda::open(&DeviceSpec::new("CUDA", 0)))
 }
 
 /// `c = a + b` over `N` elements on a queue of `dev`, read back.

@@ -55,12 +55,7 @@ struct MockCompiler;
 
 impl Compiler for MockCompiler {
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
-        Ok(CompiledSpec {
-            name: spec.name.clone(),
-            src: None,
-            bytes: vec![0x5a; 16 << 10],
-            spec: Arc::new(spec.clone()),
-        })
+        Ok(CompiledSpec { name: spec.name.clone(), bytes: vec![0x5a; 16 << 10], spec: Arc::new(spec.clone()) })
     }
     fn cache_key(&self) -> &'static str {
         "bench-cc"

@@ -436,7 +436,7 @@ impl Allocator for LruAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MockAllocator;
+    use crate::doubles::MockAllocator;
     use std::sync::atomic::Ordering;
 
     fn free(a: &LruAllocator, p: RawPtr, bytes: usize) {

@@ -1,52 +1,36 @@
-//! Backend identity: a stream backend (OpenCL, CUDA) names its device, stream and event
-//! types, and these are the traits it implements: the stream-queue skeleton
-//! ([`crate::StreamQueue`]) is generic over the backend ([`AccelBackend`]), so its queues,
-//! signals and events are typed by it and two backends' types cannot be mixed.
+//! The kit a stream backend (OpenCL, CUDA, WebGPU) is built from.
 //!
-//! A backend is a zero-sized marker type implementing [`AccelBackend`]. Its device handle
-//! reports the ordinal and the current generation (bumped by [`Device::reset`]); its stream
-//! ([`AccelStream`]) enqueues kernels and copies and records and waits on events, the
-//! primitives every GPU-like ordering is built from.
+//! - Identity: a backend is a zero-sized marker type implementing [`AccelBackend`], which
+//!   names its stream and event types. The stream-queue skeleton ([`crate::StreamQueue`], and
+//!   its factory [`crate::StreamQueueFactory`]) is generic over it, so its queues, signals and
+//!   events are typed by it and two backends' types cannot be mixed.
+//! - Its stream ([`AccelStream`]) enqueues kernels and copies and records and waits on events,
+//!   the primitives every GPU-like ordering is built from.
+//! - Its driver contexts, one per device ordinal and shared by every kiln device of that
+//!   ordinal in the process, live in a [`ContextMap`], which replaces one on a device reset.
+//! - The typed program a queue launches is [`crate::Kernel::program_as`].
 
-use std::marker::PhantomData;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use kiln_ir::DeviceSpec;
 
 use crate::buffer::{Buffer, RawView};
-use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::program::LaunchDims;
 use crate::queue::CommandTimer;
 use crate::ring::BackendEvent;
 
-/// One stream backend (OpenCL, CUDA): its name and native types.
+/// One stream backend (OpenCL, CUDA, WebGPU): its name and native types.
 pub trait AccelBackend: Send + Sync + 'static {
     /// The device family, as in device names (`"OPENCL"`, `"CUDA"`).
     const NAME: &'static str;
-    /// The backend's device handle; its `Backend` is this backend, so device, stream and
+    /// An in-order stream of commands (a queue); its `Backend` is this backend, so stream and
     /// event types of two backends cannot be mixed.
-    type Device: AccelDevice<Backend = Self>;
-    /// An in-order stream of commands (a queue).
     type Stream: AccelStream<Backend = Self>;
     /// A marker a stream records after some work; other streams wait on it.
     type Event: BackendEvent;
-    /// The backend's error, convertible to kiln's.
-    type Error: std::error::Error + Send + Sync + Into<Error> + 'static;
-}
-
-/// A device of one backend.
-pub trait AccelDevice: Send + Sync + 'static {
-    /// The backend this device belongs to.
-    type Backend: AccelBackend;
-
-    /// The ordinal within the backend (`OPENCL:1` is 1).
-    fn device_id(&self) -> u32;
-
-    /// The generation of the device's context: objects minted under an older one fail with
-    /// [`Error::DeviceLost`].
-    fn generation(&self) -> u64;
 }
 
 /// An in-order stream of one backend: the native operations the stream-queue skeleton
@@ -106,41 +90,72 @@ pub trait AccelStream: Send + 'static {
 /// The event type of stream `S`'s backend.
 pub type EventOf<S> = <<S as AccelStream>::Backend as AccelBackend>::Event;
 
-/// A kiln [`Device`] with its backend named: the `AccelBackend::Device` of every backend.
-pub struct DeviceOf<B> {
-    device: Arc<Device>,
-    _backend: PhantomData<fn() -> B>,
+/// The process-wide driver contexts of one backend's devices, by ordinal: every kiln device
+/// of an ordinal shares one, and a device reset may replace it. A `static` of the backend.
+pub struct ContextMap<C> {
+    backend: &'static str,
+    opened: Mutex<BTreeMap<u32, Arc<C>>>,
 }
 
-impl<B> DeviceOf<B> {
-    /// `device` as a device of backend `B`.
+impl<C> ContextMap<C> {
+    /// An empty map for the devices of `backend` (its device family name, `"OPENCL"`).
+    pub const fn new(backend: &'static str) -> ContextMap<C> {
+        ContextMap { backend, opened: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// The context of `spec`: the shared one, unless `stale` says it must be replaced (it is
+    /// called with the map locked, so it may retire the old context first); otherwise, and on
+    /// first use, a new one from `open`, which then becomes the shared one.
     ///
     /// # Errors
-    /// [`Error::Invalid`] when `device` belongs to another backend.
-    pub fn new(device: Arc<Device>) -> Result<DeviceOf<B>>
-    where
-        B: AccelBackend,
-    {
-        if device.spec().base_type() != B::NAME {
-            return Err(Error::Invalid(format!("{} is not a {} device", device.spec(), B::NAME)));
+    /// [`Error::Invalid`] when `spec` is not a device of this backend; the errors of `stale`
+    /// and `open` (such as [`Error::Unavailable`] for an ordinal the machine lacks).
+    pub fn get(
+        &self,
+        spec: &DeviceSpec,
+        stale: impl FnOnce(&Arc<C>) -> Result<bool>,
+        open: impl FnOnce(&DeviceSpec) -> Result<C>,
+    ) -> Result<Arc<C>> {
+        if spec.base_type() != self.backend {
+            return Err(Error::Invalid(format!("{spec} is not a {0} device (expected {0}:n)", self.backend)));
         }
-        Ok(DeviceOf { device, _backend: PhantomData })
-    }
-
-    /// The kiln device behind this handle, shared: cloning it keeps the device open.
-    pub fn device(&self) -> &Arc<Device> {
-        &self.device
+        let mut map = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(&spec.ordinal())
+            && !stale(c)?
+        {
+            return Ok(c.clone());
+        }
+        let fresh = Arc::new(open(spec)?);
+        map.insert(spec.ordinal(), fresh.clone());
+        Ok(fresh)
     }
 }
 
-impl<B: AccelBackend<Device = DeviceOf<B>>> AccelDevice for DeviceOf<B> {
-    type Backend = B;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn device_id(&self) -> u32 {
-        self.device.spec().ordinal()
-    }
+    static CONTEXTS: ContextMap<(u32, usize)> = ContextMap::new("TOY");
 
-    fn generation(&self) -> u64 {
-        self.device.generation()
+    /// Contexts are shared per ordinal, replaced when stale, and refused for another backend;
+    /// an `open` that fails leaves the shared one in place.
+    #[test]
+    fn contexts_are_shared_per_ordinal_and_replaced_when_stale() {
+        let (toy0, toy1) = (DeviceSpec::new("TOY", 0), DeviceSpec::new("TOY", 1));
+        let opens = std::cell::Cell::new(0);
+        let open = |s: &DeviceSpec| {
+            opens.set(opens.get() + 1);
+            Ok((s.ordinal(), opens.get()))
+        };
+        let first = CONTEXTS.get(&toy0, |_| Ok(false), open).unwrap();
+        assert!(Arc::ptr_eq(&first, &CONTEXTS.get(&toy0, |_| Ok(false), open).unwrap()));
+        assert_eq!(*CONTEXTS.get(&toy1, |_| Ok(false), open).unwrap(), (1, 2));
+        let failed = CONTEXTS.get(&toy0, |_| Ok(true), |_| Err(Error::Unavailable("gone".into())));
+        assert!(matches!(failed, Err(Error::Unavailable(_))));
+        assert!(Arc::ptr_eq(&first, &CONTEXTS.get(&toy0, |_| Ok(false), open).unwrap()));
+        let fresh = CONTEXTS.get(&toy0, |old| Ok(Arc::ptr_eq(old, &first)), open).unwrap();
+        assert_eq!((*first, *fresh), ((0, 1), (0, 3)));
+        let other = CONTEXTS.get(&DeviceSpec::new("CPU", 0), |_| Ok(false), open);
+        assert!(matches!(&other, Err(Error::Invalid(m)) if m.contains("not a TOY device")), "{other:?}");
     }
 }

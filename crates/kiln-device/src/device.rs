@@ -428,10 +428,10 @@ pub(crate) mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::testing::MockAllocator;
+    use crate::doubles::MockAllocator;
 
     use crate::cache::CacheConfig;
-    use crate::testing::{MockCompiler, MockRenderer, kernel, rig, runtime};
+    use crate::doubles::{MockCompiler, MockRenderer, kernel, rig, runtime};
 
     /// A mock device of `spec` for tests of the registry: its allocators are not kept.
     pub(crate) fn registry_mock(spec: DeviceSpec) -> Device {
@@ -439,14 +439,14 @@ pub(crate) mod tests {
     }
 
     /// A mock `CPU` device whose every generation gets a fresh allocator (kept in `allocators`).
-    fn mock_device(r: &crate::testing::Rig, allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>) -> Device {
+    fn mock_device(r: &crate::doubles::Rig, allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>) -> Device {
         mock_device_of(DeviceSpec::new("CPU", 0), r, allocators)
     }
 
     /// [`mock_device`] of `spec`.
     fn mock_device_of(
         spec: DeviceSpec,
-        r: &crate::testing::Rig,
+        r: &crate::doubles::Rig,
         allocators: &Arc<Mutex<Vec<Arc<MockAllocator>>>>,
     ) -> Device {
         let pair = CompilerPair::new("mock", Arc::new(MockRenderer), r.compiler.clone());
@@ -461,7 +461,7 @@ pub(crate) mod tests {
     }
 
     /// A mock `CPU` device of the pairs `names` (each the rig's renderer and compiler).
-    fn mock_device_with_pairs(r: &crate::testing::Rig, names: &[&str]) -> Result<Device> {
+    fn mock_device_with_pairs(r: &crate::doubles::Rig, names: &[&str]) -> Result<Device> {
         let pairs: Vec<CompilerPair> =
             names.iter().map(|n| CompilerPair::new(*n, Arc::new(MockRenderer), r.compiler.clone())).collect();
         let loaded = r.loaded.clone();
@@ -487,7 +487,7 @@ pub(crate) mod tests {
         let r = rig(MockCompiler::new("fp"));
         let dev = mock_device_with_pairs(&r, &["mock"]).unwrap();
         let k = dev.compile(&kernel(1.0), Some("k")).unwrap();
-        assert_eq!(k.program_as::<crate::testing::MockProgram>("the mock backend").unwrap().name(), "k");
+        assert_eq!(k.program_as::<crate::doubles::MockProgram>("the mock backend").unwrap().name(), "k");
         let err = k.program_as::<Other>("the other backend").err().unwrap();
         assert!(
             matches!(&err, Error::Launch(m) if m.contains("`k`") && m.contains("not by the other backend")),

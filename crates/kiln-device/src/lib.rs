@@ -54,6 +54,8 @@ pub mod buffer;
 pub mod cache;
 pub mod context;
 pub mod device;
+#[cfg(test)]
+pub(crate) mod doubles;
 pub mod driver;
 pub mod error;
 #[cfg(feature = "fault-injection")]
@@ -70,11 +72,11 @@ pub mod registry;
 pub mod ring;
 pub mod signal;
 pub mod stream;
-#[cfg(test)]
-pub(crate) mod testing;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class};
-pub use backend::{AccelBackend, AccelDevice, AccelStream, DeviceOf, EventOf};
+pub use backend::{AccelBackend, AccelStream, ContextMap, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, MAX_BUFFER_BYTES, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
 pub use context::{DeviceContext, Stamp};
@@ -94,8 +96,8 @@ pub use properties::DeviceProperties;
 pub use queue::{DynQueue, DynQueueFactory, HardwareQueue, QueueFactory};
 pub use registry::{
     Backend, DeviceOpener, DeviceProbe, REQUIRE_ENV, backends, device_names, find_backend, open_device, opened_device,
-    register_backend, report_skip, required, required_names, skip_unless_required,
+    register_backend, required, required_names,
 };
 pub use ring::{BackendEvent, EventRing, RingSignal};
 pub use signal::{CpuTimelineSignal, TimelineSignal};
-pub use stream::StreamQueue;
+pub use stream::{StreamQueue, StreamQueueFactory};

@@ -372,14 +372,14 @@ pub struct AccessProof {
     pub at_launch: bool,
 }
 
-/// A compiled kernel: source for JIT backends, bytes for AOT backends, plus its spec.
+/// A compiled kernel: bytes for AOT backends, plus its spec (whose source a JIT backend
+/// compiles at load time).
 #[derive(Debug, Clone)]
 pub struct CompiledSpec {
     /// The entry point to load (may differ from `spec.name` when the compiler mangles it).
     pub name: String,
-    /// The source the runtime compiles at load time (JIT backends); `None` for AOT backends.
-    pub src: Option<String>,
-    /// The binary the runtime loads; empty for JIT backends. The disk cache stores it as is.
+    /// The binary the runtime loads; empty for JIT backends (they load `spec.src`). The disk
+    /// cache stores it as is.
     pub bytes: Vec<u8>,
     /// The spec it was compiled from, shared with every kernel loaded from it.
     pub spec: Arc<ProgramSpec>,

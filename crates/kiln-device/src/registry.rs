@@ -126,25 +126,6 @@ fn required_in(value: Option<&str>, name: &str) -> bool {
     value.is_some_and(|v| v.split(',').any(|item| item.trim().eq_ignore_ascii_case(name)))
 }
 
-/// For a test that needs backend `backend` and cannot run because of `why` (the backend is
-/// absent): [`report_skip`], unless `KILN_REQUIRE` names the backend.
-///
-/// # Panics
-/// When `KILN_REQUIRE` names `backend`: a required backend that is absent fails the test.
-pub fn skip_unless_required(backend: &str, test: &str, why: &dyn std::fmt::Display) {
-    assert!(!required(backend), "{REQUIRE_ENV} names `{backend}` but {test} cannot run: {why}");
-    report_skip(test, why);
-}
-
-/// Reports `test` as skipped: writes `SKIPPED <test>: <why>` on the process's standard error,
-/// past the test harness's output capture (which takes `print!` and `eprint!`, not writes to
-/// the stream itself), so that the line shows beside the test's `ok` in the test output.
-pub fn report_skip(test: &str, why: &dyn std::fmt::Display) {
-    let line = format!("SKIPPED {test}: {why}\n");
-    // A failed write to stderr has nowhere better to be reported.
-    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-}
-
 /// Every backend name `KILN_REQUIRE` lists, lower case, in its order.
 pub fn required_names() -> Vec<String> {
     std::env::var(REQUIRE_ENV)

@@ -314,7 +314,7 @@ impl<E: BackendEvent> TimelineSignal for RingSignal<E> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::testing::FakeEvent;
+    use crate::doubles::FakeEvent;
     use std::thread;
 
     const LONG: Duration = Duration::from_secs(20);

@@ -52,7 +52,7 @@ use crate::error::{Error, Result};
 use crate::guarded::FaultWatch;
 use crate::kernel::{Kernel, PreparedLaunch};
 use crate::program::LaunchDims;
-use crate::queue::{CommandTimer, HardwareQueue};
+use crate::queue::{CommandTimer, HardwareQueue, QueueFactory};
 use crate::ring::{BackendEvent, RingSignal};
 use crate::signal::TimelineSignal;
 
@@ -281,6 +281,45 @@ fn helper<B: AccelBackend>(inner: Arc<Mutex<Inner<B>>>, mut step: HostStep<B::Ev
                 return;
             }
         }
+    }
+}
+
+/// The queue factory of a stream backend: every queue, the copy queue included, owns a new
+/// stream of the device (so copies overlap kernels), and every signal is a [`RingSignal`] of
+/// the backend's event.
+pub struct StreamQueueFactory<B: AccelBackend> {
+    spec: DeviceSpec,
+    open: Box<dyn Fn() -> Result<B::Stream> + Send + Sync>,
+}
+
+impl<B: AccelBackend> StreamQueueFactory<B> {
+    /// The factory of device `spec`, whose streams `open` creates.
+    pub fn new(
+        spec: DeviceSpec,
+        open: impl Fn() -> Result<B::Stream> + Send + Sync + 'static,
+    ) -> StreamQueueFactory<B> {
+        StreamQueueFactory { spec, open: Box::new(open) }
+    }
+}
+
+impl<B: AccelBackend> QueueFactory for StreamQueueFactory<B> {
+    type Queue = StreamQueue<B>;
+    type Signal = RingSignal<B::Event>;
+
+    fn create_compute_queue(&self) -> Result<StreamQueue<B>> {
+        Ok(StreamQueue::new((self.open)()?))
+    }
+
+    fn create_copy_queue(&self) -> Result<Option<StreamQueue<B>>> {
+        self.create_compute_queue().map(Some)
+    }
+
+    fn create_signal(&self) -> Result<Arc<RingSignal<B::Event>>> {
+        Ok(Arc::new(RingSignal::default()))
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.spec
     }
 }
 

@@ -1,234 +1,48 @@
-//! Test doubles shared by this crate's unit tests: an allocator with a hard capacity that
-//! counts its calls ([`MockAllocator`]), and a toolchain whose "binaries" are bytes derived
-//! from the source ([`rig`]), for the cache and device tests; and a device event completed
-//! by hand ([`FakeEvent`]), for the event ring's.
+//! Test support for backends (feature `testing`): a backend's tests run on its device where the
+//! machine has one and are skipped, saying why, where it has none, unless `KILN_REQUIRE` names
+//! the backend (then its absence fails the test). CI names every backend it installs.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use kiln_ir::{DeviceSpec, KernelBuilder, Scalar, UOp};
+use crate::cache::{CacheConfig, KernelCache};
+use crate::device::Device;
+use crate::error::Result;
+use crate::registry::{REQUIRE_ENV, required};
 
-use crate::buffer::{Allocator, RawPtr, RawView};
-use crate::cache::Toolchain;
-use crate::error::{Error, Result};
-use crate::program::{CompiledSpec, Compiler, LaunchDims, Program, ProgramSpec, Renderer, RuntimeFactory};
-
-/// A host allocator with a hard capacity that counts backend calls and live blocks.
-pub struct MockAllocator {
-    pub capacity: usize,
-    pub live: AtomicUsize,
-    pub allocs: AtomicUsize,
-    pub frees: AtomicUsize,
-    pub blocks: Mutex<HashMap<usize, usize>>,
+/// The device `built` for `backend`'s tests, with a memory-only kernel cache so that every test
+/// really exercises the compiler; `None` (the test returns early) when it could not be opened.
+///
+/// # Panics
+/// When it could not be opened and `KILN_REQUIRE` names `backend`.
+pub fn device_or_skip(backend: &str, test: &str, built: Result<Device>) -> Option<Arc<Device>> {
+    let memory_only = || Arc::new(KernelCache::new(CacheConfig::memory_only()));
+    or_skip(backend, test, built).map(|d| Arc::new(d.with_cache(memory_only())))
 }
 
-impl MockAllocator {
-    pub fn new(capacity: usize) -> Arc<MockAllocator> {
-        Arc::new(MockAllocator {
-            capacity,
-            live: AtomicUsize::new(0),
-            allocs: AtomicUsize::new(0),
-            frees: AtomicUsize::new(0),
-            blocks: Mutex::new(HashMap::new()),
-        })
-    }
+/// What `opened` holds (a device, a context of `backend`), or `None` (the test returns early)
+/// after [`skip_unless_required`] said why not.
+///
+/// # Panics
+/// When `opened` failed and `KILN_REQUIRE` names `backend`.
+pub fn or_skip<T>(backend: &str, test: &str, opened: Result<T>) -> Option<T> {
+    opened.map_err(|e| skip_unless_required(backend, test, &e)).ok()
 }
 
-impl Allocator for MockAllocator {
-    fn device(&self) -> &DeviceSpec {
-        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
-        &SPEC
-    }
-    fn alloc(&self, bytes: usize) -> Result<RawPtr> {
-        let live = self.live.load(Ordering::SeqCst);
-        if live + bytes > self.capacity {
-            return Err(Error::OutOfMemory {
-                device: "MOCK".into(),
-                requested: bytes,
-                in_use: live,
-                cached: 0,
-                budget: None,
-            });
-        }
-        self.live.fetch_add(bytes, Ordering::SeqCst);
-        let n = self.allocs.fetch_add(1, Ordering::SeqCst) + 1;
-        // Fake, distinct, never-dereferenced addresses.
-        let addr = n * 4096;
-        self.blocks.lock().unwrap().insert(addr, bytes);
-        Ok(RawPtr(addr as *mut std::ffi::c_void))
-    }
-    unsafe fn free(&self, ptr: RawPtr, bytes: usize) {
-        let had = self.blocks.lock().unwrap().remove(&(ptr.0 as usize));
-        assert_eq!(had, Some(bytes), "free of an unknown block or with a different size");
-        self.live.fetch_sub(bytes, Ordering::SeqCst);
-        self.frees.fetch_add(1, Ordering::SeqCst);
-    }
-    unsafe fn copyin(&self, _dst: RawView, _src: &[u8]) -> Result<()> {
-        Ok(())
-    }
-    unsafe fn copyout(&self, _dst: &mut [u8], _src: RawView) -> Result<()> {
-        Ok(())
-    }
+/// For a test that needs backend `backend` and cannot run because of `why` (the backend is
+/// absent): [`report_skip`], unless `KILN_REQUIRE` names the backend.
+///
+/// # Panics
+/// When `KILN_REQUIRE` names `backend`: a required backend that is absent fails the test.
+pub fn skip_unless_required(backend: &str, test: &str, why: &dyn std::fmt::Display) {
+    assert!(!required(backend), "{REQUIRE_ENV} names `{backend}` but {test} cannot run: {why}");
+    report_skip(test, why);
 }
 
-pub struct MockRenderer;
-
-impl Renderer for MockRenderer {
-    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
-        let src = format!("// kernel {}", ast.content_hash().to_hex());
-        ProgramSpec::from_sink(name.unwrap_or("kernel"), src, DeviceSpec::new("CPU", 0), ast)
-    }
-    fn device(&self) -> &DeviceSpec {
-        static SPEC: DeviceSpec = DeviceSpec::new("CPU", 0);
-        &SPEC
-    }
-}
-
-/// Counts compiles; can be slowed down (to widen races) and made to fail.
-pub struct MockCompiler {
-    pub fingerprint: String,
-    pub compiles: AtomicUsize,
-    pub delay: Duration,
-    pub fail: AtomicBool,
-    /// Produce source (like a JIT backend) instead of bytes.
-    pub jit: bool,
-}
-
-impl MockCompiler {
-    pub fn new(fingerprint: &str) -> MockCompiler {
-        MockCompiler {
-            fingerprint: fingerprint.into(),
-            compiles: AtomicUsize::new(0),
-            delay: Duration::ZERO,
-            fail: AtomicBool::new(false),
-            jit: false,
-        }
-    }
-}
-
-impl Compiler for MockCompiler {
-    fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
-        self.compiles.fetch_add(1, Ordering::SeqCst);
-        std::thread::sleep(self.delay);
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(Error::Compile { message: "mock failure".into(), log: String::new(), line: None });
-        }
-        let (src, bytes) = if self.jit {
-            (Some(spec.src.clone()), Vec::new())
-        } else {
-            (None, format!("BIN[{}]{}", self.fingerprint, spec.src).into_bytes())
-        };
-        Ok(CompiledSpec { name: spec.name.clone(), src, bytes, spec: Arc::new(spec.clone()) })
-    }
-    fn cache_key(&self) -> &'static str {
-        "mockcc"
-    }
-    fn fingerprint(&self) -> String {
-        self.fingerprint.clone()
-    }
-}
-
-pub struct MockProgram(String);
-
-impl Program for MockProgram {
-    unsafe fn execute(&self, _bufs: &[RawView], _vals: &[i64], _launch: &LaunchDims) -> Result<()> {
-        Ok(())
-    }
-    fn name(&self) -> &str {
-        &self.0
-    }
-}
-
-/// The runtime records what it loaded; it refuses bytes that are not a mock binary.
-pub fn runtime(loaded: Arc<Mutex<Vec<Vec<u8>>>>) -> RuntimeFactory {
-    Arc::new(move |c: &CompiledSpec| {
-        let payload = if c.bytes.is_empty() { c.src.clone().unwrap_or_default().into_bytes() } else { c.bytes.clone() };
-        if !(payload.starts_with(b"BIN[") || payload.starts_with(b"// kernel")) {
-            return Err(Error::Load("not a mock binary".into()));
-        }
-        loaded.lock().unwrap().push(payload);
-        Ok(Arc::new(MockProgram(c.name.clone())) as Arc<dyn Program>)
-    })
-}
-
-pub struct Rig {
-    pub compiler: Arc<MockCompiler>,
-    pub loaded: Arc<Mutex<Vec<Vec<u8>>>>,
-    pub toolchain: Toolchain,
-}
-
-pub fn rig(compiler: MockCompiler) -> Rig {
-    let compiler = Arc::new(compiler);
-    let loaded = Arc::new(Mutex::new(Vec::new()));
-    let toolchain = Toolchain::new(Arc::new(MockRenderer), compiler.clone(), runtime(loaded.clone()).into());
-    Rig { compiler, loaded, toolchain }
-}
-
-impl Rig {
-    pub fn compiles(&self) -> usize {
-        self.compiler.compiles.load(Ordering::SeqCst)
-    }
-}
-
-/// `c[i] = a[i] * k`: a distinct kernel per `k`.
-pub fn kernel(k: f64) -> Arc<UOp> {
-    let mut b = KernelBuilder::new();
-    let a = b.param(0, Scalar::F32, 16);
-    let c = b.param(1, Scalar::F32, 16);
-    let i = b.special("gidx0", 16);
-    let v = a.at(&i).load();
-    b.store(&c.at(&i), &(v * k));
-    b.finish().expect("a valid test kernel")
-}
-
-/// The path `tag` in a fresh private folder (deleted on drop); the path itself does not
-/// exist yet.
-pub struct TempDir(pub PathBuf, #[allow(dead_code, reason = "held to delete the folder on drop")] tempfile::TempDir);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let parent = tempfile::Builder::new().prefix("kiln-cache-test-").tempdir().expect("a temporary folder");
-        TempDir(parent.path().join(tag), parent)
-    }
-}
-
-/// A device event a test completes or breaks by hand (the event ring's tests).
-#[cfg(not(loom))]
-#[derive(Debug, Default)]
-pub(crate) struct FakeEvent {
-    /// Set by [`FakeEvent::complete`].
-    pub done: AtomicBool,
-    /// Makes every query fail, as a device fault would.
-    pub broken: AtomicBool,
-    /// Calls of the blocking `wait`.
-    pub blocking_waits: AtomicUsize,
-}
-
-#[cfg(not(loom))]
-impl FakeEvent {
-    /// Marks the event done.
-    pub fn complete(&self) {
-        self.done.store(true, Ordering::Release);
-    }
-}
-
-#[cfg(not(loom))]
-impl crate::ring::BackendEvent for Arc<FakeEvent> {
-    fn is_complete(&self) -> Result<bool> {
-        if self.broken.load(Ordering::Acquire) {
-            return Err(Error::driver("fake", "device fault"));
-        }
-        Ok(self.done.load(Ordering::Acquire))
-    }
-
-    fn wait(&self) -> Result<()> {
-        self.blocking_waits.fetch_add(1, Ordering::Relaxed);
-        while !self.is_complete()? {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-        Ok(())
-    }
+/// Reports `test` as skipped: writes `SKIPPED <test>: <why>` on the process's standard error,
+/// past the test harness's output capture (which takes `print!` and `eprint!`, not writes to
+/// the stream itself), so that the line shows beside the test's `ok` in the test output.
+pub fn report_skip(test: &str, why: &dyn std::fmt::Display) {
+    let line = format!("SKIPPED {test}: {why}\n");
+    // A failed write to stderr has nowhere better to be reported.
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
 }

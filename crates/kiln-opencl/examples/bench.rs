@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::{DeviceSpec, KernelBuilder, Scalar, Val};
 use kiln_device::{Buffer, Device, HardwareQueue, Kernel, QueueFactory, Result, TimelineSignal};
-use kiln_opencl::OpenClQueueFactory;
 
 const N: usize = 16 << 20;
 /// Partial sums of the reduction: work item i sums the i-th run of N / PARTS consecutive
@@ -83,7 +82,7 @@ fn main() -> Result<()> {
     let t = best(min, || (0..calls).try_for_each(|_| add.launch(&[&x, &y, &z], &[1])))?;
     println!("launch (synchronous execute):  {:7.2} us/call", t.as_secs_f64() * 1e6 / calls as f64);
 
-    let factory = OpenClQueueFactory::open(&spec)?;
+    let factory = kiln_opencl::queue_factory(kiln_opencl::cl_device(&spec)?);
     let mut q = factory.create_compute_queue()?;
     let signal = factory.create_signal()?;
     let mut value = 0;

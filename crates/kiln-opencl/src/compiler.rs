@@ -69,7 +69,7 @@ impl Compiler for OpenClCompiler {
             log: String::new(),
             line: None,
         })?;
-        Ok(CompiledSpec { name: spec.name.clone(), src: Some(spec.src.clone()), bytes, spec: Arc::new(spec.clone()) })
+        Ok(CompiledSpec { name: spec.name.clone(), bytes, spec: Arc::new(spec.clone()) })
     }
 
     fn cache_key(&self) -> &'static str {

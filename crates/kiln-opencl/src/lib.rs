@@ -59,8 +59,7 @@ pub mod queue;
 pub mod renderer;
 pub mod signal;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{Device, DeviceProperties, Error, LruAllocator, Result};
@@ -73,7 +72,7 @@ use opencl3::types::{cl_command_queue_properties, cl_device_id, cl_platform_id};
 pub use allocator::OpenClAllocator;
 pub use compiler::OpenClCompiler;
 pub use program::OpenClProgram;
-pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory};
+pub use queue::{ClStream, OpenCl, OpenClQueue, OpenClQueueFactory, queue_factory};
 pub use renderer::{OpenClC, OpenClDialect, OpenClRenderer, opencl_renderer, opencl_renderer_for};
 pub use signal::{ClEvent, OpenClSignal};
 
@@ -300,10 +299,7 @@ fn create_queue(context: &Context, device: cl_device_id, props: cl_command_queue
 }
 
 /// The process-wide opened devices, by ordinal: one context per OpenCL device.
-fn opened() -> &'static Mutex<HashMap<u32, Arc<ClDevice>>> {
-    static OPENED: OnceLock<Mutex<HashMap<u32, Arc<ClDevice>>>> = OnceLock::new();
-    OPENED.get_or_init(|| Mutex::new(HashMap::new()))
-}
+static CONTEXTS: kiln_device::ContextMap<ClDevice> = kiln_device::ContextMap::new(BACKEND);
 
 /// The shared [`ClDevice`] of `OPENCL:ordinal`, opened on first use.
 pub fn cl_device(spec: &DeviceSpec) -> Result<Arc<ClDevice>> {
@@ -313,25 +309,21 @@ pub fn cl_device(spec: &DeviceSpec) -> Result<Arc<ClDevice>> {
 /// The [`ClDevice`] of `spec`: the shared one, or (`fresh`) a new context that replaces it
 /// (a device reset: the old context lives on only through the old generation's objects).
 fn open_cl_device(spec: &DeviceSpec, fresh: bool) -> Result<Arc<ClDevice>> {
-    if spec.base_type() != BACKEND {
-        return Err(Error::Invalid(format!("{spec} is not an OpenCL device (expected {BACKEND}:n)")));
-    }
-    let ordinal = spec.ordinal();
-    let mut map = opened().lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(d) = map.get(&ordinal).filter(|_| !fresh) {
-        return Ok(d.clone());
-    }
-    let all = enumerate()?;
-    let at = *all.get(ordinal as usize).ok_or_else(|| {
-        Error::Unavailable(format!(
-            "{spec} does not exist: this machine has {} OpenCL device(s) (OPENCL:0..{})",
-            all.len(),
-            all.len().saturating_sub(1)
-        ))
-    })?;
-    let dev = Arc::new(ClDevice::open(spec, at)?);
-    map.insert(ordinal, dev.clone());
-    Ok(dev)
+    CONTEXTS.get(
+        spec,
+        |_| Ok(fresh),
+        |spec| {
+            let all = enumerate()?;
+            let at = *all.get(spec.ordinal() as usize).ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "{spec} does not exist: this machine has {} OpenCL device(s) (OPENCL:0..{})",
+                    all.len(),
+                    all.len().saturating_sub(1)
+                ))
+            })?;
+            ClDevice::open(spec, at)
+        },
+    )
 }
 
 /// Every OpenCL device with its description, or why there are none.
@@ -375,8 +367,7 @@ fn build_device(spec: &DeviceSpec) -> Result<Device> {
             Arc::new(opencl_renderer(&cl)),
             Arc::new(OpenClCompiler::new(cl.clone())),
         )];
-        Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
-            .with_queues(Arc::new(OpenClQueueFactory::new(cl))))
+        Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime).with_queues(Arc::new(queue::queue_factory(cl))))
     })?;
     Ok(device.with_properties(properties))
 }
@@ -406,20 +397,11 @@ pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
     baseline: kiln_device::no_baseline,
 };
 
-/// Test support: the first OpenCL device, or why the test is skipped. With `KILN_REQUIRE`
-/// naming `opencl`, a missing device fails the test instead.
+/// Test support: the first OpenCL device (with a memory-only kernel cache), or why the test
+/// is skipped. With `KILN_REQUIRE` naming `opencl`, a missing device fails the test instead.
 #[cfg(test)]
 pub(crate) fn test_device() -> Option<Arc<Device>> {
-    let spec = DeviceSpec::new(crate::BACKEND, 0);
-    // A memory-only kernel cache, so every test really exercises the compiler.
-    let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
-    match build_device(&spec) {
-        Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
-        Err(e) => {
-            kiln_device::skip_unless_required("opencl", "this OpenCL test", &e);
-            None
-        }
-    }
+    kiln_device::testing::device_or_skip("opencl", "this OpenCL test", build_device(&DeviceSpec::new(BACKEND, 0)))
 }
 
 #[cfg(test)]

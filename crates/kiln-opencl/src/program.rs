@@ -50,11 +50,7 @@ impl OpenClProgram {
     /// otherwise by building its source.
     pub fn load(cl: Arc<ClDevice>, compiled: &CompiledSpec) -> Result<OpenClProgram> {
         let program = if compiled.bytes.is_empty() {
-            let src = compiled
-                .src
-                .as_deref()
-                .ok_or_else(|| Error::Load(format!("`{}` has neither an OpenCL binary nor source", compiled.name)))?;
-            build_source(&cl, src, &compiled.name)?
+            build_source(&cl, &compiled.spec.src, &compiled.name)?
         } else {
             // SAFETY: the device is a member of the context (the context was created from it).
             let mut p = unsafe { ClProgram::create_from_binary(cl.context(), &[cl.device_id()], &[&compiled.bytes]) }

@@ -30,7 +30,7 @@ use std::time::Instant;
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamQueue,
+    AccelBackend, AccelStream, Buffer, Error, Kernel, LaunchDims, RawView, Result, StreamQueue, StreamQueueFactory,
 };
 use opencl3::command_queue::{
     CommandQueue, enqueue_barrier_with_wait_list, enqueue_copy_buffer, enqueue_marker_with_wait_list,
@@ -40,8 +40,8 @@ use opencl3::types::{CL_NON_BLOCKING, cl_event};
 
 use crate::allocator::mem;
 use crate::program::OpenClProgram;
-use crate::signal::{ClEvent, OpenClSignal};
-use crate::{ClDevice, cl_device, driver};
+use crate::signal::ClEvent;
+use crate::{ClDevice, driver};
 
 /// One in-order OpenCL command queue (compute or copy).
 pub type OpenClQueue = StreamQueue<OpenCl>;
@@ -184,10 +184,8 @@ pub struct OpenCl;
 
 impl AccelBackend for OpenCl {
     const NAME: &'static str = "OPENCL";
-    type Device = DeviceOf<OpenCl>;
     type Stream = ClStream;
     type Event = ClEvent;
-    type Error = Error;
 }
 
 /// The (count, pointer) pair of an OpenCL wait list.
@@ -195,43 +193,13 @@ fn wait_list(events: &[cl_event]) -> (u32, *const cl_event) {
     if events.is_empty() { (0, std::ptr::null()) } else { (events.len() as u32, events.as_ptr()) }
 }
 
-/// Creates the queues and signals of one OpenCL device. Queues are independent in-order
-/// `cl_command_queue`s of the device's shared context.
-pub struct OpenClQueueFactory {
-    cl: Arc<ClDevice>,
-}
+/// The queues and signals of one OpenCL device.
+pub type OpenClQueueFactory = StreamQueueFactory<OpenCl>;
 
-impl OpenClQueueFactory {
-    pub fn new(cl: Arc<ClDevice>) -> OpenClQueueFactory {
-        OpenClQueueFactory { cl }
-    }
-
-    /// The factory of `spec` (an `OPENCL:n` device).
-    pub fn open(spec: &DeviceSpec) -> Result<OpenClQueueFactory> {
-        Ok(OpenClQueueFactory { cl: cl_device(spec)? })
-    }
-}
-
-impl QueueFactory for OpenClQueueFactory {
-    type Queue = OpenClQueue;
-    type Signal = OpenClSignal;
-
-    fn create_compute_queue(&self) -> Result<OpenClQueue> {
-        Ok(StreamQueue::new(ClStream::new(self.cl.clone())?))
-    }
-
-    /// OpenCL exposes no copy engine; a second in-order queue lets copies overlap kernels.
-    fn create_copy_queue(&self) -> Result<Option<OpenClQueue>> {
-        Ok(Some(StreamQueue::new(ClStream::new(self.cl.clone())?)))
-    }
-
-    fn create_signal(&self) -> Result<Arc<OpenClSignal>> {
-        Ok(Arc::new(OpenClSignal::default()))
-    }
-
-    fn device(&self) -> &DeviceSpec {
-        &self.cl.spec
-    }
+/// The queue factory of `cl`: independent in-order `cl_command_queue`s of its shared context.
+/// OpenCL exposes no copy engine; a second in-order queue lets copies overlap kernels.
+pub fn queue_factory(cl: Arc<ClDevice>) -> OpenClQueueFactory {
+    StreamQueueFactory::new(cl.spec.clone(), move || ClStream::new(cl.clone()))
 }
 
 #[cfg(test)]
@@ -239,24 +207,15 @@ mod tests {
     use std::sync::Mutex;
 
     use kiln_device::kiln_ir::{KernelBuilder, Scalar};
-    use kiln_device::{Allocator, CpuTimelineSignal, Device, DynQueueFactory, HardwareQueue, RawPtr, TimelineSignal};
+    use kiln_device::{
+        Allocator, CpuTimelineSignal, Device, DynQueueFactory, HardwareQueue, QueueFactory, RawPtr, TimelineSignal,
+    };
     use std::time::Duration;
 
     use super::*;
-    use crate::test_device;
+    use crate::{cl_device, test_device};
 
     const LONG: Duration = Duration::from_secs(30);
-
-    /// The backend's device handle names the ordinal and follows resets.
-    #[test]
-    fn the_identity_device_follows_resets() {
-        use kiln_device::AccelDevice;
-        let Some(dev) = test_device() else { return };
-        let handle = DeviceOf::<OpenCl>::new(dev.clone()).unwrap();
-        assert_eq!((handle.device_id(), handle.generation(), OpenCl::NAME), (0, 0, "OPENCL"));
-        dev.reset().unwrap();
-        assert_eq!(handle.generation(), 1);
-    }
 
     /// `c[i] = a[i] * 2 + 1` over `n` f32.
     fn affine(dev: &Device) -> Kernel {
@@ -270,7 +229,7 @@ mod tests {
 
     fn setup() -> Option<(Arc<Device>, OpenClQueueFactory, Kernel)> {
         let dev = test_device()?;
-        let factory = OpenClQueueFactory::open(dev.spec()).unwrap();
+        let factory = queue_factory(cl_device(dev.spec()).unwrap());
         let k = affine(&dev);
         Some((dev, factory, k))
     }

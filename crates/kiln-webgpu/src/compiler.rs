@@ -97,12 +97,7 @@ impl WgslCompiler {
 impl Compiler for WgslCompiler {
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
         validate(&spec.src, self.caps, &spec.name)?;
-        Ok(CompiledSpec {
-            name: spec.name.clone(),
-            src: Some(spec.src.clone()),
-            bytes: spec.src.as_bytes().to_vec(),
-            spec: Arc::new(spec.clone()),
-        })
+        Ok(CompiledSpec { name: spec.name.clone(), bytes: spec.src.as_bytes().to_vec(), spec: Arc::new(spec.clone()) })
     }
 
     fn cache_key(&self) -> &'static str {

@@ -61,7 +61,7 @@ pub use allocator::WgpuAllocator;
 pub use compiler::{Emit, WgslCompiler, translate};
 pub use exports::DRIVER;
 pub use program::{EmptyDispatch, WgpuProgram};
-pub use queue::{WebGpu, WgpuQueue, WgpuQueueFactory, WgpuStream};
+pub use queue::{WebGpu, WgpuQueue, WgpuQueueFactory, WgpuStream, queue_factory};
 pub use renderer::{Caps, WgslRenderer};
 pub use signal::{WgpuEvent, WgpuSignal};
 
@@ -328,7 +328,7 @@ fn build_device_with(spec: &DeviceSpec, loop_budget: Option<Option<u64>>) -> Res
             Arc::new(WgslCompiler::new(gpu.caps, gpu.identity())),
         )];
         Ok(kiln_device::DeviceParts::new(allocator, compilers, runtime)
-            .with_queues(Arc::new(WgpuQueueFactory::new(gpu))))
+            .with_queues(Arc::new(queue::queue_factory(gpu))))
     })
     .map(|d| d.with_properties(properties))
 }
@@ -349,15 +349,8 @@ pub(crate) fn test_device() -> Option<Arc<Device>> {
 /// [`test_device`] with `loop_budget` (when given) in place of the adapter's own.
 #[cfg(test)]
 pub(crate) fn test_device_with(loop_budget: Option<Option<u64>>) -> Option<Arc<Device>> {
-    let spec = DeviceSpec::new(crate::BACKEND, 0);
-    let memory_only = || Arc::new(kiln_device::KernelCache::new(kiln_device::CacheConfig::memory_only()));
-    match build_device_with(&spec, loop_budget) {
-        Ok(d) => Some(Arc::new(d.with_cache(memory_only()))),
-        Err(e) => {
-            kiln_device::skip_unless_required("webgpu", "this WebGPU test", &e);
-            None
-        }
-    }
+    let built = build_device_with(&DeviceSpec::new(BACKEND, 0), loop_budget);
+    kiln_device::testing::device_or_skip("webgpu", "this WebGPU test", built)
 }
 
 #[cfg(test)]

@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::queue::CommandTimer;
 use kiln_device::{
-    AccelBackend, AccelStream, Buffer, DeviceOf, Error, Kernel, LaunchDims, QueueFactory, RawView, Result, StreamQueue,
+    AccelBackend, AccelStream, Buffer, Error, Kernel, LaunchDims, RawView, Result, StreamQueue, StreamQueueFactory,
 };
 
 use crate::WgpuDevice;
 use crate::allocator::{encode_copy, read};
 use crate::program::WgpuProgram;
-use crate::signal::{WgpuEvent, WgpuSignal};
+use crate::signal::WgpuEvent;
 
 /// A kiln queue of the WebGPU backend.
 pub type WgpuQueue = StreamQueue<WebGpu>;
@@ -181,42 +181,17 @@ pub struct WebGpu;
 
 impl AccelBackend for WebGpu {
     const NAME: &'static str = "WEBGPU";
-    type Device = DeviceOf<WebGpu>;
     type Stream = WgpuStream;
     type Event = WgpuEvent;
-    type Error = Error;
 }
 
 /// Queues and signals of one wgpu device.
-pub struct WgpuQueueFactory {
-    gpu: Arc<WgpuDevice>,
-}
+pub type WgpuQueueFactory = StreamQueueFactory<WebGpu>;
 
-impl WgpuQueueFactory {
-    pub fn new(gpu: Arc<WgpuDevice>) -> WgpuQueueFactory {
-        WgpuQueueFactory { gpu }
-    }
-}
-
-impl QueueFactory for WgpuQueueFactory {
-    type Queue = WgpuQueue;
-    type Signal = WgpuSignal;
-
-    fn create_compute_queue(&self) -> Result<WgpuQueue> {
-        Ok(StreamQueue::new(WgpuStream { gpu: self.gpu.clone() }))
-    }
-
-    fn create_copy_queue(&self) -> Result<Option<WgpuQueue>> {
-        Ok(Some(StreamQueue::new(WgpuStream { gpu: self.gpu.clone() })))
-    }
-
-    fn create_signal(&self) -> Result<Arc<WgpuSignal>> {
-        Ok(Arc::new(WgpuSignal::default()))
-    }
-
-    fn device(&self) -> &DeviceSpec {
-        &self.gpu.spec
-    }
+/// The queue factory of `gpu`: every queue records into its own command encoders and submits
+/// to the device's one wgpu queue.
+pub fn queue_factory(gpu: Arc<WgpuDevice>) -> WgpuQueueFactory {
+    StreamQueueFactory::new(gpu.spec.clone(), move || Ok(WgpuStream { gpu: gpu.clone() }))
 }
 
 #[cfg(test)]

@@ -10,7 +10,11 @@ use kiln_webgpu::{BACKEND, Caps, Emit, WgslRenderer, translate};
 #[test]
 fn every_example_kernel_is_valid_spirv() {
     if let Err(e) = Command::new("spirv-val").arg("--version").output() {
-        kiln_device::skip_unless_required("webgpu", "every_example_kernel_is_valid_spirv", &format!("spirv-val: {e}"));
+        kiln_device::testing::skip_unless_required(
+            "webgpu",
+            "every_example_kernel_is_valid_spirv",
+            &format!("spirv-val: {e}"),
+        );
         return;
     }
     let caps = Caps { f16: true, int64: true };

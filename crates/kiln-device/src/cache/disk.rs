@@ -45,10 +45,10 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    pub(super) fn from_compiled(c: &CompiledSpec) -> Option<Entry> {
+    pub(super) fn from_compiled(c: &CompiledSpec) -> Entry {
         let (is_source, data) =
-            if !c.bytes.is_empty() { (false, c.bytes.clone()) } else { (true, c.src.as_ref()?.as_bytes().to_vec()) };
-        Some(Entry { spec_name: c.spec.name.clone(), compiled_name: c.name.clone(), is_source, data })
+            if !c.bytes.is_empty() { (false, c.bytes.clone()) } else { (true, c.spec.src.as_bytes().to_vec()) };
+        Entry { spec_name: c.spec.name.clone(), compiled_name: c.name.clone(), is_source, data }
     }
 
     pub(super) fn encode(&self, key: &[u8; 32]) -> Vec<u8> {
@@ -124,10 +124,9 @@ impl Entry {
         };
         let mut spec = spec.clone();
         spec.name = self.spec_name;
-        spec.src = src.clone();
+        spec.src = src;
         let spec = Arc::new(spec);
-        let compiled =
-            CompiledSpec { name: self.compiled_name, src: self.is_source.then_some(src), bytes, spec: spec.clone() };
+        let compiled = CompiledSpec { name: self.compiled_name, bytes, spec: spec.clone() };
         tc.loader.load(spec, &compiled)
     }
 }
@@ -256,7 +255,7 @@ impl DiskDir {
 
     /// Writes the entry of `key` atomically, then enforces the size limit.
     pub(super) fn store(&self, key: &[u8; 32], compiled: &CompiledSpec) -> Result<()> {
-        let Some(entry) = Entry::from_compiled(compiled) else { return Ok(()) };
+        let entry = Entry::from_compiled(compiled);
         let bytes = entry.encode(key);
         // On failure the temporary file is deleted when dropped.
         temp_file(&self.dir)

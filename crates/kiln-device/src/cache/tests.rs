@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use super::disk::*;
 use super::*;
+use crate::doubles::*;
 use crate::parts::CompilerPair;
-use crate::testing::*;
 
 fn disk_cache(dir: &TempDir) -> KernelCache {
     KernelCache::new(CacheConfig::at(&dir.0))
@@ -367,7 +367,7 @@ fn a_failed_compile_reaches_every_waiter_and_is_not_cached() {
 #[test]
 fn device_compile_goes_through_its_cache() {
     use crate::device::Device;
-    use crate::testing::MockAllocator;
+    use crate::doubles::MockAllocator;
     let dir = TempDir::new("device");
     let r = rig(MockCompiler::new("fp"));
     let open = |cache: KernelCache| {

@@ -73,7 +73,7 @@ impl Renderer for SpecOnly {
 
 impl Compiler for SpecOnly {
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
-        Ok(CompiledSpec { name: spec.name.clone(), src: None, bytes: Vec::new(), spec: Arc::new(spec.clone()) })
+        Ok(CompiledSpec { name: spec.name.clone(), bytes: Vec::new(), spec: Arc::new(spec.clone()) })
     }
 
     fn cache_key(&self) -> &'static str {
