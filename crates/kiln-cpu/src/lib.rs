@@ -47,6 +47,7 @@ pub mod compiler;
 pub mod elf;
 pub mod guard;
 pub mod isa;
+pub mod llvm;
 pub mod pool;
 pub mod program;
 pub mod queue;
