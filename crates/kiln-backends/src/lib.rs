@@ -95,6 +95,8 @@ pub struct DeviceRow {
     /// The device's compiler pairs, the default first (when it is open: always for the CPU,
     /// which is listed by opening it).
     pub compilers: Vec<String>,
+    /// The pairs the device cannot offer on this machine, each with why (when it is open).
+    pub missing: Vec<(String, String)>,
 }
 
 /// Every device of every registered backend, in registration order, then the backends this
@@ -120,18 +122,26 @@ pub fn probe(open: bool) -> Vec<DeviceRow> {
 /// The row of a device its backend's probe found, opened (for its counters) when `open`.
 fn row(spec: &DeviceSpec, description: String, open: bool) -> DeviceRow {
     let opened = if open { Some(kiln_device::open_device(&spec.to_string())) } else { None };
-    let compilers = kiln_device::opened_device(spec).map(|d| d.compiler_names()).unwrap_or_default();
+    let pairs = kiln_device::opened_device(spec).map(|d| (d.compiler_names(), d.missing_compilers()));
+    let (compilers, missing) = pairs.unwrap_or_default();
     let (status, stats, cache) = match opened {
         Some(Err(e)) => (Err(e.to_string()), None, None),
         Some(Ok(d)) => (Ok(d.description().to_string()), Some(d.allocator().stats()), Some(d.cache().stats())),
         None => (Ok(description), None, None),
     };
-    DeviceRow { name: spec.to_string(), status, stats, cache, compilers }
+    DeviceRow { name: spec.to_string(), status, stats, cache, compilers, missing }
 }
 
 /// The row of a backend that has no usable device, saying why.
 fn unavailable(name: &str, why: String) -> DeviceRow {
-    DeviceRow { name: name.into(), status: Err(why), stats: None, cache: None, compilers: Vec::new() }
+    DeviceRow {
+        name: name.into(),
+        status: Err(why),
+        stats: None,
+        cache: None,
+        compilers: Vec::new(),
+        missing: Vec::new(),
+    }
 }
 
 #[cfg(test)]

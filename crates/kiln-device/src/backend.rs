@@ -1,4 +1,4 @@
-//! The kit a stream backend (OpenCL, CUDA, WebGPU) is built from.
+//! The kit a stream backend (a GPU API with in-order queues and events) is built from.
 //!
 //! - Identity: a backend is a zero-sized marker type implementing [`AccelBackend`], which
 //!   names its stream and event types. The stream-queue skeleton ([`crate::StreamQueue`], and
@@ -22,7 +22,7 @@ use crate::program::LaunchDims;
 use crate::queue::CommandTimer;
 use crate::ring::BackendEvent;
 
-/// One stream backend (OpenCL, CUDA, WebGPU): its name and native types.
+/// One stream backend: its name and native types.
 pub trait AccelBackend: Send + Sync + 'static {
     /// The device family, as in device names (`"OPENCL"`, `"CUDA"`).
     const NAME: &'static str;

@@ -207,18 +207,29 @@ impl Device {
         self.current().compilers[0].compiler.clone()
     }
 
+    /// The pairs the backend has but cannot offer on this machine, each with why (the CPU's
+    /// `llvm` where libLLVM is not installed).
+    pub fn missing_compilers(&self) -> Vec<(String, String)> {
+        self.current().missing.clone()
+    }
+
     /// The index of the pair named `name`.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] naming the device's pairs when it has none of that name.
+    /// [`Error::Unavailable`] naming the device's pairs when it has none of that name, and why
+    /// when it is one the backend cannot offer here.
     fn pair_index(&self, name: &str) -> Result<usize> {
         let names = self.compiler_names();
         names.iter().position(|n| n == name).ok_or_else(|| {
-            Error::Unavailable(format!(
-                "device {} has no compiler pair `{name}`; its pairs are: {} (`kiln devices` lists them)",
-                self.spec(),
-                names.join(", ")
-            ))
+            let why = self.current().missing.iter().find(|(n, _)| n == name).map(|(_, why)| why.clone());
+            Error::Unavailable(match why {
+                Some(why) => format!("device {} cannot offer its compiler pair `{name}` here: {why}", self.spec()),
+                None => format!(
+                    "device {} has no compiler pair `{name}`; its pairs are: {} (`kiln devices` lists them)",
+                    self.spec(),
+                    names.join(", ")
+                ),
+            })
         })
     }
 
@@ -465,8 +476,10 @@ pub(crate) mod tests {
         let pairs: Vec<CompilerPair> =
             names.iter().map(|n| CompilerPair::new(*n, Arc::new(MockRenderer), r.compiler.clone())).collect();
         let loaded = r.loaded.clone();
+        let missing = vec![("absent".to_string(), "its library is not installed".to_string())];
         Device::new(DeviceSpec::new("CPU", 0), "mock".into(), move |_| {
-            Ok(DeviceParts::new(MockAllocator::new(1 << 20), pairs.clone(), runtime(loaded.clone())))
+            Ok(DeviceParts::new(MockAllocator::new(1 << 20), pairs.clone(), runtime(loaded.clone()))
+                .with_missing(missing.clone()))
         })
         .map(|d| d.with_cache(Arc::new(KernelCache::new(CacheConfig::memory_only()))))
     }
@@ -509,8 +522,15 @@ pub(crate) mod tests {
         let err = dev.compile_with("third", &sink, Some("k")).unwrap_err();
         assert!(matches!(&err, Error::Unavailable(m) if m.contains("`third`") && m.contains("first, second")), "{err}");
 
+        let err = dev.compile_with("absent", &sink, Some("k")).unwrap_err();
+        assert!(
+            matches!(&err, Error::Unavailable(m) if m.contains("`absent`") && m.contains("not installed")),
+            "{err}"
+        );
+
         let second = dev.with_default_compiler("second").unwrap();
         assert_eq!(second.compiler_names(), ["second", "first"]);
+        assert_eq!(second.missing_compilers(), dev.missing_compilers(), "a pair that is missing stays listed");
         assert!(matches!(dev.with_default_compiler("third"), Err(Error::Unavailable(_))));
 
         for names in [&["same", "same"][..], &[""][..]] {

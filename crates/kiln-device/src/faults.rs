@@ -248,6 +248,7 @@ pub fn inject(parts: DeviceParts, plan: &Arc<FaultPlan>) -> DeviceParts {
         queues: parts
             .queues
             .map(|q| Arc::new(FaultQueues { inner: q, plan: plan.clone() }) as Arc<dyn DynQueueFactory>),
+        missing: parts.missing,
         graphs: parts.graphs.map(|g| Arc::new(FaultGraphs { inner: g, plan: plan.clone() }) as Arc<dyn GraphFactory>),
         gate: Some(Arc::new(move |program: &str| {
             launches.launch(program)?;

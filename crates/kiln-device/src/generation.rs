@@ -22,6 +22,8 @@ use crate::signal::TimelineSignal;
 pub(crate) struct Generation {
     pub(crate) allocator: Arc<dyn Allocator>,
     pub(crate) compilers: Vec<CompilerPair>,
+    /// The pairs the backend cannot offer here, with why.
+    pub(crate) missing: Vec<(String, String)>,
     /// The backend's program loader, unwrapped.
     pub(crate) runtime: RuntimeFactory,
     /// Loads kernels of this generation (the runtime with the generation's origin).
@@ -54,6 +56,7 @@ impl Generation {
             allocator: Arc::new(ContextAllocator::new(parts.allocator, stamp.clone())),
             toolchains: parts.compilers.iter().map(|_| OnceLock::new()).collect(),
             compilers: parts.compilers,
+            missing: parts.missing,
             loader: Loader::of_generation(parts.runtime.clone(), origin),
             runtime: parts.runtime,
             queues: parts.queues.map(|q| Arc::new(ContextQueues::new(q, stamp)) as Arc<dyn DynQueueFactory>),

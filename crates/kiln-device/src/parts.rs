@@ -63,6 +63,9 @@ pub struct DeviceParts {
     pub queues: Option<Arc<dyn DynQueueFactory>>,
     /// The device's launch graphs ([`crate::graph`]), if its backend offers them.
     pub graphs: Option<Arc<dyn GraphFactory>>,
+    /// The pairs the backend has but cannot offer on this machine, each with why (a compiler
+    /// library that is not installed): `kiln devices` lists them, and asking for one says why.
+    pub missing: Vec<(String, String)>,
     /// Called before every launch of the generation's kernels (fault injection's hook).
     pub(crate) gate: Option<LaunchGate>,
 }
@@ -71,12 +74,18 @@ impl DeviceParts {
     /// The parts every device has: memory, (renderer, compiler) pairs (the first is the
     /// default) and the program loader; no queues and no graphs.
     pub fn new(allocator: Arc<dyn Allocator>, compilers: Vec<CompilerPair>, runtime: RuntimeFactory) -> DeviceParts {
-        DeviceParts { allocator, compilers, runtime, queues: None, graphs: None, gate: None }
+        DeviceParts { allocator, compilers, runtime, queues: None, graphs: None, missing: Vec::new(), gate: None }
     }
 
     /// These parts with the backend's hardware queues and signals.
     pub fn with_queues(mut self, queues: Arc<dyn DynQueueFactory>) -> DeviceParts {
         self.queues = Some(queues);
+        self
+    }
+
+    /// These parts with the pairs the backend cannot offer here, each with why.
+    pub fn with_missing(mut self, missing: Vec<(String, String)>) -> DeviceParts {
+        self.missing = missing;
         self
     }
 

@@ -165,11 +165,18 @@ impl PyDevice {
         self.device.spec().to_string()
     }
 
-    /// The names of the device's compiler pairs, the default first (the CPU's: `cc` for the
-    /// host's instruction set, `cc-avx2` and `cc-sse2` for older ones).
+    /// The names of the device's compiler pairs, the default first (the CPU's: `llvm` in
+    /// process and `cc` for the host's instruction set, `cc-avx2` and `cc-sse2` for older ones).
     #[getter]
     fn compilers(&self) -> PyResult<Vec<String>> {
         Ok(self.get()?.compiler_names())
+    }
+
+    /// The pairs the device cannot offer on this machine, by name, each with why (the CPU's
+    /// `llvm` where libLLVM 16 is not installed).
+    #[getter]
+    fn missing_compilers(&self) -> PyResult<std::collections::HashMap<String, String>> {
+        Ok(self.get()?.missing_compilers().into_iter().collect())
     }
 
     /// A human-readable description (model, driver, compiler).

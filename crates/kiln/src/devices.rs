@@ -33,6 +33,9 @@ pub fn run(args: &DevicesArgs) -> Result<String, CliError> {
                 if !r.compilers.is_empty() {
                     let _ = writeln!(out, "{:<width$}    compilers: {} (default first)", "", r.compilers.join(", "));
                 }
+                for (pair, why) in &r.missing {
+                    let _ = writeln!(out, "{:<width$}    not offered: {pair}: {}", "", why.replace('\n', " "));
+                }
             }
             Err(why) => {
                 let _ = writeln!(out, "{:<width$}  unavailable  {}", r.name, why.replace('\n', " "));

@@ -347,9 +347,9 @@ mod tests {
     use crate::program::global_symbol;
 
     /// The LLVM pair's compiler for `isa`, or `None` (the test is skipped, saying why) when this
-    /// machine has no libLLVM 16, unless `KILN_REQUIRE` names `llvm`.
+    /// machine has no libLLVM 16, unless `KILN_REQUIRE` names `cpu-llvm`.
     fn compiler(isa: IsaTarget) -> Option<LlvmCompiler> {
-        kiln_device::testing::or_skip("llvm", "this LLVM test", LlvmCompiler::new(isa))
+        kiln_device::testing::or_skip("cpu-llvm", "this LLVM test", LlvmCompiler::new(isa))
     }
 
     /// `out[i] = expf(in[i]) * 2` for `i < n`: a loop O2 vectorizes, with a libm call.

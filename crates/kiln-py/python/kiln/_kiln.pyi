@@ -107,9 +107,14 @@ class Device:
         """The device's name (``"CPU"``, ``"OPENCL"``, ``"OPENCL:1"``)."""
     @property
     def compilers(self) -> list[str]:
-        """The device's compiler pairs, the default first: the CPU's ``cc`` (the host's
-        instruction set), ``cc-avx2`` and ``cc-sse2`` (older ones, where the CPU runs them);
+        """The device's compiler pairs, the default first: the CPU's ``llvm`` (in process,
+        where libLLVM 16 is installed) and ``cc`` (the system C compiler) for the host's
+        instruction set, ``cc-avx2`` and ``cc-sse2`` (older ones, where the CPU runs them);
         ``opencl-c``, ``nvrtc``, ``wgsl`` elsewhere."""
+    @property
+    def missing_compilers(self) -> dict[str, str]:
+        """The pairs the device cannot offer on this machine, each with why (the CPU's
+        ``llvm`` where libLLVM 16 is not installed)."""
     @property
     def description(self) -> str:
         """Model, driver and compiler, in words."""
