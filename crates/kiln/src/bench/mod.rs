@@ -52,10 +52,11 @@ pub struct BenchArgs {
     /// The device to benchmark
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
-    /// The device's compiler pair to use instead of its default (`kiln devices` lists them:
-    /// the CPU's `cc`, `cc-avx2`, `cc-sse2`)
-    #[arg(long, value_name = "NAME")]
-    pub compiler: Option<String>,
+    /// The device's compiler pairs to run the entries with, one after another, instead of its
+    /// default (`kiln devices` lists them: the CPU's `llvm`, `cc`, `cc-avx2`, `cc-sse2`); `all`
+    /// for every pair. The report compares each later pair with the first.
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    pub compiler: Vec<String>,
     /// Print {"device", "results": [...]} instead of a table
     #[arg(long)]
     pub json: bool,
@@ -136,31 +137,44 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         return baselines::matmul_baseline_child(args.baseline_threads, reps(args));
     }
     kiln_backends::register_all();
-    let device = session::open_device(&args.device, args.compiler.as_deref())?;
-    if args.disk_hit_child {
-        return entries::disk_hit_child(&device);
-    }
-    let bench = entries::Bench { device, reps: reps(args) };
-    let named = |name: &str| args.only.as_ref().is_some_and(|o| o.iter().any(|n| n == name));
-    if let Some(name) = ENTRIES.iter().find(|name| named(name) && !bench.applies(name)) {
-        return Err(CliError::Usage(format!(
-            "bench entry `{name}` runs on GPU devices (CUDA) only, not on {}",
-            bench.device.spec()
-        )));
-    }
-    let chosen: Vec<&'static str> =
-        ENTRIES.iter().copied().filter(|name| bench.applies(name) && (args.only.is_none() || named(name))).collect();
-    let progress = progress_bar(chosen.len(), args.json);
+    let default = session::open_device(&args.device, None)?;
+    let pairs: Vec<String> = match args.compiler.as_slice() {
+        [] => default.compiler_names().into_iter().take(1).collect(),
+        [all] if all == "all" => default.compiler_names(),
+        names => names.to_vec(),
+    };
     let mut results = Vec::new();
-    for name in chosen {
-        progress.set_message(name);
-        let r = bench.entry(name, args)?;
-        progress.println(format!("{name:<24} {:>10.3} {} (median)", r.kiln.median, r.unit));
-        progress.inc(1);
-        results.push(r);
+    for pair in &pairs {
+        // The entries (and the processes they start) see this pair alone.
+        let args = BenchArgs { compiler: vec![pair.clone()], ..args.clone() };
+        let device = session::open_device(&args.device, Some(pair))?;
+        if args.disk_hit_child {
+            return entries::disk_hit_child(&device);
+        }
+        let bench = entries::Bench { device, reps: reps(&args) };
+        let named = |name: &str| args.only.as_ref().is_some_and(|o| o.iter().any(|n| n == name));
+        if let Some(name) = ENTRIES.iter().find(|name| named(name) && !bench.applies(name)) {
+            return Err(CliError::Usage(format!(
+                "bench entry `{name}` runs on GPU devices (CUDA) only, not on {}",
+                bench.device.spec()
+            )));
+        }
+        let chosen: Vec<&'static str> = ENTRIES
+            .iter()
+            .copied()
+            .filter(|name| bench.applies(name) && (args.only.is_none() || named(name)))
+            .collect();
+        let progress = progress_bar(chosen.len(), args.json);
+        for name in chosen {
+            progress.set_message(format!("{name} ({pair})"));
+            let r = bench.entry(name, &args)?;
+            progress.println(format!("{name:<24} {pair:>9} {:>10.3} {} (median)", r.kiln.median, r.unit));
+            progress.inc(1);
+            results.push(report::PairResult { compiler: pair.clone(), result: r });
+        }
+        progress.finish_and_clear();
     }
-    progress.finish_and_clear();
-    Ok(if args.json { report::to_json(&args.device, &results)? } else { report::to_table(&bench.device, &results) })
+    Ok(if args.json { report::to_json(&args.device, &results)? } else { report::to_table(&default, &results) })
 }
 
 /// Timed repetitions per entry.

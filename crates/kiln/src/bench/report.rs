@@ -54,9 +54,29 @@ impl BenchResult {
     }
 }
 
-/// The `--json` report: `{"device": ..., "results": [{"name", "verified", "unit", "median",
-/// "min", "max", "baseline", "baseline_median", "ratio"}, ...]}`; a missing or non-finite number
-/// is `null`, and so is `baseline` (what the baseline is) for an entry without one.
+/// One entry's result with the compiler pair the device compiled its kernels with.
+#[derive(Debug, Clone)]
+pub struct PairResult {
+    pub compiler: String,
+    pub result: BenchResult,
+}
+
+/// `r` relative to the same entry on the run's first pair (higher is better), for a result of
+/// another pair; `None` on the first pair or when the first pair did not run the entry.
+fn vs_first(r: &PairResult, all: &[PairResult]) -> Option<f64> {
+    let first = &all.first()?.compiler;
+    if &r.compiler == first {
+        return None;
+    }
+    let base = all.iter().find(|o| &o.compiler == first && o.result.name == r.result.name)?.result.kiln.median;
+    let this = r.result.kiln.median;
+    Some(if r.result.higher_is_better { this / base } else { base / this })
+}
+
+/// The `--json` report: `{"device": ..., "results": [{"name", "compiler", "verified", "unit",
+/// "median", "min", "max", "baseline", "baseline_median", "ratio", "vs_first_compiler"}, ...]}`;
+/// a missing or non-finite number is `null`, and so is `baseline` (what the baseline is) for
+/// an entry without one. `vs_first_compiler` compares a pair after the first with the first.
 #[derive(Debug, Serialize)]
 struct JsonReport<'a> {
     device: String,
@@ -66,6 +86,7 @@ struct JsonReport<'a> {
 #[derive(Debug, Serialize)]
 struct JsonResult<'a> {
     name: &'a str,
+    compiler: &'a str,
     verified: bool,
     unit: &'a str,
     median: f64,
@@ -74,15 +95,18 @@ struct JsonResult<'a> {
     baseline: Option<&'a str>,
     baseline_median: Option<f64>,
     ratio: Option<f64>,
+    vs_first_compiler: Option<f64>,
 }
 
-pub(super) fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<String, CliError> {
+pub(super) fn to_json(device: &DeviceSpec, results: &[PairResult]) -> Result<String, CliError> {
     let report = JsonReport {
         device: device.to_string(),
         results: results
             .iter()
-            .map(|r| JsonResult {
+            .map(|pr| (pr, &pr.result))
+            .map(|(pr, r)| JsonResult {
                 name: r.name,
+                compiler: &pr.compiler,
                 verified: r.verified,
                 unit: r.unit,
                 median: r.kiln.median,
@@ -91,6 +115,7 @@ pub(super) fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<St
                 baseline: r.baseline.map(|_| r.baseline_name.as_ref()),
                 baseline_median: r.baseline.map(|b| b.median),
                 ratio: r.ratio(),
+                vs_first_compiler: vs_first(pr, results),
             })
             .collect(),
     };
@@ -100,20 +125,23 @@ pub(super) fn to_json(device: &DeviceSpec, results: &[BenchResult]) -> Result<St
     Ok(text)
 }
 
-pub(super) fn to_table(device: &Device, results: &[BenchResult]) -> String {
+pub(super) fn to_table(device: &Device, results: &[PairResult]) -> String {
     let mut s = format!("kiln bench on {} ({})\n\n", device.spec(), device.description());
+    let first = results.first().map_or("", |r| r.compiler.as_str());
     let _ = writeln!(
         s,
-        "{:<24} {:>8} {:>10} {:>10} {:>10}   {:>10} {:>10} {:>10} {:>7}  baseline",
-        "entry", "unit", "median", "min", "max", "b.median", "b.min", "b.max", "ratio"
+        "{:<24} {:>9} {:>8} {:>10} {:>10} {:>10}   {:>10} {:>10} {:>10} {:>7} {:>8}  baseline",
+        "entry", "compiler", "unit", "median", "min", "max", "b.median", "b.min", "b.max", "ratio", "vs first"
     );
-    for r in results {
+    for pr in results {
+        let r = &pr.result;
         let b =
             |f: fn(&Stats) -> f64| r.baseline.as_ref().map(|x| format!("{:.3}", f(x))).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             s,
-            "{:<24} {:>8} {:>10.3} {:>10.3} {:>10.3}   {:>10} {:>10} {:>10} {:>7}  {}",
+            "{:<24} {:>9} {:>8} {:>10.3} {:>10.3} {:>10.3}   {:>10} {:>10} {:>10} {:>7} {:>8}  {}",
             r.name,
+            pr.compiler,
             r.unit,
             r.kiln.median,
             r.kiln.min,
@@ -122,11 +150,15 @@ pub(super) fn to_table(device: &Device, results: &[BenchResult]) -> String {
             b(|x| x.min),
             b(|x| x.max),
             r.ratio().map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+            vs_first(pr, results).map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
             r.baseline_name
         );
     }
     s.push_str("\nEvery entry was verified against a host reference before it was timed.\n");
     s.push_str("ratio: kiln / baseline for throughputs, baseline / kiln for times (higher is better).\n");
+    if results.iter().any(|r| r.compiler != first) {
+        let _ = writeln!(s, "vs first: the same entry on the {first} pair, as ratio is (higher is better).");
+    }
     s
 }
 
@@ -147,7 +179,12 @@ mod tests {
             baseline_name: "OpenBLAS 0.3 \"x\", 2 threads".into(),
         };
         let odd = "q\"uote\\back\nslash";
-        let results = [result(odd, Some(Stats { median: 4.0, ..stats })), result("plain", None)];
+        let on = |compiler: &str, result| PairResult { compiler: compiler.into(), result };
+        let results = [
+            on("cc", result(odd, Some(Stats { median: 4.0, ..stats }))),
+            on("cc", result("plain", None)),
+            on("llvm", BenchResult { kiln: Stats { median: 3.0, ..stats }, ..result("plain", None) }),
+        ];
         let json = to_json(&DeviceSpec::new("OPENCL", 1), &results).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
         assert_eq!(v["device"], "OPENCL:1");
@@ -156,9 +193,21 @@ mod tests {
         assert_eq!(
             first.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()),
             Some(
-                ["baseline", "baseline_median", "max", "median", "min", "name", "ratio", "unit", "verified"]
-                    .map(String::from)
-                    .to_vec()
+                [
+                    "baseline",
+                    "baseline_median",
+                    "compiler",
+                    "max",
+                    "median",
+                    "min",
+                    "name",
+                    "ratio",
+                    "unit",
+                    "verified",
+                    "vs_first_compiler"
+                ]
+                .map(String::from)
+                .to_vec()
             )
         );
         assert_eq!((first["median"].as_f64(), first["baseline_median"].as_f64()), (Some(2.0), Some(4.0)));
@@ -166,7 +215,10 @@ mod tests {
         assert_eq!(first["baseline"], "OpenBLAS 0.3 \"x\", 2 threads", "the JSON names the baseline");
         let second = &v["results"][1];
         assert!(second["baseline"].is_null() && second["baseline_median"].is_null() && second["ratio"].is_null());
-        let nan = [BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) }];
+        assert!(first["vs_first_compiler"].is_null() && second["vs_first_compiler"].is_null());
+        let third = &v["results"][2];
+        assert_eq!((third["compiler"].as_str(), third["vs_first_compiler"].as_f64()), (Some("llvm"), Some(1.5)));
+        let nan = [on("cc", BenchResult { kiln: Stats { median: f64::NAN, ..stats }, ..result("nan", None) })];
         let v: serde_json::Value = serde_json::from_str(&to_json(&DeviceSpec::new("CPU", 0), &nan).unwrap()).unwrap();
         assert!(v["results"][0]["median"].is_null(), "a non-finite figure is null, as before");
     }

@@ -21,7 +21,7 @@ impl Bench {
         let child = |expect_hit: bool| -> Result<f64, CliError> {
             let mut cmd = Process::new(&exe);
             cmd.args(["bench", "--disk-hit-child", "--device", &args.device.to_string()]);
-            if let Some(compiler) = &args.compiler {
+            for compiler in &args.compiler {
                 cmd.args(["--compiler", compiler]);
             }
             let out = cmd
