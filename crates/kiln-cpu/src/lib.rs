@@ -34,6 +34,7 @@
 //! - [`renderer`]: the C dialect of the shared C-family core and the kernel entry ABI.
 //! - [`compiler`]: finding the C compiler, its flags, compiling to object or `.so` bytes.
 //! - [`elf`]: loading an x86-64 relocatable object: layout, relocation, W^X protection.
+//! - [`llvm`]: kernels rendered to LLVM IR, the second compiler pair's language.
 //! - [`isa`]: the instruction set kernels are compiled for (`KILN_CPU_ISA`) and the caches.
 //! - [`program`]: loading the bytes and running a launch over the core pool.
 //! - [`pool`]: the persistent thread pool that runs the chunks of one launch.

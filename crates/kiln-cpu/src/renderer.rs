@@ -849,7 +849,7 @@ fn nt_scalar_body(bytes: usize) -> String {
 }
 
 /// The refusal of a work-group construct (see the module docs).
-fn no_work_groups(what: &str) -> Error {
+pub(crate) fn no_work_groups(what: &str) -> Error {
     Error::Render(format!(
         "the CPU backend does not run kernels with {what}: it has no work groups; \
          run this kernel on OpenCL (e.g. `--device OPENCL:0`), which does"

@@ -1,0 +1,1113 @@
+//! Kernels rendered to LLVM 16 IR text, the CPU device's second language beside C.
+//!
+//! [`LlvmRenderer`] takes the first half of rendering from kiln-cstyle ([`kiln_cstyle::lower`]:
+//! validation, the [`ProgramSpec`] from [`ProgramSpec::from_sink`], the CPU dialect's
+//! optimization [`vectorize_outer_products`], the linear order) and writes the second half
+//! itself: one SSA function per kernel, with the C pair's meaning op for op, so that an object
+//! built from it loads and launches through [`crate::CpuProgram`] unchanged, and computes the
+//! same bits as the C pair built for the same instruction set.
+//!
+//! # Entry ABI
+//! Exactly the C pair's (see [`crate::renderer`]): one exported function named as the C entry,
+//! ```llvm
+//! define void @NAME(ptr %bufs, ptr %vals, i64 %core, i64 %ncores)
+//! ```
+//! with one buffer pointer per parameter slot in `bufs` (slot order; a guarded kernel's fault
+//! buffer is the slot after the last), the variable values in `ProgramSpec::var_names` order in
+//! `vals`, and chunk `core` of `ncores` of global axis 0 run by this call: the launch indices are
+//! loops, global axis 0 outermost and split into `ncores` contiguous chunks as the C pair splits
+//! it, then global axes 1 and 2, then the local axes. A kernel without global axis 0 runs whole
+//! in chunk 0. The module has no target triple or data layout: the compiler sets them.
+//!
+//! # Values
+//! bool is `i1` in registers and a byte in memory; f16 and bf16 are their bits (`i16`) with
+//! arithmetic in f32 rounded once per op, f16 through `half` (`fpext`/`fptrunc`, F16C's
+//! conversions on x86), bf16 by the C pair's bit arithmetic (round to nearest even, NaN kept
+//! quiet). Vectors are LLVM vector types of any lane count; memory is accessed at the element's
+//! alignment. Accumulators and values carried out of loops are `alloca` slots (promoted by
+//! SROA/mem2reg): an accumulator's updates are stored at the end of their block, so every read
+//! inside one iteration sees the value from its start, as in the C emitter. Loops count with a
+//! phi.
+//!
+//! # Semantics
+//! Those of kiln-cstyle's emitter: wrapping integer arithmetic, division defined for every
+//! operand (`x / 0 == 0`, `x % 0 == x`, `MIN / -1 == MIN` by a select of the divisor, no
+//! branch), shift counts modulo the bit width, saturating float → integer casts with NaN → 0
+//! (`llvm.fptosi.sat`/`llvm.fptoui.sat`), f64 → f16/bf16 rounded once (round-to-odd to f32
+//! first), MULACC of floats fused (`llvm.fma`) and no other contraction (no fast-math flag
+//! anywhere). Where the C pair calls libm (`expf`, `sinf`, `powf`, ... on scalars, and lane by
+//! lane on vectors of f16/bf16 and for SIN/COS/POW) the same function is called; f32/f64 vector
+//! EXP, EXP2, LOG and LOG2 are the C pair's vector math (`super::vmath`) with `llvm.fma`
+//! exactly where its `kiln_madd` fuses; MAX/MIN of f32/f64 vectors of 16, 32 or 64 bytes are the
+//! C pair's `maxps`/`minps` forms (the second operand on equal zeros), `llvm.maxnum`/`minnum`
+//! elsewhere, as clang makes of `fmaxf`.
+//!
+//! # Refused
+//! Work-group constructs (DEFINE_LOCAL, BARRIER), as the C pair refuses them, and WMMA forms
+//! other than the one-thread one: [`Error::Render`] naming the op. The C pair's AVX512-BF16
+//! and AVX512-FP16 WMMA bodies are not rendered: every WMMA form takes the portable body, which
+//! is bit for bit the reference.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use kiln_cstyle::{lower, unsupported_wmma};
+use kiln_device::kiln_ir::{
+    AddrSpace, Arg, ContentHash, DType, DeviceSpec, Op, Scalar, StoreHint, UOp, bf16_bits, f16_bits,
+    vectorize_outer_products,
+};
+use kiln_device::{Error, ProgramSpec, Renderer, Result, special_axis};
+
+use super::code::{Code, Ty, float_lit, int_lit};
+use crate::isa::Isa;
+
+/// Renders kernels to LLVM IR text for the CPU (see the module docs). Holds no state between
+/// kernels: one renderer serves every thread.
+#[derive(Debug, Clone)]
+pub struct LlvmRenderer {
+    device: DeviceSpec,
+    /// The target's widest vector register in bytes: the register tiles of
+    /// [`vectorize_outer_products`] and which vector MAX/MIN take the x86 forms.
+    vector_bytes: usize,
+    /// Whether the target has vector FMA, so that the vector math fuses where the C pair's
+    /// `kiln_madd` does (16- and 32-byte vectors with FMA, 64-byte ones with AVX-512).
+    fma: bool,
+}
+
+impl LlvmRenderer {
+    /// A renderer for a target whose widest vector register is `vector_bytes` bytes and which
+    /// has vector FMA (`fma`) or not.
+    pub fn new(vector_bytes: usize, fma: bool) -> LlvmRenderer {
+        LlvmRenderer { device: crate::CPU.clone(), vector_bytes, fma }
+    }
+
+    /// The renderer for instruction set `isa`: its vector width, and FMA from AVX2 up.
+    pub fn for_isa(isa: Isa) -> LlvmRenderer {
+        LlvmRenderer::new(isa.vector_bytes().unwrap_or(16), matches!(isa, Isa::Avx512 | Isa::Avx2))
+    }
+
+    /// Whether the C pair's `kiln_madd` on a register of `bytes` bytes is one fused
+    /// multiply-add (else a multiply and an add).
+    pub(super) fn fused_madd(&self, bytes: usize) -> bool {
+        match bytes {
+            16 | 32 => self.fma,
+            64 => self.fma && self.vector_bytes >= 64,
+            _ => false,
+        }
+    }
+
+    /// Whether the C pair computes MAX/MIN of a float vector of `bytes` bytes with `maxps`-like
+    /// instructions (else `fmaxf` lane by lane).
+    fn x86_max_min(&self, bytes: usize) -> bool {
+        bytes == 16 || (bytes == 32 && self.vector_bytes >= 32) || (bytes == 64 && self.vector_bytes >= 64)
+    }
+}
+
+impl Renderer for LlvmRenderer {
+    /// Renders `ast` (a SINK) as an LLVM IR module with one exported function, the kernel's
+    /// entry (the C pair's name for it). A kernel the CPU cannot run is an [`Error::Render`]
+    /// naming the node; a malformed one the validator's [`Error::Ir`].
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        let (mut spec, linear) = lower(ast, name, &self.device, |a| vectorize_outer_products(a, self.vector_bytes))?;
+        spec.src = Emitter::new(self).run(&spec, &linear)?;
+        Ok(spec)
+    }
+
+    fn device(&self) -> &DeviceSpec {
+        &self.device
+    }
+}
+
+/// The value of a node as later nodes use it.
+#[derive(Clone, Debug)]
+enum Value {
+    /// An SSA register or a constant.
+    Reg(String),
+    /// A mutable slot (`alloca`): loaded at every use.
+    Slot(String),
+}
+
+/// An open loop: its index phi (patched when the loop closes) and its labels.
+struct Loop {
+    phi_line: usize,
+    index: String,
+    ty: String,
+    start: String,
+    pre: String,
+    head: String,
+    exit: String,
+}
+
+enum BlockKind {
+    Body,
+    Loop(Loop),
+    If { end: String },
+}
+
+/// An open block: the kernel body, a loop or an IF block.
+struct Block {
+    range: Option<ContentHash>,
+    /// Accumulator updates `(slot, value, dtype)`, stored at the end of the block.
+    commits: Vec<(String, Value, DType)>,
+    kind: BlockKind,
+}
+
+/// A valued END that is not an accumulator: a zeroed slot before the loop, set to `value` at
+/// the end of every iteration.
+#[derive(Clone)]
+struct Carry {
+    slot: String,
+    value: ContentHash,
+    dtype: DType,
+}
+
+struct Emitter<'a> {
+    r: &'a LlvmRenderer,
+    c: Code,
+    allocas: Vec<String>,
+    values: HashMap<ContentHash, Value>,
+    blocks: Vec<Block>,
+    carries: HashMap<ContentHash, Vec<Carry>>,
+    nontemporal: bool,
+}
+
+fn render_err(node: &UOp, msg: impl std::fmt::Display) -> Error {
+    Error::Render(format!("{} {}: {msg}", node.op(), node.dtype()))
+}
+
+/// The scalar and lane count of a value dtype.
+fn lanes(n: &UOp, dt: DType) -> Result<(Scalar, u8)> {
+    match dt {
+        DType::Scalar(s) => Ok((s, 1)),
+        DType::Vector(s, w) => Ok((s, w)),
+        other => Err(render_err(n, format!("has no value type for {other}"))),
+    }
+}
+
+fn is_half(s: Scalar) -> bool {
+    matches!(s, Scalar::F16 | Scalar::BF16)
+}
+
+impl<'a> Emitter<'a> {
+    fn new(r: &'a LlvmRenderer) -> Self {
+        Emitter {
+            r,
+            c: Code::new(),
+            allocas: Vec::new(),
+            values: HashMap::new(),
+            blocks: vec![Block { range: None, commits: Vec::new(), kind: BlockKind::Body }],
+            carries: HashMap::new(),
+            nontemporal: false,
+        }
+    }
+
+    fn run(mut self, spec: &ProgramSpec, linear: &[Arc<UOp>]) -> Result<String> {
+        if let Some(n) =
+            linear.iter().find(|n| matches!(n.op(), Op::Program | Op::Device | Op::Linear | Op::Source | Op::Binary))
+        {
+            return Err(render_err(n, "compiled-program stages cannot appear inside a kernel"));
+        }
+        if let Some(n) = linear.iter().find(|n| matches!(n.op(), Op::DefineLocal | Op::Barrier)) {
+            let what = if n.op() == Op::Barrier {
+                "a work-group barrier (BARRIER)"
+            } else {
+                "work-group local memory (DEFINE_LOCAL)"
+            };
+            return Err(crate::renderer::no_work_groups(what));
+        }
+        // Buffers and variables, unpacked in the entry block.
+        for (i, p) in spec.params.iter().enumerate() {
+            let slot = p.slot;
+            self.c.stmt(format!("%data{slot}.p = getelementptr inbounds ptr, ptr %bufs, i64 {i}"));
+            self.c.stmt(format!("%data{slot} = load ptr, ptr %data{slot}.p, align 8"));
+        }
+        for n in linear {
+            match (n.op(), n.arg()) {
+                (Op::Param, Arg::Int(slot)) => {
+                    self.values.insert(n.content_hash(), Value::Reg(format!("%data{slot}")));
+                }
+                (Op::DefineVar, Arg::Var { name, .. }) => {
+                    let position = spec.var_names.iter().position(|v| v == name).unwrap_or(0);
+                    let (s, _) = lanes(n, n.dtype())?;
+                    let raw = self.c.ins(format!("getelementptr inbounds i64, ptr %vals, i64 {position}"));
+                    let v64 = self.c.ins(format!("load i64, ptr {raw}, align 8"));
+                    let v = self.int_resize(&v64, Scalar::I64, s, 1);
+                    self.values.insert(n.content_hash(), Value::Reg(v));
+                }
+                _ => {}
+            }
+        }
+
+        let specials = self.check_specials(linear)?;
+        let hoisted = extent_closure(&specials)?;
+        for n in linear {
+            if n.op() == Op::End && n.dtype() != DType::Void && acc_of(n).is_none() {
+                let (s, w) = lanes(n, n.dtype())?;
+                let slot = self.alloca(Ty::reg(s, w));
+                self.carries.entry(n.src()[0].content_hash()).or_default().push(Carry {
+                    slot: slot.clone(),
+                    value: n.src()[1].content_hash(),
+                    dtype: n.dtype(),
+                });
+                self.values.insert(n.content_hash(), Value::Slot(slot));
+            }
+        }
+        for n in linear.iter().filter(|n| hoisted.contains(&n.content_hash())) {
+            self.node(n)?;
+        }
+        let launch = self.open_launch(&specials)?;
+        for n in linear.iter().filter(|n| !hoisted.contains(&n.content_hash())) {
+            self.node(n)?;
+        }
+        if self.blocks.len() != 1 {
+            return Err(Error::Render("a loop is still open at the end of the kernel".into()));
+        }
+        let commits = self.blocks.first_mut().map(|b| std::mem::take(&mut b.commits)).unwrap_or_default();
+        self.commit(commits)?;
+        for l in launch.into_iter().rev() {
+            self.close_loop(l);
+        }
+        self.c.stmt("br label %exit");
+        self.c.start("exit");
+        if self.nontemporal {
+            // Non-temporal stores are weakly ordered: publish them before the call returns.
+            self.c.call("void", "llvm.x86.sse.sfence", &[]);
+        }
+        self.c.stmt("ret void");
+
+        let mut out = String::from("; kiln kernel (LLVM 16 IR)\n\n");
+        for d in self.c.decls.values() {
+            out.push_str(d);
+            out.push_str(if d.ends_with('\n') { "\n" } else { "\n\n" });
+        }
+        let header = format!("define void @{}(ptr %bufs, ptr %vals, i64 %core, i64 %ncores) nounwind", spec.name);
+        out.push_str(&self.c.function(&header, &self.allocas));
+        if self.nontemporal {
+            out.push_str("\n!0 = !{i32 1}\n");
+        }
+        Ok(out)
+    }
+
+    /// The SPECIAL nodes, checked as the C emitter checks them: known names, one extent per
+    /// name, one name per axis, no direct indices beside local ones.
+    fn check_specials(&mut self, linear: &[Arc<UOp>]) -> Result<Vec<Arc<UOp>>> {
+        let specials: Vec<Arc<UOp>> = linear.iter().filter(|n| n.op() == Op::Special).cloned().collect();
+        let mut names: HashMap<String, ContentHash> = HashMap::new();
+        let mut axes: HashMap<(char, usize), String> = HashMap::new();
+        for s in &specials {
+            let name = s.arg_name().unwrap_or_default().to_string();
+            let (kind, axis) =
+                special_axis(&name).ok_or_else(|| render_err(s, format!("unknown launch index `{name}`")))?;
+            if names.insert(name.clone(), s.content_hash()).is_some_and(|h| h != s.content_hash()) {
+                return Err(render_err(s, format!("launch index `{name}` appears with two different extents")));
+            }
+            let key = (if kind == 'l' { 'l' } else { 'g' }, axis);
+            if let Some(other) = axes.insert(key, name.clone())
+                && other != name
+            {
+                return Err(render_err(s, format!("`{other}` and `{name}` both claim launch axis {axis}")));
+            }
+        }
+        let direct = specials.iter().any(|s| s.arg_name().is_some_and(|n| n.starts_with("idx")));
+        if direct && axes.keys().any(|(k, _)| *k == 'l') {
+            return Err(Error::Render("direct launch indices (idxN) cannot be mixed with local ones (lidxN)".into()));
+        }
+        Ok(specials)
+    }
+
+    /// Opens the launch loops (see the module docs) and returns them, outermost first.
+    fn open_launch(&mut self, specials: &[Arc<UOp>]) -> Result<Vec<Loop>> {
+        let mut order: Vec<(char, usize, &Arc<UOp>)> = Vec::new();
+        for s in specials {
+            let name = s.arg_name().unwrap_or_default();
+            let (kind, axis) = special_axis(name).unwrap_or(('g', 0));
+            if !order.iter().any(|(_, _, o)| o.content_hash() == s.content_hash()) {
+                order.push((kind, axis, s));
+            }
+        }
+        order.sort_by_key(|(kind, axis, _)| (*kind == 'l', *axis));
+        let chunked = order.first().is_some_and(|(kind, axis, _)| *kind != 'l' && *axis == 0);
+        if !chunked {
+            // No global axis 0: chunk 0 does everything.
+            let other = self.c.ins("icmp ne i64 %core, 0");
+            let go = self.c.label();
+            self.c.stmt(format!("br i1 {other}, label %exit, label %{go}"));
+            self.c.start(&go);
+        }
+        let mut loops = Vec::new();
+        for (i, (_, _, s)) in order.iter().enumerate() {
+            let (t, _) = lanes(s, s.dtype())?;
+            if !t.is_int() {
+                return Err(render_err(s, "a launch index is an integer"));
+            }
+            let ty = Ty::reg(t, 1).name();
+            let extent = self.operand(&s.src()[0])?;
+            let (l, index) = if i == 0 && chunked {
+                // This call runs chunk `core` of `ncores` of 0..extent, as the C pair splits it.
+                let n = self.int_resize(&extent, t, Scalar::I64, 1);
+                let q = self.c.ins(format!("sdiv i64 {n}, %ncores"));
+                let r = self.c.ins(format!("srem i64 {n}, %ncores"));
+                let below = self.c.ins(format!("icmp slt i64 %core, {r}"));
+                let extra = self.c.ins(format!("select i1 {below}, i64 %core, i64 {r}"));
+                let base = self.c.ins(format!("mul i64 %core, {q}"));
+                let lo = self.c.ins(format!("add i64 {base}, {extra}"));
+                let one = self.c.ins(format!("zext i1 {below} to i64"));
+                let len = self.c.ins(format!("add i64 {q}, {one}"));
+                let hi = self.c.ins(format!("add i64 {lo}, {len}"));
+                let l = self.open_loop("i64", &lo, &hi, true);
+                let index = self.int_resize(&l.index, Scalar::I64, t, 1);
+                (l, index)
+            } else {
+                let l = self.open_loop(&ty, "0", &extent, t.is_signed());
+                let index = l.index.clone();
+                (l, index)
+            };
+            self.values.insert(s.content_hash(), Value::Reg(index));
+            loops.push(l);
+        }
+        Ok(loops)
+    }
+
+    /// Opens `for (i = start; i < end; i++)` over `ty`, comparing signed or not.
+    fn open_loop(&mut self, ty: &str, start: &str, end: &str, signed: bool) -> Loop {
+        let (head, body, exit) = (self.c.label(), self.c.label(), self.c.label());
+        let pre = self.c.block.clone();
+        self.c.stmt(format!("br label %{head}"));
+        self.c.start(&head);
+        let index = self.c.ins("phi"); // completed by `close_loop`, which knows the latch
+        let phi_line = self.c.lines.len() - 1;
+        let more = self.c.ins(format!("icmp {} {ty} {index}, {end}", if signed { "slt" } else { "ult" }));
+        self.c.stmt(format!("br i1 {more}, label %{body}, label %{exit}"));
+        self.c.start(&body);
+        Loop { phi_line, index, ty: ty.to_string(), start: start.to_string(), pre, head, exit }
+    }
+
+    fn close_loop(&mut self, l: Loop) {
+        let Loop { phi_line, index, ty, start, pre, head, exit } = l;
+        let next = self.c.ins(format!("add {ty} {index}, 1"));
+        let latch = self.c.block.clone();
+        self.c.stmt(format!("br label %{head}"));
+        if let Some(line) = self.c.lines.get_mut(phi_line) {
+            *line = format!("  {index} = phi {ty} [ {start}, %{pre} ], [ {next}, %{latch} ]");
+        }
+        self.c.start(&exit);
+    }
+
+    /// A new `alloca` slot of `ty` in the entry block.
+    fn alloca(&mut self, ty: Ty) -> String {
+        let name = format!("%slot{}", self.allocas.len());
+        self.allocas.push(format!("{name} = alloca {}", ty.name()));
+        name
+    }
+
+    fn value(&self, n: &UOp) -> Result<Value> {
+        self.values.get(&n.content_hash()).cloned().ok_or_else(|| render_err(n, "used before it is defined"))
+    }
+
+    fn value_or_const(&mut self, n: &UOp) -> Result<Value> {
+        if n.op() == Op::Const { Ok(Value::Reg(self.constant(n)?)) } else { self.value(n) }
+    }
+
+    /// `v` (of dtype `dt`) as an operand: a slot is loaded here.
+    fn materialize(&mut self, n: &UOp, v: &Value, dt: DType) -> Result<String> {
+        match v {
+            Value::Reg(r) => Ok(r.clone()),
+            Value::Slot(slot) => {
+                let (s, w) = lanes(n, dt)?;
+                Ok(self.c.ins(format!("load {}, ptr {slot}", Ty::reg(s, w).name())))
+            }
+        }
+    }
+
+    /// The node as an operand.
+    fn operand(&mut self, n: &UOp) -> Result<String> {
+        if n.op() == Op::Const {
+            return self.constant(n);
+        }
+        let v = self.value(n)?;
+        if n.dtype().is_ptr() {
+            return match v {
+                Value::Reg(r) => Ok(r),
+                Value::Slot(_) => Err(render_err(n, "a pointer cannot be a mutable value")),
+            };
+        }
+        self.materialize(n, &v, n.dtype())
+    }
+
+    fn constant(&mut self, n: &UOp) -> Result<String> {
+        let DType::Scalar(s) = n.dtype() else {
+            return Err(render_err(n, "constants are scalars (broadcast vectors with VECTORIZE)"));
+        };
+        let v = match n.arg() {
+            Arg::Bool(b) => Lit::Int(i64::from(*b)),
+            Arg::Int(v) => Lit::Int(*v),
+            Arg::Float(v) => Lit::Float(*v),
+            other => return Err(render_err(n, format!("unsupported constant {other}"))),
+        };
+        Ok(literal(v, s))
+    }
+
+    fn node(&mut self, n: &Arc<UOp>) -> Result<()> {
+        let src = n.src();
+        match n.op() {
+            Op::Sink | Op::Param | Op::DefineVar | Op::Special | Op::Const => {}
+            Op::Bind => {
+                let v = self.value_or_const(&src[1])?;
+                self.values.insert(n.content_hash(), v);
+            }
+            Op::After => {
+                let v = self.value_or_const(&src[0])?;
+                self.values.insert(n.content_hash(), v);
+            }
+            Op::Range => {
+                let (s, _) = lanes(n, n.dtype())?;
+                if !s.is_int() {
+                    return Err(render_err(n, "a loop counts in an integer type"));
+                }
+                let extent = self.operand(&src[0])?;
+                for carry in self.carries.get(&n.content_hash()).cloned().unwrap_or_default() {
+                    let (cs, w) = lanes(n, carry.dtype)?;
+                    let ty = Ty::reg(cs, w);
+                    let zero = zero(cs);
+                    self.c.stmt(format!("store {} {}, ptr {}", ty.name(), ty.splat(&zero), carry.slot));
+                }
+                let l = self.open_loop(&Ty::reg(s, 1).name(), "0", &extent, s.is_signed());
+                self.values.insert(n.content_hash(), Value::Reg(l.index.clone()));
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new(), kind: BlockKind::Loop(l) });
+            }
+            Op::End | Op::EndIf => self.end(n)?,
+            Op::If => {
+                let cond = self.operand(&src[0])?;
+                let (then, end) = (self.c.label(), self.c.label());
+                self.c.stmt(format!("br i1 {cond}, label %{then}, label %{end}"));
+                self.c.start(&then);
+                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new(), kind: BlockKind::If { end } });
+            }
+            Op::DefineLocal | Op::Barrier => return Err(render_err(n, "needs work groups, which the CPU has not")),
+            Op::Index => {
+                let base = self.operand(&src[0])?;
+                let DType::Ptr { scalar, .. } = n.dtype() else {
+                    return Err(render_err(n, "INDEX must yield a pointer"));
+                };
+                let (is, _) = lanes(&src[1], src[1].dtype())?;
+                let idx = self.operand(&src[1])?;
+                let idx = self.int_resize(&idx, is, Scalar::I64, 1);
+                let p =
+                    self.c.ins(format!("getelementptr {}, ptr {base}, i64 {idx}", Ty::mem(scalar, 1).name()));
+                self.values.insert(n.content_hash(), Value::Reg(p));
+            }
+            Op::Load => {
+                let addr = self.operand(&src[0])?;
+                let (s, w) = lanes(n, n.dtype())?;
+                if src.len() == 3 {
+                    let (alt, gate) = (self.operand(&src[1])?, self.operand(&src[2])?);
+                    let (load, done) = (self.c.label(), self.c.label());
+                    let before = self.c.block.clone();
+                    self.c.stmt(format!("br i1 {gate}, label %{load}, label %{done}"));
+                    self.c.start(&load);
+                    let v = self.load(&addr, s, w);
+                    let from = self.c.block.clone();
+                    self.c.stmt(format!("br label %{done}"));
+                    self.c.start(&done);
+                    let t = Ty::reg(s, w).name();
+                    let r = self.c.ins(format!("phi {t} [ {v}, %{from} ], [ {alt}, %{before} ]"));
+                    self.values.insert(n.content_hash(), Value::Reg(r));
+                } else {
+                    let v = self.load(&addr, s, w);
+                    self.values.insert(n.content_hash(), Value::Reg(v));
+                }
+            }
+            Op::Store => {
+                let addr = self.operand(&src[0])?;
+                let value = self.operand(&src[1])?;
+                let (s, w) = lanes(&src[1], src[1].dtype())?;
+                let nt = n.store_hint() == StoreHint::NonTemporal
+                    && matches!(src[0].dtype(), DType::Ptr { space: AddrSpace::Global, .. });
+                if src.len() == 3 {
+                    let gate = self.operand(&src[2])?;
+                    let (store, done) = (self.c.label(), self.c.label());
+                    self.c.stmt(format!("br i1 {gate}, label %{store}, label %{done}"));
+                    self.c.start(&store);
+                    self.store(&addr, &value, s, w, nt);
+                    self.c.stmt(format!("br label %{done}"));
+                    self.c.start(&done);
+                } else {
+                    self.store(&addr, &value, s, w, nt);
+                }
+            }
+            Op::DefineAcc => {
+                let (s, w) = lanes(n, n.dtype())?;
+                let ty = Ty::reg(s, w);
+                let init = self.operand(&src[0])?;
+                let slot = self.alloca(ty);
+                self.c.stmt(format!("store {} {init}, ptr {slot}", ty.name()));
+                self.values.insert(n.content_hash(), Value::Slot(slot));
+            }
+            Op::Assign => {
+                let Value::Slot(slot) = self.value(&src[0])? else {
+                    return Err(render_err(n, "assigns to something that is not an accumulator"));
+                };
+                let value = self.value_or_const(&src[1])?;
+                if let Some(block) = self.blocks.last_mut() {
+                    block.commits.push((slot, value.clone(), src[1].dtype()));
+                }
+                self.values.insert(n.content_hash(), value);
+            }
+            op if op.is_alu() => {
+                let mut args = Vec::with_capacity(src.len());
+                for s in src {
+                    args.push((self.operand(s)?, s.dtype()));
+                }
+                let r = self.alu(n, op, &args)?;
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
+            Op::Wmma => {
+                let Arg::Wmma(w) = n.arg() else { return Err(render_err(n, "needs its shape argument")) };
+                if w.threads != 1 {
+                    return Err(unsupported_wmma(
+                        w,
+                        "the CPU renders the one-thread form (threads 1); the 32-thread warp forms are CUDA's",
+                    ));
+                }
+                let args = [self.operand(&src[0])?, self.operand(&src[1])?, self.operand(&src[2])?];
+                let r = super::wmma::call(&mut self.c, w, &args);
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
+            Op::Cast => {
+                let v = self.operand(&src[0])?;
+                let ((from, w), (to, tw)) = (lanes(&src[0], src[0].dtype())?, lanes(n, n.dtype())?);
+                if w != tw {
+                    return Err(render_err(n, format!("cannot cast {} to {}", src[0].dtype(), n.dtype())));
+                }
+                let r = self.cast(&v, from, to, w);
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
+            Op::Bitcast => {
+                let v = self.operand(&src[0])?;
+                let r = self.bitcast(n, &v, src[0].dtype(), n.dtype())?;
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
+            Op::Vectorize => {
+                let (s, w) = lanes(n, n.dtype())?;
+                let lanes: Vec<String> = if src.len() == 1 {
+                    vec![self.operand(&src[0])?; w as usize]
+                } else {
+                    src.iter().map(|l| self.operand(l)).collect::<Result<_>>()?
+                };
+                let r = self.c.build(Ty::reg(s, w), &lanes);
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
+            Op::Gep => {
+                let v = self.operand(&src[0])?;
+                let (s, w) = lanes(&src[0], src[0].dtype())?;
+                let lane = n.arg_int().unwrap_or(0);
+                let lane = u8::try_from(lane).ok().filter(|l| *l < w).ok_or_else(|| render_err(n, "lane out of range"))?;
+                let r = self.c.lane(&v, Ty::reg(s, w), lane);
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
+            op => return Err(render_err(n, format!("{op} cannot be rendered"))),
+        }
+        Ok(())
+    }
+
+    /// Stores the accumulator updates `commits`.
+    fn commit(&mut self, commits: Vec<(String, Value, DType)>) -> Result<()> {
+        for (slot, value, dt) in commits {
+            let (s, w) = match dt {
+                DType::Scalar(s) => (s, 1),
+                DType::Vector(s, w) => (s, w),
+                other => return Err(Error::Render(format!("ASSIGN of a {other}"))),
+            };
+            let v = match value {
+                Value::Reg(r) => r,
+                Value::Slot(other) => self.c.ins(format!("load {}, ptr {other}", Ty::reg(s, w).name())),
+            };
+            self.c.stmt(format!("store {} {v}, ptr {slot}", Ty::reg(s, w).name()));
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, n: &Arc<UOp>) -> Result<()> {
+        let range = n.src()[0].content_hash();
+        if self.blocks.last().is_some_and(|b| b.range == Some(range)) {
+            let Some(block) = self.blocks.pop() else { return Ok(()) };
+            self.commit(block.commits)?;
+            for carry in self.carries.get(&range).cloned().unwrap_or_default() {
+                let Some(v) = self.values.get(&carry.value).cloned() else {
+                    return Err(render_err(n, "the value carried out of the loop is not defined in it"));
+                };
+                let v = self.materialize(n, &v, carry.dtype)?;
+                let (s, w) = lanes(n, carry.dtype)?;
+                self.c.stmt(format!("store {} {v}, ptr {}", Ty::reg(s, w).name(), carry.slot));
+            }
+            match block.kind {
+                BlockKind::Loop(l) => self.close_loop(l),
+                BlockKind::If { end } => {
+                    self.c.stmt(format!("br label %{end}"));
+                    self.c.start(&end);
+                }
+                BlockKind::Body => {}
+            }
+        } else if self.blocks.iter().any(|b| b.range == Some(range)) {
+            return Err(render_err(n, "closes a loop while an inner loop is still open"));
+        }
+        if n.dtype() != DType::Void
+            && let Some(acc) = acc_of(n)
+        {
+            let v = self.value(&acc)?;
+            // The END's value is the accumulator after its updates: store any update still
+            // pending in an enclosing block (one the linearizer placed outside the loop).
+            if let Value::Slot(slot) = &v {
+                let mut pending = Vec::new();
+                for block in &mut self.blocks {
+                    block.commits.retain(|c| {
+                        let keep = c.0 != *slot;
+                        if !keep {
+                            pending.push(c.clone());
+                        }
+                        keep
+                    });
+                }
+                self.commit(pending)?;
+            }
+            self.values.insert(n.content_hash(), v);
+        }
+        Ok(())
+    }
+
+    fn load(&mut self, addr: &str, s: Scalar, w: u8) -> String {
+        let mt = Ty::mem(s, w);
+        let v = self.c.ins(format!("load {}, ptr {addr}, align {}", mt.name(), s.size()));
+        if s == Scalar::Bool { self.c.ins(format!("icmp ne {} {v}, zeroinitializer", mt.name())) } else { v }
+    }
+
+    fn store(&mut self, addr: &str, value: &str, s: Scalar, w: u8, nontemporal: bool) {
+        let mt = Ty::mem(s, w);
+        let v = if s == Scalar::Bool {
+            self.c.ins(format!("zext {} {value} to {}", Ty::reg(s, w).name(), mt.name()))
+        } else {
+            value.to_string()
+        };
+        let hint = if nontemporal { ", !nontemporal !0" } else { "" };
+        self.nontemporal |= nontemporal;
+        self.c.stmt(format!("store {} {v}, ptr {addr}, align {}{hint}", mt.name(), s.size()));
+    }
+
+    /// `v`, an integer (or bool) of `from`, as `to`: truncated, or extended by `from`'s sign.
+    fn int_resize(&mut self, v: &str, from: Scalar, to: Scalar, w: u8) -> String {
+        let (ft, tt) = (Ty::reg(from, w), Ty::reg(to, w));
+        let (fb, tb) = (bits(from), bits(to));
+        if fb == tb {
+            v.to_string()
+        } else if fb > tb {
+            self.c.ins(format!("trunc {} {v} to {}", ft.name(), tt.name()))
+        } else {
+            let ext = if from.is_signed() { "sext" } else { "zext" };
+            self.c.ins(format!("{ext} {} {v} to {}", ft.name(), tt.name()))
+        }
+    }
+
+    fn alu(&mut self, n: &UOp, op: Op, args: &[(String, DType)]) -> Result<String> {
+        let operand = args.get(if op == Op::Where { 1 } else { 0 }).map_or(DType::Void, |a| a.1);
+        let (s, w) = lanes(n, operand)?;
+        if args.len() != op_arity(op) {
+            return Err(render_err(n, format!("{op} takes {} operands", op_arity(op))));
+        }
+        let a: Vec<String> = args.iter().map(|a| a.0.clone()).collect();
+        if op == Op::Where {
+            let ty = Ty::reg(s, w);
+            let ct = if args[0].1.width() > 1 { ty.with("i1").name() } else { "i1".to_string() };
+            let t = ty.name();
+            return Ok(self.c.ins(format!("select {ct} {}, {t} {}, {t} {}", a[0], a[1], a[2])));
+        }
+        if is_half(s) {
+            let f: Vec<String> = a.iter().map(|x| self.to_f32(x, s, w)).collect();
+            let r = self.float_op(n, op, Ty::new("float", w), &f, false)?;
+            return Ok(if op.is_comparison() { r } else { self.from_f32(&r, s, w) });
+        }
+        if s.is_float() {
+            return self.float_op(n, op, Ty::reg(s, w), &a, w > 1);
+        }
+        self.int_op(n, op, s, w, &a)
+    }
+
+    /// ALU `op` on f32/f64 values of `ty`; `vector`: with the C pair's whole-vector forms (an
+    /// f32/f64 vector), else lane by lane as its scalar code computes.
+    fn float_op(&mut self, n: &UOp, op: Op, ty: Ty, a: &[String], vector: bool) -> Result<String> {
+        let t = ty.name();
+        let bin = |c: &mut Code, i: &str| c.ins(format!("{i} {t} {}, {}", a[0], a[1]));
+        let libm = |c: &mut Code, f: &str| {
+            let name = if ty.elem == "float" { format!("{f}f") } else { f.to_string() };
+            let scalar = ty.elem.to_string();
+            c.per_lane(ty, ty, a, |c, l| {
+                let args: Vec<(String, String)> = l.iter().map(|x| (scalar.clone(), x.clone())).collect();
+                c.call(&scalar, &name, &args)
+            })
+        };
+        Ok(match op {
+            Op::Add => bin(&mut self.c, "fadd"),
+            Op::Sub => bin(&mut self.c, "fsub"),
+            Op::Mul => bin(&mut self.c, "fmul"),
+            Op::Div => bin(&mut self.c, "fdiv"),
+            Op::Neg => self.c.ins(format!("fneg {t} {}", a[0])),
+            Op::Recip => self.c.ins(format!("fdiv {t} {}, {}", ty.splat(&float_lit(1.0, ty.elem)), a[0])),
+            Op::Sqrt => self.c.intrinsic("sqrt", ty, &[&a[0]]),
+            Op::Trunc => self.c.intrinsic("trunc", ty, &[&a[0]]),
+            Op::Abs => self.c.intrinsic("fabs", ty, &[&a[0]]),
+            Op::Exp | Op::Exp2 | Op::Log | Op::Log2 if vector => {
+                let f = match op {
+                    Op::Exp => "exp",
+                    Op::Exp2 => "exp2",
+                    Op::Log => "log",
+                    _ => "log2",
+                };
+                let name = super::vmath::function(&mut self.c, self.r, f, ty);
+                self.c.ins(format!("call {t} @{name}({t} {})", a[0]))
+            }
+            Op::Exp => libm(&mut self.c, "exp"),
+            Op::Exp2 => libm(&mut self.c, "exp2"),
+            Op::Log => libm(&mut self.c, "log"),
+            Op::Log2 => libm(&mut self.c, "log2"),
+            Op::Sin => libm(&mut self.c, "sin"),
+            Op::Cos => libm(&mut self.c, "cos"),
+            Op::Pow => libm(&mut self.c, "pow"),
+            Op::Max | Op::Min if vector && self.r.x86_max_min(ty.bytes()) => {
+                // maxps(a, b) = a > b ? a : b (minps: <), then a where b is NaN.
+                let cmp = if op == Op::Max { "ogt" } else { "olt" };
+                let pick = self.c.ins(format!("fcmp {cmp} {t} {}, {}", a[0], a[1]));
+                let m = self.c.select(&pick, ty, &a[0], &a[1]);
+                let nan = self.c.ins(format!("fcmp uno {t} {}, {}", a[1], a[1]));
+                self.c.select(&nan, ty, &a[0], &m)
+            }
+            Op::Max => self.c.intrinsic("maxnum", ty, &[&a[0], &a[1]]),
+            Op::Min => self.c.intrinsic("minnum", ty, &[&a[0], &a[1]]),
+            Op::MulAcc => self.c.intrinsic("fma", ty, &[&a[0], &a[1], &a[2]]),
+            Op::Lt => bin(&mut self.c, "fcmp olt"),
+            Op::Le => bin(&mut self.c, "fcmp ole"),
+            Op::Eq => bin(&mut self.c, "fcmp oeq"),
+            Op::Ne => bin(&mut self.c, "fcmp une"),
+            op => return Err(render_err(n, format!("{op} is not an ALU op on floats"))),
+        })
+    }
+
+    /// ALU `op` on integers or bools of `s`, `w` lanes.
+    fn int_op(&mut self, n: &UOp, op: Op, s: Scalar, w: u8, a: &[String]) -> Result<String> {
+        let ty = Ty::reg(s, w);
+        let t = ty.name();
+        let boolean = s == Scalar::Bool;
+        let bin = |c: &mut Code, i: &str| c.ins(format!("{i} {t} {}, {}", a[0], a[1]));
+        let sign = |signed: &str, unsigned: &str| if s.is_signed() { signed.to_string() } else { unsigned.to_string() };
+        Ok(match op {
+            // C computes bools in int and converts back (`!= 0`): + is OR, - is XOR, * is AND.
+            Op::Add if boolean => bin(&mut self.c, "or"),
+            Op::Sub if boolean => bin(&mut self.c, "xor"),
+            Op::Mul if boolean => bin(&mut self.c, "and"),
+            Op::Add => bin(&mut self.c, "add"),
+            Op::Sub => bin(&mut self.c, "sub"),
+            Op::Mul => bin(&mut self.c, "mul"),
+            Op::And => bin(&mut self.c, "and"),
+            Op::Or => bin(&mut self.c, "or"),
+            Op::Xor => bin(&mut self.c, "xor"),
+            Op::Neg | Op::Not if boolean => self.c.ins(format!("xor {t} {}, {}", a[0], ty.splat("true"))),
+            Op::Neg => self.c.ins(format!("sub {t} {}, {}", ty.splat("0"), a[0])),
+            Op::Not => self.c.ins(format!("xor {t} {}, {}", a[0], ty.splat("-1"))),
+            Op::Abs if s.is_signed() => {
+                let neg = self.c.ins(format!("sub {t} {}, {}", ty.splat("0"), a[0]));
+                let below = self.c.ins(format!("icmp slt {t} {}, {}", a[0], ty.splat("0")));
+                self.c.select(&below, ty, &neg, &a[0])
+            }
+            Op::Abs => a[0].clone(),
+            Op::Max | Op::Min => {
+                let cmp = match op {
+                    Op::Max => sign("sgt", "ugt"),
+                    _ => sign("slt", "ult"),
+                };
+                let pick = self.c.ins(format!("icmp {cmp} {t} {}, {}", a[0], a[1]));
+                self.c.select(&pick, ty, &a[0], &a[1])
+            }
+            Op::MulAcc => {
+                let (mul, add) = if boolean { ("and", "or") } else { ("mul", "add") };
+                let p = self.c.ins(format!("{mul} {t} {}, {}", a[0], a[1]));
+                self.c.ins(format!("{add} {t} {p}, {}", a[2]))
+            }
+            Op::Shl | Op::Shr => {
+                let mask = if boolean { "false".to_string() } else { (bits(s) - 1).to_string() };
+                let count = self.c.ins(format!("and {t} {}, {}", a[1], ty.splat(&mask)));
+                let i = match op {
+                    Op::Shl => "shl".to_string(),
+                    _ => sign("ashr", "lshr"),
+                };
+                self.c.ins(format!("{i} {t} {}, {count}", a[0]))
+            }
+            Op::Lt => bin(&mut self.c, &format!("icmp {}", sign("slt", "ult"))),
+            Op::Le => bin(&mut self.c, &format!("icmp {}", sign("sle", "ule"))),
+            Op::Eq => bin(&mut self.c, "icmp eq"),
+            Op::Ne => bin(&mut self.c, "icmp ne"),
+            Op::Idiv | Op::Mod => self.int_division(n, op, s, w, &a[0], &a[1]),
+            op => return Err(render_err(n, format!("{op} is not an ALU op on {s}"))),
+        })
+    }
+
+    /// IDIV or MOD with kiln's defined results (see the module docs): the divisor is replaced
+    /// by 1 where the division would trap, and the result by the defined value where it is 0.
+    /// A constant divisor that cannot trap divides plainly.
+    fn int_division(&mut self, n: &UOp, op: Op, s: Scalar, w: u8, x: &str, d: &str) -> String {
+        let ty = Ty::reg(s, w);
+        let t = ty.name();
+        let i = match (op, s.is_signed()) {
+            (Op::Idiv, true) => "sdiv",
+            (Op::Idiv, false) => "udiv",
+            (_, true) => "srem",
+            (_, false) => "urem",
+        };
+        let divisor = n.src().get(1).and_then(|d| const_int_operand(d));
+        if divisor.is_some_and(|c| wrap(c, s) != 0 && !(s.is_signed() && wrap(c, s) == -1)) {
+            return self.c.ins(format!("{i} {t} {x}, {d}"));
+        }
+        let (zero, one) = (literal(Lit::Int(0), s), literal(Lit::Int(1), s));
+        let is_zero = self.c.ins(format!("icmp eq {t} {d}, {}", ty.splat(&zero)));
+        let traps = match s.int_range() {
+            Some((min, _)) if s.is_signed() => {
+                let is_min = self.c.ins(format!("icmp eq {t} {x}, {}", ty.splat(&literal(Lit::Int(min as i64), s))));
+                let minus_one = self.c.ins(format!("icmp eq {t} {d}, {}", ty.splat("-1")));
+                let overflow = self.c.ins(format!("and {} {is_min}, {minus_one}", ty.with("i1").name()));
+                self.c.ins(format!("or {} {is_zero}, {overflow}", ty.with("i1").name()))
+            }
+            _ => is_zero.clone(),
+        };
+        let safe = self.c.select(&traps, ty, &ty.splat(&one), d);
+        let q = self.c.ins(format!("{i} {t} {x}, {safe}"));
+        let by_zero = if op == Op::Idiv { ty.splat(&zero) } else { x.to_string() };
+        self.c.select(&is_zero, ty, &by_zero, &q)
+    }
+
+    fn to_f32(&mut self, v: &str, s: Scalar, w: u8) -> String {
+        to_f32(&mut self.c, v, s, w)
+    }
+
+    fn from_f32(&mut self, v: &str, s: Scalar, w: u8) -> String {
+        from_f32(&mut self.c, v, s, w)
+    }
+
+    /// `v`, `w` lanes of f64, rounded to f32 by round-to-odd (the C pair's
+    /// `kiln_f64_to_f32_odd`), so that one more rounding to f16/bf16 rounds the f64 once.
+    fn f64_to_f32_odd(&mut self, v: &str, w: u8) -> String {
+        let (d, f) = (Ty::new("double", w), Ty::new("float", w));
+        let (dt, ft, it) = (d.name(), f.name(), f.with("i32").name());
+        let b = f.with("i1").name();
+        let r = self.c.ins(format!("fptrunc {dt} {v} to {ft}"));
+        let back = self.c.ins(format!("fpext {ft} {r} to {dt}"));
+        let exact = self.c.ins(format!("fcmp oeq {dt} {back}, {v}"));
+        let nan = self.c.ins(format!("fcmp uno {dt} {v}, {v}"));
+        let keep = self.c.ins(format!("or {b} {exact}, {nan}"));
+        let u = self.c.ins(format!("bitcast {ft} {r} to {it}"));
+        let (ab, av) = (self.c.intrinsic("fabs", d, &[&back]), self.c.intrinsic("fabs", d, &[v]));
+        let away = self.c.ins(format!("fcmp ogt {dt} {ab}, {av}"));
+        let down = self.c.ins(format!("sub {it} {u}, {}", f.with("i32").splat("1")));
+        let toward = self.c.select(&away, f.with("i32"), &down, &u);
+        let odd = self.c.ins(format!("or {it} {toward}, {}", f.with("i32").splat("1")));
+        let oddf = self.c.ins(format!("bitcast {it} {odd} to {ft}"));
+        self.c.select(&keep, f, &r, &oddf)
+    }
+
+    /// CAST of `w` lanes of `from` to `to`, as the C pair's conversions.
+    fn cast(&mut self, v: &str, from: Scalar, to: Scalar, w: u8) -> String {
+        if from == to {
+            return v.to_string();
+        }
+        let (ft, tt) = (Ty::reg(from, w), Ty::reg(to, w));
+        if to == Scalar::Bool {
+            let (x, xs) = if is_half(from) { (self.to_f32(v, from, w), Scalar::F32) } else { (v.to_string(), from) };
+            let xt = Ty::reg(xs, w);
+            return if xs.is_float() {
+                self.c.ins(format!("fcmp une {} {x}, {}", xt.name(), xt.splat(&float_lit(0.0, xt.elem))))
+            } else {
+                self.c.ins(format!("icmp ne {} {x}, zeroinitializer", xt.name()))
+            };
+        }
+        if is_half(from) {
+            let f = self.to_f32(v, from, w);
+            return if to == Scalar::F32 { f } else { self.cast(&f, Scalar::F32, to, w) };
+        }
+        if is_half(to) {
+            let f = match from {
+                Scalar::F32 => v.to_string(),
+                Scalar::F64 => self.f64_to_f32_odd(v, w),
+                _ => {
+                    let i = if from.is_signed() { "sitofp" } else { "uitofp" };
+                    self.c.ins(format!("{i} {} {v} to {}", ft.name(), Ty::new("float", w).name()))
+                }
+            };
+            return self.from_f32(&f, to, w);
+        }
+        match (from.is_float(), to.is_float()) {
+            (true, false) => {
+                let base = if to.is_signed() { "fptosi.sat" } else { "fptoui.sat" };
+                let name = format!("llvm.{base}.{}.{}", tt.mangle(), ft.mangle());
+                self.c.call(&tt.name(), &name, &[(ft.name(), v.to_string())])
+            }
+            (true, true) => {
+                let i = if bits(to) > bits(from) { "fpext" } else { "fptrunc" };
+                self.c.ins(format!("{i} {} {v} to {}", ft.name(), tt.name()))
+            }
+            (false, true) => {
+                let i = if from.is_signed() { "sitofp" } else { "uitofp" };
+                self.c.ins(format!("{i} {} {v} to {}", ft.name(), tt.name()))
+            }
+            (false, false) => self.int_resize(v, from, to, w),
+        }
+    }
+
+    /// BITCAST of `v` from `from` to `to` (equal sizes); bools are their bytes.
+    fn bitcast(&mut self, n: &UOp, v: &str, from: DType, to: DType) -> Result<String> {
+        let ((fs, fw), (ts, tw)) = (lanes(n, from)?, lanes(n, to)?);
+        if fs.size() * fw as usize != ts.size() * tw as usize {
+            return Err(render_err(n, format!("BITCAST of {from} to {to} changes the size")));
+        }
+        let (mut x, mut xt) = (v.to_string(), Ty::reg(fs, fw));
+        if fs == Scalar::Bool {
+            let bytes = Ty::mem(fs, fw);
+            x = self.c.ins(format!("zext {} {x} to {}", xt.name(), bytes.name()));
+            xt = bytes;
+        }
+        let target = Ty::mem(ts, tw);
+        if xt != target {
+            x = self.c.ins(format!("bitcast {} {x} to {}", xt.name(), target.name()));
+        }
+        if ts == Scalar::Bool {
+            x = self.c.ins(format!("icmp ne {} {x}, zeroinitializer", target.name()));
+        }
+        Ok(x)
+    }
+}
+
+/// `v`, f16 or bf16 bits (`w` lanes of `i16`), as f32, exactly.
+pub(super) fn to_f32(c: &mut Code, v: &str, s: Scalar, w: u8) -> String {
+    let (bits16, f) = (Ty::new("i16", w), Ty::new("float", w));
+    if s == Scalar::F16 {
+        let h = c.ins(format!("bitcast {} {v} to {}", bits16.name(), f.with("half").name()));
+        c.ins(format!("fpext {} {h} to {}", f.with("half").name(), f.name()))
+    } else {
+        let wide = c.ins(format!("zext {} {v} to {}", bits16.name(), f.with("i32").name()));
+        let hi = c.ins(format!("shl {} {wide}, {}", f.with("i32").name(), f.with("i32").splat("16")));
+        c.ins(format!("bitcast {} {hi} to {}", f.with("i32").name(), f.name()))
+    }
+}
+
+/// `v`, `w` lanes of f32, rounded to f16 or bf16 (to nearest even; NaN stays a quiet NaN).
+pub(super) fn from_f32(c: &mut Code, v: &str, s: Scalar, w: u8) -> String {
+    let f = Ty::new("float", w);
+    let (i32t, i16t) = (f.with("i32"), f.with("i16"));
+    if s == Scalar::F16 {
+        let h = c.ins(format!("fptrunc {} {v} to {}", f.name(), f.with("half").name()));
+        return c.ins(format!("bitcast {} {h} to {}", f.with("half").name(), i16t.name()));
+    }
+    // The C pair's kiln_f32_to_bf16.
+    let it = i32t.name();
+    let u = c.ins(format!("bitcast {} {v} to {it}", f.name()));
+    let mag = c.ins(format!("and {it} {u}, {}", i32t.splat("2147483647")));
+    let nan = c.ins(format!("icmp ugt {it} {mag}, {}", i32t.splat("2139095040")));
+    let top = c.ins(format!("lshr {it} {u}, {}", i32t.splat("16")));
+    let quiet = c.ins(format!("or {it} {top}, {}", i32t.splat("64")));
+    let odd = c.ins(format!("and {it} {top}, {}", i32t.splat("1")));
+    let bias = c.ins(format!("add {it} {odd}, {}", i32t.splat("32767")));
+    let rounded = c.ins(format!("add {it} {u}, {bias}"));
+    let kept = c.ins(format!("lshr {it} {rounded}, {}", i32t.splat("16")));
+    let r = c.select(&nan, i32t, &quiet, &kept);
+    c.ins(format!("trunc {it} {r} to {}", i16t.name()))
+}
+
+/// A constant's payload.
+#[derive(Clone, Copy)]
+enum Lit {
+    Int(i64),
+    Float(f64),
+}
+
+/// The operand text of constant `v` as a value of `s`.
+fn literal(v: Lit, s: Scalar) -> String {
+    match (v, s) {
+        (Lit::Int(i), s) if !s.is_float() => int_lit(wrap(i, s), s),
+        (Lit::Float(f), s) if !s.is_float() => int_lit(wrap(f as i64, s), s),
+        (v, s) => {
+            let f = match v {
+                Lit::Int(i) => i as f64,
+                Lit::Float(f) => f,
+            };
+            match s {
+                Scalar::F16 => int_lit(i64::from(f16_bits(f)), Scalar::I16),
+                Scalar::BF16 => int_lit(i64::from(bf16_bits(f)), Scalar::I16),
+                Scalar::F32 => float_lit(f, "float"),
+                _ => float_lit(f, "double"),
+            }
+        }
+    }
+}
+
+/// `v` wrapped into the range of `s` (bools: 0 or 1).
+fn wrap(v: i64, s: Scalar) -> i64 {
+    kiln_cstyle::wrap_int(v, s)
+}
+
+fn zero(s: Scalar) -> String {
+    literal(Lit::Int(0), s)
+}
+
+/// The bit width of `s` in registers (bool: 1).
+fn bits(s: Scalar) -> usize {
+    if s == Scalar::Bool { 1 } else { s.size() * 8 }
+}
+
+fn op_arity(op: Op) -> usize {
+    if matches!(op, Op::Where | Op::MulAcc) {
+        3
+    } else if op.is_binary() {
+        2
+    } else {
+        1
+    }
+}
+
+/// The integer value of an operand known when rendering: a CONST, or a VECTORIZE that
+/// broadcasts one CONST.
+fn const_int_operand(n: &UOp) -> Option<i64> {
+    let c = match n.op() {
+        Op::Vectorize if n.src().iter().all(|l| l.content_hash() == n.src()[0].content_hash()) => n.src().first()?,
+        _ => n,
+    };
+    if c.op() == Op::Const { c.arg_int() } else { None }
+}
+
+/// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
+fn acc_of(n: &Arc<UOp>) -> Option<Arc<UOp>> {
+    let mut node = n.clone();
+    loop {
+        let next = match node.op() {
+            Op::DefineAcc => return Some(node),
+            Op::Assign | Op::After => node.src().first()?.clone(),
+            Op::End if node.dtype() != DType::Void && node.src().len() > 1 => node.src()[1].clone(),
+            _ => return None,
+        };
+        node = next;
+    }
+}
+
+/// Every node the SPECIAL extents depend on: constants, variables and arithmetic only (they
+/// are computed before any launch index exists).
+fn extent_closure(specials: &[Arc<UOp>]) -> Result<HashSet<ContentHash>> {
+    let mut out = HashSet::new();
+    let mut stack: Vec<Arc<UOp>> = specials.iter().filter_map(|s| s.src().first().cloned()).collect();
+    while let Some(n) = stack.pop() {
+        if !out.insert(n.content_hash()) {
+            continue;
+        }
+        if !(matches!(n.op(), Op::Const | Op::DefineVar | Op::Bind | Op::Cast) || n.op().is_alu()) {
+            return Err(render_err(
+                &n,
+                "a launch extent may only use constants, variables and arithmetic (no loads, loops or launch indices)",
+            ));
+        }
+        stack.extend(n.src().iter().cloned());
+    }
+    Ok(out)
+}
