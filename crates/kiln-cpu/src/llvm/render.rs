@@ -491,7 +491,6 @@ impl<'a> Emitter<'a> {
                     kind: BlockKind::If { end },
                 });
             }
-            Op::DefineLocal | Op::Barrier => return Err(render_err(n, "needs work groups, which the CPU has not")),
             Op::Index => {
                 let base = self.operand(&src[0])?;
                 let DType::Ptr { scalar, .. } = n.dtype() else {
