@@ -837,8 +837,14 @@ impl<'a> Emitter<'a> {
                 let p = self.c.ins(format!("{mul} {t} {}, {}", a[0], a[1]));
                 self.c.ins(format!("{add} {t} {p}, {}", a[2]))
             }
+            // A bool shifts as the int it promotes to: left by 0 or 1 keeps it, right by 1 clears it.
+            Op::Shl if boolean => a[0].clone(),
+            Op::Shr if boolean => {
+                let keep = self.c.ins(format!("xor {t} {}, {}", a[1], ty.splat("true")));
+                self.c.ins(format!("and {t} {}, {keep}", a[0]))
+            }
             Op::Shl | Op::Shr => {
-                let mask = if boolean { "false".to_string() } else { (bits(s) - 1).to_string() };
+                let mask = (bits(s) - 1).to_string();
                 let count = self.c.ins(format!("and {t} {}, {}", a[1], ty.splat(&mask)));
                 let i = match op {
                     Op::Shl => "shl".to_string(),
