@@ -44,14 +44,23 @@ impl LlcCompiler {
 
 impl Compiler for LlcCompiler {
     fn compile(&self, spec: &ProgramSpec) -> Result<CompiledSpec> {
-        let io = |e: std::io::Error| Error::Compile { message: format!("scratch file: {e}"), log: String::new(), line: None };
+        let io = |e: std::io::Error| Error::Compile {
+            message: format!("scratch file: {e}"),
+            log: String::new(),
+            line: None,
+        };
         let dir = tempfile::tempdir().map_err(io)?;
         let (ll, bc, obj) = (dir.path().join("k.ll"), dir.path().join("k.bc"), dir.path().join("k.o"));
         std::fs::write(&ll, &spec.src).map_err(io)?;
         let os = OsStr::new;
         let target = [os("-mtriple=x86_64-unknown-linux-gnu"), os("-mcpu=native")];
-        Self::run("opt-16", &[&target[..], &[os("-O2"), ll.as_os_str(), os("-o"), bc.as_os_str()]].concat(), &spec.src)?;
-        let llc = [os("-O2"), os("-filetype=obj"), os("-relocation-model=pic"), bc.as_os_str(), os("-o"), obj.as_os_str()];
+        Self::run(
+            "opt-16",
+            &[&target[..], &[os("-O2"), ll.as_os_str(), os("-o"), bc.as_os_str()]].concat(),
+            &spec.src,
+        )?;
+        let llc =
+            [os("-O2"), os("-filetype=obj"), os("-relocation-model=pic"), bc.as_os_str(), os("-o"), obj.as_os_str()];
         Self::run("llc-16", &[&target[..], &llc[..]].concat(), &spec.src)?;
         let bytes = std::fs::read(&obj).map_err(io)?;
         Ok(CompiledSpec { name: spec.name.clone(), bytes, spec: Arc::new(spec.clone()) })
@@ -259,3 +268,142 @@ suite!(
             queue_cross_device => queues::cross_device,
             plan_cross_device_copies => plans::cross_device_copies
 );
+
+/// Deterministic pseudo-random 64-bit words.
+fn words(n: usize, seed: u64) -> Vec<u64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        })
+        .collect()
+}
+
+/// `n` inputs of `s` as bytes: the special values (zeros, infinities, NaN, subnormals, the
+/// edges of exp's range), values spread over the magnitudes the math functions reduce, and
+/// random bit patterns.
+fn inputs(s: Scalar, n: usize, seed: u64) -> Vec<u8> {
+    let special =
+        [0.0, -0.0, 1.0, -1.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1e-310, -1e-40, 88.7, -103.9, 709.9];
+    let w = words(n, seed);
+    let mut out = Vec::with_capacity(n * s.size());
+    for (i, r) in w.iter().enumerate() {
+        let spread = ((r >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * [2.0, 20.0, 200.0, 2000.0][i % 4];
+        let v = if i < special.len() { special[i] } else { spread };
+        match s {
+            Scalar::F32 if i % 3 == 2 => out.extend_from_slice(&(*r as u32).to_le_bytes()),
+            Scalar::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            Scalar::F64 if i % 3 == 2 => out.extend_from_slice(&r.to_le_bytes()),
+            Scalar::F64 => out.extend_from_slice(&v.to_le_bytes()),
+            _ => out.extend_from_slice(&(*r as u16).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// Whether the math kernel `op` reads a second operand.
+fn binary(op: &str) -> bool {
+    matches!(op, "max" | "min" | "pow" | "mulacc")
+}
+
+/// `y = op(x)` (or `op(x, z)`) on `w`-lane vectors of `s`, over `n` elements.
+fn math_kernel(s: Scalar, w: u8, n: i64, op: &str) -> Arc<kiln_device::kiln_ir::UOp> {
+    let mut k = KernelBuilder::new();
+    let (x, y) = (k.param(0, s, n), k.param(1, s, n));
+    let i = k.global(0, n / i64::from(w));
+    let at = &i * i64::from(w);
+    let a = x.at_vec(&at, w).load();
+    let b = if binary(op) { k.param(2, s, n).at_vec(&at, w).load() } else { a.clone() };
+    let r = match op {
+        "exp" => a.exp(),
+        "exp2" => a.exp2(),
+        "log" => a.log(),
+        "log2" => a.log2(),
+        "sin" => a.sin(),
+        "cos" => a.cos(),
+        "sqrt" => a.sqrt(),
+        "max" => a.max(&b),
+        "min" => a.min(&b),
+        "pow" => a.pow(&b),
+        _ => a.mul_acc(&b, &a),
+    };
+    k.store(&y.at_vec(&at, w), &r);
+    k.finish().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The transcendental and MAX/MIN kernels give the C pair's bits exactly: libm where it calls
+/// libm, its vector math on f32/f64 vectors (every width, padded ones and those wider than a
+/// register included), its `maxps` forms, f16 through f32.
+#[test]
+fn math_matches_the_c_pair_bit_for_bit() {
+    let Some(llvm) = device("math_matches_the_c_pair_bit_for_bit") else { return };
+    let c = kiln_cpu::open(&kiln_cpu::CPU).unwrap_or_else(|e| panic!("{e}"));
+    let n = 96 * 32;
+    let ops = ["exp", "exp2", "log", "log2", "sin", "cos", "sqrt", "max", "min", "pow", "mulacc"];
+    let cases: [(Scalar, &[u8]); 4] = [
+        (Scalar::F32, &[1, 2, 3, 4, 8, 16, 32]),
+        (Scalar::F64, &[1, 2, 3, 4, 8]),
+        (Scalar::F16, &[1, 4]),
+        (Scalar::BF16, &[8]),
+    ];
+    let mut bad = Vec::new();
+    for (s, widths) in cases {
+        let (x, z) = (inputs(s, n, 1), inputs(s, n, 2));
+        for &w in widths {
+            for op in ops {
+                let sink = math_kernel(s, w, n as i64, op);
+                let name = format!("m_{op}_{}x{w}", s.name());
+                let run = |dev: &Arc<Device>| {
+                    let kernel = dev.compile(&sink, Some(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let data: &[&Vec<u8>] = if binary(op) { &[&x, &x, &z] } else { &[&x, &x] };
+                    let bufs: Vec<Buffer> = data
+                        .iter()
+                        .map(|bytes| {
+                            let b = dev.buffer(s, n).unwrap_or_else(|e| panic!("{e}"));
+                            b.copyin(bytes).unwrap_or_else(|e| panic!("{e}"));
+                            b
+                        })
+                        .collect();
+                    let views: Vec<&Buffer> = bufs.iter().collect();
+                    kernel.launch(&views, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let mut out = vec![0u8; n * s.size()];
+                    bufs[1].copyout(&mut out).unwrap_or_else(|e| panic!("{e}"));
+                    out
+                };
+                let (want, got) = (run(&c), run(&llvm));
+                if let Some(e) = (0..n).find(|e| want[e * s.size()..][..s.size()] != got[e * s.size()..][..s.size()]) {
+                    let lane = |b: &[u8]| b[e * s.size()..][..s.size()].to_vec();
+                    bad.push(format!("{name}: element {e}: C {:02x?}, LLVM {:02x?}", lane(&want), lane(&got)));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{} kernel(s) differ:\n{}", bad.len(), bad.join("\n"));
+}
+
+/// llc's objects (constant pools in `.rodata.cst*` sections, libm calls through PLT32
+/// relocations) load with kiln's ELF loader.
+#[test]
+fn llc_objects_with_constant_pools_and_libm_calls_load() {
+    let test = "llc_objects_with_constant_pools_and_libm_calls_load";
+    if device(test).is_none() {
+        return;
+    }
+    let spec = LlvmRenderer::for_isa(IsaTarget::native().isa)
+        .render(&math_kernel(Scalar::F32, 8, 64, "exp"), Some("pools"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let compiled = LlcCompiler.compile(&spec).unwrap_or_else(|e| panic!("{e}"));
+    let has = |needle: &[u8]| compiled.bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(spec.src.contains("define internal <8 x float> @kiln_exp_f32x8("), "{}", spec.src);
+    assert!(has(b".rodata.cst"), "the exp polynomial's constants are in a constant pool");
+    CpuProgram::load(&compiled).unwrap_or_else(|e| panic!("{e}"));
+    let spec = LlvmRenderer::for_isa(IsaTarget::native().isa)
+        .render(&math_kernel(Scalar::F32, 1, 64, "sin"), Some("libm"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let compiled = LlcCompiler.compile(&spec).unwrap_or_else(|e| panic!("{e}"));
+    assert!(spec.src.contains("declare float @sinf(float)"), "{}", spec.src);
+    CpuProgram::load(&compiled).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -473,7 +473,11 @@ impl<'a> Emitter<'a> {
                 }
                 let l = self.open_loop(&Ty::reg(s, 1).name(), "0", &extent, s.is_signed());
                 self.values.insert(n.content_hash(), Value::Reg(l.index.clone()));
-                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new(), kind: BlockKind::Loop(l) });
+                self.blocks.push(Block {
+                    range: Some(n.content_hash()),
+                    commits: Vec::new(),
+                    kind: BlockKind::Loop(l),
+                });
             }
             Op::End | Op::EndIf => self.end(n)?,
             Op::If => {
@@ -481,9 +485,12 @@ impl<'a> Emitter<'a> {
                 let (then, end) = (self.c.label(), self.c.label());
                 self.c.stmt(format!("br i1 {cond}, label %{then}, label %{end}"));
                 self.c.start(&then);
-                self.blocks.push(Block { range: Some(n.content_hash()), commits: Vec::new(), kind: BlockKind::If { end } });
+                self.blocks.push(Block {
+                    range: Some(n.content_hash()),
+                    commits: Vec::new(),
+                    kind: BlockKind::If { end },
+                });
             }
-            Op::DefineLocal | Op::Barrier => return Err(render_err(n, "needs work groups, which the CPU has not")),
             Op::Index => {
                 let base = self.operand(&src[0])?;
                 let DType::Ptr { scalar, .. } = n.dtype() else {
@@ -492,8 +499,7 @@ impl<'a> Emitter<'a> {
                 let (is, _) = lanes(&src[1], src[1].dtype())?;
                 let idx = self.operand(&src[1])?;
                 let idx = self.int_resize(&idx, is, Scalar::I64, 1);
-                let p =
-                    self.c.ins(format!("getelementptr {}, ptr {base}, i64 {idx}", Ty::mem(scalar, 1).name()));
+                let p = self.c.ins(format!("getelementptr {}, ptr {base}, i64 {idx}", Ty::mem(scalar, 1).name()));
                 self.values.insert(n.content_hash(), Value::Reg(p));
             }
             Op::Load => {
@@ -601,7 +607,8 @@ impl<'a> Emitter<'a> {
                 let v = self.operand(&src[0])?;
                 let (s, w) = lanes(&src[0], src[0].dtype())?;
                 let lane = n.arg_int().unwrap_or(0);
-                let lane = u8::try_from(lane).ok().filter(|l| *l < w).ok_or_else(|| render_err(n, "lane out of range"))?;
+                let lane =
+                    u8::try_from(lane).ok().filter(|l| *l < w).ok_or_else(|| render_err(n, "lane out of range"))?;
                 let r = self.c.lane(&v, Ty::reg(s, w), lane);
                 self.values.insert(n.content_hash(), Value::Reg(r));
             }
@@ -721,9 +728,9 @@ impl<'a> Emitter<'a> {
             return Ok(self.c.ins(format!("select {ct} {}, {t} {}, {t} {}", a[0], a[1], a[2])));
         }
         if is_half(s) {
-            let f: Vec<String> = a.iter().map(|x| self.to_f32(x, s, w)).collect();
+            let f: Vec<String> = a.iter().map(|x| to_f32(&mut self.c, x, s, w)).collect();
             let r = self.float_op(n, op, Ty::new("float", w), &f, false)?;
-            return Ok(if op.is_comparison() { r } else { self.from_f32(&r, s, w) });
+            return Ok(if op.is_comparison() { r } else { from_f32(&mut self.c, &r, s, w) });
         }
         if s.is_float() {
             return self.float_op(n, op, Ty::reg(s, w), &a, w > 1);
@@ -830,8 +837,14 @@ impl<'a> Emitter<'a> {
                 let p = self.c.ins(format!("{mul} {t} {}, {}", a[0], a[1]));
                 self.c.ins(format!("{add} {t} {p}, {}", a[2]))
             }
+            // A bool shifts as the int it promotes to: left by 0 or 1 keeps it, right by 1 clears it.
+            Op::Shl if boolean => a[0].clone(),
+            Op::Shr if boolean => {
+                let keep = self.c.ins(format!("xor {t} {}, {}", a[1], ty.splat("true")));
+                self.c.ins(format!("and {t} {}, {keep}", a[0]))
+            }
             Op::Shl | Op::Shr => {
-                let mask = if boolean { "false".to_string() } else { (bits(s) - 1).to_string() };
+                let mask = (bits(s) - 1).to_string();
                 let count = self.c.ins(format!("and {t} {}, {}", a[1], ty.splat(&mask)));
                 let i = match op {
                     Op::Shl => "shl".to_string(),
@@ -881,14 +894,6 @@ impl<'a> Emitter<'a> {
         self.c.select(&is_zero, ty, &by_zero, &q)
     }
 
-    fn to_f32(&mut self, v: &str, s: Scalar, w: u8) -> String {
-        to_f32(&mut self.c, v, s, w)
-    }
-
-    fn from_f32(&mut self, v: &str, s: Scalar, w: u8) -> String {
-        from_f32(&mut self.c, v, s, w)
-    }
-
     /// `v`, `w` lanes of f64, rounded to f32 by round-to-odd (the C pair's
     /// `kiln_f64_to_f32_odd`), so that one more rounding to f16/bf16 rounds the f64 once.
     fn f64_to_f32_odd(&mut self, v: &str, w: u8) -> String {
@@ -917,7 +922,8 @@ impl<'a> Emitter<'a> {
         }
         let (ft, tt) = (Ty::reg(from, w), Ty::reg(to, w));
         if to == Scalar::Bool {
-            let (x, xs) = if is_half(from) { (self.to_f32(v, from, w), Scalar::F32) } else { (v.to_string(), from) };
+            let (x, xs) =
+                if is_half(from) { (to_f32(&mut self.c, v, from, w), Scalar::F32) } else { (v.to_string(), from) };
             let xt = Ty::reg(xs, w);
             return if xs.is_float() {
                 self.c.ins(format!("fcmp une {} {x}, {}", xt.name(), xt.splat(&float_lit(0.0, xt.elem))))
@@ -926,7 +932,7 @@ impl<'a> Emitter<'a> {
             };
         }
         if is_half(from) {
-            let f = self.to_f32(v, from, w);
+            let f = to_f32(&mut self.c, v, from, w);
             return if to == Scalar::F32 { f } else { self.cast(&f, Scalar::F32, to, w) };
         }
         if is_half(to) {
@@ -938,7 +944,7 @@ impl<'a> Emitter<'a> {
                     self.c.ins(format!("{i} {} {v} to {}", ft.name(), Ty::new("float", w).name()))
                 }
             };
-            return self.from_f32(&f, to, w);
+            return from_f32(&mut self.c, &f, to, w);
         }
         match (from.is_float(), to.is_float()) {
             (true, false) => {
@@ -1110,4 +1116,71 @@ fn extent_closure(specials: &[Arc<UOp>]) -> Result<HashSet<ContentHash>> {
         stack.extend(n.src().iter().cloned());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_device::kiln_ir::{KernelBuilder, Val, Wmma};
+
+    fn renderer() -> LlvmRenderer {
+        LlvmRenderer::new(64, true)
+    }
+
+    #[test]
+    fn the_entry_has_the_c_pairs_abi_and_no_fast_math() {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 20);
+        let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+        let i = k.global(0, &n);
+        let v = x.at(&i).load();
+        k.store(&y.at(&i), &v.mul_acc(&v, &v.exp()));
+        let spec = renderer().render(&k.finish().unwrap(), Some("entry-1")).unwrap();
+        assert!(spec.name.starts_with("entry_1_"), "{}", spec.name);
+        let header = format!("define void @{}(ptr %bufs, ptr %vals, i64 %core, i64 %ncores) nounwind {{", spec.name);
+        assert!(spec.src.contains(&header), "{}", spec.src);
+        for needle in ["%data1 = load ptr", "load i64, ptr", "srem i64", "@llvm.fma.f32", "call float @expf("] {
+            assert!(spec.src.contains(needle), "`{needle}` missing:\n{}", spec.src);
+        }
+        for flag in [" fast ", " contract ", " reassoc ", " afn "] {
+            assert!(!spec.src.contains(flag), "`{flag}` in:\n{}", spec.src);
+        }
+    }
+
+    #[test]
+    fn a_kernel_without_global_axis_0_runs_in_chunk_0_only() {
+        let mut k = KernelBuilder::new();
+        let y = k.param(0, Scalar::I32, 1);
+        k.store(&y.at(&Val::int(0)), &Val::int(7).cast(DType::I32));
+        let src = renderer().render(&k.finish().unwrap(), Some("one")).unwrap().src;
+        assert!(src.contains("icmp ne i64 %core, 0") && src.contains("label %exit"), "{src}");
+    }
+
+    #[test]
+    fn warp_wmma_is_a_render_error_naming_the_op() {
+        for w in Wmma::warp_shapes() {
+            let mut k = KernelBuilder::new();
+            let [a, b, c] = w.operand_dtypes();
+            let zero = Val::int(0);
+            let load = |k: &mut KernelBuilder, slot: usize, dt: DType| {
+                k.param(slot, dt.scalar().unwrap_or(Scalar::F32), 64).at_vec(&zero, dt.width()).load()
+            };
+            let (va, vb, vc) = (load(&mut k, 0, a), load(&mut k, 1, b), load(&mut k, 2, c));
+            let out = k.param(3, w.acc, 64);
+            k.store(&out.at_vec(&zero, c.width()), &va.wmma(&vb, &vc, w));
+            match renderer().render(&k.finish().unwrap(), Some("k")) {
+                Err(Error::Render(m)) => assert!(m.contains("unsupported op WMMA"), "{m}"),
+                other => panic!("{w}: {:?}", other.map(|s| s.src)),
+            }
+        }
+    }
+
+    #[test]
+    fn vector_math_fuses_where_the_c_pair_does() {
+        let wide = LlvmRenderer::new(64, true);
+        let narrow = LlvmRenderer::new(32, true);
+        assert!(wide.fused_madd(64) && !narrow.fused_madd(64) && narrow.fused_madd(32));
+        assert!(!wide.fused_madd(8) && !wide.fused_madd(128), "the C pair's lane-loop sizes multiply, then add");
+        assert!(!LlvmRenderer::for_isa(Isa::Sse2).fused_madd(16));
+    }
 }

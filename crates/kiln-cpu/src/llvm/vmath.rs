@@ -163,11 +163,8 @@ impl Math<'_> {
             (true, true) => (707.0, 710.0, -746.0),
             (false, true) => (1020.0, 1025.0, -1076.0),
         };
-        let (sign, mant, magic, bias): (i64, i64, i64, i64) = if self.f64() {
-            (i64::MAX, 52, 0x4338_0000_0000_0000, 1023)
-        } else {
-            (0x7fff_ffff, 23, 0x4b40_0000, 127)
-        };
+        let (sign, mant, magic, bias): (i64, i64, i64, i64) =
+            if self.f64() { (i64::MAX, 52, 0x4338_0000_0000_0000, 1023) } else { (0x7fff_ffff, 23, 0x4b40_0000, 127) };
         let (vt, b) = (self.v.name(), self.v.with("i1"));
         let lit = |v: f64| self.v.splat(&float_lit(v, self.v.elem));
         let bits = self.to_int(h, "%x");
@@ -219,7 +216,7 @@ impl Math<'_> {
         let scaled = self.op(h, "fmul", "%x", &self.k("0x1p54"));
         let x = h.select(&sub, self.v, &scaled, "%x");
         let u = self.to_int(h, &x);
-        let u = self.iop(h, "add", &u, &self.ki(0x95f6_1998_0c433));
+        let u = self.iop(h, "add", &u, &self.ki(0x0009_5f61_9980_c433));
         let kb = self.iop(h, "lshr", &u, &self.ki(52));
         let adjust = h.select(&sub, self.i, &self.ki(-54), &self.ki(0));
         let kb = self.iop(h, "add", &kb, &adjust);

@@ -59,11 +59,7 @@ fn row(h: &mut Code, v: &str, ty: Ty, from: usize, n: usize) -> String {
         return h.lane(v, ty, from as u8);
     }
     let mask: Vec<String> = (from..from + n).map(|i| format!("i32 {i}")).collect();
-    h.ins(format!(
-        "shufflevector {t} {v}, {t} poison, <{n} x i32> <{}>",
-        mask.join(", "),
-        t = ty.name()
-    ))
+    h.ins(format!("shufflevector {t} {v}, {t} poison, <{n} x i32> <{}>", mask.join(", "), t = ty.name()))
 }
 
 fn body(h: &mut Code, w: &Wmma, at: Ty, bt: Ty, ct: Ty) {
@@ -81,9 +77,8 @@ fn body(h: &mut Code, w: &Wmma, at: Ty, bt: Ty, ct: Ty) {
             let a = if n > 1 {
                 // The C pair broadcasts as `(row){0} + a`: +0.0 for an element -0.0.
                 let one = h.ins(format!("insertelement <1 x float> poison, float {a}, i32 0"));
-                let splat = h.ins(format!(
-                    "shufflevector <1 x float> {one}, <1 x float> poison, <{n} x i32> zeroinitializer"
-                ));
+                let splat =
+                    h.ins(format!("shufflevector <1 x float> {one}, <1 x float> poison, <{n} x i32> zeroinitializer"));
                 h.ins(format!("fadd {} zeroinitializer, {splat}", row_ty.name()))
             } else {
                 a
