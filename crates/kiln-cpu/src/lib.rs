@@ -83,6 +83,29 @@ pub static CPU: DeviceSpec = DeviceSpec::new(BACKEND, 0);
 /// the instruction set `KILN_CPU_ISA` picks (the host's widest by default).
 pub const CC_PAIR: &str = "cc";
 
+/// The name of the CPU device's LLVM pair: kernels rendered to LLVM IR and compiled in process
+/// by libLLVM 16 ([`llvm`]), for the same instruction set as [`CC_PAIR`]. Offered where libLLVM
+/// 16 can be opened; elsewhere `kiln devices` says why ([`Device::missing_compilers`]).
+pub const LLVM_PAIR: &str = "llvm";
+
+/// The environment variable that picks the CPU device's default pair: `cc` (the default) or
+/// `llvm`.
+pub const CPU_COMPILER_ENV: &str = "KILN_CPU_COMPILER";
+
+/// The default pair [`CPU_COMPILER_ENV`] asks for.
+///
+/// # Errors
+/// [`Error::Config`] for a value other than `cc` or `llvm`.
+fn default_pair() -> Result<&'static str> {
+    match std::env::var(CPU_COMPILER_ENV).ok().as_deref().map(str::trim) {
+        None | Some("") | Some(CC_PAIR) => Ok(CC_PAIR),
+        Some(LLVM_PAIR) => Ok(LLVM_PAIR),
+        Some(other) => Err(Error::Config(format!(
+            "{CPU_COMPILER_ENV}=`{other}`: use `{CC_PAIR}` (the system C compiler) or `{LLVM_PAIR}` (LLVM in process)"
+        ))),
+    }
+}
+
 /// The CPU device's other compiler pairs: the same C compiler building for an older
 /// instruction set than the host's widest ([`IsaTarget::force`]), so that the conformance
 /// suite and `kiln run --compiler cc-avx2` check the code paths an older machine takes. Each
@@ -161,6 +184,23 @@ fn open_with(
         CompilerPair::new(name, renderer, compiler).with_properties(isa::properties(target, caches))
     };
     let mut pairs = vec![pair(CC_PAIR, compiler.clone())];
+    let mut missing = Vec::new();
+    match llvm::LlvmCompiler::new(compiler_isa) {
+        Ok(llvm) => pairs.push(
+            CompilerPair::new(LLVM_PAIR, Arc::new(llvm::LlvmRenderer::for_isa(compiler_isa.isa)), Arc::new(llvm))
+                .with_properties(isa::properties(compiler_isa, caches)),
+        ),
+        Err(e) => missing.push((LLVM_PAIR.to_string(), e.to_string())),
+    }
+    if default_pair()? == LLVM_PAIR {
+        match pairs.iter().position(|p| p.name == LLVM_PAIR) {
+            Some(i) => pairs.swap(0, i),
+            None => {
+                let why = missing.first().map(|(_, why)| why.as_str()).unwrap_or_default();
+                return Err(Error::Config(format!("{CPU_COMPILER_ENV}={LLVM_PAIR}, but LLVM is not available: {why}")));
+            }
+        }
+    }
     for &(name, set) in ISA_PAIRS {
         if let Ok(target) = IsaTarget::force(set) {
             pairs.push(pair(name, Arc::new(compiler.as_ref().clone().with_isa(target))));
@@ -171,7 +211,9 @@ fn open_with(
     let device = Device::new(crate::CPU.clone(), description, move |_| {
         let runtime: RuntimeFactory =
             Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
-        Ok(DeviceParts::new(make_allocator()?, pairs.clone(), runtime).with_queues(Arc::new(CpuQueueFactory::new())))
+        Ok(DeviceParts::new(make_allocator()?, pairs.clone(), runtime)
+            .with_queues(Arc::new(CpuQueueFactory::new()))
+            .with_missing(missing.clone()))
     })?
     .with_properties(isa::properties(compiler_isa, caches));
     Ok(Arc::new(device))
@@ -188,8 +230,8 @@ pub const SAME_DEVICE_PEER: (&str, &str) =
     ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
 
 /// The CPU backend's driver, for kiln-backends' list: the CPU with its default pair and with
-/// each of its [`ISA_PAIRS`] (whose peer is the CPU itself), no offline target, no baseline of
-/// its own (the host's are the bench's).
+/// each of its [`ISA_PAIRS`] and its [`LLVM_PAIR`] (whose peer is the CPU itself), no offline
+/// target, no baseline of its own (the host's are the bench's).
 pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
     register,
     conformance: &[
@@ -205,6 +247,12 @@ pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
             peer: "cpu",
             unsupported: &[SAME_DEVICE_PEER],
             pair: Some((BACKEND, "cc-sse2")),
+        },
+        kiln_device::Conformance {
+            name: "cpu-llvm",
+            peer: "cpu",
+            unsupported: &[SAME_DEVICE_PEER],
+            pair: Some((BACKEND, LLVM_PAIR)),
         },
     ],
     targets: &[],
