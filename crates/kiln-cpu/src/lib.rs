@@ -114,9 +114,11 @@ fn default_pair() -> Result<&'static str> {
 pub const ISA_PAIRS: &[(&str, Isa)] = &[("cc-avx2", Isa::Avx2), ("cc-sse2", Isa::Sse2)];
 
 /// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
-/// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`]. Fails with [`Error::CompilerMissing`] when no
-/// C compiler is found, and with [`Error::Config`] when `KILN_CPU_ISA` is malformed or names
-/// an instruction set this CPU lacks. Starts no process: the description names the compiler by
+/// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`], with its C pairs and its LLVM pair. Without a
+/// C compiler on `PATH` it compiles with LLVM alone. Fails with [`Error::CompilerMissing`] when
+/// it has neither (or `KILN_CC` names no usable compiler), and with [`Error::Config`] when
+/// `KILN_CPU_ISA` is malformed or names an instruction set this CPU lacks, or when
+/// `KILN_CPU_COMPILER` is malformed or names `llvm` where LLVM is missing. Starts no process: the description names the compiler by
 /// path and says why it was chosen ([`CCompiler::choice`]; its version is
 /// [`CCompiler::version`], which runs it). The device's
 /// [`Device::properties`] give the instruction set, its vector width and the cache sizes.
@@ -124,7 +126,7 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != CPU {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
-    open_with(CCompiler::detect()?, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(detect_c_compiler()?, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens a CPU device (as [`open`]) whose kernels are compiled for `isa` whatever
@@ -132,7 +134,7 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 /// path on a CPU with AVX-512 in a process that also uses the native device. Its kernel
 /// cache keys differ from the native device's (the compiler flags are in the fingerprint).
 pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
-    open_with(CCompiler::detect()?.with_isa(isa), || {
+    open_with(Ok(CCompiler::detect()?.with_isa(isa)), || {
         Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
     })
 }
@@ -142,7 +144,7 @@ pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
 /// compiler installed in one process. Its kernel cache keys differ from those of devices with
 /// another compiler (the compiler's identity is in the fingerprint).
 pub fn open_with_compiler(compiler: CCompiler) -> Result<Arc<Device>> {
-    open_with(compiler, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(Ok(compiler), || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
@@ -158,54 +160,94 @@ pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>>
             allocator.is_host()
         )));
     }
-    open_with(CCompiler::detect()?, move || Ok(allocator.clone()))
+    open_with(detect_c_compiler()?, move || Ok(allocator.clone()))
 }
 
-/// The CPU device compiling with `compiler`, whose every generation allocates through
-/// `make_allocator()`.
+/// The C compiler [`CCompiler::detect`] finds, or, when none is found on `PATH` and
+/// `KILN_CC` does not name one, why not (the device then compiles with LLVM alone). A
+/// `KILN_CC` that names no usable compiler, and a bad `KILN_CPU_ISA` or timeout, stay errors.
+fn detect_c_compiler() -> Result<std::result::Result<CCompiler, Error>> {
+    match CCompiler::detect() {
+        Ok(cc) => Ok(Ok(cc)),
+        Err(e @ Error::CompilerMissing(_)) if std::env::var_os(CC_ENV).is_none_or(|v| v.is_empty()) => Ok(Err(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Why a pair is missing, as `kiln devices` prints it: the message without its error kind.
+fn reason(e: &Error) -> String {
+    match e {
+        Error::CompilerMissing(m) | Error::Unavailable(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The CPU device compiling with `compiler` (the C pairs; none when it is an error, as
+/// [`detect_c_compiler`] allows) and LLVM where libLLVM 16 opens, whose every generation
+/// allocates through `make_allocator()`.
 fn open_with(
-    compiler: CCompiler,
+    compiler: std::result::Result<CCompiler, Error>,
     make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static,
 ) -> Result<Arc<Device>> {
-    let compiler = Arc::new(compiler);
     let caches = CacheSizes::host();
-    let description = format!(
-        "{} ({} threads), C compiler {} ({}), {}",
-        cpu_model(),
-        Pool::global().threads(),
-        compiler.path().display(),
-        compiler.choice(),
-        isa::describe(compiler.isa(), caches)
-    );
-    let compiler_isa = compiler.isa();
-    let pair = |name: &str, compiler: Arc<CCompiler>| {
+    let target = match &compiler {
+        Ok(cc) => cc.isa(),
+        Err(_) => IsaTarget::from_env()?,
+    };
+    let c_pair = |name: &str, compiler: Arc<CCompiler>| {
         let target = compiler.isa();
         let renderer = Arc::new(cpu_renderer_for(target.isa.vector_bytes().unwrap_or(16)));
         CompilerPair::new(name, renderer, compiler).with_properties(isa::properties(target, caches))
     };
-    let mut pairs = vec![pair(CC_PAIR, compiler.clone())];
-    let mut missing = Vec::new();
-    match llvm::LlvmCompiler::new(compiler_isa) {
+    let (mut pairs, mut missing) = (Vec::new(), Vec::new());
+    let compiler_text = match &compiler {
+        Ok(cc) => {
+            pairs.push(c_pair(CC_PAIR, Arc::new(cc.clone())));
+            format!("C compiler {} ({})", cc.path().display(), cc.choice())
+        }
+        Err(e) => {
+            missing.push((CC_PAIR.to_string(), reason(e)));
+            "no C compiler".to_string()
+        }
+    };
+    match llvm::LlvmCompiler::new(target) {
         Ok(llvm) => pairs.push(
-            CompilerPair::new(LLVM_PAIR, Arc::new(llvm::LlvmRenderer::for_isa(compiler_isa.isa)), Arc::new(llvm))
-                .with_properties(isa::properties(compiler_isa, caches)),
+            CompilerPair::new(LLVM_PAIR, Arc::new(llvm::LlvmRenderer::for_isa(target.isa)), Arc::new(llvm))
+                .with_properties(isa::properties(target, caches)),
         ),
-        Err(e) => missing.push((LLVM_PAIR.to_string(), e.to_string())),
+        Err(e) => missing.push((LLVM_PAIR.to_string(), reason(&e))),
     }
-    if default_pair()? == LLVM_PAIR {
-        match pairs.iter().position(|p| p.name == LLVM_PAIR) {
-            Some(i) => pairs.swap(0, i),
-            None => {
-                let why = missing.first().map(|(_, why)| why.as_str()).unwrap_or_default();
-                return Err(Error::Config(format!("{CPU_COMPILER_ENV}={LLVM_PAIR}, but LLVM is not available: {why}")));
+    let why = |pair: &str| missing.iter().find(|(p, _)| p == pair).map(|(_, why)| why.clone()).unwrap_or_default();
+    match (default_pair()?, pairs.iter().position(|p| p.name == LLVM_PAIR)) {
+        (LLVM_PAIR, Some(i)) => pairs.swap(0, i),
+        (LLVM_PAIR, None) => {
+            return Err(Error::Config(format!(
+                "{CPU_COMPILER_ENV}={LLVM_PAIR}, but LLVM is not available: {}",
+                why(LLVM_PAIR)
+            )));
+        }
+        _ => {}
+    }
+    if pairs.is_empty() {
+        return Err(Error::CompilerMissing(format!(
+            "the CPU device has neither a C compiler ({}) nor LLVM ({})",
+            why(CC_PAIR),
+            why(LLVM_PAIR)
+        )));
+    }
+    if let Ok(cc) = &compiler {
+        for &(name, set) in ISA_PAIRS {
+            if let Ok(older) = IsaTarget::force(set) {
+                pairs.push(c_pair(name, Arc::new(cc.clone().with_isa(older))));
             }
         }
     }
-    for &(name, set) in ISA_PAIRS {
-        if let Ok(target) = IsaTarget::force(set) {
-            pairs.push(pair(name, Arc::new(compiler.as_ref().clone().with_isa(target))));
-        }
-    }
+    let description = format!(
+        "{} ({} threads), {compiler_text}, {}",
+        cpu_model(),
+        Pool::global().threads(),
+        isa::describe(target, caches)
+    );
     // The renderers and compilers hold no device state and survive a reset; memory, queues
     // and loaded programs are built anew for every generation.
     let device = Device::new(crate::CPU.clone(), description, move |_| {
@@ -215,7 +257,7 @@ fn open_with(
             .with_queues(Arc::new(CpuQueueFactory::new()))
             .with_missing(missing.clone()))
     })?
-    .with_properties(isa::properties(compiler_isa, caches));
+    .with_properties(isa::properties(target, caches));
     Ok(Arc::new(device))
 }
 

@@ -1,5 +1,9 @@
 """kiln.devices(), kiln.Device: listing, properties, generation, reset, synchronize, stats."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from conftest import INC, require
@@ -66,6 +70,32 @@ def test_compiler_pairs_are_listed_picked_per_kernel_and_per_device(dev):
         assert old.properties["isa"] == "SSE2"
     with pytest.raises(kiln.UnavailableError, match="its pairs are"):
         kiln.Device("CPU", compiler="nope")
+
+
+def test_the_llvm_pair_runs_where_offered_and_the_module_needs_no_libllvm(dev):
+    """The CPU's LLVM pair (where libLLVM 16 opens) computes what the C pair does; the native
+    module links no LLVM, and with none to open it imports and the CPU runs on its C pair."""
+    missing = dev.missing_compilers
+    assert isinstance(missing, dict)
+    if "llvm" in dev.compilers:
+        x = np.arange(4, dtype="float32")
+        a, out = dev.empty("f32", 4), dev.empty("f32", 4)
+        a.copy_from(x)
+        dev.compile(INC, name="inc", compiler="llvm")(a, out, n=4)
+        assert out.numpy().tolist() == (x + 1).tolist()
+    elif "cpu-llvm" in os.environ.get("KILN_REQUIRE", "").lower().split(","):
+        pytest.fail(f"KILN_REQUIRE names cpu-llvm, but the LLVM pair is not offered: {missing.get('llvm')}")
+    module = kiln._kiln.__file__
+    needed = subprocess.run(["ldd", module], capture_output=True, text=True, check=True).stdout
+    assert "LLVM" not in needed, needed
+    check = (
+        "import kiln; d = kiln.Device('CPU'); assert 'llvm' not in d.compilers, d.compilers; "
+        "assert 'libLLVM 16 could not be opened' in d.missing_compilers['llvm'], d.missing_compilers; "
+        "import numpy as np; a = d.empty('f32', 4); o = d.empty('f32', 4); a.copy_from(np.zeros(4, 'float32')); "
+        f"d.compile({INC!r})(a, o, n=4); assert o.numpy().tolist() == [1.0] * 4"
+    )
+    env = {**os.environ, "KILN_LIBLLVM": "/nonexistent/libLLVM-16.so.1"}
+    subprocess.run([sys.executable, "-c", check], env=env, check=True)
 
 
 def test_a_device_name_is_parsed_by_kiln():

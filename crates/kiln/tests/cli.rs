@@ -698,6 +698,55 @@ fn script(s: &Scratch, name: &str, body: &str) -> String {
     p.display().to_string()
 }
 
+/// Whether this machine's CPU device offers the LLVM pair; `KILN_REQUIRE` naming `cpu-llvm`
+/// makes its absence a failure.
+fn llvm_offered(s: &Scratch) -> bool {
+    let listing = ok(s.kiln(&["devices"], &[]));
+    let offered = listing.lines().any(|l| l.trim_start().starts_with("compilers:") && l.contains("llvm"));
+    assert!(offered || !kiln_device::required("cpu-llvm"), "KILN_REQUIRE names cpu-llvm but:\n{listing}");
+    offered
+}
+
+/// The LLVM pair runs kernels where libLLVM 16 opens, and `KILN_CPU_COMPILER` makes it the
+/// default; without libLLVM (`KILN_LIBLLVM` naming nothing) kiln still runs on the C pair,
+/// `kiln devices` says why the pair is missing, and asking for it is a clean error.
+#[test]
+fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
+    let s = Scratch::new("llvm");
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+        s.kiln(&[&args[..], extra].concat(), env)
+    };
+    let no_llvm = [("KILN_LIBLLVM", "/nonexistent/libLLVM-16.so.1")];
+    let listing = ok(s.kiln(&["devices"], &no_llvm));
+    assert!(listing.contains("not offered: llvm: libLLVM 16 could not be opened"), "{listing}");
+    assert!(listing.contains("/nonexistent/libLLVM-16.so.1"), "{listing}");
+    ok(run(&[], &no_llvm));
+    assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
+    fails(run(&["--compiler", "llvm"], &no_llvm), 1, &["cannot offer its compiler pair `llvm`", "libLLVM 16"]);
+    let default_llvm = [no_llvm[0], ("KILN_CPU_COMPILER", "llvm")];
+    fails(run(&[], &default_llvm), 1, &["KILN_CPU_COMPILER=llvm, but LLVM is not available"]);
+    fails(run(&[], &[("KILN_CPU_COMPILER", "gcc")]), 1, &["KILN_CPU_COMPILER=`gcc`", "`cc`", "`llvm`"]);
+    if !llvm_offered(&s) {
+        return;
+    }
+    std::fs::remove_file(s.path("c.npy")).unwrap();
+    ok(run(&["--compiler", "llvm"], &[]));
+    assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
+    let listing = ok(s.kiln(&["devices"], &[("KILN_CPU_COMPILER", "llvm")]));
+    assert!(listing.contains("compilers: llvm, cc"), "llvm is the default:\n{listing}");
+    // Without any C compiler on PATH the CPU compiles with LLVM alone.
+    std::fs::remove_file(s.path("c.npy")).unwrap();
+    ok(run(&[], &[("PATH", "/nonexistent")]));
+    assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
+    let listing = ok(s.kiln(&["devices"], &[("PATH", "/nonexistent")]));
+    assert!(listing.contains("compilers: llvm (default first)") && listing.contains("not offered: cc:"), "{listing}");
+}
+
 #[test]
 fn a_missing_c_compiler_is_reported() {
     let s = Scratch::new("no-cc");
