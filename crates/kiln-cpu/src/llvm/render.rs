@@ -695,9 +695,31 @@ impl<'a> Emitter<'a> {
         } else {
             value.to_string()
         };
-        let hint = if nontemporal { ", !nontemporal !0" } else { "" };
-        self.nontemporal |= nontemporal;
-        self.c.stmt(format!("store {} {v}, ptr {addr}, align {}{hint}", mt.name(), s.size()));
+        let bytes = w as usize * s.size();
+        let vector = w > 1 && w.is_power_of_two() && matches!(bytes, 16 | 32 | 64);
+        let scalar = w == 1 && s != Scalar::Bool && matches!(bytes, 4 | 8);
+        if !nontemporal || !(vector || scalar) {
+            self.c.stmt(format!("store {} {v}, ptr {addr}, align {}", mt.name(), s.size()));
+            return;
+        }
+        // As the C pair's `kiln_stnt_T`: non-temporal where the address is aligned to the
+        // register the store takes (LLVM splits an unaligned one into 8-byte `movnti`s), else
+        // a plain store, so any element-aligned view stays valid.
+        self.nontemporal = true;
+        let align = bytes.min(self.r.vector_bytes.max(16));
+        let name = format!("kiln_stnt_{}", mt.mangle());
+        let ty = mt.name();
+        self.c.declare(&name, || {
+            format!(
+                "define internal void @{name}(ptr %p, {ty} %v) alwaysinline nounwind {{\n\
+                 entry:\n  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, {}\n  %ok = icmp eq i64 %m, 0\n  \
+                 br i1 %ok, label %nt, label %plain\nnt:\n  store {ty} %v, ptr %p, align {align}, !nontemporal !0\n  \
+                 ret void\nplain:\n  store {ty} %v, ptr %p, align {}\n  ret void\n}}",
+                align - 1,
+                s.size()
+            )
+        });
+        self.c.stmt(format!("call void @{name}(ptr {addr}, {ty} {v})"));
     }
 
     /// `v`, an integer (or bool) of `from`, as `to`: truncated, or extended by `from`'s sign.
