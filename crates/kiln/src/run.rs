@@ -29,7 +29,7 @@ pub struct RunArgs {
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// The device's compiler pair to use instead of its default (`kiln devices` lists them:
-    /// the CPU's `cc`, `cc-avx2`, `cc-sse2`)
+    /// the CPU's `cc`, `llvm`, `cc-avx2`, `cc-sse2`)
     #[arg(long, value_name = "NAME")]
     pub compiler: Option<String>,
     /// Bind a kernel variable (every variable needs exactly one)

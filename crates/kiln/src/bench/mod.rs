@@ -53,7 +53,7 @@ pub struct BenchArgs {
     #[arg(short, long, value_name = "D", default_value = "CPU", value_parser = session::parse_device)]
     pub device: DeviceSpec,
     /// The device's compiler pairs to run the entries with, one after another, instead of its
-    /// default (`kiln devices` lists them: the CPU's `llvm`, `cc`, `cc-avx2`, `cc-sse2`); `all`
+    /// default (`kiln devices` lists them: the CPU's `cc`, `llvm`, `cc-avx2`, `cc-sse2`); `all`
     /// for every pair. The report compares each later pair with the first.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     pub compiler: Vec<String>,
