@@ -155,6 +155,17 @@ pub fn decode(bytes: &[u8], s: Scalar) -> Result<Value, String> {
     })
 }
 
+/// Whether `a` and `b`, the bytes of one element of dtype `s` each, hold the same bits, or both
+/// a NaN. Which NaN an operation returns (its sign and payload) is unspecified in C, in LLVM IR
+/// and in IEEE 754, and compilers commute operands freely (x86's `addss` returns its first
+/// operand's NaN, so `inf * 0 + NaN` gives the sign of whichever operand was put first): two
+/// compilers of one kernel may write NaNs of different bits. Everything else, `-0.0` against
+/// `0.0` included, must match bit for bit.
+pub fn same_bits(a: &[u8], b: &[u8], s: Scalar) -> bool {
+    let nan = |bytes: &[u8]| matches!(decode(bytes, s), Ok(Value::F(x)) if x.is_nan());
+    a == b || (nan(a) && nan(b))
+}
+
 /// The bytes of `values` as dtype `s`.
 pub fn encode_all(values: &[Value], s: Scalar) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * s.size());
@@ -215,6 +226,11 @@ mod tests {
         assert_eq!(round_float(above_tie, Scalar::F16), 1.0 + 2f64.powi(-10));
         assert_eq!(round_float(1.0 + 2f64.powi(-8) + 2f64.powi(-40), Scalar::BF16), 1.0 + 2f64.powi(-7));
         assert!(Value::F(f64::NAN).same(Value::F(-f64::NAN)));
+        let bits = |v: f32| v.to_ne_bytes();
+        assert!(same_bits(&bits(f32::NAN), &bits(-f32::NAN), Scalar::F32));
+        assert!(!same_bits(&bits(0.0), &bits(-0.0), Scalar::F32));
+        assert!(!same_bits(&bits(1.0), &bits(f32::NAN), Scalar::F32));
+        assert!(!same_bits(&0x7fc0_0000u32.to_ne_bytes(), &0xffc0_0000u32.to_ne_bytes(), Scalar::U32));
         assert!(!Value::F(0.0).same(Value::F(-0.0)));
     }
 }

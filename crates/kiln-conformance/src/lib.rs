@@ -24,7 +24,9 @@
 //! `kiln-runtime`, and nothing that ships depends on it. Beside the [`suite`] it holds the
 //! [`reference`](mod@reference) semantics every backend must reproduce (plain Rust),
 //! [`host`] values of every dtype with their buffer upload and download, and the small
-//! [`kernels`] several bodies share. A backend is checked by running the bodies on its
+//! [`kernels`] several bodies share, and [`races`](mod@races), the check that a kernel's result
+//! does not depend on the order its work items run in (the differential tests compare only
+//! such kernels). A backend is checked by running the bodies on its
 //! device:
 //!
 //! ```
@@ -49,6 +51,7 @@ use kiln_device::{Device, DynQueueFactory, Error};
 pub mod cuda_compile;
 pub mod host;
 pub mod kernels;
+pub mod races;
 pub mod reference;
 pub mod suite;
 

@@ -1,28 +1,36 @@
 //! The structured fuzzer: mutates the example kernels and runs every variant through parse,
-//! validate, render, compile and run, on the CPU over guard-page buffers and on OpenCL.
+//! validate, render, compile and run, on the CPU over guard-page buffers (with its C pair and
+//! its LLVM pair) and on OpenCL.
 //!
 //! For every mutant it asserts:
 //! - no panic (each stage runs under `catch_unwind`) and no signal (a fault kills the test);
-//! - no C or OpenCL compiler error for a kernel that validated (a compiler error is never the
-//!   user's message);
+//! - no C, LLVM or OpenCL compiler error for a kernel that validated (a compiler error is never
+//!   the user's message);
 //! - no out-of-bounds access: CPU buffers end at a `PROT_NONE` page
 //!   ([`kiln_cpu::GuardPageAllocator`]), so an overrun the bounds proof let through faults;
+//! - the CPU's LLVM pair ([`kiln_cpu::LLVM_PAIR`], on the same guard-page device, so an overrun
+//!   faults there too) compiles every mutant its C pair compiled, runs it with the same inputs
+//!   and variable values, and writes the same bits into every buffer (a NaN may differ in sign
+//!   and payload, see [`same_bits`]) where the kernel is deterministic (no two work items write,
+//!   or write and read, the same element: checked by enumerating the addresses of every access
+//!   on the host, see [`kiln_conformance::races`]). Where libLLVM 16 is missing this part is
+//!   reported skipped, and fails the test when `KILN_REQUIRE` names `cpu-llvm`;
 //! - identical results on CPU and OpenCL for the same kernel and inputs, where the kernel is
-//!   deterministic (no two work items write, or write and read, the same element: checked by
-//!   enumerating the addresses of every access on the host, see [`races`]).
+//!   deterministic (up to the last places of transcendental functions, see [`agree`]).
 //!
 //! Bounded by case count so CI stays fast: `KILN_FUZZ_CASES` (default 1000 mutants) and
 //! `KILN_FUZZ_SEED` (default 1) reproduce or extend a run. A failure prints the mutant's text.
 
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
 
 use kiln_conformance::backend;
-use kiln_conformance::host::{Value, decode, encode_all};
-use kiln_device::kiln_ir::{Arg, DType, Op, Scalar, UOp, parse};
-use kiln_device::{Buffer, Device, Error, Kernel};
+use kiln_conformance::host::{Value, decode, encode_all, same_bits};
+use kiln_conformance::races::races;
+use kiln_cpu::{CC_PAIR, LLVM_PAIR};
+use kiln_device::kiln_ir::{Op, Scalar, parse};
+use kiln_device::{Buffer, Device, Error, Kernel, ProgramSpec};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same mutants.
 struct Rng(u64);
@@ -172,6 +180,10 @@ struct Tally {
     /// Ran guarded, and a guard stopped an access outside its buffer.
     out_of_bounds_guarded: u64,
     ran_cpu: u64,
+    /// Ran with the LLVM pair too, and of those, deterministic and compared bit for bit.
+    ran_llvm: u64,
+    llvm_compared: u64,
+    /// Ran on OpenCL too: deterministic and compared, or not.
     compared: u64,
     not_compared: u64,
 }
@@ -185,6 +197,13 @@ fn mutated_example_kernels_are_typed_errors_or_run_in_bounds_and_agree() {
     const TEST: &str = "fuzz::mutated_example_kernels_are_typed_errors_or_run_in_bounds_and_agree";
     let Some(cpu) = backend("cpu-guarded", TEST) else { return };
     let ocl = backend("opencl", TEST);
+    let llvm = match cpu.missing_compilers().into_iter().find(|(pair, _)| pair == LLVM_PAIR) {
+        None => true,
+        Some((_, why)) => {
+            kiln_device::testing::skip_unless_required("cpu-llvm", &format!("{TEST} (its LLVM pair)"), &why);
+            false
+        }
+    };
     let cases = env_u64("KILN_FUZZ_CASES", 1000);
     let mut rng = Rng(env_u64("KILN_FUZZ_SEED", 1));
     let corpus = seeds();
@@ -199,7 +218,8 @@ fn mutated_example_kernels_are_typed_errors_or_run_in_bounds_and_agree() {
         }
         let text = lines.join("\n");
         tally.cases += 1;
-        let outcome = catch_unwind(AssertUnwindSafe(|| one_case(&cpu, ocl.as_deref(), &text, &mut rng, &mut tally)));
+        let outcome =
+            catch_unwind(AssertUnwindSafe(|| one_case(&cpu, llvm, ocl.as_deref(), &text, &mut rng, &mut tally)));
         let problem = match outcome {
             Ok(Ok(())) => continue,
             Ok(Err(p)) => p,
@@ -214,11 +234,13 @@ fn mutated_example_kernels_are_typed_errors_or_run_in_bounds_and_agree() {
     assert!(failures.is_empty(), "{} failing mutants:\n{}", failures.len(), failures.join("\n"));
     // The fuzzer must exercise the run path, not only the rejections.
     assert!(tally.ran_cpu > 0 && (ocl.is_none() || tally.compared > 0), "no mutant ran: {tally:?}");
+    assert!(!llvm || tally.llvm_compared > 0, "no mutant was compared with the LLVM pair: {tally:?}");
 }
 
 /// Runs one mutant; `Err` is a broken promise, with what broke.
 fn one_case(
     cpu: &Arc<Device>,
+    llvm: bool,
     ocl: Option<&Device>,
     text: &str,
     rng: &mut Rng,
@@ -228,7 +250,7 @@ fn one_case(
         tally.parse_rejected += 1;
         return Ok(());
     };
-    let kernel = match cpu.compile(&sink, Some("fuzz")) {
+    let kernel = match cpu.compile_with(CC_PAIR, &sink, Some("fuzz")) {
         Ok(k) => k,
         Err(e) => {
             tally.validate_or_render_rejected += 1;
@@ -263,15 +285,31 @@ fn one_case(
         Err(e) => return Err(format!("CPU launch failed after the kernel compiled: {e}")),
     };
     tally.ran_cpu += 1;
+    let cpu_values = values(spec, &cpu_out).map_err(|e| format!("the CPU wrote {e}"))?;
+    let deterministic = races(&sink, &vals) == Some(false);
+    if llvm {
+        // Both pairs take every kernel kiln accepts: any refusal is the LLVM pair's bug.
+        let llvm_kernel = cpu
+            .compile_with(LLVM_PAIR, &sink, Some("fuzz"))
+            .map_err(|e| format!("the LLVM pair refused what the C pair compiled: {e}"))?;
+        let llvm_out = run(cpu, &llvm_kernel, &inputs, &vals)
+            .map_err(|e| format!("LLVM pair launch failed where the C pair's ran: {e}"))?;
+        tally.ran_llvm += 1;
+        if deterministic {
+            tally.llvm_compared += 1;
+            same_outputs(spec, &cpu_out, &llvm_out).map_err(|e| format!("C pair vs LLVM pair: {e} (vals {vals:?})"))?;
+        }
+    }
     let Some(ocl) = ocl else { return Ok(()) };
     let ocl_kernel = ocl.compile(&sink, Some("fuzz")).map_err(|e| format!("OpenCL refused what the CPU ran: {e}"))?;
     let ocl_out = run(ocl, &ocl_kernel, &inputs, &vals).map_err(|e| format!("OpenCL launch failed: {e}"))?;
-    if races(&sink, &vals).unwrap_or(true) {
+    if !deterministic {
         tally.not_compared += 1;
         return Ok(());
     }
     tally.compared += 1;
-    for ((p, a), b) in spec.params.iter().zip(&cpu_out).zip(&ocl_out) {
+    let ocl_values = values(spec, &ocl_out).map_err(|e| format!("OpenCL wrote {e}"))?;
+    for ((p, a), b) in spec.params.iter().zip(&cpu_values).zip(&ocl_values) {
         if let Some(i) = (0..a.len()).find(|&i| !agree(a[i], b[i], p.scalar)) {
             return Err(format!("slot {} element {i}: CPU {} vs OpenCL {} (vals {vals:?})", p.slot, a[i], b[i]));
         }
@@ -293,7 +331,7 @@ fn pick_value(min: i64, max: i64, rng: &mut Rng) -> i64 {
 }
 
 /// Product of the kernel's loop extents for `vals` (1 when an extent can't be evaluated).
-fn loop_trips(spec: &kiln_device::ProgramSpec, vals: &[i64]) -> u128 {
+fn loop_trips(spec: &ProgramSpec, vals: &[i64]) -> u128 {
     spec.ast
         .toposort()
         .iter()
@@ -320,8 +358,8 @@ fn data(s: Scalar, n: usize, rng: &mut Rng) -> Vec<Value> {
         .collect()
 }
 
-/// Uploads `inputs`, launches, and downloads every buffer.
-fn run(dev: &Device, kernel: &Kernel, inputs: &[Vec<Value>], vals: &[i64]) -> Result<Vec<Vec<Value>>, Error> {
+/// Uploads `inputs`, launches, and downloads the bytes of every buffer.
+fn run(dev: &Device, kernel: &Kernel, inputs: &[Vec<Value>], vals: &[i64]) -> Result<Vec<Vec<u8>>, Error> {
     let bufs = kernel
         .spec
         .params
@@ -339,9 +377,37 @@ fn run(dev: &Device, kernel: &Kernel, inputs: &[Vec<Value>], vals: &[i64]) -> Re
         .map(|b| {
             let mut bytes = vec![0u8; b.nbytes()];
             b.copyout(&mut bytes)?;
-            bytes.chunks(b.dtype().size()).map(|c| decode(c, b.dtype()).map_err(Error::Invalid)).collect()
+            Ok(bytes)
         })
         .collect()
+}
+
+/// The elements of every buffer of `spec` in `out` (a bool byte other than 0 or 1 is an error).
+fn values(spec: &ProgramSpec, out: &[Vec<u8>]) -> Result<Vec<Vec<Value>>, String> {
+    spec.params
+        .iter()
+        .zip(out)
+        .map(|(p, bytes)| {
+            bytes
+                .chunks(p.scalar.size())
+                .map(|c| decode(c, p.scalar).map_err(|e| format!("slot {}: {e}", p.slot)))
+                .collect()
+        })
+        .collect()
+}
+
+/// `Ok` when every element of every buffer of `spec` holds the same bits in `a` and `b`, or a
+/// NaN in both ([`same_bits`]: which NaN is unspecified), else the first element that differs.
+fn same_outputs(spec: &ProgramSpec, a: &[Vec<u8>], b: &[Vec<u8>]) -> Result<(), String> {
+    for ((p, a), b) in spec.params.iter().zip(a).zip(b) {
+        let n = p.scalar.size();
+        if let Some(i) = (0..a.len() / n).find(|&i| !same_bits(&a[i * n..][..n], &b[i * n..][..n], p.scalar)) {
+            let (x, y) = (&a[i * n..][..n], &b[i * n..][..n]);
+            let show = |bytes: &[u8]| decode(bytes, p.scalar).map_or_else(|e| e, |v| v.to_string());
+            return Err(format!("slot {} element {i}: {} {x:02x?} vs {} {y:02x?}", p.slot, show(x), show(y)));
+        }
+    }
+    Ok(())
 }
 
 /// Bit-equal, both NaN, or (floats) within a relative 1e-5: the backends' transcendental
@@ -356,146 +422,5 @@ fn agree(a: Value, b: Value, s: Scalar) -> bool {
             x == y || (x - y).abs() <= tol * x.abs().max(y.abs()) || (x.abs() < 1e-30 && y.abs() < 1e-30)
         }
         _ => false,
-    }
-}
-
-/// Whether two work items may touch one element with at least one of them writing it
-/// (then the result depends on scheduling and the backends may legitimately differ).
-/// `None` when the addresses can't be enumerated on the host (they depend on loaded data,
-/// on `core_id`, or there are too many).
-fn races(sink: &Arc<UOp>, vals: &[i64]) -> Option<bool> {
-    let nodes = sink.toposort();
-    let mut vars: Vec<&Arc<UOp>> = nodes.iter().filter(|n| n.op() == Op::DefineVar).collect();
-    vars.sort_by_key(|v| v.arg_name().map(str::to_string));
-    let mut env: HashMap<*const UOp, i128> = HashMap::new();
-    for (v, &x) in vars.iter().zip(vals) {
-        env.insert(Arc::as_ptr(v), x as i128);
-    }
-    // (slot, element) -> (writer item, reader items beyond the writer)
-    let mut writes: HashMap<(i64, i128), Vec<i128>> = HashMap::new();
-    let mut reads: HashMap<(i64, i128), Vec<i128>> = HashMap::new();
-    for access in nodes.iter().filter(|n| matches!(n.op(), Op::Load | Op::Store)) {
-        let index = &access.src()[0];
-        if index.op() != Op::Index || index.src()[0].op() != Op::Param {
-            return None;
-        }
-        let slot = index.src()[0].arg_int()?;
-        let width = if access.op() == Op::Load { access.dtype() } else { access.src()[1].dtype() }.width() as i128;
-        let gate = match (access.op(), access.src().len()) {
-            (Op::Load, 3) => Some(access.src()[2].clone()),
-            (Op::Store, 3) => Some(access.src()[2].clone()),
-            _ => None,
-        };
-        // Every work item runs every access, whether or not its address uses the item's
-        // index (a store to a constant address from many items races), so every launch axis
-        // is enumerated, with the loops the address or gate depends on.
-        let mut axes: Vec<Arc<UOp>> = nodes.iter().filter(|n| n.op() == Op::Special).cloned().collect();
-        if axes.iter().any(|a| a.arg_name() == Some("core_id")) {
-            return None;
-        }
-        for root in std::iter::once(&index.src()[1]).chain(gate.as_ref()) {
-            for n in root.toposort() {
-                match n.op() {
-                    Op::Special if n.arg_name() == Some("core_id") => return None,
-                    Op::Special | Op::Range if !axes.iter().any(|a| Arc::ptr_eq(a, &n)) => axes.push(n),
-                    _ => {}
-                }
-            }
-        }
-        let extents: Vec<i128> = axes.iter().map(|a| eval(&a.src()[0], &env)).collect::<Option<_>>()?;
-        if extents.iter().try_fold(1i128, |acc, &e| acc.checked_mul(e.max(0))).is_none_or(|n| n > 1 << 18) {
-            return None;
-        }
-        let mut point = vec![0i128; axes.len()];
-        'points: loop {
-            let mut local = env.clone();
-            let mut item = 0i128;
-            for ((a, &x), &e) in axes.iter().zip(&point).zip(&extents) {
-                local.insert(Arc::as_ptr(a), x);
-                if a.op() == Op::Special {
-                    item = item.wrapping_mul(e.max(1)).wrapping_add(x);
-                }
-            }
-            let on = match &gate {
-                Some(g) => eval(g, &local)? != 0,
-                None => true,
-            };
-            if on && !extents.contains(&0) {
-                let at = eval(&index.src()[1], &local)?;
-                let map = if access.op() == Op::Store { &mut writes } else { &mut reads };
-                for lane in 0..width {
-                    let who = map.entry((slot, at + lane)).or_default();
-                    if !who.contains(&item) {
-                        who.push(item);
-                    }
-                }
-            }
-            // Next point of the odometer.
-            for k in (0..point.len()).rev() {
-                point[k] += 1;
-                if point[k] < extents[k] {
-                    continue 'points;
-                }
-                point[k] = 0;
-            }
-            break;
-        }
-    }
-    Some(writes.iter().any(|(at, w)| w.len() > 1 || reads.get(at).is_some_and(|r| r.iter().any(|i| !w.contains(i)))))
-}
-
-/// The integer (or bool, as 0/1) value of `node` at the launch point `env`, with kiln's
-/// integer semantics; `None` for anything that depends on memory or is not integer.
-fn eval(node: &Arc<UOp>, env: &HashMap<*const UOp, i128>) -> Option<i128> {
-    if let Some(&v) = env.get(&Arc::as_ptr(node)) {
-        return Some(v);
-    }
-    let s = node.dtype().scalar()?;
-    if s.is_float() {
-        return None;
-    }
-    let src = node.src();
-    let a = |i: usize| eval(&src[i], env);
-    let wrap = |v: i128| Some(kiln_conformance::host::wrap_int(v, s));
-    match node.op() {
-        Op::Const => match node.arg() {
-            Arg::Int(v) => Some(*v as i128),
-            Arg::Bool(b) => Some(*b as i128),
-            _ => None,
-        },
-        Op::Add => wrap(a(0)? + a(1)?),
-        Op::Sub => wrap(a(0)? - a(1)?),
-        Op::Mul => wrap(a(0)?.checked_mul(a(1)?)?),
-        Op::Neg => wrap(-a(0)?),
-        Op::Idiv => {
-            let (x, y) = (a(0)?, a(1)?);
-            if y == 0 { Some(0) } else { wrap(x / y) }
-        }
-        Op::Mod => {
-            let (x, y) = (a(0)?, a(1)?);
-            if y == 0 { Some(x) } else { wrap(x % y) }
-        }
-        Op::Max => Some(a(0)?.max(a(1)?)),
-        Op::Min => Some(a(0)?.min(a(1)?)),
-        Op::And => Some(a(0)? & a(1)?),
-        Op::Or => Some(a(0)? | a(1)?),
-        Op::Xor => wrap(a(0)? ^ a(1)?),
-        Op::Not if s == Scalar::Bool => Some((a(0)? == 0) as i128),
-        Op::Lt => Some((a(0)? < a(1)?) as i128),
-        Op::Le => Some((a(0)? <= a(1)?) as i128),
-        Op::Eq => Some((a(0)? == a(1)?) as i128),
-        Op::Ne => Some((a(0)? != a(1)?) as i128),
-        Op::Where => {
-            if a(0)? != 0 {
-                a(1)
-            } else {
-                a(2)
-            }
-        }
-        Op::Cast if !src[0].dtype().is_float() && !matches!(src[0].dtype(), DType::Vector(..)) => {
-            let v = a(0)?;
-            if s == Scalar::Bool { Some((v != 0) as i128) } else { wrap(v) }
-        }
-        _ => None,
     }
 }
