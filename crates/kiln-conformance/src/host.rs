@@ -195,6 +195,39 @@ pub fn download(buf: &Buffer) -> Result<Vec<Value>, Failure> {
         .collect()
 }
 
+/// Launches `kernel` at `vals` over new buffers of `dev` holding `inputs` (each parameter's
+/// bytes, in slot order) and returns every buffer's bytes afterwards.
+///
+/// # Errors
+/// The device's errors: allocation, upload, launch (such as [`kiln_device::Error::OutOfBounds`]),
+/// download.
+pub fn launch_bytes(
+    dev: &Device,
+    kernel: &kiln_device::Kernel,
+    inputs: &[Vec<u8>],
+    vals: &[i64],
+) -> Result<Vec<Vec<u8>>, kiln_device::Error> {
+    let bufs = kernel
+        .spec
+        .params
+        .iter()
+        .zip(inputs)
+        .map(|(p, bytes)| {
+            let b = dev.buffer(p.scalar, bytes.len() / p.scalar.size())?;
+            b.copyin(bytes)?;
+            Ok(b)
+        })
+        .collect::<Result<Vec<Buffer>, kiln_device::Error>>()?;
+    kernel.launch(&bufs.iter().collect::<Vec<_>>(), vals)?;
+    bufs.iter()
+        .map(|b| {
+            let mut bytes = vec![0u8; b.nbytes()];
+            b.copyout(&mut bytes)?;
+            Ok(bytes)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,11 +26,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kiln_conformance::backend;
-use kiln_conformance::host::{Value, decode, encode_all, same_bits};
+use kiln_conformance::host::{Value, decode, encode_all, launch_bytes, same_bits};
 use kiln_conformance::races::races;
 use kiln_cpu::{CC_PAIR, LLVM_PAIR};
 use kiln_device::kiln_ir::{Op, Scalar, parse};
-use kiln_device::{Buffer, Device, Error, Kernel, ProgramSpec};
+use kiln_device::{Device, Error, Kernel, ProgramSpec};
 
 /// A small deterministic generator (SplitMix64): the same seed gives the same mutants.
 struct Rng(u64);
@@ -360,26 +360,8 @@ fn data(s: Scalar, n: usize, rng: &mut Rng) -> Vec<Value> {
 
 /// Uploads `inputs`, launches, and downloads the bytes of every buffer.
 fn run(dev: &Device, kernel: &Kernel, inputs: &[Vec<Value>], vals: &[i64]) -> Result<Vec<Vec<u8>>, Error> {
-    let bufs = kernel
-        .spec
-        .params
-        .iter()
-        .zip(inputs)
-        .map(|(p, v)| {
-            let b = dev.buffer(p.scalar, v.len())?;
-            b.copyin(&encode_all(v, p.scalar))?;
-            Ok(b)
-        })
-        .collect::<Result<Vec<Buffer>, Error>>()?;
-    let refs: Vec<&Buffer> = bufs.iter().collect();
-    kernel.launch(&refs, vals)?;
-    bufs.iter()
-        .map(|b| {
-            let mut bytes = vec![0u8; b.nbytes()];
-            b.copyout(&mut bytes)?;
-            Ok(bytes)
-        })
-        .collect()
+    let bytes: Vec<Vec<u8>> = kernel.spec.params.iter().zip(inputs).map(|(p, v)| encode_all(v, p.scalar)).collect();
+    launch_bytes(dev, kernel, &bytes, vals)
 }
 
 /// The elements of every buffer of `spec` in `out` (a bool byte other than 0 or 1 is an error).

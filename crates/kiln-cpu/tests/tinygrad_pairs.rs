@@ -11,11 +11,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kiln_conformance::host::{Value, decode, encode, same_bits};
+use kiln_conformance::host::{Value, decode, encode, launch_bytes, same_bits};
 use kiln_conformance::races::races;
 use kiln_cpu::{CC_PAIR, LLVM_PAIR};
 use kiln_device::kiln_ir::{Scalar, UOp, parse_kernel};
-use kiln_device::{Buffer, Device, Error, Kernel, ProgramSpec};
+use kiln_device::{Error, ProgramSpec};
 
 /// The corpus files, sorted.
 fn corpus() -> Vec<PathBuf> {
@@ -50,29 +50,6 @@ fn data(s: Scalar, n: usize, seed: u64) -> Vec<u8> {
         encode(v, s, &mut out);
     }
     out
-}
-
-/// Launches `kernel` at `vals` over buffers holding `inputs`, and returns their bytes.
-fn run(dev: &Device, kernel: &Kernel, inputs: &[Vec<u8>], vals: &[i64]) -> Result<Vec<Vec<u8>>, Error> {
-    let bufs = kernel
-        .spec
-        .params
-        .iter()
-        .zip(inputs)
-        .map(|(p, bytes)| {
-            let b = dev.buffer(p.scalar, bytes.len() / p.scalar.size())?;
-            b.copyin(bytes)?;
-            Ok(b)
-        })
-        .collect::<Result<Vec<Buffer>, Error>>()?;
-    kernel.launch(&bufs.iter().collect::<Vec<_>>(), vals)?;
-    bufs.iter()
-        .map(|b| {
-            let mut bytes = vec![0u8; b.nbytes()];
-            b.copyout(&mut bytes)?;
-            Ok(bytes)
-        })
-        .collect()
 }
 
 /// The first element where `c` and `llvm` differ, described; `None` when every element holds the
@@ -164,7 +141,8 @@ fn tinygrad_corpus_gives_the_same_bits_with_both_pairs() {
             let lens = spec.param_lens(&vals).unwrap_or_else(|e| panic!("{name}: {e}"));
             let inputs: Vec<Vec<u8>> =
                 spec.params.iter().zip(&lens).map(|(p, &n)| data(p.scalar, n, (k * 8 + p.slot) as u64)).collect();
-            let outcome = run(&c, &ck, &inputs, &vals).and_then(|want| Ok((want, run(&llvm, &lk, &inputs, &vals)?)));
+            let outcome = launch_bytes(&c, &ck, &inputs, &vals)
+                .and_then(|want| Ok((want, launch_bytes(&llvm, &lk, &inputs, &vals)?)));
             match outcome {
                 Ok((want, got)) => {
                     if let Some(diff) = first_difference(spec, &want, &got) {
