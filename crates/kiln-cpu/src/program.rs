@@ -27,6 +27,32 @@ const PARALLEL_MIN_WORK: u64 = 1 << 15;
 /// Buffers passed without a heap allocation (more go through a `Vec`).
 const INLINE_BUFS: usize = 16;
 
+/// The size from which a write-only buffer is streamed: the level-2 caches of the threads that
+/// run a launch (8 MiB where the machine does not say). Computed once.
+pub fn stream_threshold() -> usize {
+    static THRESHOLD: OnceLock<usize> = OnceLock::new();
+    *THRESHOLD.get_or_init(|| {
+        crate::isa::CacheSizes::host().l2.map_or(8 << 20, |l2| l2.saturating_mul(Pool::global().threads()))
+    })
+}
+
+/// The streaming mask of a launch of `spec` over `bufs`, passed to every kernel in `vals` after
+/// its variables: bit `slot` is set for a buffer the kernel writes and never reads
+/// ([`ProgramSpec::outs`] but not `ins`) whose view is at least [`stream_threshold`] bytes. The
+/// LLVM pair stores such a buffer non-temporally (where aligned): it cannot stay in the cores'
+/// own caches anyway, and a store that bypasses them saves reading each line before it is
+/// written. The C pair ignores it.
+pub(crate) fn stream_mask(spec: &ProgramSpec, bufs: &[RawView]) -> i64 {
+    let threshold = stream_threshold();
+    spec.params
+        .iter()
+        .zip(bufs)
+        .filter(|(p, b)| {
+            p.slot < 64 && b.bytes >= threshold && spec.outs.contains(&p.slot) && !spec.ins.contains(&p.slot)
+        })
+        .fold(0u64, |mask, (p, _)| mask | 1 << p.slot) as i64
+}
+
 /// A loaded CPU kernel. `Send + Sync` and reentrant: the C entry keeps no state, and each
 /// call works on the iterations its chunk index selects.
 pub struct CpuProgram {
@@ -272,6 +298,17 @@ impl CpuProgram {
         } else {
             heap = bufs.iter().map(|b| b.host_ptr().cast()).collect();
             &heap
+        };
+        // The kernel reads the streaming mask after its variables.
+        let mut inline_vals = [0i64; INLINE_BUFS + 1];
+        let heap_vals: Vec<i64>;
+        let vals: &[i64] = if vals.len() < inline_vals.len() {
+            inline_vals[..vals.len()].copy_from_slice(vals);
+            inline_vals[vals.len()] = stream_mask(spec, bufs);
+            &inline_vals[..=vals.len()]
+        } else {
+            heap_vals = vals.iter().copied().chain([stream_mask(spec, bufs)]).collect();
+            &heap_vals
         };
         let entry = self.entry;
         if chunks == 1 {

@@ -150,3 +150,46 @@ fn llvm_objects_with_constant_pools_and_libm_calls_load() {
         assert!(bytes.windows(needle.len()).any(|w| w == needle), "{name}: the object has no {needle:?}");
     }
 }
+
+/// `y[i] = x[i] * 2 + 1` over `n` f32 (`y` written, never read), or in place on `x`.
+fn scale_kernel(n: i64, in_place: bool) -> Arc<kiln_device::kiln_ir::UOp> {
+    let mut k = KernelBuilder::new();
+    let x = k.param(0, Scalar::F32, n);
+    let y = if in_place { x.clone() } else { k.param(1, Scalar::F32, n) };
+    let i = k.global(0, n / 16);
+    let at = &i * 16;
+    let v = x.at_vec(&at, 16).load();
+    k.store(&y.at_vec(&at, 16), &(&v * 2.0 + 1.0));
+    k.finish().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A buffer the kernel writes and never reads is streamed when the launch's view of it is large
+/// (non-temporal stores where aligned, plain ones elsewhere), and holds what plain stores write,
+/// on aligned and unaligned views alike; a buffer the kernel also reads is never streamed.
+#[test]
+fn large_write_only_outputs_are_streamed_and_hold_the_same_values() {
+    let Some(dev) = device("large_write_only_outputs_are_streamed_and_hold_the_same_values") else { return };
+    let n = (kiln_cpu::program::stream_threshold() / 4 + 64) as i64 / 16 * 16;
+    let src = |in_place| {
+        let r = kiln_cpu::llvm::LlvmRenderer::for_isa(kiln_cpu::IsaTarget::native().isa);
+        kiln_device::Renderer::render(&r, &scale_kernel(n, in_place), Some("scale"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .src
+    };
+    assert!(src(false).contains("call void @kiln_stnt_"), "a write-only output is streamed:\n{}", src(false));
+    assert!(!src(true).contains("kiln_stnt_"), "an output the kernel reads is not:\n{}", src(true));
+    let kernel = dev.compile_with(LLVM_PAIR, &scale_kernel(n, false), Some("scale")).unwrap_or_else(|e| panic!("{e}"));
+    let len = n as usize;
+    let x: Vec<f32> = (0..len + 8).map(|i| (i % 977) as f32 * 0.25).collect();
+    for offset in [0usize, 1, 3] {
+        let xb = Buffer::from_slice(dev.allocator(), &x).unwrap_or_else(|e| panic!("{e}"));
+        let yb = Buffer::from_slice(dev.allocator(), &vec![-1f32; len + 8]).unwrap_or_else(|e| panic!("{e}"));
+        let (xv, yv) = (xb.view(offset, len).unwrap(), yb.view(offset, len).unwrap());
+        kernel.launch(&[&xv, &yv], &[]).unwrap_or_else(|e| panic!("{e}"));
+        let y = yb.to_vec::<f32>().unwrap_or_else(|e| panic!("{e}"));
+        for (e, &got) in y.iter().enumerate() {
+            let want = if (offset..offset + len).contains(&e) { x[e] * 2.0 + 1.0 } else { -1.0 };
+            assert_eq!(got, want, "element {e} of the view at +{offset}");
+        }
+    }
+}

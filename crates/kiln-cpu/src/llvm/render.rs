@@ -14,7 +14,9 @@
 //! ```
 //! with one buffer pointer per parameter slot in `bufs` (slot order; a guarded kernel's fault
 //! buffer is the slot after the last), the variable values in `ProgramSpec::var_names` order in
-//! `vals`, and chunk `core` of `ncores` of global axis 0 run by this call: the launch indices are
+//! `vals` followed by the launch's streaming mask ([`crate::program::stream_mask`]: which
+//! write-only buffers to store non-temporally), and chunk `core` of `ncores` of global axis 0
+//! run by this call: the launch indices are
 //! loops, global axis 0 outermost and split into `ncores` contiguous chunks as the C pair splits
 //! it, then global axes 1 and 2, then the local axes. A kernel without global axis 0 runs whole
 //! in chunk 0. The module has no target triple or data layout: the compiler sets them.
@@ -41,6 +43,12 @@
 //! exactly where its `kiln_madd` fuses; MAX/MIN of f32/f64 vectors of 16, 32 or 64 bytes are the
 //! C pair's `maxps`/`minps` forms (the second operand on equal zeros), `llvm.maxnum`/`minnum`
 //! elsewhere, as clang makes of `fmaxf`.
+//!
+//! # Streaming stores
+//! A STORE hinted non-temporal, and every store to a buffer the kernel writes and never reads
+//! when the launch's streaming mask says that buffer is large, is non-temporal where its address
+//! is aligned to the register it takes (else plain, as the C pair's `kiln_stnt_T`), with a store
+//! fence before the kernel returns. A buffer the kernel also reads is never streamed.
 //!
 //! # Refused
 //! Work-group constructs (DEFINE_LOCAL, BARRIER), as the C pair refuses them, and WMMA forms
@@ -169,6 +177,9 @@ struct Emitter<'a> {
     blocks: Vec<Block>,
     carries: HashMap<ContentHash, Vec<Carry>>,
     nontemporal: bool,
+    /// Per buffer slot the kernel writes and never reads: the `i1` register that says whether
+    /// this launch streams it (see [`crate::program::stream_mask`]).
+    streamed: HashMap<usize, String>,
 }
 
 fn render_err(node: &UOp, msg: impl std::fmt::Display) -> Error {
@@ -181,6 +192,26 @@ fn lanes(n: &UOp, dt: DType) -> Result<(Scalar, u8)> {
         DType::Scalar(s) => Ok((s, 1)),
         DType::Vector(s, w) => Ok((s, w)),
         other => Err(render_err(n, format!("has no value type for {other}"))),
+    }
+}
+
+/// Whether a store may bypass the caches: never, always where aligned (a STORE hinted
+/// non-temporal), or where aligned and the launch streams its buffer (the `i1` register).
+enum NonTemporal {
+    Never,
+    Always,
+    When(String),
+}
+
+/// The buffer slot an address indexes (through INDEX, CAST and AFTER), when it is a PARAM's.
+fn param_slot(addr: &Arc<UOp>) -> Option<usize> {
+    let mut node = addr;
+    while matches!(node.op(), Op::Index | Op::Cast | Op::After) {
+        node = node.src().first()?;
+    }
+    match (node.op(), node.arg()) {
+        (Op::Param, Arg::Int(slot)) => usize::try_from(*slot).ok(),
+        _ => None,
     }
 }
 
@@ -198,6 +229,7 @@ impl<'a> Emitter<'a> {
             blocks: vec![Block { range: None, commits: Vec::new(), kind: BlockKind::Body }],
             carries: HashMap::new(),
             nontemporal: false,
+            streamed: HashMap::new(),
         }
     }
 
@@ -220,6 +252,18 @@ impl<'a> Emitter<'a> {
             let slot = p.slot;
             self.c.stmt(format!("%data{slot}.p = getelementptr inbounds ptr, ptr %bufs, i64 {i}"));
             self.c.stmt(format!("%data{slot} = load ptr, ptr %data{slot}.p, align 8"));
+        }
+        // The launch's streaming mask follows the variables in `vals`: bit `slot` is set for a
+        // write-only buffer large enough that its stores should bypass the caches.
+        let write_only: Vec<usize> = spec.outs.iter().copied().filter(|s| !spec.ins.contains(s)).collect();
+        if !write_only.is_empty() {
+            let at = self.c.ins(format!("getelementptr inbounds i64, ptr %vals, i64 {}", spec.var_names.len()));
+            let mask = self.c.ins(format!("load i64, ptr {at}, align 8"));
+            for slot in write_only.into_iter().filter(|&s| s < 64) {
+                let bit = self.c.ins(format!("and i64 {mask}, {}", 1u64 << slot));
+                let on = self.c.ins(format!("icmp ne i64 {bit}, 0"));
+                self.streamed.insert(slot, on);
+            }
         }
         for n in linear {
             match (n.op(), n.arg()) {
@@ -527,18 +571,26 @@ impl<'a> Emitter<'a> {
                 let addr = self.operand(&src[0])?;
                 let value = self.operand(&src[1])?;
                 let (s, w) = lanes(&src[1], src[1].dtype())?;
-                let nt = n.store_hint() == StoreHint::NonTemporal
-                    && matches!(src[0].dtype(), DType::Ptr { space: AddrSpace::Global, .. });
+                let global = matches!(src[0].dtype(), DType::Ptr { space: AddrSpace::Global, .. });
+                let nt = if !global {
+                    NonTemporal::Never
+                } else if n.store_hint() == StoreHint::NonTemporal {
+                    NonTemporal::Always
+                } else {
+                    param_slot(&src[0])
+                        .and_then(|slot| self.streamed.get(&slot))
+                        .map_or(NonTemporal::Never, |on| NonTemporal::When(on.clone()))
+                };
                 if src.len() == 3 {
                     let gate = self.operand(&src[2])?;
                     let (store, done) = (self.c.label(), self.c.label());
                     self.c.stmt(format!("br i1 {gate}, label %{store}, label %{done}"));
                     self.c.start(&store);
-                    self.store(&addr, &value, s, w, nt);
+                    self.store(&addr, &value, s, w, &nt);
                     self.c.stmt(format!("br label %{done}"));
                     self.c.start(&done);
                 } else {
-                    self.store(&addr, &value, s, w, nt);
+                    self.store(&addr, &value, s, w, &nt);
                 }
             }
             Op::DefineAcc => {
@@ -688,7 +740,7 @@ impl<'a> Emitter<'a> {
         if s == Scalar::Bool { self.c.ins(format!("icmp ne {} {v}, zeroinitializer", mt.name())) } else { v }
     }
 
-    fn store(&mut self, addr: &str, value: &str, s: Scalar, w: u8, nontemporal: bool) {
+    fn store(&mut self, addr: &str, value: &str, s: Scalar, w: u8, nt: &NonTemporal) {
         let mt = Ty::mem(s, w);
         let v = if s == Scalar::Bool {
             self.c.ins(format!("zext {} {value} to {}", Ty::reg(s, w).name(), mt.name()))
@@ -698,7 +750,12 @@ impl<'a> Emitter<'a> {
         let bytes = w as usize * s.size();
         let vector = w > 1 && w.is_power_of_two() && matches!(bytes, 16 | 32 | 64);
         let scalar = w == 1 && s != Scalar::Bool && matches!(bytes, 4 | 8);
-        if !nontemporal || !(vector || scalar) {
+        let when = match nt {
+            NonTemporal::Always => "true".to_string(),
+            NonTemporal::When(on) => on.clone(),
+            NonTemporal::Never => String::new(),
+        };
+        if when.is_empty() || !(vector || scalar) {
             self.c.stmt(format!("store {} {v}, ptr {addr}, align {}", mt.name(), s.size()));
             return;
         }
@@ -711,15 +768,16 @@ impl<'a> Emitter<'a> {
         let ty = mt.name();
         self.c.declare(&name, || {
             format!(
-                "define internal void @{name}(ptr %p, {ty} %v) alwaysinline nounwind {{\n\
-                 entry:\n  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, {}\n  %ok = icmp eq i64 %m, 0\n  \
-                 br i1 %ok, label %nt, label %plain\nnt:\n  store {ty} %v, ptr %p, align {align}, !nontemporal !0\n  \
-                 ret void\nplain:\n  store {ty} %v, ptr %p, align {}\n  ret void\n}}",
+                "define internal void @{name}(ptr %p, {ty} %v, i1 %stream) alwaysinline nounwind {{\n\
+                 entry:\n  %a = ptrtoint ptr %p to i64\n  %m = and i64 %a, {}\n  %aligned = icmp eq i64 %m, 0\n  \
+                 %ok = and i1 %aligned, %stream\n  br i1 %ok, label %nt, label %plain\nnt:\n  \
+                 store {ty} %v, ptr %p, align {align}, !nontemporal !0\n  ret void\nplain:\n  \
+                 store {ty} %v, ptr %p, align {}\n  ret void\n}}",
                 align - 1,
                 s.size()
             )
         });
-        self.c.stmt(format!("call void @{name}(ptr {addr}, {ty} {v})"));
+        self.c.stmt(format!("call void @{name}(ptr {addr}, {ty} {v}, i1 {when})"));
     }
 
     /// `v`, an integer (or bool) of `from`, as `to`: truncated, or extended by `from`'s sign.

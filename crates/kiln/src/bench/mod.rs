@@ -143,37 +143,39 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         [all] if all == "all" => default.compiler_names(),
         names => names.to_vec(),
     };
-    let mut results = Vec::new();
+    // One device per pair, each seeing that pair alone (as do the processes its entries start).
+    let mut benches = Vec::new();
     for pair in &pairs {
-        // The entries (and the processes they start) see this pair alone.
         let args = BenchArgs { compiler: vec![pair.clone()], ..args.clone() };
         let device = session::open_device(&args.device, Some(pair))?;
         if args.disk_hit_child {
             return entries::disk_hit_child(&device);
         }
-        let bench = entries::Bench { device, reps: reps(&args) };
-        let named = |name: &str| args.only.as_ref().is_some_and(|o| o.iter().any(|n| n == name));
-        if let Some(name) = ENTRIES.iter().find(|name| named(name) && !bench.applies(name)) {
-            return Err(CliError::Usage(format!(
-                "bench entry `{name}` runs on GPU devices (CUDA) only, not on {}",
-                bench.device.spec()
-            )));
-        }
-        let chosen: Vec<&'static str> = ENTRIES
-            .iter()
-            .copied()
-            .filter(|name| bench.applies(name) && (args.only.is_none() || named(name)))
-            .collect();
-        let progress = progress_bar(chosen.len(), args.json);
-        for name in chosen {
+        benches.push((pair, entries::Bench { device, reps: reps(&args) }, args));
+    }
+    let named = |name: &str| args.only.as_ref().is_some_and(|o| o.iter().any(|n| n == name));
+    let applies = |name: &str| benches.iter().all(|(_, bench, _)| bench.applies(name));
+    if let Some(name) = ENTRIES.iter().find(|name| named(name) && !applies(name)) {
+        return Err(CliError::Usage(format!(
+            "bench entry `{name}` runs on GPU devices (CUDA) only, not on {}",
+            args.device
+        )));
+    }
+    let chosen: Vec<&'static str> =
+        ENTRIES.iter().copied().filter(|name| applies(name) && (args.only.is_none() || named(name))).collect();
+    // Entry by entry, every pair in turn, so that the pairs of one entry are timed close together.
+    let progress = progress_bar(chosen.len() * benches.len(), args.json);
+    let mut results = Vec::new();
+    for name in chosen {
+        for (pair, bench, args) in &benches {
             progress.set_message(format!("{name} ({pair})"));
-            let r = bench.entry(name, &args)?;
+            let r = bench.entry(name, args)?;
             progress.println(format!("{name:<24} {pair:>9} {:>10.3} {} (median)", r.kiln.median, r.unit));
             progress.inc(1);
-            results.push(report::PairResult { compiler: pair.clone(), result: r });
+            results.push(report::PairResult { compiler: pair.to_string(), result: r });
         }
-        progress.finish_and_clear();
     }
+    progress.finish_and_clear();
     Ok(if args.json { report::to_json(&args.device, &results)? } else { report::to_table(&default, &results) })
 }
 
