@@ -276,6 +276,7 @@ backends! {
     cpu_guarded: "cpu-guarded",
     cpu_avx2: "cpu-avx2",
     cpu_sse2: "cpu-sse2",
+    cpu_cc: "cpu-cc",
     cpu_llvm: "cpu-llvm",
     opencl: "opencl",
     cuda: "cuda",

@@ -1,19 +1,22 @@
-//! kiln-cpu: the CPU backend. Kernels are rendered to C, compiled by the system C compiler
-//! into a relocatable object loaded by kiln's own loader (x86-64) or a shared library loaded
-//! with `dlopen` (elsewhere), and run on a persistent pool of threads.
+//! kiln-cpu: the CPU backend. Kernels are rendered to LLVM IR and compiled in process by
+//! libLLVM 16, or rendered to C and compiled by the system C compiler, into a relocatable
+//! object loaded by kiln's own loader (x86-64; a C compiler's shared library is loaded with
+//! `dlopen` elsewhere), and run on a persistent pool of threads.
 //!
 //! It is one of kiln's backends (see `docs/architecture.md`): it implements the contracts of
 //! [`kiln_device`] and builds the [`DeviceParts`] of its one device, [`CPU`] (all the host's
 //! cores). Open it with [`open`], or [`register`] it and open it by name with
-//! [`kiln_device::open_device`]. Its compiler pairs are the C compiler for the host's widest
-//! instruction set ([`CC_PAIR`], the default) and for older ones ([`ISA_PAIRS`]). The main types are [`CpuRenderer`], [`CCompiler`] (which C compiler, why,
-//! and its flags), [`CpuProgram`], [`CpuAllocator`], [`CpuQueueFactory`] and [`Pool`].
+//! [`kiln_device::open_device`]. Its compiler pairs are LLVM in process ([`LLVM_PAIR`], the
+//! default where libLLVM 16 opens), the C compiler for the host's widest instruction set
+//! ([`CC_PAIR`]) and for older ones ([`ISA_PAIRS`]). The main types are [`CpuRenderer`],
+//! [`CCompiler`] (which C compiler, why, and its flags), [`CpuProgram`], [`CpuAllocator`],
+//! [`CpuQueueFactory`] and [`Pool`].
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use kiln_device::{Buffer, kiln_ir::{KernelBuilder, Scalar}};
 //! let device = kiln_cpu::open(&kiln_cpu::CPU)?;
-//! println!("{}", device.description()); // the CPU, its threads, the C compiler and the ISA
+//! println!("{}", device.description()); // the CPU, its threads, the default pair, the C compiler, the ISA
 //! // y[i] = x[i]·x[i] over n elements
 //! let mut k = KernelBuilder::new();
 //! let n = k.var("n", 1, 1 << 20);
@@ -21,7 +24,7 @@
 //! let i = k.global(0, &n);
 //! let v = x.at(&i).load();
 //! k.store(&y.at(&i), &(&v * &v));
-//! let square = device.compile(&k.finish()?, Some("square"))?; // C → object → loaded
+//! let square = device.compile(&k.finish()?, Some("square"))?; // LLVM IR (or C) → object → loaded
 //! let a = Buffer::from_slice(device.allocator(), &[1.0f32, 2.0, 3.0, 4.0])?;
 //! let b = device.buffer(Scalar::F32, 4)?;
 //! square.launch(&[&a, &b], &[4])?;
@@ -79,27 +82,30 @@ pub const BACKEND: &str = "CPU";
 /// The CPU backend's one device (all the host's cores), printed `CPU`.
 pub static CPU: DeviceSpec = DeviceSpec::new(BACKEND, 0);
 
-/// The name of the CPU device's default compiler pair: the C compiler ([`CCompiler`]) for
-/// the instruction set `KILN_CPU_ISA` picks (the host's widest by default).
+/// The name of the CPU device's C pair: the C compiler ([`CCompiler`]) for the instruction set
+/// `KILN_CPU_ISA` picks (the host's widest by default). The default pair where LLVM is missing,
+/// where `KILN_CC` names the C compiler, and for [`open_with_compiler`].
 pub const CC_PAIR: &str = "cc";
 
 /// The name of the CPU device's LLVM pair: kernels rendered to LLVM IR and compiled in process
 /// by libLLVM 16 ([`llvm`]), for the same instruction set as [`CC_PAIR`]. Offered where libLLVM
-/// 16 can be opened; elsewhere `kiln devices` says why ([`Device::missing_compilers`]).
+/// 16 can be opened, and then the default pair; elsewhere `kiln devices` says why it is missing
+/// ([`Device::missing_compilers`]).
 pub const LLVM_PAIR: &str = "llvm";
 
-/// The environment variable that picks the CPU device's default pair: `cc` (the default) or
-/// `llvm`.
+/// The environment variable that picks the CPU device's default pair: `cc` or `llvm`. Unset,
+/// the default is `llvm` where libLLVM 16 opens and `KILN_CC` is unset, else `cc`.
 pub const CPU_COMPILER_ENV: &str = "KILN_CPU_COMPILER";
 
-/// The default pair [`CPU_COMPILER_ENV`] asks for.
+/// The pair [`CPU_COMPILER_ENV`] asks for, if it names one.
 ///
 /// # Errors
 /// [`Error::Config`] for a value other than `cc` or `llvm`.
-fn default_pair() -> Result<&'static str> {
+fn asked_pair() -> Result<Option<&'static str>> {
     match std::env::var(CPU_COMPILER_ENV).ok().as_deref().map(str::trim) {
-        None | Some("") | Some(CC_PAIR) => Ok(CC_PAIR),
-        Some(LLVM_PAIR) => Ok(LLVM_PAIR),
+        None | Some("") => Ok(None),
+        Some(CC_PAIR) => Ok(Some(CC_PAIR)),
+        Some(LLVM_PAIR) => Ok(Some(LLVM_PAIR)),
         Some(other) => Err(Error::Config(format!(
             "{CPU_COMPILER_ENV}=`{other}`: use `{CC_PAIR}` (the system C compiler) or `{LLVM_PAIR}` (LLVM in process)"
         ))),
@@ -126,7 +132,7 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
     if *spec != CPU {
         return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
     }
-    open_with(detect_c_compiler()?, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(detect_c_compiler()?, c_named(), || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens a CPU device (as [`open`]) whose kernels are compiled for `isa` whatever
@@ -134,7 +140,7 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 /// path on a CPU with AVX-512 in a process that also uses the native device. Its kernel
 /// cache keys differ from the native device's (the compiler flags are in the fingerprint).
 pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
-    open_with(Ok(CCompiler::detect()?.with_isa(isa)), || {
+    open_with(Ok(CCompiler::detect()?.with_isa(isa)), c_named(), || {
         Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
     })
 }
@@ -144,7 +150,7 @@ pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
 /// compiler installed in one process. Its kernel cache keys differ from those of devices with
 /// another compiler (the compiler's identity is in the fingerprint).
 pub fn open_with_compiler(compiler: CCompiler) -> Result<Arc<Device>> {
-    open_with(Ok(compiler), || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(Ok(compiler), true, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
@@ -160,7 +166,7 @@ pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>>
             allocator.is_host()
         )));
     }
-    open_with(detect_c_compiler()?, move || Ok(allocator.clone()))
+    open_with(detect_c_compiler()?, c_named(), move || Ok(allocator.clone()))
 }
 
 /// The C compiler [`CCompiler::detect`] finds, or, when none is found on `PATH` and
@@ -174,6 +180,12 @@ fn detect_c_compiler() -> Result<std::result::Result<CCompiler, Error>> {
     }
 }
 
+/// Whether `KILN_CC` names the C compiler: the caller chose it, so the C pair is the default
+/// unless [`CPU_COMPILER_ENV`] says otherwise.
+fn c_named() -> bool {
+    std::env::var_os(CC_ENV).is_some_and(|v| !v.is_empty())
+}
+
 /// Why a pair is missing, as `kiln devices` prints it: the message without its error kind.
 fn reason(e: &Error) -> String {
     match e {
@@ -184,9 +196,12 @@ fn reason(e: &Error) -> String {
 
 /// The CPU device compiling with `compiler` (the C pairs; none when it is an error, as
 /// [`detect_c_compiler`] allows) and LLVM where libLLVM 16 opens, whose every generation
-/// allocates through `make_allocator()`.
+/// allocates through `make_allocator()`. Its default pair is the one [`CPU_COMPILER_ENV`]
+/// names, else the C pair when `c_first` (the caller chose the C compiler) or LLVM is
+/// missing, else LLVM.
 fn open_with(
     compiler: std::result::Result<CCompiler, Error>,
+    c_first: bool,
     make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static,
 ) -> Result<Arc<Device>> {
     let caches = CacheSizes::host();
@@ -218,22 +233,28 @@ fn open_with(
         Err(e) => missing.push((LLVM_PAIR.to_string(), reason(&e))),
     }
     let why = |pair: &str| missing.iter().find(|(p, _)| p == pair).map(|(_, why)| why.clone()).unwrap_or_default();
-    match (default_pair()?, pairs.iter().position(|p| p.name == LLVM_PAIR)) {
-        (LLVM_PAIR, Some(i)) => pairs.swap(0, i),
-        (LLVM_PAIR, None) => {
-            return Err(Error::Config(format!(
-                "{CPU_COMPILER_ENV}={LLVM_PAIR}, but LLVM is not available: {}",
-                why(LLVM_PAIR)
-            )));
-        }
-        _ => {}
-    }
     if pairs.is_empty() {
         return Err(Error::CompilerMissing(format!(
             "the CPU device has neither a C compiler ({}) nor LLVM ({})",
             why(CC_PAIR),
             why(LLVM_PAIR)
         )));
+    }
+    let has = |pair: &str| pairs.iter().any(|p| p.name == pair);
+    let default = match asked_pair()? {
+        Some(pair) if !has(pair) => {
+            return Err(Error::Config(format!(
+                "{CPU_COMPILER_ENV}={pair}, but the CPU device has no `{pair}` pair: {}",
+                why(pair)
+            )));
+        }
+        Some(pair) => pair,
+        None if c_first && has(CC_PAIR) => CC_PAIR,
+        None if has(LLVM_PAIR) => LLVM_PAIR,
+        None => CC_PAIR,
+    };
+    if let Some(i) = pairs.iter().position(|p| p.name == default) {
+        pairs.swap(0, i);
     }
     if let Ok(cc) = &compiler {
         for &(name, set) in ISA_PAIRS {
@@ -243,7 +264,7 @@ fn open_with(
         }
     }
     let description = format!(
-        "{} ({} threads), {compiler_text}, {}",
+        "{} ({} threads), default pair {default}, {compiler_text}, {}",
         cpu_model(),
         Pool::global().threads(),
         isa::describe(target, caches)
@@ -272,12 +293,18 @@ pub const SAME_DEVICE_PEER: (&str, &str) =
     ("error_foreign_buffer", "its peer is the CPU backend, whose buffers its kernels accept as their own");
 
 /// The CPU backend's driver, for kiln-backends' list: the CPU with its default pair and with
-/// each of its [`ISA_PAIRS`] and its [`LLVM_PAIR`] (whose peer is the CPU itself), no offline
+/// each of its pairs, [`CC_PAIR`], [`ISA_PAIRS`] and [`LLVM_PAIR`] (whose peer is the CPU itself), no offline
 /// target, no baseline of its own (the host's are the bench's).
 pub const DRIVER: kiln_device::Driver = kiln_device::Driver {
     register,
     conformance: &[
         kiln_device::Conformance { name: "cpu", peer: "opencl", unsupported: &[], pair: None },
+        kiln_device::Conformance {
+            name: "cpu-cc",
+            peer: "cpu",
+            unsupported: &[SAME_DEVICE_PEER],
+            pair: Some((BACKEND, CC_PAIR)),
+        },
         kiln_device::Conformance {
             name: "cpu-avx2",
             peer: "cpu",

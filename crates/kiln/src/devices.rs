@@ -11,7 +11,7 @@ use crate::show::bytes;
 #[derive(Debug, Default, clap::Args)]
 #[command(after_help = "Lists every device of every backend this kiln registers (the CPU; OPENCL:n when an OpenCL \
 driver is present; CUDA:n when the NVIDIA driver is present), with each open device's compiler pairs, the default \
-first (the CPU's: cc for the host's instruction set, llvm for the same set through LLVM 16 in process where libLLVM 16 is installed, cc-avx2 and cc-sse2 for older ones; pick one with --compiler, or the default with KILN_CPU_COMPILER); a pair a device cannot offer on this machine is listed as not offered, with the reason. \
+first (the CPU's: llvm, LLVM 16 in process for the host's instruction set, the default where libLLVM 16 is installed and KILN_CC is unset; cc, the C compiler for the same set; cc-avx2 and cc-sse2 for older ones; pick one with --compiler, or the default with KILN_CPU_COMPILER); a pair a device cannot offer on this machine is listed as not offered, with the reason. \
 A backend that cannot be used is listed as unavailable with the reason. \
 The CPU row names the C compiler its kernels are built with and why that one: KILN_CC when set, \
 else clang when it is on PATH, else cc.")]

@@ -707,9 +707,10 @@ fn llvm_offered(s: &Scratch) -> bool {
     offered
 }
 
-/// The LLVM pair runs kernels where libLLVM 16 opens, and `KILN_CPU_COMPILER` makes it the
-/// default; without libLLVM (`KILN_LIBLLVM` naming nothing) kiln still runs on the C pair,
-/// `kiln devices` says why the pair is missing, and asking for it is a clean error.
+/// The LLVM pair runs kernels where libLLVM 16 opens, and is then the default unless `KILN_CC`
+/// names a C compiler or `KILN_CPU_COMPILER` picks `cc`; without libLLVM (`KILN_LIBLLVM` naming
+/// nothing) kiln still runs on the C pair, `kiln devices` says why the pair is missing, and
+/// asking for it is a clean error.
 #[test]
 fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     let s = Scratch::new("llvm");
@@ -729,7 +730,7 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
     fails(run(&["--compiler", "llvm"], &no_llvm), 1, &["cannot offer its compiler pair `llvm`", "libLLVM 16"]);
     let default_llvm = [no_llvm[0], ("KILN_CPU_COMPILER", "llvm")];
-    fails(run(&[], &default_llvm), 1, &["KILN_CPU_COMPILER=llvm, but LLVM is not available"]);
+    fails(run(&[], &default_llvm), 1, &["KILN_CPU_COMPILER=llvm, but the CPU device has no `llvm` pair", "libLLVM 16"]);
     fails(run(&[], &[("KILN_CPU_COMPILER", "gcc")]), 1, &["KILN_CPU_COMPILER=`gcc`", "`cc`", "`llvm`"]);
     if !llvm_offered(&s) {
         return;
@@ -737,8 +738,15 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     std::fs::remove_file(s.path("c.npy")).unwrap();
     ok(run(&["--compiler", "llvm"], &[]));
     assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
-    let listing = ok(s.kiln(&["devices"], &[("KILN_CPU_COMPILER", "llvm")]));
-    assert!(listing.contains("compilers: llvm, cc"), "llvm is the default:\n{listing}");
+    let first = |env: &[(&str, &str)]| {
+        let listing = ok(s.kiln(&["devices"], env));
+        let line = listing.lines().find(|l| l.trim_start().starts_with("compilers:")).map(str::to_string);
+        line.unwrap_or_else(|| panic!("no compilers line:\n{listing}"))
+    };
+    assert!(first(&[]).contains("compilers: llvm, cc"), "llvm is the default");
+    assert!(first(&[("KILN_CPU_COMPILER", "llvm")]).contains("compilers: llvm, cc"));
+    assert!(first(&[("KILN_CPU_COMPILER", "cc")]).contains("compilers: cc, llvm"));
+    assert!(first(&[("KILN_CC", real_cc())]).contains("compilers: cc, llvm"), "a named C compiler is the default");
     // Without any C compiler on PATH the CPU compiles with LLVM alone.
     std::fs::remove_file(s.path("c.npy")).unwrap();
     ok(run(&[], &[("PATH", "/nonexistent")]));

@@ -33,8 +33,8 @@ pub type DiagnosticInfo = *mut c_void;
 /// `LLVMBool`: nonzero is true (for most calls: failed).
 pub type Bool = i32;
 
-/// `LLVMCodeGenOptLevel::LLVMCodeGenLevelDefault` (-O2).
-pub const CODEGEN_O2: i32 = 2;
+/// `LLVMCodeGenOptLevel::LLVMCodeGenLevelAggressive` (-O3).
+pub const CODEGEN_O3: i32 = 3;
 /// `LLVMRelocMode::LLVMRelocPIC`, as kernels are built with `-fPIC`.
 pub const RELOC_PIC: i32 = 2;
 /// `LLVMCodeModel::LLVMCodeModelSmall`.

@@ -140,6 +140,8 @@ struct Loop {
     phi_line: usize,
     index: String,
     ty: String,
+    /// The no-wrap flag of the increment: `nsw` for a signed compare, `nuw` for an unsigned one.
+    wrap: &'static str,
     start: String,
     pre: String,
     head: String,
@@ -398,8 +400,11 @@ impl<'a> Emitter<'a> {
                 let one = self.c.ins(format!("zext i1 {below} to i64"));
                 let len = self.c.ins(format!("add i64 {q}, {one}"));
                 let hi = self.c.ins(format!("add i64 {lo}, {len}"));
-                let l = self.open_loop("i64", &lo, &hi, true);
-                let index = self.int_resize(&l.index, Scalar::I64, t, 1);
+                // Both bounds lie between 0 and the extent, so they fit its type: the loop
+                // counts in it, as the C pair's does, and LLVM sees a plain induction variable.
+                let (lo, hi) = (self.int_resize(&lo, Scalar::I64, t, 1), self.int_resize(&hi, Scalar::I64, t, 1));
+                let l = self.open_loop(&ty, &lo, &hi, t.is_signed());
+                let index = l.index.clone();
                 (l, index)
             } else {
                 let l = self.open_loop(&ty, "0", &extent, t.is_signed());
@@ -420,15 +425,17 @@ impl<'a> Emitter<'a> {
         self.c.start(&head);
         let index = self.c.ins("phi"); // completed by `close_loop`, which knows the latch
         let phi_line = self.c.lines.len() - 1;
-        let more = self.c.ins(format!("icmp {} {ty} {index}, {end}", if signed { "slt" } else { "ult" }));
+        let (less, wrap) = if signed { ("slt", "nsw") } else { ("ult", "nuw") };
+        let more = self.c.ins(format!("icmp {less} {ty} {index}, {end}"));
         self.c.stmt(format!("br i1 {more}, label %{body}, label %{exit}"));
         self.c.start(&body);
-        Loop { phi_line, index, ty: ty.to_string(), start: start.to_string(), pre, head, exit }
+        Loop { phi_line, index, ty: ty.to_string(), wrap, start: start.to_string(), pre, head, exit }
     }
 
     fn close_loop(&mut self, l: Loop) {
-        let Loop { phi_line, index, ty, start, pre, head, exit } = l;
-        let next = self.c.ins(format!("add {ty} {index}, 1"));
+        let Loop { phi_line, index, ty, wrap, start, pre, head, exit } = l;
+        // `index < end` held in the body, so `index + 1` cannot wrap.
+        let next = self.c.ins(format!("add {wrap} {ty} {index}, 1"));
         let latch = self.c.block.clone();
         self.c.stmt(format!("br label %{head}"));
         if let Some(line) = self.c.lines.get_mut(phi_line) {
