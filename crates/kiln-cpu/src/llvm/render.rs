@@ -1234,6 +1234,21 @@ mod tests {
         }
     }
 
+    /// The launch loop counts in the index's own type with a no-wrap increment, as the C pair's
+    /// `for (int32_t i = ...; i++)`: an i64 counter truncated at every use hid the induction
+    /// variable from LLVM's loop analyses, and the loop was never vectorized.
+    #[test]
+    fn the_launch_loop_counts_in_the_index_type() {
+        let mut k = KernelBuilder::new();
+        let n = k.var("n", 1, 1 << 20);
+        let (x, y) = (k.param(0, Scalar::F32, &n), k.param(1, Scalar::F32, &n));
+        let i = k.global(0, &n);
+        k.store(&y.at(&i), &(x.at(&i).load() + 1.0f32));
+        let src = renderer().render(&k.finish().unwrap(), Some("inc")).unwrap().src;
+        assert!(src.contains(" = phi i32 [") && src.contains(" = add nsw i32 "), "{src}");
+        assert!(!src.contains(" = phi i64 ["), "{src}");
+    }
+
     #[test]
     fn a_kernel_without_global_axis_0_runs_in_chunk_0_only() {
         let mut k = KernelBuilder::new();
