@@ -91,6 +91,10 @@ impl ProgramSpec {
         let one = || UOp::index_const(1);
         let mut global = [one(), one(), one()];
         let mut local: Option<[Arc<UOp>; 3]> = Some([one(), one(), one()]);
+        // A kernel that names only direct indices (`idxN`) lets the backend pick its work-group
+        // size. One that also names a group index (`gidxN`) needs groups of the sizes its
+        // `lidxN` say (one item each without any), or `gidxN` would not count its extent.
+        let (mut direct, mut grouped) = (false, false);
         let (mut globals, mut outs, mut ins, mut params) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for node in sink.toposort() {
             match node.op() {
@@ -111,11 +115,17 @@ impl ProgramSpec {
                     })?;
                     let extent = node.src()[0].clone();
                     match kind {
-                        'g' => global[axis] = extent,
-                        'l' => local.get_or_insert_with(|| [one(), one(), one()])[axis] = extent,
+                        'g' => {
+                            global[axis] = extent;
+                            grouped = true;
+                        }
+                        'l' => {
+                            local.get_or_insert_with(|| [one(), one(), one()])[axis] = extent;
+                            grouped = true;
+                        }
                         _ => {
                             global[axis] = extent;
-                            local = None;
+                            direct = true;
                         }
                     }
                 }
@@ -126,6 +136,9 @@ impl ProgramSpec {
                 }
                 _ => {}
             }
+        }
+        if direct && !grouped {
+            local = None;
         }
         params.sort_by_key(|p| p.slot);
         globals.sort_unstable();
@@ -487,6 +500,28 @@ mod tests {
         let d = spec.launch_dims(&[64]).unwrap();
         assert_eq!(d, LaunchDims { global: [16, 1, 1], local: Some([4, 1, 1]) });
         assert_eq!(spec.param_lens(&[64]).unwrap(), vec![64, 64]);
+    }
+
+    /// Found by the fuzzer (seed 1, case 18373): `gidx0` next to `idx1` made the launch direct,
+    /// the OpenCL driver picked work-groups of several items, and `get_group_id(0)` then never
+    /// reached most of its extent, leaving most of the output unwritten.
+    #[test]
+    fn a_group_index_next_to_a_direct_one_keeps_groups_of_one() {
+        let spec_of = |axes: &[&str]| {
+            let mut k = KernelBuilder::new();
+            let c = k.param(0, Scalar::F32, 64);
+            let idx = axes
+                .iter()
+                .enumerate()
+                .fold(kiln_ir::Val::int(0), |acc, (i, name)| acc * 8 + k.special(&format!("{name}{i}"), 8));
+            k.store(&c.at(&idx), &kiln_ir::Val::f32(1.0));
+            ProgramSpec::from_sink("k", String::new(), DeviceSpec::new("CPU", 0), &k.finish().unwrap()).unwrap()
+        };
+        let ones = LaunchDims { global: [8, 8, 1], local: Some([1, 1, 1]) };
+        assert_eq!(spec_of(&["gidx", "idx"]).launch_dims(&[]).unwrap(), ones);
+        assert_eq!(spec_of(&["idx", "gidx"]).launch_dims(&[]).unwrap(), ones);
+        assert_eq!(spec_of(&["idx", "idx"]).launch_dims(&[]).unwrap().local, None, "direct: the backend picks");
+        assert_eq!(spec_of(&["gidx", "gidx"]).launch_dims(&[]).unwrap(), ones);
     }
 
     #[test]

@@ -764,7 +764,8 @@ pub fn variables(dev: &Arc<Device>) -> Outcome {
 }
 
 /// Launch indices: grouped (`gidxN` × `lidxN`, with a symbolic group count) and direct
-/// (`idx0..2`). Every work item writes its own coordinates exactly once.
+/// (`idx0..2`), and the two mixed (`gidx0` with `idx1`). Every work item writes its own
+/// coordinates exactly once.
 pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
     let (l0n, l1n, g1n) = (4i64, 2i64, 2i64);
     let mut k = KernelBuilder::new();
@@ -785,6 +786,15 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
     let (i0, i1, i2) = (k.global(0, e0), k.global(1, e1), k.global(2, e2));
     k.store(&out2.at(&((&i2 * e1 + &i1) * e0 + &i0)), &(&i0 + &i1 * 16 + &i2 * 256));
     let direct = compile(dev, &k.finish()?, "conf_launch_direct")?;
+
+    // A group index next to a direct one: groups of one item, so `gidx0` counts its whole
+    // extent (a driver-chosen group size once left most of this output unwritten on OpenCL).
+    let mut k = KernelBuilder::new();
+    let (m0, m1) = (64i64, 4i64);
+    let out3 = k.param(0, Scalar::I32, m0 * m1);
+    let (g0, i1) = (k.special("gidx0", m0), k.global(1, m1));
+    k.store(&out3.at(&(&i1 * m0 + &g0)), &(&g0 + &i1 * 256));
+    let mixed = compile(dev, &k.finish()?, "conf_launch_mixed")?;
 
     let mut bad = Mismatches::new();
     let dims = grouped.spec.launch_dims(&[3])?;
@@ -815,6 +825,16 @@ pub fn launch_dims(dev: &Arc<Device>) -> Outcome {
         let want = (e % e0 + (e / e0 % e1) * 16 + (e / (e0 * e1)) * 256) as i32;
         if *g != want {
             bad.push(format!("direct: out[{e}] = {g:#x}, want {want:#x}"));
+        }
+    }
+    let mdims = mixed.spec.launch_dims(&[])?;
+    ensure!(mdims.local == Some([1, 1, 1]), "mixed launch dims {mdims:?}, want groups of [1, 1, 1]");
+    let buf = Buffer::from_slice(dev.allocator(), &vec![-1i32; (m0 * m1) as usize])?;
+    mixed.launch(&[&buf], &[])?;
+    for (e, g) in buf.to_vec::<i32>()?.iter().enumerate() {
+        let want = (e as i64 % m0 + e as i64 / m0 * 256) as i32;
+        if *g != want {
+            bad.push(format!("gidx0 with idx1: out[{e}] = {g:#x}, want {want:#x}"));
         }
     }
     bad.finish(&format!("{} launch dims", dev.spec()))
