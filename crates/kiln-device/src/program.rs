@@ -57,8 +57,9 @@ pub struct ProgramSpec {
     pub ast: Arc<UOp>,
     /// Launch sizes as expressions over the variables (from SPECIAL extents).
     pub global_size: [Arc<UOp>; 3],
-    /// Work-group sizes as expressions (from `lidxN` extents); `None` for `idxN` kernels,
-    /// whose work-group size the backend picks.
+    /// Work-group sizes as expressions (from `lidxN` extents; ones without any); `None` for
+    /// kernels whose launch indices are all direct (`idxN`), whose work-group size the backend
+    /// picks.
     pub local_size: Option<[Arc<UOp>; 3]>,
     /// Variables sorted by name; `var_names` is the positional order of `vals`.
     pub vars: Vec<Variable>,

@@ -375,7 +375,8 @@ impl KernelBuilder {
         Val(UOp::new(Op::Param, dt, Arg::Int(slot as i64), vec![len.0]))
     }
 
-    /// Direct global launch index `idx{axis}` (axis < 3) over `0..extent`; the backend picks any local size.
+    /// Direct global launch index `idx{axis}` (axis < 3) over `0..extent`; the backend picks any
+    /// local size unless a `gidxN` is also used (then groups are one item).
     pub fn global(&mut self, axis: u8, extent: impl IntoVal) -> Val {
         self.special(&format!("idx{axis}"), extent)
     }

@@ -34,8 +34,9 @@ pub enum Op {
     /// A launch index. arg: name (`gidx0`, `lidx1`, `idx0`, `core_id`). src: `[extent]`.
     /// It runs over `0..extent` (the extent is ≥ 1 at every launch, an expression over the
     /// variables): `gidxN` numbers the work-groups on axis N, `lidxN` the work items within a
-    /// group, `idxN` the work items directly (the backend picks the grouping; it cannot be
-    /// mixed with `lidxN`), and `core_id` is global axis 0 (on the CPU: one chunk per core).
+    /// group, `idxN` the work items directly (the backend picks the grouping when no `gidxN`
+    /// sits next to it, else groups are one item; it cannot be mixed with `lidxN`), and
+    /// `core_id` is global axis 0 (on the CPU: one chunk per core).
     /// N < 3. One launch runs every combination of the extents once.
     Special,
     /// A loop. arg: axis id (smaller id = outer when nested). src: `[extent]`. Runs 0..extent.
