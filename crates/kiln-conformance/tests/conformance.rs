@@ -72,7 +72,7 @@ fn run_pair(name: &str, test: &str, body: fn(&Arc<Device>, &Arc<Device>) -> Outc
 
 macro_rules! suite {
     ($name:literal) => {
-        use kiln_conformance::suite::{bounds, buffers, errors, matrix, plans, programs, queues, signals, workgroups};
+        use kiln_conformance::suite::{bounds, buffers, collectives, errors, matrix, plans, programs, queues, signals, workgroups};
         use kiln_device::kiln_ir::Scalar;
 
         suite!(@single $name;
@@ -177,6 +177,11 @@ macro_rules! suite {
             plan_hazards => plans::hazards,
             plan_independent_nodes => plans::independent_nodes,
             plan_replay_with_new_values => plans::replay_with_new_values,
+
+            collective_all_reduce => collectives::all_reduce,
+            collective_gather_scatter_broadcast_send => collectives::gather_scatter_broadcast_send,
+            collective_checks => collectives::checks,
+            collective_failures => collectives::failures,
 
             error_kernel_text => errors::kernel_text,
             error_malformed_graphs => errors::malformed_graphs,

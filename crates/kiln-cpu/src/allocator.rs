@@ -26,8 +26,15 @@ impl Default for CpuAllocator {
 }
 
 impl CpuAllocator {
+    /// Host memory of the device `CPU`.
     pub fn new() -> Self {
-        CpuAllocator { device: crate::CPU.clone(), in_use: AtomicUsize::new(0), high_water: AtomicUsize::new(0) }
+        Self::for_device(crate::CPU.clone())
+    }
+
+    /// Host memory of the CPU device `device` (`CPU:1`, ...): the same memory as every CPU
+    /// device's, named after its device so that buffers say where they belong.
+    pub fn for_device(device: DeviceSpec) -> Self {
+        CpuAllocator { device, in_use: AtomicUsize::new(0), high_water: AtomicUsize::new(0) }
     }
 
     fn layout(bytes: usize) -> Result<Layout> {

@@ -322,8 +322,9 @@ fn parse_cache_size(s: &str) -> Option<usize> {
     digits.parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
-/// The CPU device's [`DeviceProperties`]: the target's set and vector width, and `caches`.
-pub fn properties(target: IsaTarget, caches: CacheSizes) -> DeviceProperties {
+/// The CPU device's [`DeviceProperties`]: the target's set and vector width, `caches`, and the
+/// `threads` its launches run on.
+pub fn properties(target: IsaTarget, caches: CacheSizes, threads: usize) -> DeviceProperties {
     DeviceProperties {
         isa: Some(target.isa.to_string()),
         vector_bytes: target.isa.vector_bytes(),
@@ -331,7 +332,7 @@ pub fn properties(target: IsaTarget, caches: CacheSizes) -> DeviceProperties {
         l2_bytes: caches.l2,
         l3_bytes: caches.l3,
         wmma: crate::renderer::cpu_wmma_forms(target.isa.vector_bytes().unwrap_or(16)),
-        threads: Some(crate::Pool::global().threads()),
+        threads: Some(threads),
         // no work groups or local memory
         ..DeviceProperties::default()
     }
@@ -453,7 +454,7 @@ mod tests {
     fn properties_and_description_carry_the_set_and_caches() {
         let caches = CacheSizes { l1d: Some(32 << 10), l2: Some(1 << 20), l3: None };
         let t = IsaTarget { isa: Isa::Avx2, forced: true, by_env: true };
-        let p = properties(t, caches);
+        let p = properties(t, caches, 1);
         assert_eq!((p.isa.as_deref(), p.vector_bytes, p.f32_lanes()), (Some("AVX2"), Some(32), Some(8)));
         assert_eq!((p.l1d_bytes, p.l2_bytes, p.l3_bytes), (Some(32 << 10), Some(1 << 20), None));
         assert_eq!(describe(t, caches), "AVX2 (32-byte vectors, forced by KILN_CPU_ISA), L1d 32 KiB, L2 1 MiB");

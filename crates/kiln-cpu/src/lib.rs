@@ -59,7 +59,8 @@ pub mod renderer;
 pub mod signal;
 mod vmath;
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln_device::kiln_ir::DeviceSpec;
 use kiln_device::{
@@ -119,20 +120,32 @@ fn asked_pair() -> Result<Option<&'static str>> {
 /// CPU cannot run (or of another architecture) is not offered.
 pub const ISA_PAIRS: &[(&str, Isa)] = &[("cc-avx2", Isa::Avx2), ("cc-sse2", Isa::Sse2)];
 
-/// Opens the CPU device (`CPU`; there is only one) over a cached ([`LruAllocator`], budget
+/// Opens the CPU device `spec`: `CPU` (the same as `CPU:0`), or a further virtual device
+/// `CPU:1` .. `CPU:63` over the same cores and memory, with its own thread pool (its share of
+/// the cores, see [`DEVICES_ENV`]), queues and buffers, as tinygrad's `CPU:0..3` for running
+/// multi-device programs on one machine. Each is over a cached ([`LruAllocator`], budget
 /// from `KILN_MEMORY_BUDGET`) [`CpuAllocator`], with its C pairs and its LLVM pair. Without a
-/// C compiler on `PATH` it compiles with LLVM alone. Fails with [`Error::CompilerMissing`] when
-/// it has neither (or `KILN_CC` names no usable compiler), and with [`Error::Config`] when
-/// `KILN_CPU_ISA` is malformed or names an instruction set this CPU lacks, or when
-/// `KILN_CPU_COMPILER` is malformed or names `llvm` where LLVM is missing. Starts no process: the description names the compiler by
+/// C compiler on `PATH` it compiles with LLVM alone. Fails with [`Error::Unavailable`] for
+/// another backend's spec or an ordinal of 64 or more, with [`Error::CompilerMissing`] when
+/// it has neither compiler (or `KILN_CC` names no usable compiler), and with [`Error::Config`]
+/// when `KILN_CPU_ISA` is malformed or names an instruction set this CPU lacks, when
+/// `KILN_CPU_COMPILER` is malformed or names `llvm` where LLVM is missing, or when
+/// `KILN_CPU_DEVICES` is malformed. Starts no process: the description names the compiler by
 /// path and says why it was chosen ([`CCompiler::choice`]; its version is
 /// [`CCompiler::version`], which runs it). The device's
-/// [`Device::properties`] give the instruction set, its vector width and the cache sizes.
+/// [`Device::properties`] give the instruction set, its vector width, the cache sizes and
+/// its threads.
 pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
-    if *spec != CPU {
-        return Err(Error::Unavailable(format!("the CPU backend has only the device CPU, not {spec}")));
+    if spec.base_type() != BACKEND || spec.ordinal() >= MAX_DEVICES {
+        return Err(Error::Unavailable(format!(
+            "the CPU backend has the devices CPU (CPU:0) to CPU:{}, not {spec}",
+            MAX_DEVICES - 1
+        )));
     }
-    open_with(detect_c_compiler()?, c_named(), || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    let device = spec.clone();
+    open_with(spec.clone(), detect_c_compiler()?, c_named(), move || {
+        Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::for_device(device.clone())))?))
+    })
 }
 
 /// Opens a CPU device (as [`open`]) whose kernels are compiled for `isa` whatever
@@ -140,7 +153,7 @@ pub fn open(spec: &DeviceSpec) -> Result<Arc<Device>> {
 /// path on a CPU with AVX-512 in a process that also uses the native device. Its kernel
 /// cache keys differ from the native device's (the compiler flags are in the fingerprint).
 pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
-    open_with(Ok(CCompiler::detect()?.with_isa(isa)), c_named(), || {
+    open_with(CPU.clone(), Ok(CCompiler::detect()?.with_isa(isa)), c_named(), || {
         Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?))
     })
 }
@@ -150,7 +163,7 @@ pub fn open_with_isa(isa: IsaTarget) -> Result<Arc<Device>> {
 /// compiler installed in one process. Its kernel cache keys differ from those of devices with
 /// another compiler (the compiler's identity is in the fingerprint).
 pub fn open_with_compiler(compiler: CCompiler) -> Result<Arc<Device>> {
-    open_with(Ok(compiler), true, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
+    open_with(CPU.clone(), Ok(compiler), true, || Ok(Arc::new(LruAllocator::from_env(Arc::new(CpuAllocator::new()))?)))
 }
 
 /// Opens the CPU device with buffers from `allocator`, which must be a host allocator
@@ -166,7 +179,7 @@ pub fn open_with_allocator(allocator: Arc<dyn Allocator>) -> Result<Arc<Device>>
             allocator.is_host()
         )));
     }
-    open_with(detect_c_compiler()?, c_named(), move || Ok(allocator.clone()))
+    open_with(CPU.clone(), detect_c_compiler()?, c_named(), move || Ok(allocator.clone()))
 }
 
 /// The C compiler [`CCompiler::detect`] finds, or, when none is found on `PATH` and
@@ -194,17 +207,20 @@ fn reason(e: &Error) -> String {
     }
 }
 
-/// The CPU device compiling with `compiler` (the C pairs; none when it is an error, as
+/// The CPU device `spec` compiling with `compiler` (the C pairs; none when it is an error, as
 /// [`detect_c_compiler`] allows) and LLVM where libLLVM 16 opens, whose every generation
 /// allocates through `make_allocator()`. Its default pair is the one [`CPU_COMPILER_ENV`]
 /// names, else the C pair when `c_first` (the caller chose the C compiler) or LLVM is
 /// missing, else LLVM.
 fn open_with(
+    spec: DeviceSpec,
     compiler: std::result::Result<CCompiler, Error>,
     c_first: bool,
     make_allocator: impl Fn() -> Result<Arc<dyn Allocator>> + Send + Sync + 'static,
 ) -> Result<Arc<Device>> {
     let caches = CacheSizes::host();
+    let pool = device_pool(spec.ordinal())?;
+    let threads = pool.threads();
     let target = match &compiler {
         Ok(cc) => cc.isa(),
         Err(_) => IsaTarget::from_env()?,
@@ -212,7 +228,7 @@ fn open_with(
     let c_pair = |name: &str, compiler: Arc<CCompiler>| {
         let target = compiler.isa();
         let renderer = Arc::new(cpu_renderer_for(target.isa.vector_bytes().unwrap_or(16)));
-        CompilerPair::new(name, renderer, compiler).with_properties(isa::properties(target, caches))
+        CompilerPair::new(name, renderer, compiler).with_properties(isa::properties(target, caches, threads))
     };
     let (mut pairs, mut missing) = (Vec::new(), Vec::new());
     let compiler_text = match &compiler {
@@ -228,7 +244,7 @@ fn open_with(
     match llvm::LlvmCompiler::new(target) {
         Ok(llvm) => pairs.push(
             CompilerPair::new(LLVM_PAIR, Arc::new(llvm::LlvmRenderer::for_isa(target.isa)), Arc::new(llvm))
-                .with_properties(isa::properties(target, caches)),
+                .with_properties(isa::properties(target, caches, threads)),
         ),
         Err(e) => missing.push((LLVM_PAIR.to_string(), reason(&e))),
     }
@@ -266,20 +282,52 @@ fn open_with(
     let description = format!(
         "{} ({} threads), default pair {default}, {compiler_text}, {}",
         cpu_model(),
-        Pool::global().threads(),
+        threads,
         isa::describe(target, caches)
     );
     // The renderers and compilers hold no device state and survive a reset; memory, queues
     // and loaded programs are built anew for every generation.
-    let device = Device::new(crate::CPU.clone(), description, move |_| {
+    let device = Device::new(spec.clone(), description, move |_| {
         let runtime: RuntimeFactory =
-            Arc::new(|compiled| Ok(Arc::new(CpuProgram::load(compiled)?) as Arc<dyn Program>));
+            Arc::new(move |compiled| Ok(Arc::new(CpuProgram::load_on(compiled, pool)?) as Arc<dyn Program>));
         Ok(DeviceParts::new(make_allocator()?, pairs.clone(), runtime)
-            .with_queues(Arc::new(CpuQueueFactory::new()))
+            .with_queues(Arc::new(CpuQueueFactory::for_device(spec.clone())))
             .with_missing(missing.clone()))
     })?
-    .with_properties(isa::properties(target, caches));
+    .with_properties(isa::properties(target, caches, threads));
     Ok(Arc::new(device))
+}
+
+/// Environment variable: how many CPU devices split the cores. With `KILN_CPU_DEVICES=4`,
+/// each of `CPU:0` .. `CPU:3` runs its launches on a quarter of the threads (of
+/// `KILN_CPU_THREADS`, else one per core), so four devices busy at once share the machine
+/// instead of oversubscribing it. Unset (or 1), every CPU device runs on all the threads.
+pub const DEVICES_ENV: &str = "KILN_CPU_DEVICES";
+
+/// The CPU devices one process can open: `CPU:0` .. `CPU:63`.
+pub const MAX_DEVICES: u32 = 64;
+
+/// The thread pool of device `CPU:ordinal`: its share of the threads (see [`DEVICES_ENV`]),
+/// made once per ordinal and kept for the life of the process (at most [`MAX_DEVICES`]
+/// pools, whose workers start when a launch first needs them). `CPU` itself runs on
+/// [`Pool::global`] unless the threads are split.
+///
+/// # Errors
+/// [`Error::Config`] for a [`DEVICES_ENV`] that is not a count from 1 to [`MAX_DEVICES`].
+fn device_pool(ordinal: u32) -> Result<&'static Pool> {
+    let devices = match std::env::var(DEVICES_ENV).ok().as_deref().map(str::trim) {
+        None | Some("") => 1,
+        Some(v) => v.parse::<u32>().ok().filter(|n| (1..=MAX_DEVICES).contains(n)).ok_or_else(|| {
+            Error::Config(format!("{DEVICES_ENV}=`{v}`: give how many CPU devices split the cores, 1 to {MAX_DEVICES}"))
+        })?,
+    };
+    if devices == 1 && ordinal == 0 {
+        return Ok(Pool::global());
+    }
+    static POOLS: OnceLock<Mutex<HashMap<u32, &'static Pool>>> = OnceLock::new();
+    let threads = (Pool::global().threads() / devices as usize).max(1);
+    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    Ok(*pools.entry(ordinal).or_insert_with(|| Box::leak(Box::new(Pool::new(threads)))))
 }
 
 /// Registers the `CPU` backend ([`open`]) with the device registry
@@ -351,6 +399,38 @@ mod testing;
 
 #[cfg(test)]
 mod tests {
+    use kiln_device::kiln_ir::{DeviceSpec, Scalar};
+
+    /// `CPU:1` and `CPU:2` are devices of their own (buffers, queues, kernels) over the same
+    /// memory: a kernel runs on each, and a buffer of one copies into the other.
+    #[test]
+    fn virtual_cpu_devices_run_kernels_and_copy_between_them() {
+        let one = super::open(&DeviceSpec::new("CPU", 1)).unwrap();
+        let two = super::open(&DeviceSpec::new("CPU", 2)).unwrap();
+        assert_eq!(one.spec().to_string(), "CPU:1");
+        assert!(one.properties().threads.is_some_and(|t| t >= 1));
+        let a = one.buffer(Scalar::F32, 8).unwrap();
+        a.copy_from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]).unwrap();
+        assert_eq!(a.device().to_string(), "CPU:1");
+        let kernel = one.compile(&crate::testing::double_in_place(), None).unwrap();
+        kernel.launch(&[&a], &[]).unwrap();
+        let b = two.buffer(Scalar::F32, 8).unwrap();
+        b.copy_from(&a).unwrap();
+        two.compile(&crate::testing::double_in_place(), None).unwrap().launch(&[&b], &[]).unwrap();
+        assert_eq!(b.to_vec::<f32>().unwrap(), [4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0]);
+        assert_eq!(a.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0]);
+    }
+
+    #[test]
+    fn cpu_ordinals_end_at_63_and_other_backends_are_refused() {
+        for bad in ["CPU:64", "OPENCL"] {
+            let spec: DeviceSpec = bad.parse().unwrap();
+            let e = super::open(&spec).unwrap_err();
+            assert!(matches!(e, kiln_device::Error::Unavailable(_)), "{bad}: {e}");
+            assert!(e.to_string().contains("CPU:63"), "{e}");
+        }
+    }
+
     #[test]
     fn cpuinfo_is_read_once_and_gives_the_model() {
         assert!(std::ptr::eq(super::cpuinfo(), super::cpuinfo()), "one read per process");

@@ -62,6 +62,8 @@ pub struct CpuProgram {
     /// those that are: together an upper estimate of the work per launch index.
     loop_exprs: Vec<Arc<UOp>>,
     loop_const: u64,
+    /// The threads its launches run on (its device's, see `crate::device_pool`).
+    pool: &'static Pool,
     // Keeps the code `entry` points into mapped.
     _code: Code,
 }
@@ -87,6 +89,12 @@ impl CpuProgram {
     /// from memory or from a private folder (see `open_library`). Bytes of the other kind, or
     /// corrupt ones, are an [`Error::Load`].
     pub fn load(compiled: &CompiledSpec) -> Result<CpuProgram> {
+        Self::load_on(compiled, Pool::global())
+    }
+
+    /// [`CpuProgram::load`] for a device whose launches run on `pool` (each CPU device has
+    /// its own, see [`crate::open`]).
+    pub fn load_on(compiled: &CompiledSpec, pool: &'static Pool) -> Result<CpuProgram> {
         let name = &compiled.spec.name;
         let (entry, code) = if crate::compiler::OBJECT {
             load_object(&compiled.bytes, name).map_err(|e| match e {
@@ -106,7 +114,7 @@ impl CpuProgram {
                 }
             }
         }
-        Ok(CpuProgram { entry, spec: compiled.spec.clone(), loop_exprs, loop_const, _code: code })
+        Ok(CpuProgram { entry, spec: compiled.spec.clone(), loop_exprs, loop_const, pool, _code: code })
     }
 
     /// How many chunks to split a launch into.
@@ -323,7 +331,7 @@ impl CpuProgram {
         // chunks only during `Pool::run`, which returns before this function does.
         unsafe impl Sync for Addrs<'_> {}
         let addrs = Addrs(ptrs);
-        Pool::global().run(chunks, &|core| {
+        self.pool.run(chunks, &|core| {
             let addrs = &addrs;
             // SAFETY: as above; chunk `core` of `chunks` runs only its own iterations of
             // global axis 0, so concurrent chunks never write the same element.
@@ -341,7 +349,7 @@ impl Program for CpuProgram {
     /// at least the parameter's size, `vals` are in bounds and `launch` comes from
     /// `launch_dims(vals)`.
     unsafe fn execute(&self, bufs: &[RawView], vals: &[i64], launch: &LaunchDims) -> Result<()> {
-        let chunks = self.chunks(vals, launch, Pool::global());
+        let chunks = self.chunks(vals, launch, self.pool);
         // SAFETY: forwarded from this function's contract.
         unsafe { self.execute_chunks(bufs, vals, chunks) }
     }

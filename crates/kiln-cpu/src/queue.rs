@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use kiln_device::kiln_ir::DeviceSpec;
-use kiln_device::queue::CommandTimer;
+use kiln_device::queue::{CommandTimer, HostCall};
 use kiln_device::signal::SpinWait;
 use kiln_device::{
     Buffer, CpuTimelineSignal, Error, FaultWatch, HardwareQueue, Kernel, LaunchDims, PreparedLaunch, QueueFactory,
@@ -48,6 +48,7 @@ enum Command {
         src: Buffer,
     },
     Barrier,
+    Host(HostCall),
 }
 
 /// A recorded kernel launch.
@@ -103,6 +104,11 @@ impl CpuQueue {
     /// A queue with its own worker thread named `kiln-cpu-{role}-{n}`; `wait_timeout` bounds
     /// every `wait` command.
     pub fn new(role: &str, wait_timeout: Duration) -> Result<CpuQueue> {
+        Self::on_device(crate::CPU.clone(), role, wait_timeout)
+    }
+
+    /// [`CpuQueue::new`] for the CPU device `device` (`CPU:1`, ...).
+    pub fn on_device(device: DeviceSpec, role: &str, wait_timeout: Duration) -> Result<CpuQueue> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let (to_worker, from_host) = channel();
         let shared = Arc::new(Shared { failure: Mutex::new(None) });
@@ -111,7 +117,7 @@ impl CpuQueue {
             .name(format!("kiln-cpu-{role}-{}", NEXT.fetch_add(1, Ordering::Relaxed)))
             .spawn(move || worker.run())
             .map_err(|e| Error::driver("CPU", format!("cannot start a queue worker thread: {e}")))?;
-        Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device: crate::CPU.clone() })
+        Ok(CpuQueue { batch: Vec::new(), error: None, to_worker, shared, device })
     }
 
     fn record(&mut self, command: impl FnOnce() -> Result<Command>) -> &mut Self {
@@ -195,6 +201,11 @@ impl HardwareQueue for CpuQueue {
 
     fn memory_barrier(&mut self) -> &mut Self {
         self.record(|| Ok(Command::Barrier))
+    }
+
+    /// Runs on the queue's worker thread, in order.
+    fn host(&mut self, call: HostCall) -> &mut Self {
+        self.record(|| Ok(Command::Host(call)))
     }
 
     /// Hands the batch to the worker. Returns the batch's recording error (nothing is
@@ -320,6 +331,9 @@ impl Worker {
                 fence(Ordering::SeqCst);
                 Ok(())
             }
+            Command::Host(call) => catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+                Err(Error::Invalid(format!("a host step panicked: {}", panic_message(&*panic))))
+            }),
         }
     }
 }
@@ -337,6 +351,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// Creates CPU queues (each with its own worker thread) and CPU timeline signals.
 #[derive(Debug, Clone)]
 pub struct CpuQueueFactory {
+    device: DeviceSpec,
     wait_timeout: Duration,
 }
 
@@ -350,7 +365,12 @@ impl CpuQueueFactory {
     /// Queue `wait` commands without a deadline (the policy of every backend, see
     /// [`kiln_device::queue`]).
     pub fn new() -> Self {
-        CpuQueueFactory { wait_timeout: Duration::MAX }
+        Self::for_device(crate::CPU.clone())
+    }
+
+    /// [`CpuQueueFactory::new`] for the CPU device `device` (`CPU:1`, ...).
+    pub fn for_device(device: DeviceSpec) -> Self {
+        CpuQueueFactory { device, wait_timeout: Duration::MAX }
     }
 
     /// Queues created from now on bound their `wait` commands by `timeout`: an opt-in
@@ -372,12 +392,12 @@ impl QueueFactory for CpuQueueFactory {
 
     /// A new compute queue with its own worker; create several to run work concurrently.
     fn create_compute_queue(&self) -> Result<CpuQueue> {
-        CpuQueue::new("compute", self.wait_timeout)
+        CpuQueue::on_device(self.device.clone(), "compute", self.wait_timeout)
     }
 
     /// A queue for copies, so they overlap compute queues' work.
     fn create_copy_queue(&self) -> Result<Option<CpuQueue>> {
-        CpuQueue::new("copy", self.wait_timeout).map(Some)
+        CpuQueue::on_device(self.device.clone(), "copy", self.wait_timeout).map(Some)
     }
 
     fn create_signal(&self) -> Result<Arc<CpuTimelineSignal>> {
@@ -385,7 +405,7 @@ impl QueueFactory for CpuQueueFactory {
     }
 
     fn device(&self) -> &DeviceSpec {
-        &crate::CPU
+        &self.device
     }
 }
 

@@ -431,6 +431,14 @@ impl Buffer {
             // equal and they do not overlap (checked above).
             return unsafe { self.base.allocator.copy(d, s) };
         }
+        if self.base.allocator.is_host() && src.base.allocator.is_host() {
+            // Two host devices (`CPU` and `CPU:1`): one memory, no staging.
+            let (d, s) = (self.raw()?, src.raw()?);
+            // SAFETY: host allocators hand out live host memory (`is_host`), both windows lie in
+            // live allocations of `nbytes` bytes, and they do not overlap (checked above).
+            unsafe { std::ptr::copy_nonoverlapping(s.host_ptr() as *const u8, d.host_ptr(), self.nbytes()) };
+            return Ok(());
+        }
         let mut staging = vec![0u8; src.nbytes()];
         src.copyout(&mut staging)?;
         self.copyin(&staging)

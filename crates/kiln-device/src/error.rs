@@ -143,6 +143,16 @@ pub enum Error {
         /// What the driver call was doing and what went wrong.
         message: String,
     },
+    /// A collective failed on a channel (see [`crate::collective`]): a peer did not arrive in
+    /// time, failed, or passed other buffers. The channel is broken: every later collective
+    /// on it fails with this error. The devices and plans stay usable; create a new channel.
+    #[error("channel {channel}: {message}; the channel is broken, create a new one")]
+    Channel {
+        /// The channel, in words (provider, id, ranks).
+        channel: String,
+        /// What went wrong, naming the ranks.
+        message: String,
+    },
     /// A malformed setting (an environment variable, a configuration value).
     #[error("configuration: {0}")]
     Config(String),
@@ -178,6 +188,8 @@ pub enum ErrorClass {
     Io,
     /// Any other driver failure (not fatal).
     Driver,
+    /// A collective failed and broke its channel: make a new channel.
+    Channel,
 }
 
 impl Error {
@@ -208,6 +220,7 @@ impl Error {
             Error::Driver { fatal: true, .. } => ErrorClass::DeviceLost,
             Error::Driver { .. } => ErrorClass::Driver,
             Error::Cache(_) | Error::Io(_) => ErrorClass::Io,
+            Error::Channel { .. } => ErrorClass::Channel,
             // root_cause never returns these two.
             Error::SignalFailed(_) | Error::QueueFailed { .. } => ErrorClass::Driver,
         }

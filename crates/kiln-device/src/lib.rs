@@ -52,6 +52,7 @@ pub mod allocator;
 pub mod backend;
 pub mod buffer;
 pub mod cache;
+pub mod collective;
 pub mod context;
 pub mod device;
 #[cfg(test)]
@@ -79,6 +80,7 @@ pub use allocator::{LruAllocator, MEMORY_BUDGET_ENV, parse_byte_size, size_class
 pub use backend::{AccelBackend, AccelStream, ContextMap, EventOf};
 pub use buffer::{Allocator, AllocatorStats, Buffer, Element, MAX_BUFFER_BYTES, RawPtr, RawView};
 pub use cache::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheStats, KernelCache, Toolchain};
+pub use collective::{Channel, Collective, LocalChannel, ReduceOp};
 pub use context::{DeviceContext, Stamp};
 pub use device::{Device, MAX_KERNEL_NAME};
 pub use driver::{Baseline, BaselineFn, BenchWork, Conformance, Driver, OfflineTarget, TargetOutput, no_baseline};

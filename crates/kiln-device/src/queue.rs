@@ -42,6 +42,9 @@ use crate::signal::TimelineSignal;
 /// the command completed, and fails when the device kept no times for it.
 pub type TimeProbe = Box<dyn FnOnce() -> Result<(Instant, Instant)> + Send>;
 
+/// Work a queue hands to the host in its order ([`HardwareQueue::host`]).
+pub type HostCall = Box<dyn FnOnce() -> Result<()> + Send>;
+
 /// Receives the times a queue measured for profiled commands (see [`HardwareQueue::exec_timed`]).
 pub trait CommandTimer: Send + Sync {
     /// Called at most once per timed command, when the queue hands the command to the device
@@ -97,6 +100,12 @@ pub trait HardwareQueue: Send {
     /// Makes every earlier write visible to every later command of any queue that waits on
     /// a signal set after this point.
     fn memory_barrier(&mut self) -> &mut Self;
+
+    /// Runs `call` on a host thread once every earlier command of this queue finished; later
+    /// commands start after it returns. It may block (a collective waits for its peers, see
+    /// [`crate::collective`]) without blocking the caller of `submit`. Its error fails the
+    /// queue as a failed command does; a queue that fails before reaching it drops it uncalled.
+    fn host(&mut self, call: HostCall) -> &mut Self;
 
     /// Hands the recorded batch to the device and returns without waiting. Either way the
     /// queue is empty afterwards and records the next batch.
@@ -241,6 +250,12 @@ impl DynQueue {
         self
     }
 
+    /// See [`HardwareQueue::host`].
+    pub fn host(&mut self, call: HostCall) -> &mut Self {
+        self.inner.host(call);
+        self
+    }
+
     /// Forwards the batch to the concrete queue and submits it; returns the first recording
     /// error instead (and submits nothing) if there was one.
     ///
@@ -280,6 +295,7 @@ trait ErasedQueue: Send {
     fn exec(&mut self, kernel: &Kernel, bufs: &[&Buffer], vals: &[i64], timer: Option<&Arc<dyn CommandTimer>>);
     fn copy(&mut self, dst: &Buffer, src: &Buffer, timer: Option<&Arc<dyn CommandTimer>>);
     fn memory_barrier(&mut self);
+    fn host(&mut self, call: HostCall);
     fn submit(&mut self) -> Result<()>;
     /// Drops the recorded batch without submitting it, failing its signals with `error`
     /// (nothing waits for a batch that will never run).
@@ -347,6 +363,10 @@ impl<Q: HardwareQueue + 'static> ErasedQueue for Erased<Q> {
 
     fn memory_barrier(&mut self) {
         self.queue.memory_barrier();
+    }
+
+    fn host(&mut self, call: HostCall) {
+        self.queue.host(call);
     }
 
     fn submit(&mut self) -> Result<()> {
@@ -468,6 +488,10 @@ mod tests {
         }
         fn memory_barrier(&mut self) -> &mut Self {
             self.pending.push("barrier".into());
+            self
+        }
+        fn host(&mut self, _call: HostCall) -> &mut Self {
+            self.pending.push("host".into());
             self
         }
         fn reject(&mut self, error: Error) -> &mut Self {

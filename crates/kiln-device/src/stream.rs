@@ -52,7 +52,7 @@ use crate::error::{Error, Result};
 use crate::guarded::FaultWatch;
 use crate::kernel::{Kernel, PreparedLaunch};
 use crate::program::LaunchDims;
-use crate::queue::{CommandTimer, HardwareQueue, QueueFactory};
+use crate::queue::{CommandTimer, HardwareQueue, HostCall, QueueFactory};
 use crate::ring::{BackendEvent, RingSignal};
 use crate::signal::TimelineSignal;
 
@@ -76,6 +76,7 @@ enum Command<E: BackendEvent> {
         timer: Option<Arc<dyn CommandTimer>>,
     },
     Barrier,
+    Host(HostCall),
 }
 
 /// Work the host does between two device commands.
@@ -93,6 +94,11 @@ enum HostStep<E> {
     Faults {
         after: E,
         faults: FaultWatch,
+    },
+    /// Once `after` (an event after everything before) completes: `call()`.
+    Call {
+        after: E,
+        call: HostCall,
     },
 }
 
@@ -114,6 +120,12 @@ impl<E: BackendEvent> HostStep<E> {
             HostStep::Faults { after, faults } => {
                 after.wait()?;
                 faults.check()
+            }
+            HostStep::Call { after, call } => {
+                after.wait()?;
+                // A panic would end the helper thread with the queue's later work unrun.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+                    .unwrap_or_else(|_| Err(Error::Invalid("a host step panicked".into())))
             }
         }
     }
@@ -212,6 +224,7 @@ impl<B: AccelBackend> Inner<B> {
                     r
                 }
                 Command::Barrier => self.ops.barrier().map(|()| None),
+                Command::Host(call) => self.ops.record_event().map(|after| Some(HostStep::Call { after, call })),
             };
             if !signalled {
                 last_signal = None;
@@ -443,6 +456,11 @@ impl<B: AccelBackend> HardwareQueue for StreamQueue<B> {
 
     fn memory_barrier(&mut self) -> &mut Self {
         self.record(Ok(Command::Barrier))
+    }
+
+    /// A host step (see the module docs).
+    fn host(&mut self, call: HostCall) -> &mut Self {
+        self.record(Ok(Command::Host(call)))
     }
 
     fn reject(&mut self, error: Error) -> &mut Self {

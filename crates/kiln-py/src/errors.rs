@@ -58,6 +58,12 @@ create_exception!(
 create_exception!(kiln, UnavailableError, Error, "A device, backend or tool is not present.");
 create_exception!(kiln, IoError, Error, "The kernel cache or a host file failed.");
 create_exception!(kiln, DriverError, Error, "Any other (non-fatal) driver failure.");
+create_exception!(
+    kiln,
+    ChannelError,
+    Error,
+    "A collective failed (a peer did not arrive in time, failed, or passed other buffers); the channel is broken: make a new one."
+);
 
 /// Adds every exception class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -74,6 +80,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("UnavailableError", py.get_type::<UnavailableError>())?;
     m.add("IoError", py.get_type::<IoError>())?;
     m.add("DriverError", py.get_type::<DriverError>())?;
+    m.add("ChannelError", py.get_type::<ChannelError>())?;
     Ok(())
 }
 
@@ -191,6 +198,7 @@ impl Failure {
             (ErrorClass::Unavailable, _) => UnavailableError::new_err(message),
             (ErrorClass::Io, _) => IoError::new_err(message),
             (ErrorClass::Driver, _) => DriverError::new_err(message),
+            (ErrorClass::Channel, _) => ChannelError::new_err(message),
         };
         let value = err.value(py);
         // Attributes are a convenience: a failure to set one must not hide the error itself.

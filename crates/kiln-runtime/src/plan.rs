@@ -16,8 +16,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln_device::collective::{self, Channel, Collective, ReduceOp};
 use kiln_device::kiln_ir::UOp;
-use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory};
+use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory, HostCall};
 use kiln_device::{Buffer, Device, Error, Kernel, PreparedLaunch, Result, TimelineSignal};
 
 use crate::fuse::{Launch, Segment, find_segments, fused_kernel};
@@ -93,6 +94,8 @@ enum NodeKind {
         /// Marker kernels (start, end) for profiling, made on first use.
         markers: Option<(Kernel, Kernel)>,
     },
+    /// A collective on a channel, run as a host step of its queue.
+    Collective { channel: Arc<dyn Channel>, op: Collective, send: Buffer, recv: Buffer, name: String },
 }
 
 struct Node {
@@ -116,6 +119,16 @@ impl NodeKind {
                 .flat_map(|(slots, write)| slots.iter().filter_map(move |&s| bufs.get(s).map(|b| access(b, write))))
                 .collect(),
             NodeKind::Copy { dst, src, .. } => vec![access(src, false), access(dst, true)],
+            NodeKind::Collective { channel, op, send, recv, .. } => {
+                let rank = channel.rank();
+                // The collectives of one channel run in the order recorded, on every rank: each
+                // writes the channel itself.
+                let order = Access { alloc: Arc::as_ptr(channel) as *const () as usize, range: 0..1, write: true };
+                let mut accesses = vec![order];
+                accesses.extend(op.reads(rank).then(|| access(send, false)));
+                accesses.extend(op.writes(rank).then(|| access(recv, true)));
+                accesses
+            }
         }
     }
 }
@@ -125,6 +138,7 @@ impl Node {
         match &self.kind {
             NodeKind::Exec { kernel, .. } => &kernel.spec.name,
             NodeKind::Copy { .. } => "copy",
+            NodeKind::Collective { name, .. } => name,
         }
     }
 }
@@ -358,6 +372,109 @@ impl ExecutionPlan {
         Ok(self.push(kind, &accesses, (dst.nbytes() / 16) as u64))
     }
 
+    /// Records collective `op` on `channel` over this rank's `send` and `recv` (the same
+    /// buffer for a broadcast, a send or a receive), both on the plan's device; returns the
+    /// node index. The node runs once the nodes writing `send` finished, and the nodes
+    /// reading `recv` run after it; the collectives of one channel run in the order recorded.
+    /// Every rank records the same collectives of the channel in the same order (each in its
+    /// own plan). In a run, the node waits for its peers at most the shorter of the plan's
+    /// timeout and the channel's; see [`kiln_device::collective`] for the buffers each
+    /// collective takes and what failure does.
+    ///
+    /// # Errors
+    /// Before anything runs: [`Error::Buffer`] for buffers not on the plan's device or that do
+    /// not fit `op` (dtype, length, overlap), [`Error::Invalid`] for a root or peer out of
+    /// range, [`Error::Channel`] for a broken channel, [`Error::DeviceLost`] for a buffer of an
+    /// ended generation. While running (from [`ExecutionPlan::run`]): [`Error::Channel`].
+    pub fn collective(
+        &mut self,
+        channel: &Arc<dyn Channel>,
+        op: Collective,
+        send: &Buffer,
+        recv: &Buffer,
+    ) -> Result<usize> {
+        send.check_current()?;
+        recv.check_current()?;
+        let device = self.factory.dyn_device();
+        if let Some(b) = [send, recv].into_iter().find(|b| b.device() != device) {
+            return Err(Error::Buffer(format!(
+                "{}: a buffer on {} in a plan on {device}; a rank's collectives take buffers of its plan's device",
+                op.name(),
+                b.device()
+            )));
+        }
+        collective::check(channel.as_ref(), op, send, recv)?;
+        let cost = (send.nbytes().max(recv.nbytes()) / 16) as u64;
+        let name = op.name();
+        let kind = NodeKind::Collective { channel: channel.clone(), op, send: send.clone(), recv: recv.clone(), name };
+        let accesses = kind.accesses();
+        Ok(self.push(kind, &accesses, cost))
+    }
+
+    /// [`ExecutionPlan::collective`] of [`Collective::AllReduce`]: `recv` gets `op` over every
+    /// rank's `send` (`send` and `recv` may be one buffer).
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::collective`].
+    pub fn all_reduce(
+        &mut self,
+        channel: &Arc<dyn Channel>,
+        send: &Buffer,
+        recv: &Buffer,
+        op: ReduceOp,
+    ) -> Result<usize> {
+        self.collective(channel, Collective::AllReduce(op), send, recv)
+    }
+
+    /// [`ExecutionPlan::collective`] of [`Collective::AllGather`]: `recv` (`count` times
+    /// `send`'s length) gets every rank's `send` in rank order.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::collective`].
+    pub fn all_gather(&mut self, channel: &Arc<dyn Channel>, send: &Buffer, recv: &Buffer) -> Result<usize> {
+        self.collective(channel, Collective::AllGather, send, recv)
+    }
+
+    /// [`ExecutionPlan::collective`] of [`Collective::ReduceScatter`]: `recv` gets this rank's
+    /// block of `op` over every rank's `send` (`count` times `recv`'s length).
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::collective`].
+    pub fn reduce_scatter(
+        &mut self,
+        channel: &Arc<dyn Channel>,
+        send: &Buffer,
+        recv: &Buffer,
+        op: ReduceOp,
+    ) -> Result<usize> {
+        self.collective(channel, Collective::ReduceScatter(op), send, recv)
+    }
+
+    /// [`ExecutionPlan::collective`] of [`Collective::Broadcast`]: every rank's `buffer` gets
+    /// rank `root`'s.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::collective`].
+    pub fn broadcast(&mut self, channel: &Arc<dyn Channel>, buffer: &Buffer, root: usize) -> Result<usize> {
+        self.collective(channel, Collective::Broadcast { root }, buffer, buffer)
+    }
+
+    /// [`ExecutionPlan::collective`] of [`Collective::Send`]: `buffer` goes to rank `peer`.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::collective`].
+    pub fn send(&mut self, channel: &Arc<dyn Channel>, buffer: &Buffer, peer: usize) -> Result<usize> {
+        self.collective(channel, Collective::Send { peer }, buffer, buffer)
+    }
+
+    /// [`ExecutionPlan::collective`] of [`Collective::Recv`]: `buffer` gets rank `peer`'s.
+    ///
+    /// # Errors
+    /// As [`ExecutionPlan::collective`].
+    pub fn recv(&mut self, channel: &Arc<dyn Channel>, buffer: &Buffer, peer: usize) -> Result<usize> {
+        self.collective(channel, Collective::Recv { peer }, buffer, buffer)
+    }
+
     fn push(&mut self, kind: NodeKind, accesses: &[Access], cost: u64) -> usize {
         let index = self.nodes.len();
         if std::mem::take(&mut self.tracker_stale) {
@@ -573,7 +690,7 @@ impl ExecutionPlan {
                             && kernel.spec.device.base_type() == self.factory.dyn_device().base_type()
                             && bufs.iter().all(|b| b.allocator().is_host())
                     }
-                    NodeKind::Copy { .. } => false,
+                    NodeKind::Copy { .. } | NodeKind::Collective { .. } => false,
                 })
                 .collect();
             (self.segments, self.segment_of) = find_segments(&s, &fusable);
@@ -623,7 +740,7 @@ impl ExecutionPlan {
                 .iter()
                 .filter_map(|&n| match &self.nodes[n].kind {
                     NodeKind::Exec { bufs, .. } => Some(bufs.iter().cloned()),
-                    NodeKind::Copy { .. } => None,
+                    NodeKind::Copy { .. } | NodeKind::Collective { .. } => None,
                 })
                 .flatten()
                 .collect();
@@ -719,6 +836,10 @@ impl ExecutionPlan {
                                 queue.copy(dst, src);
                             }
                         },
+                        NodeKind::Collective { channel, op, send, recv, .. } => {
+                            let timer = profiled.then(|| timer(&node.stamps));
+                            queue.host(host_collective(channel, *op, send, recv, self.options.timeout, timer));
+                        }
                     }
                 }
                 if schedule.signal_after[n] {
@@ -780,6 +901,38 @@ impl ExecutionPlan {
             (_, first) => first,
         }
     }
+}
+
+/// The host step of a collective node: runs it on `channel` (timed for `timer`). Dropped
+/// without running (its queue failed before it), it tells the peers that this rank left.
+fn host_collective(
+    channel: &Arc<dyn Channel>,
+    op: Collective,
+    send: &Buffer,
+    recv: &Buffer,
+    timeout: Duration,
+    timer: Option<Arc<dyn CommandTimer>>,
+) -> HostCall {
+    struct Pending(Option<Arc<dyn Channel>>);
+    impl Drop for Pending {
+        fn drop(&mut self) {
+            if let Some(channel) = self.0.take() {
+                channel.leave(&Error::Invalid("its plan failed before the collective".into()));
+            }
+        }
+    }
+    let mut pending = Pending(Some(channel.clone()));
+    let (send, recv) = (send.clone(), recv.clone());
+    Box::new(move || {
+        let channel = pending.0.take().ok_or_else(|| Error::Invalid("a collective ran twice".into()))?;
+        let start = Instant::now();
+        let result = channel.run(op, &send, &recv, timeout);
+        if let Some(t) = timer {
+            let end = Instant::now();
+            t.measured(Box::new(move || Ok((start, end))));
+        }
+        result
+    })
 }
 
 /// A node's stamps as the timer its queue reports to.

@@ -3,6 +3,7 @@
 
 pub mod bounds;
 pub mod buffers;
+pub mod collectives;
 pub mod errors;
 #[cfg(feature = "fault-injection")]
 pub mod faults;

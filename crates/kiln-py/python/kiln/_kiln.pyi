@@ -67,6 +67,9 @@ class IoError(Error):
 class DriverError(Error):
     """Any other (non-fatal) driver failure."""
 
+class ChannelError(Error):
+    """A collective failed (a peer did not arrive in time, failed, or passed other buffers); the channel is broken: make a new one."""
+
 class DeviceInfo:
     """One row of ``devices()``."""
 

@@ -103,8 +103,8 @@ impl ExecutionPlan {
                     bufs.len()
                 ))
             }),
-            Some(NodeKind::Copy { .. }) => {
-                Err(Error::Launch(format!("node {node} is a copy; only launches are rebound")))
+            Some(NodeKind::Copy { .. } | NodeKind::Collective { .. }) => {
+                Err(Error::Launch(format!("node {node} is not a launch; only launches are rebound")))
             }
             None => Err(Error::Launch(format!("the plan has {} node(s), no node {node}", self.nodes.len()))),
         }
@@ -115,7 +115,9 @@ impl ExecutionPlan {
         self.nodes.iter().enumerate().flat_map(|(n, node)| -> Box<dyn Iterator<Item = _>> {
             match &node.kind {
                 NodeKind::Exec { bufs, .. } => Box::new(bufs.iter().enumerate().map(move |(s, b)| (Some((n, s)), b))),
-                NodeKind::Copy { dst, src, .. } => Box::new([(None, dst), (None, src)].into_iter()),
+                NodeKind::Copy { dst, src, .. } | NodeKind::Collective { recv: dst, send: src, .. } => {
+                    Box::new([(None, dst), (None, src)].into_iter())
+                }
             }
         })
     }

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::hazard::Hazard;
+use kiln_device::ReduceOp;
 
 /// Host memory from the global allocator, 64-byte aligned.
 struct HostAllocator {
@@ -692,3 +693,52 @@ mod opencl_backend {
 
 mod graph_replay;
 mod rebind;
+
+/// Two ends of an in-process channel, as plan nodes take them.
+fn channel_pair(timeout: Duration) -> Vec<Arc<dyn kiln_device::Channel>> {
+    let ends = kiln_device::LocalChannel::world_with_timeout(2, timeout).expect("channel");
+    ends.into_iter().map(|c| c as Arc<dyn kiln_device::Channel>).collect()
+}
+
+#[test]
+fn collectives_of_one_channel_keep_their_order_and_kernels_wait_for_them() {
+    let alloc = HostAllocator::shared();
+    let chans = channel_pair(Duration::from_secs(60));
+    let (a, b) = (filled(&alloc, 8, 1.0), filled(&alloc, 8, 1.0));
+    let mut p = plan(4);
+    let first = p.all_reduce(&chans[0], &a, &a, ReduceOp::Sum).expect("record");
+    let second = p.broadcast(&chans[0], &b, 1).expect("record");
+    let out = filled(&alloc, 8, 0.0);
+    let after = p.exec(&affine(Some(8), 2.0, 1.0), &[&a, &out], &[]).expect("record");
+    assert_eq!(p.dependencies(second), [Dependency { node: first, hazard: Hazard::WriteAfterWrite }]);
+    assert_eq!(p.dependencies(after), [Dependency { node: first, hazard: Hazard::ReadAfterWrite }]);
+    let mut peer = plan(4);
+    let (c, d) = (filled(&alloc, 8, 10.0), filled(&alloc, 8, 7.0));
+    peer.all_reduce(&chans[1], &c, &c, ReduceOp::Sum).expect("record");
+    peer.broadcast(&chans[1], &d, 1).expect("record");
+    let run = peer.submit(&[]).expect("submit");
+    p.run(&[]).expect("rank 0");
+    run.wait().expect("rank 1");
+    let sum: Vec<f32> = (0..8).map(|i| 11.0 + i as f32 * 0.5).collect();
+    assert_eq!(a.to_vec::<f32>().unwrap(), sum);
+    assert_eq!(c.to_vec::<f32>().unwrap(), sum);
+    assert_eq!(b.to_vec::<f32>().unwrap(), d.to_vec::<f32>().unwrap(), "rank 1's buffer reached rank 0");
+    assert_eq!(out.to_vec::<f32>().unwrap(), sum.iter().map(|x| x * 2.0 + 1.0).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_rank_whose_plan_fails_before_a_collective_releases_its_peers_at_once() {
+    let alloc = HostAllocator::shared();
+    let chans = channel_pair(Duration::from_secs(600));
+    let (a, b) = (filled(&alloc, 8, 0.0), filled(&alloc, 8, 0.0));
+    let mut failing_rank = plan(1);
+    failing_rank.exec(&failing(8), &[&a, &a], &[]).expect("record");
+    failing_rank.all_reduce(&chans[1], &a, &a, ReduceOp::Sum).expect("record");
+    let mut waiting_rank = plan(1);
+    waiting_rank.all_reduce(&chans[0], &b, &b, ReduceOp::Sum).expect("record");
+    let run = waiting_rank.submit(&[]).expect("submit");
+    assert!(failing_rank.run(&[]).is_err(), "the failing kernel fails its own plan");
+    // Without `leave`, this would wait the channel's 600 s timeout.
+    let e = run.wait().expect_err("the peer left");
+    assert!(matches!(e.root_cause(), Error::Channel { message, .. } if message.contains("rank 1 left")), "{e}");
+}
