@@ -9,8 +9,9 @@
 //! the Rust crates below it know nothing of Python. Its modules: `device` (`kiln.Device`,
 //! `kiln.devices()`), `buffer` (`kiln.Buffer`: numpy copies, zero-copy views), `dlpack`
 //! (export and `kiln.from_dlpack`), `kernel` (`kiln.Kernel`), `plan` (`kiln.Plan`,
-//! `kiln.PlanRun`), `stream` (asynchronous launches on OpenCL and CUDA), `dtype` (element
-//! types between kiln, numpy and DLPack) and `errors` (one exception per
+//! `kiln.PlanRun`), `channel` (`kiln.Channel`, the ranks a plan's collectives combine),
+//! `stream` (asynchronous launches on OpenCL and CUDA), `dtype` (element types between kiln,
+//! numpy and DLPack) and `errors` (one exception per
 //! `kiln_device::ErrorClass`, under `kiln.Error`). The stubs in `python/kiln/_kiln.pyi`
 //! document every call; `pip install ./crates/kiln-py` (maturin) builds the package and
 //! `pytest crates/kiln-py/tests` tests it. The package's pure-Python `kiln.tinygrad`
@@ -37,8 +38,25 @@
 //! except kiln.LaunchError as e:                   # every kiln failure is a kiln.Error
 //!     print(e)
 //! ```
+//!
+//! Collectives are plan nodes over a `kiln.Channel`, one end per rank; each rank has its own
+//! plan (here the CPU's virtual devices `CPU:1` .. `CPU:63`, each with its own threads), and
+//! the ranks' plans run at once, since a collective waits for every rank:
+//!
+//! ```python
+//! devs = [kiln.Device(f"CPU:{r}") for r in range(4)]
+//! ends = kiln.Channel.local(4, timeout=10)        # rank 0 first
+//! bufs = [d.from_numpy(np.full(8, r, np.float32)) for r, d in enumerate(devs)]
+//! plans = [kiln.Plan(d) for d in devs]
+//! for plan, end, buf in zip(plans, ends, bufs):
+//!     plan.all_reduce(end, buf, op="sum")         # in place; also all_gather, reduce_scatter,
+//! for run in [p.run_async() for p in plans]:      # broadcast, send / recv
+//!     run.wait()                                  # a missing rank: ChannelError at the timeout
+//! print(bufs[3].numpy())                          # [6. 6. 6. 6. 6. 6. 6. 6.]
+//! ```
 
 mod buffer;
+mod channel;
 mod device;
 mod dlpack;
 mod dtype;
@@ -120,6 +138,7 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::PyDevice>()?;
     m.add_class::<device::DeviceInfo>()?;
     m.add_class::<buffer::PyBuffer>()?;
+    m.add_class::<channel::PyChannel>()?;
     m.add_class::<kernel::PyKernel>()?;
     m.add_class::<plan::PyPlan>()?;
     m.add_class::<plan::PlanRun>()?;

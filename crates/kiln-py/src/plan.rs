@@ -1,23 +1,24 @@
-//! `kiln.Plan`: recorded launches and copies, replayed with new variable values.
+//! `kiln.Plan`: recorded launches, copies and collectives, replayed with new variable values.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kiln_device::Buffer;
+use kiln_device::{Buffer, Collective, ReduceOp};
 use kiln_runtime::{ExecutionPlan, PlanOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::buffer::PyBuffer;
+use crate::buffer::{PyBuffer, size_arg};
+use crate::channel::PyChannel;
 use crate::device::PyDevice;
-use crate::errors::{Failure, detached, invalid_arg, no_panic};
+use crate::errors::{Failure, detached, invalid_arg, no_panic, raise};
 use crate::kernel::PyKernel;
 use kiln_runtime::LaunchStream;
 
-/// Records kernel launches and copies once, then replays them: the object a compiler's JIT
-/// replays. The plan orders its work by the bytes each node reads and writes and may run
-/// independent nodes at once.
+/// Records kernel launches, copies and collectives once, then replays them: the object a
+/// compiler's JIT replays. The plan orders its work by the bytes each node reads and writes and
+/// may run independent nodes at once.
 #[pyclass(frozen, name = "Plan", module = "kiln")]
 pub struct PyPlan {
     /// The plan; runs and recording take turns.
@@ -32,6 +33,26 @@ pub struct PyPlan {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while recording is reported as an error; the plan's state stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A duration in seconds (a Python number): a negative, NaN or unbounded one is
+/// `kiln.InvalidArgumentError`.
+pub fn seconds_arg(py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    let secs: f64 = t.extract().map_err(|_| invalid_arg(py, format!("timeout is in seconds (a number), got {t}")))?;
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| invalid_arg(py, format!("timeout {secs} is not a duration in seconds")))
+}
+
+/// The `kiln.Buffer` behind `b`, or `kiln.InvalidArgumentError` naming `what` it is for.
+fn buffer_arg(py: Python<'_>, what: &str, b: &Bound<'_, PyAny>) -> PyResult<Buffer> {
+    b.cast::<PyBuffer>()
+        .map(|p| p.get().buf.clone())
+        .map_err(|_| invalid_arg(py, format!("{what} is a kiln.Buffer, got {}", b.get_type())))
+}
+
+/// A reduction by name (`sum`, `max`, `min`).
+fn reduce_op(py: Python<'_>, op: &str) -> PyResult<ReduceOp> {
+    op.parse().map_err(|e| raise(py, e))
 }
 
 /// A run's variables by name, from keyword arguments.
@@ -56,6 +77,25 @@ fn run_named(plan: &mut ExecutionPlan, vars: &[(String, i64)], stream: Option<&L
     Ok(plan.run(&pairs)?)
 }
 
+impl PyPlan {
+    /// Records collective `op` over this rank's `send` and `recv` (checked now: dtype, length,
+    /// device, root or peer); every rank records the same collectives in the same order.
+    fn collective(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        op: Collective,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let name = op.name();
+        let send = buffer_arg(py, &format!("{name}'s send buffer"), send)?;
+        let recv = buffer_arg(py, &format!("{name}'s recv buffer"), recv)?;
+        let (channel, recorded) = (&channel.channel, &self.recorded);
+        detached(py, None, || Ok(lock(recorded).collective(channel, op, &send, &recv)?))
+    }
+}
+
 #[pymethods]
 impl PyPlan {
     /// An empty plan on `device`. `timeout` (seconds) bounds how long a run waits for the
@@ -66,10 +106,7 @@ impl PyPlan {
         let device = device.get()?;
         let mut options = PlanOptions::default();
         if let Some(t) = timeout {
-            let t: f64 =
-                t.extract().map_err(|_| invalid_arg(py, format!("timeout is in seconds (a number), got {t}")))?;
-            options.timeout = Duration::try_from_secs_f64(t)
-                .map_err(|_| invalid_arg(py, format!("timeout {t} is not a duration in seconds")))?;
+            options.timeout = seconds_arg(py, t)?;
         }
         let plan = ExecutionPlan::with_options(device, options).map_err(|e| crate::errors::raise(py, e))?;
         Ok(PyPlan {
@@ -145,6 +182,88 @@ impl PyPlan {
         };
         let (d, s, recorded) = (&buffer(dst)?, &buffer(src)?, &self.recorded);
         detached(py, None, || Ok(lock(recorded).copy(d, s)?))
+    }
+
+    /// Records an all-reduce on `channel`: `recv` (same dtype and length as `send`; `None`
+    /// reduces in place into `send`) gets `op` (`"sum"`, `"max"`, `"min"`) over every rank's
+    /// `send`. Returns the node's index.
+    #[pyo3(signature = (channel, send, recv=None, op="sum"))]
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        op: &str,
+    ) -> PyResult<usize> {
+        let op = Collective::AllReduce(reduce_op(py, op)?);
+        self.collective(py, channel, op, send, recv.unwrap_or(send))
+    }
+
+    /// Records an all-gather on `channel`: `recv` (`count` times `send`'s length) gets every
+    /// rank's `send` in rank order. Returns the node's index.
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        self.collective(py, channel, Collective::AllGather, send, recv)
+    }
+
+    /// Records a reduce-scatter on `channel`: `recv` gets this rank's block of `op` over every
+    /// rank's `send` (`count` times `recv`'s length). Returns the node's index.
+    #[pyo3(signature = (channel, send, recv, op="sum"))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        op: &str,
+    ) -> PyResult<usize> {
+        let op = Collective::ReduceScatter(reduce_op(py, op)?);
+        self.collective(py, channel, op, send, recv)
+    }
+
+    /// Records a broadcast on `channel`: every rank's `buffer` gets rank `root`'s. Returns the
+    /// node's index.
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        buffer: &Bound<'_, PyAny>,
+        root: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let root = size_arg(py, "the root rank", root)?;
+        self.collective(py, channel, Collective::Broadcast { root }, buffer, buffer)
+    }
+
+    /// Records a send of `buffer` on `channel` to rank `peer`, which records the matching
+    /// `recv`. Returns the node's index.
+    fn send(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        buffer: &Bound<'_, PyAny>,
+        peer: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let peer = size_arg(py, "the peer rank", peer)?;
+        self.collective(py, channel, Collective::Send { peer }, buffer, buffer)
+    }
+
+    /// Records a receive into `buffer` on `channel` from rank `peer`, which records the
+    /// matching `send`. Returns the node's index.
+    fn recv(
+        &self,
+        py: Python<'_>,
+        channel: &PyChannel,
+        buffer: &Bound<'_, PyAny>,
+        peer: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let peer = size_arg(py, "the peer rank", peer)?;
+        self.collective(py, channel, Collective::Recv { peer }, buffer, buffer)
     }
 
     /// Replays every node with these variable values (the others keep the values they were

@@ -24,7 +24,8 @@
 //!   ranks.
 //!
 //! `send` and `recv` may be the same buffer (in place) where the lengths allow. Reductions
-//! take every numeric dtype (not `bool`); f16 and bf16 are reduced in f32 and rounded once.
+//! take every numeric dtype (not `bool`); f16 and bf16 combine two values at a time in f32,
+//! rounding each partial result to the dtype.
 //! [`check`] refuses mismatched buffers (dtype, length, device, a peer out of range) before
 //! anything runs; a rank whose buffers disagree with its peers' fails the collective on every
 //! rank with [`Error::Channel`].
@@ -50,6 +51,7 @@ mod stage;
 
 pub use local::{DEFAULT_TIMEOUT, LocalChannel, MAX_RANKS};
 pub use reduce::reduce_into;
+pub use stage::{Region, Staged};
 
 /// How a reduction combines the ranks' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -279,11 +281,14 @@ pub fn check(channel: &dyn Channel, op: Collective, send: &Buffer, recv: &Buffer
     Ok(())
 }
 
-/// What a rank posts to its peers for one collective, compared when they meet.
+/// What a rank tells its peers of one collective, compared when they meet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Signature {
+pub struct Signature {
+    /// The collective.
     pub op: Collective,
+    /// The buffers' dtype.
     pub dtype: Scalar,
+    /// Elements in `send`.
     pub send_len: usize,
 }
 

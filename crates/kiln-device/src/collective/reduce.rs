@@ -6,7 +6,7 @@ use super::ReduceOp;
 use crate::error::{Error, Result};
 
 /// `acc[i] = op(acc[i], x[i])` over the elements of `dtype` in two byte slices of equal
-/// length (native byte order, any alignment). f16 and bf16 combine in f32 and round once;
+/// length (native byte order, any alignment). f16 and bf16 combine in f32 and round the result;
 /// integers wrap on overflow; max and min propagate NaN.
 ///
 /// # Errors

@@ -8,8 +8,10 @@ use super::Collective;
 /// Host bytes of one buffer during a collective: its own memory on a host device, else a
 /// staging copy.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Region {
+pub struct Region {
+    /// The first byte.
     pub ptr: *mut u8,
+    /// How many bytes.
     pub len: usize,
     /// The allocation and byte range it views, to find buffers two ranks share (`None` when
     /// staged: a staging copy is private).
@@ -34,8 +36,10 @@ impl Region {
 /// `send` and `recv` of one rank as host memory: taken as they are on host devices, copied
 /// out (what the rank reads) into staging memory otherwise, and copied back by
 /// [`Staged::finish`] (what it writes).
-pub(crate) struct Staged<'b> {
+pub struct Staged<'b> {
+    /// What the rank sends (staged in when it reads it).
     pub send: Region,
+    /// What the rank receives into (the send region when in place).
     pub recv: Region,
     recv_buffer: &'b Buffer,
     /// Staging memory (u64 words: 8-byte aligned) of the send side, and of the recv side
@@ -46,6 +50,10 @@ pub(crate) struct Staged<'b> {
 }
 
 impl<'b> Staged<'b> {
+    /// Rank `rank`'s `send` and `recv` for `op` as host memory.
+    ///
+    /// # Errors
+    /// The buffers' allocation and copy-out errors.
     pub fn new(op: Collective, rank: usize, send: &'b Buffer, recv: &'b Buffer) -> Result<Staged<'b>> {
         let in_place = send.byte_range() == recv.byte_range();
         let (send_region, send_staging) = region(send, op.reads(rank))?;
@@ -61,6 +69,9 @@ impl<'b> Staged<'b> {
     }
 
     /// Copies the received bytes back into a staged `recv`.
+    ///
+    /// # Errors
+    /// The copy-in's errors.
     pub fn finish(self) -> Result<()> {
         if !self.writes {
             return Ok(());

@@ -1,5 +1,6 @@
 """kiln from Python: compile kernels written in kiln's text format and launch them on CPU,
-OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions and replayable plans.
+OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions, replayable plans and
+collectives between devices (``Channel``).
 
 >>> import kiln, numpy as np
 >>> dev = kiln.Device("CPU")
@@ -23,6 +24,7 @@ from ._kiln import (
     DTYPES,
     MAX_LOCAL_BYTES,
     Buffer,
+    Channel,
     ChannelError,
     CompileError,
     Device,
@@ -55,6 +57,7 @@ __all__ = [
     "DTYPES",
     "MAX_LOCAL_BYTES",
     "Buffer",
+    "Channel",
     "ChannelError",
     "CompileError",
     "Device",

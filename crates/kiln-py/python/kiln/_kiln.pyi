@@ -102,7 +102,10 @@ class Device:
     """A compute device, opened by name: ``Device("CPU")``, ``Device("OPENCL")``,
     ``Device("CUDA:0")``. A device is opened once per process and shared by every handle;
     ``Device("CPU", compiler="cc-avx2")`` is a device of its own whose default compiler pair is
-    that one (see ``compilers``). Usable as a context manager, which closes the handle."""
+    that one (see ``compilers``). ``Device("CPU:1")`` .. ``Device("CPU:63")`` are further CPU
+    devices, each with its own thread pool (``KILN_CPU_DEVICES=n`` splits the cores between
+    ``CPU:0`` .. ``CPU:n-1``): the ranks of a ``Channel`` in one process. Usable as a context
+    manager, which closes the handle."""
 
     def __init__(self, name: str, compiler: Optional[str] = None) -> None: ...
     @property
@@ -248,9 +251,45 @@ class Kernel:
     def source(self) -> str:
         """The backend source it was rendered to."""
 
+class Channel:
+    """One rank's end of a group of ranks, which ``Plan``'s collectives combine buffers over.
+    Every rank records the same collectives of a channel in the same order, each in its own
+    plan, and the ranks' plans run at once (``run_async`` on each, then ``wait`` on each; or a
+    thread per rank): a collective waits for every rank. A peer that does not arrive within
+    the timeout, fails, or passes other buffers breaks the channel: every rank raises
+    ``ChannelError``, and so does every later collective on it; make a new channel."""
+
+    @staticmethod
+    def local(count: int, timeout: Optional[float] = None) -> list[Channel]:
+        """The ``count`` ends of a new channel between devices of this process, rank 0 first.
+        A collective waits at most ``timeout`` seconds (60 by default) for its peers. A count
+        of 0 (or above 4096), or a negative or NaN timeout, raises ``InvalidArgumentError``."""
+    @staticmethod
+    def mpi_world(timeout: Optional[float] = None) -> Channel:
+        """This process's end of a new channel over every process of the MPI job (``mpirun -n N
+        python ...``): rank and count come from MPI. Host buffers go to MPI directly, buffers
+        of other devices through host memory. Raises ``UnavailableError`` when this build of
+        kiln has no MPI (build the wheel with the ``mpi`` feature)."""
+    @property
+    def rank(self) -> int:
+        """This end's rank, ``0 .. count``."""
+    @property
+    def count(self) -> int:
+        """How many ranks the channel joins."""
+    @property
+    def provider(self) -> str:
+        """How the ranks meet: ``"local"`` (devices of one process) or ``"mpi"``."""
+    @property
+    def timeout(self) -> float:
+        """The longest a collective waits for its peers, in seconds."""
+    @property
+    def broken(self) -> Optional[str]:
+        """The message of the error that broke the channel, or ``None`` while it works."""
+
 class Plan:
-    """Records launches and copies once, then replays them with new variable values: the
-    object a compiler's JIT replays. Work is ordered by the bytes each node reads and writes."""
+    """Records launches, copies and collectives once, then replays them with new variable
+    values: the object a compiler's JIT replays. Work is ordered by the bytes each node reads
+    and writes."""
 
     def __init__(self, device: Device, *, timeout: Optional[float] = None) -> None:
         """An empty plan; ``timeout`` (seconds) bounds how long a run waits."""
@@ -263,6 +302,28 @@ class Plan:
         the recorded ones did not."""
     def copy(self, dst: Buffer, src: Buffer) -> int:
         """Records a copy; returns the node's index."""
+    def all_reduce(self, channel: Channel, send: Buffer, recv: Optional[Buffer] = None, op: str = "sum") -> int:
+        """Records an all-reduce: ``recv`` (same dtype and length; ``None`` reduces in place into
+        ``send``) gets ``op`` (``"sum"``, ``"max"``, ``"min"``) over every rank's ``send``.
+        Reductions take every numeric dtype (not ``bool``); f16 and bf16 are reduced in f32.
+
+        Every collective returns the node's index, and raises ``InvalidArgumentError`` when it
+        is recorded for buffers that do not fit it (dtype, length, not on the plan's device), a
+        root or peer out of range or an unknown ``op``, ``ChannelError`` on a broken channel. A
+        run raises ``ChannelError`` when the collective fails on any rank."""
+    def all_gather(self, channel: Channel, send: Buffer, recv: Buffer) -> int:
+        """Records an all-gather: ``recv`` (``count`` times ``send``'s length) gets every
+        rank's ``send`` in rank order."""
+    def reduce_scatter(self, channel: Channel, send: Buffer, recv: Buffer, op: str = "sum") -> int:
+        """Records a reduce-scatter: ``recv`` gets this rank's block of ``op`` over every
+        rank's ``send`` (``count`` times ``recv``'s length)."""
+    def broadcast(self, channel: Channel, buffer: Buffer, root: int) -> int:
+        """Records a broadcast: every rank's ``buffer`` gets rank ``root``'s."""
+    def send(self, channel: Channel, buffer: Buffer, peer: int) -> int:
+        """Records a send of ``buffer`` to rank ``peer``, which records the matching ``recv``."""
+    def recv(self, channel: Channel, buffer: Buffer, peer: int) -> int:
+        """Records a receive into ``buffer`` (same dtype and length as the sender's) from rank
+        ``peer``, which records the matching ``send``."""
     def run(self, **vars: int) -> None:
         """Replays every node (variables not given keep their recorded values) and waits."""
     def run_async(self, **vars: int) -> PlanRun:

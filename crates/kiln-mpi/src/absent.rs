@@ -1,0 +1,52 @@
+//! [`MpiChannel`] in a build without MPI: never made.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_device::{Buffer, Channel, Collective, Error, Result};
+
+/// This process's end of an MPI channel; this build has no MPI, so there is none.
+#[derive(Debug)]
+pub struct MpiChannel {
+    never: std::convert::Infallible,
+}
+
+impl MpiChannel {
+    /// [`Error::Unavailable`]: this build has no MPI (see [`crate::NOT_LINKED`]).
+    ///
+    /// # Errors
+    /// Always [`Error::Unavailable`].
+    pub fn world() -> Result<Arc<MpiChannel>> {
+        Err(Error::Unavailable(crate::NOT_LINKED.into()))
+    }
+
+    /// As [`MpiChannel::world`].
+    ///
+    /// # Errors
+    /// Always [`Error::Unavailable`].
+    pub fn world_with_timeout(timeout: Duration) -> Result<Arc<MpiChannel>> {
+        let _ = timeout;
+        Self::world()
+    }
+}
+
+impl Channel for MpiChannel {
+    fn rank(&self) -> usize {
+        match self.never {}
+    }
+    fn count(&self) -> usize {
+        match self.never {}
+    }
+    fn provider(&self) -> &'static str {
+        "mpi"
+    }
+    fn timeout(&self) -> Duration {
+        match self.never {}
+    }
+    fn run(&self, _: Collective, _: &Buffer, _: &Buffer, _: Duration) -> Result<()> {
+        match self.never {}
+    }
+    fn broken(&self) -> Option<Error> {
+        match self.never {}
+    }
+}
