@@ -30,6 +30,51 @@ impl MpiChannel {
     }
 }
 
+impl MpiChannel {
+    /// Never called: there is no channel.
+    ///
+    /// # Errors
+    /// None: there is no channel to call it on.
+    pub fn first(&self, n: usize) -> Result<Option<Arc<MpiChannel>>> {
+        let _ = n;
+        match self.never {}
+    }
+
+    /// Never called: there is no channel.
+    ///
+    /// # Errors
+    /// None: there is no channel to call it on.
+    pub fn barrier(&self) -> Result<()> {
+        match self.never {}
+    }
+
+    /// Never called: there is no channel.
+    ///
+    /// # Errors
+    /// None: there is no channel to call it on.
+    pub fn agree_ok(&self, ok: bool) -> Result<bool> {
+        let _ = ok;
+        match self.never {}
+    }
+
+    /// Never called: there is no channel.
+    ///
+    /// # Errors
+    /// None: there is no channel to call it on.
+    pub fn baseline_all_reduce_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        let _ = (send, recv);
+        match self.never {}
+    }
+}
+
+/// [`Error::Unavailable`]: this build has no MPI (see [`crate::NOT_LINKED`]).
+///
+/// # Errors
+/// Always [`Error::Unavailable`].
+pub fn world_rank() -> Result<usize> {
+    Err(Error::Unavailable(crate::NOT_LINKED.into()))
+}
+
 impl Channel for MpiChannel {
     fn rank(&self) -> usize {
         match self.never {}

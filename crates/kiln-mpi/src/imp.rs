@@ -84,6 +84,7 @@ fn init() -> Result<Runtime> {
              MPI_THREAD_SERIALIZED ({serialized}) or more: initialize MPI with that level, or let kiln do it"
         )));
     }
+    choose_ring_all_reduce();
     let create = |f: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut ffi::MPI_Datatype)| {
         // SAFETY: a plain (uninitialised) handle for MPI to write.
         let mut op: ffi::MPI_Op = unsafe { std::mem::zeroed() };
@@ -94,6 +95,39 @@ fn init() -> Result<Runtime> {
         f16_ops: [create(half_op::<0, false>)?, create(half_op::<1, false>)?, create(half_op::<2, false>)?],
         bf16_ops: [create(half_op::<0, true>)?, create(half_op::<1, true>)?, create(half_op::<2, true>)?],
     })
+}
+
+/// OpenMPI's setting of the algorithm of its non-blocking all_reduce (libnbc's), and the value
+/// of its ring: the bandwidth-optimal one, which the library's automatic choice does not pick
+/// for large buffers (on a 2-core machine it was 1.4 to 2 times as fast as the default for 1 to
+/// 256 MiB; issue 33's note). kiln sets it through MPI's tool interface when the user did not
+/// set it (`OMPI_MCA_coll_libnbc_iallreduce_algorithm`); where the setting does not exist (not
+/// OpenMPI) or cannot be written, the library's choice stays.
+const RING_SETTING: (&std::ffi::CStr, c_int) = (c"coll_libnbc_iallreduce_algorithm", 1);
+
+fn choose_ring_all_reduce() {
+    let (name, ring) = RING_SETTING;
+    if std::env::var_os("OMPI_MCA_coll_libnbc_iallreduce_algorithm").is_some() {
+        return;
+    }
+    let (mut provided, mut index, mut count) = (0, 0, 0);
+    // SAFETY: MPI is initialized and kiln holds `mpi_lock`; every pointer is a live local or the
+    // setting's name (NUL-terminated); the handle is freed before returning.
+    unsafe {
+        if ffi::MPI_T_init_thread(ffi::RSMPI_THREAD_SERIALIZED, &mut provided) != 0 {
+            return;
+        }
+        if ffi::MPI_T_cvar_get_index(name.as_ptr(), &mut index) == 0 {
+            let mut handle: ffi::MPI_T_cvar_handle = std::ptr::null_mut();
+            if ffi::MPI_T_cvar_handle_alloc(index, std::ptr::null_mut(), &mut handle, &mut count) == 0 {
+                if count == 1 {
+                    ffi::MPI_T_cvar_write(handle, &ring as *const c_int as *const c_void);
+                }
+                ffi::MPI_T_cvar_handle_free(&mut handle);
+            }
+        }
+        ffi::MPI_T_finalize();
+    }
 }
 
 extern "C" fn finalize_at_exit() {
@@ -224,6 +258,117 @@ impl MpiChannel {
         }))
     }
 
+    /// The first `n` ranks of this channel as a channel of their own (`MPI_Comm_split`),
+    /// `None` on the others. Every rank of this channel calls it (it blocks until they do).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for `n` of 0 or above the count; MPI's errors.
+    pub fn first(&self, n: usize) -> Result<Option<Arc<MpiChannel>>> {
+        if n == 0 || n > self.count {
+            return Err(Error::Invalid(format!("the first {n} of {} ranks", self.count)));
+        }
+        let _lock = mpi_lock();
+        // SAFETY: reads the library's constant.
+        let color = if self.rank < n { 0 } else { unsafe { ffi::RSMPI_UNDEFINED } };
+        // SAFETY: a handle for MPI to write.
+        let mut comm: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        // SAFETY: a live communicator; `comm` is written.
+        let code = unsafe { ffi::MPI_Comm_split(self.comm.0, color, self.rank as c_int, &mut comm) };
+        check(code, "MPI_Comm_split")?;
+        if self.rank >= n {
+            return Ok(None);
+        }
+        // SAFETY: `comm` is the new communicator of this rank.
+        check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
+        static NEXT: AtomicU64 = AtomicU64::new(1 << 32);
+        Ok(Some(Arc::new(MpiChannel {
+            comm: Handle(comm),
+            rank: self.rank,
+            count: n,
+            timeout: self.timeout,
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            broken: Mutex::new(None),
+            busy: Mutex::new(()),
+        })))
+    }
+
+    /// Waits until every rank of the channel called it (`MPI_Ibarrier`), sleeping between
+    /// polls: ranks that sit out a measurement wait here without taking cores from it.
+    ///
+    /// # Errors
+    /// [`Error::Channel`] when a peer does not arrive within the channel's timeout; MPI's errors.
+    pub fn barrier(&self) -> Result<()> {
+        let mut req = null_request();
+        {
+            let _lock = mpi_lock();
+            // SAFETY: a live communicator; `req` is written.
+            check(unsafe { ffi::MPI_Ibarrier(self.comm.0, &mut req) }, "MPI_Ibarrier")?;
+        }
+        // SAFETY: a status for MPI to write.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        self.poll(&mut req, &mut status, "a barrier", Deadline::after(self.timeout), true)
+    }
+
+    /// Whether every rank's `ok` holds: each rank learns whether all of its peers' checks
+    /// passed, so that they stop together (within the channel's timeout).
+    ///
+    /// # Errors
+    /// [`Error::Channel`] when a peer does not answer; MPI's errors.
+    pub fn agree_ok(&self, ok: bool) -> Result<bool> {
+        // On the heap: leaked if the request is abandoned.
+        let mine = Box::new([i32::from(ok)]);
+        let mut all = Box::new([0i32]);
+        let mut req = null_request();
+        {
+            let _lock = mpi_lock();
+            // SAFETY: one i32 each way, both outliving the request (waited below, or leaked).
+            let code = unsafe {
+                ffi::MPI_Iallreduce(
+                    mine.as_ptr() as *const c_void,
+                    all.as_mut_ptr() as *mut c_void,
+                    1,
+                    ffi::RSMPI_INT32_T,
+                    ffi::RSMPI_MIN,
+                    self.comm.0,
+                    &mut req,
+                )
+            };
+            check(code, "MPI_Iallreduce")?;
+        }
+        // SAFETY: a status for MPI to write.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        if let Err(e) = self.wait(&mut req, &mut status, "agreeing on a check", Deadline::after(self.timeout)) {
+            std::mem::forget((mine, all));
+            return Err(e);
+        }
+        Ok(all[0] == 1)
+    }
+
+    /// `MPI_Allreduce` (sum) of `send` into `recv` over this channel's ranks, blocking: the
+    /// baseline `kiln bench` measures MPI channels against, on the same memory.
+    ///
+    /// # Errors
+    /// [`Error::Buffer`] for slices of different lengths or more than MPI counts; MPI's errors.
+    pub fn baseline_all_reduce_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(Error::Buffer(format!("all_reduce of {} elements into {}", send.len(), recv.len())));
+        }
+        let n = c_int::try_from(send.len()).map_err(|_| Error::Buffer("too many elements for MPI".into()))?;
+        let _lock = mpi_lock();
+        // SAFETY: two distinct live slices of `n` f32 each, on a live communicator.
+        let code = unsafe {
+            ffi::MPI_Allreduce(
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                n,
+                ffi::RSMPI_FLOAT,
+                ffi::RSMPI_SUM,
+                self.comm.0,
+            )
+        };
+        check(code, "MPI_Allreduce")
+    }
+
     fn name(&self) -> String {
         format!("mpi #{} of {} ranks", self.id, self.count)
     }
@@ -241,6 +386,19 @@ impl MpiChannel {
         status: &mut ffi::MPI_Status,
         what: &str,
         deadline: Deadline,
+    ) -> Result<()> {
+        self.poll(req, status, what, deadline, false)
+    }
+
+    /// [`MpiChannel::wait`]; `patient` sleeps between polls once the first spins found nothing,
+    /// leaving the cores to the processes doing the work (for a wait expected to be long).
+    fn poll(
+        &self,
+        req: &mut ffi::MPI_Request,
+        status: &mut ffi::MPI_Status,
+        what: &str,
+        deadline: Deadline,
+        patient: bool,
     ) -> Result<()> {
         let mut polls = 0u32;
         loop {
@@ -267,6 +425,8 @@ impl MpiChannel {
             // Spin first (shared-memory transfers complete in microseconds), then yield.
             if polls < 2000 {
                 std::hint::spin_loop();
+            } else if patient {
+                std::thread::sleep(Duration::from_micros(500));
             } else {
                 std::thread::yield_now();
             }
@@ -489,30 +649,15 @@ impl Deadline {
     }
 }
 
-/// `MPI_Allreduce` (sum) of `send` into `recv` over every process of the job, blocking: the
-/// baseline `kiln bench` measures MPI channels against, on the same buffers.
+/// This process's rank in the MPI job (`MPI_COMM_WORLD`), initializing MPI if needed.
 ///
 /// # Errors
-/// [`Error::Buffer`] for slices of different lengths or more than MPI counts; MPI's errors.
-pub fn baseline_all_reduce_f32(send: &[f32], recv: &mut [f32]) -> Result<()> {
+/// As [`MpiChannel::world`].
+pub fn world_rank() -> Result<usize> {
     runtime()?;
-    if send.len() != recv.len() {
-        return Err(Error::Buffer(format!("all_reduce of {} elements into {}", send.len(), recv.len())));
-    }
-    let n = c_int::try_from(send.len()).map_err(|_| Error::Buffer("too many elements for MPI".into()))?;
     let _lock = mpi_lock();
-    // SAFETY: two distinct live slices of `n` f32 each.
-    check(
-        unsafe {
-            ffi::MPI_Allreduce(
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                n,
-                ffi::RSMPI_FLOAT,
-                ffi::RSMPI_SUM,
-                ffi::RSMPI_COMM_WORLD,
-            )
-        },
-        "MPI_Allreduce",
-    )
+    let mut rank = 0;
+    // SAFETY: MPI is initialized; `rank` is written.
+    check(unsafe { ffi::MPI_Comm_rank(ffi::RSMPI_COMM_WORLD, &mut rank) }, "MPI_Comm_rank")?;
+    Ok(rank.max(0) as usize)
 }

@@ -47,9 +47,9 @@ mod absent;
 mod imp;
 
 #[cfg(not(feature = "mpi"))]
-pub use absent::MpiChannel;
+pub use absent::{MpiChannel, world_rank};
 #[cfg(feature = "mpi")]
-pub use imp::{MpiChannel, baseline_all_reduce_f32};
+pub use imp::{MpiChannel, world_rank};
 
 /// Whether this build links MPI (the `mpi` feature).
 pub const LINKED: bool = cfg!(feature = "mpi");

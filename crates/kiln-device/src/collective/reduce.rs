@@ -20,63 +20,85 @@ pub fn reduce_into(op: ReduceOp, dtype: Scalar, acc: &mut [u8], x: &[u8]) -> Res
             acc.len()
         )));
     }
-    macro_rules! native {
-        ($t:ty, $add:expr, $max:expr, $min:expr) => {{
-            let f: fn($t, $t) -> $t = match op {
-                ReduceOp::Sum => $add,
-                ReduceOp::Max => $max,
-                ReduceOp::Min => $min,
-            };
-            combine(acc, x, |a: [u8; std::mem::size_of::<$t>()], b| {
-                f(<$t>::from_ne_bytes(a), <$t>::from_ne_bytes(b)).to_ne_bytes()
-            })
-        }};
-    }
-    macro_rules! int {
-        ($t:ty) => {
-            native!($t, <$t>::wrapping_add, Ord::max, Ord::min)
+    macro_rules! by_op {
+        ($t:ty, $sum:expr) => {
+            match op {
+                ReduceOp::Sum => apply::<$t>(acc, x, $sum),
+                ReduceOp::Max => apply::<$t>(acc, x, max_nan),
+                ReduceOp::Min => apply::<$t>(acc, x, min_nan),
+            }
         };
     }
     macro_rules! half {
-        ($t:ty) => {{
-            let f = float_op(op);
-            combine(acc, x, |a: [u8; 2], b| {
-                <$t>::from_f32(f(<$t>::from_ne_bytes(a).to_f32(), <$t>::from_ne_bytes(b).to_f32())).to_ne_bytes()
-            })
-        }};
+        ($t:ty) => {
+            match op {
+                ReduceOp::Sum => apply::<$t>(acc, x, |a, b| <$t>::from_f32(a.to_f32() + b.to_f32())),
+                ReduceOp::Max => apply::<$t>(acc, x, |a, b| <$t>::from_f32(max_nan(a.to_f32(), b.to_f32()))),
+                ReduceOp::Min => apply::<$t>(acc, x, |a, b| <$t>::from_f32(min_nan(a.to_f32(), b.to_f32()))),
+            }
+        };
     }
     match dtype {
         Scalar::Bool => return Err(Error::Buffer("bool buffers cannot be reduced; use u8".into())),
-        Scalar::I8 => int!(i8),
-        Scalar::I16 => int!(i16),
-        Scalar::I32 => int!(i32),
-        Scalar::I64 => int!(i64),
-        Scalar::U8 => int!(u8),
-        Scalar::U16 => int!(u16),
-        Scalar::U32 => int!(u32),
-        Scalar::U64 => int!(u64),
+        Scalar::I8 => by_op!(i8, i8::wrapping_add),
+        Scalar::I16 => by_op!(i16, i16::wrapping_add),
+        Scalar::I32 => by_op!(i32, i32::wrapping_add),
+        Scalar::I64 => by_op!(i64, i64::wrapping_add),
+        Scalar::U8 => by_op!(u8, u8::wrapping_add),
+        Scalar::U16 => by_op!(u16, u16::wrapping_add),
+        Scalar::U32 => by_op!(u32, u32::wrapping_add),
+        Scalar::U64 => by_op!(u64, u64::wrapping_add),
         Scalar::F16 => half!(half::f16),
         Scalar::BF16 => half!(half::bf16),
-        Scalar::F32 => native!(f32, |a, b| a + b, max_nan, min_nan),
-        Scalar::F64 => native!(f64, |a, b| a + b, max_nan, min_nan),
+        Scalar::F32 => by_op!(f32, |a, b| a + b),
+        Scalar::F64 => by_op!(f64, |a, b| a + b),
     }
     Ok(())
 }
 
-/// Applies `f` to each pair of `N`-byte elements, into `acc`.
-#[inline(always)]
-fn combine<const N: usize>(acc: &mut [u8], x: &[u8], f: impl Fn([u8; N], [u8; N]) -> [u8; N]) {
-    for (a, b) in acc.chunks_exact_mut(N).zip(x.chunks_exact(N)) {
-        let (Ok(av), Ok(bv)) = (<[u8; N]>::try_from(&*a), <[u8; N]>::try_from(b)) else { continue };
-        a.copy_from_slice(&f(av, bv));
-    }
+/// The element types reductions combine: plain numbers, every bit pattern valid.
+trait Element: Copy + PartialOrd {
+    const SIZE: usize;
+    fn read(bytes: &[u8]) -> Self;
+    fn write(self, bytes: &mut [u8]);
 }
 
-fn float_op(op: ReduceOp) -> fn(f32, f32) -> f32 {
-    match op {
-        ReduceOp::Sum => |a, b| a + b,
-        ReduceOp::Max => max_nan,
-        ReduceOp::Min => min_nan,
+macro_rules! element {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn read(bytes: &[u8]) -> Self {
+                let mut b = [0u8; std::mem::size_of::<$t>()];
+                b.copy_from_slice(&bytes[..Self::SIZE]);
+                <$t>::from_ne_bytes(b)
+            }
+            fn write(self, bytes: &mut [u8]) {
+                bytes[..Self::SIZE].copy_from_slice(&self.to_ne_bytes());
+            }
+        }
+    )*};
+}
+element!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, half::f16, half::bf16);
+
+/// `acc[i] = f(acc[i], x[i])` over the elements of type `T` in two byte slices of equal length
+/// (whole elements): on the slices as `T` where both are aligned for it (so the loop
+/// vectorizes), else element by element through bytes.
+#[inline(always)]
+fn apply<T: Element>(acc: &mut [u8], x: &[u8], f: impl Fn(T, T) -> T) {
+    // SAFETY: `T` is a plain number type (see `Element`'s impls): every bit pattern is a valid
+    // value and it has no padding, so viewing initialised bytes as `T` is sound; `align_to`
+    // only yields the aligned middle part.
+    let (head_a, a, _) = unsafe { acc.align_to_mut::<T>() };
+    // SAFETY: as above, read only.
+    let (head_x, b, _) = unsafe { x.align_to::<T>() };
+    if head_a.is_empty() && head_x.is_empty() && a.len() == b.len() && a.len() * T::SIZE == x.len() {
+        for (a, b) in a.iter_mut().zip(b) {
+            *a = f(*a, *b);
+        }
+        return;
+    }
+    for (a, b) in acc.chunks_exact_mut(T::SIZE).zip(x.chunks_exact(T::SIZE)) {
+        f(T::read(a), T::read(b)).write(a);
     }
 }
 
@@ -137,6 +159,22 @@ mod tests {
         let mut acc = bytes(&[f(0.5)]);
         reduce_into(ReduceOp::Max, Scalar::F16, &mut acc, &bytes(&[f(-1.0)])).unwrap();
         assert_eq!(acc, bytes(&[f(0.5)]));
+    }
+
+    /// Slices that are not aligned for the dtype take the byte-wise path, with the same result.
+    #[test]
+    fn unaligned_slices_reduce_alike() {
+        let a: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        let b: Vec<f32> = (0..37).map(|i| 3.0 - i as f32).collect();
+        let mut want = bytes(&a);
+        reduce_into(ReduceOp::Sum, Scalar::F32, &mut want, &bytes(&b)).unwrap();
+        let (mut acc, mut x) = (vec![0u8; 1], vec![0u8; 3]);
+        acc.extend(bytes(&a));
+        x.extend(bytes(&b));
+        reduce_into(ReduceOp::Sum, Scalar::F32, &mut acc[1..], &x[3..]).unwrap();
+        assert_eq!(&acc[1..], &want[..]);
+        let sum: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+        assert_eq!(want, bytes(&sum));
     }
 
     #[test]

@@ -44,7 +44,13 @@ on all cores, with plain and with non-temporal stores of the CPU's widest vector
 the ceiling of the streaming entries, and add_f32_16m's baseline. compile_cold times one small kernel rendered, compiled and \
 loaded without the cache; compile_throughput counts kernels per second for 64 new small kernels compiled as \
 one batch on all cores (Device::compile_many), against the same number compiled one by one. warm_run_process is the wall time of a whole `kiln run` \
-process (an 8-element add on a warm kernel cache), against a bare `kiln --version` process.",
+process (an 8-element add on a warm kernel cache), against a bare `kiln --version` process. \
+allreduce_devices/R/SIZE is an all_reduce (sum, f32, SIZE bytes a rank) over R devices of this process \
+(CPU:0..R-1 on the CPU) through an in-process channel, in GB/s of one rank's bytes, against R threads each \
+copying one rank's bytes (the machine's copy bandwidth). allreduce_mpi/R/SIZE, run under mpirun with 4 ranks \
+or more and named with --only (`mpirun --oversubscribe -np 4 kiln bench --only allreduce_mpi --json`, from \
+a kiln built with the `mpi` feature), is the same over an MPI channel of the job's first R ranks, against \
+MPI_Allreduce on the same memory; every rank checks its sum and rank 0 reports.",
     after_help = "On a terminal, progress is shown on stderr (not with --json). Quote medians: these machines \
 are shared and noisy."
 )]
@@ -98,7 +104,12 @@ pub const ENTRIES: &[&str] = &[
     "warm_run_process",
     "alloc_cached",
     "device_reset",
+    "allreduce_devices",
+    "allreduce_mpi",
 ];
+
+/// Entries that run only when `--only` names them: `allreduce_mpi` runs under `mpirun`.
+const OPT_IN: &[&str] = &["allreduce_mpi"];
 
 fn kiln_err(context: &str, source: kiln_device::Error) -> CliError {
     CliError::Kiln { context: context.to_string(), source }
@@ -161,21 +172,29 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
             args.device
         )));
     }
-    let chosen: Vec<&'static str> =
-        ENTRIES.iter().copied().filter(|name| applies(name) && (args.only.is_none() || named(name))).collect();
+    let chosen: Vec<&'static str> = ENTRIES
+        .iter()
+        .copied()
+        .filter(|name| applies(name) && (named(name) || (args.only.is_none() && !OPT_IN.contains(name))))
+        .collect();
     // Entry by entry, every pair in turn, so that the pairs of one entry are timed close together.
     let progress = progress_bar(chosen.len() * benches.len(), args.json);
     let mut results = Vec::new();
     for name in chosen {
         for (pair, bench, args) in &benches {
             progress.set_message(format!("{name} ({pair})"));
-            let r = bench.entry(name, args)?;
-            progress.println(format!("{name:<24} {pair:>9} {:>10.3} {} (median)", r.kiln.median, r.unit));
+            for r in bench.rows(name, args)? {
+                progress.println(format!("{:<24} {pair:>9} {:>10.3} {} (median)", r.name, r.kiln.median, r.unit));
+                results.push(report::PairResult { compiler: pair.to_string(), result: r });
+            }
             progress.inc(1);
-            results.push(report::PairResult { compiler: pair.to_string(), result: r });
         }
     }
     progress.finish_and_clear();
+    // Under mpirun every rank measures; rank 0 reports.
+    if named("allreduce_mpi") && kiln_mpi::world_rank().is_ok_and(|r| r != 0) {
+        return Ok(String::new());
+    }
     Ok(if args.json { report::to_json(&args.device, &results)? } else { report::to_table(&default, &results) })
 }
 

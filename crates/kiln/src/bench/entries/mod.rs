@@ -1,6 +1,7 @@
 //! The entries: each verifies its output against a host reference, then times repetitions.
 //! The device they run on is opened by [`super::run`]; this module only uses it.
 
+mod collective;
 mod compile;
 mod gpu;
 mod matmul;
@@ -67,6 +68,16 @@ impl Bench {
     /// [`gpu`]) and runs where [`Bench::gpu_shaped`] holds; every other entry runs everywhere.
     pub(super) fn applies(&self, name: &str) -> bool {
         name != "matmul_f32_4096" || self.gpu_shaped()
+    }
+
+    /// Runs the entry `name` (one of [`super::ENTRIES`]): its rows (one, but for the
+    /// collective entries: one per rank count and size).
+    pub(super) fn rows(&self, name: &'static str, args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
+        match name {
+            "allreduce_devices" => self.allreduce_devices(),
+            "allreduce_mpi" => self.allreduce_mpi(),
+            name => Ok(vec![self.entry(name, args)?]),
+        }
     }
 
     /// Runs the entry `name` (one of [`super::ENTRIES`]), with the device's own baseline
