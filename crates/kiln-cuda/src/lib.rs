@@ -54,6 +54,7 @@
 //! - [`exports`]: the backend for the rest of kiln: registration, conformance entry, the
 //!   offline `cuda:sm_XY` target and its own bench baselines (cuBLAS, device copy).
 //! - `blas` (feature `cublas`): cuBLAS sgemm, the matmul baseline of `kiln bench`.
+//! - `nccl` (feature `nccl`): NCCL channels, collectives between CUDA devices.
 //!
 //! # Contexts and threads
 //! Each device is used through its *primary context*, retained once per process
@@ -69,6 +70,8 @@ pub mod blas;
 pub mod compiler;
 pub mod exports;
 pub mod graph;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod program;
 pub mod queue;
 pub mod renderer;
