@@ -426,7 +426,7 @@ impl MpiChannel {
             if polls < 2000 {
                 std::hint::spin_loop();
             } else if patient {
-                std::thread::sleep(Duration::from_micros(500));
+                std::thread::sleep(Duration::from_millis(5));
             } else {
                 std::thread::yield_now();
             }
