@@ -255,6 +255,7 @@ macro_rules! faults {
                 fault_kernel_fault => faults::kernel_fault,
                 fault_signal_timeout => faults::signal_timeout,
                 fault_device_loss => faults::device_loss,
+                fault_collective_peer => faults::collective_peer_fault,
             );
         }
     };

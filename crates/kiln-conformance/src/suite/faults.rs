@@ -277,6 +277,59 @@ pub fn device_loss(base: &Arc<Device>) -> Outcome {
     Ok(())
 }
 
+/// A rank whose kernel faults before its all_reduce: its peer, waiting in the collective
+/// with a channel timeout far beyond the test's, fails at once with a channel error naming
+/// the rank that left; the faulted rank gets the kernel fault; after the reset, a new channel
+/// all-reduces right.
+pub fn collective_peer_fault(base: &Arc<Device>) -> Outcome {
+    use kiln_device::{Channel, LocalChannel, ReduceOp};
+    let (dev, plan) = faulty(base)?;
+    let ends = LocalChannel::world_with_timeout(2, std::time::Duration::from_secs(3600))?;
+    let ends: Vec<Arc<dyn Channel>> = ends.into_iter().map(|e| e as Arc<dyn Channel>).collect();
+    let healthy_x = Buffer::from_slice(base.allocator(), &input())?;
+    let mut healthy = ExecutionPlan::with_options(base, PlanOptions { timeout: HANG_GUARD, ..PlanOptions::default() })?;
+    healthy.all_reduce(&ends[0], &healthy_x, &healthy_x, ReduceOp::Sum)?;
+    let mut faulted = {
+        let x = Buffer::from_slice(dev.allocator(), &input())?;
+        let t = dev.buffer(kiln_device::kiln_ir::Scalar::F32, N)?;
+        let options = PlanOptions { timeout: HANG_GUARD, ..PlanOptions::default() };
+        let mut p = ExecutionPlan::with_options(&dev, options)?;
+        p.exec(&compile(&dev, &affine(2.0, 1.0)?, "fault_affine")?, &[&x, &t], &[("n", N as i64)])?;
+        p.all_reduce(&ends[1], &t, &t, ReduceOp::Sum)?;
+        p
+    };
+    plan.after(FaultKind::Kernel, 1);
+    let start = Instant::now();
+    let waiting = healthy.submit(&[])?;
+    expect_err("the rank whose kernel faults", faulted.run(&[]), |e| caused_by(e, KERNEL_FAULT))?;
+    let e = expect_err("the peer of a rank that faulted", waiting.wait(), |e| {
+        matches!(e.root_cause(), Error::Channel { .. })
+    })?;
+    ensure!(e.to_string().contains("rank 1 left"), "the peer's error does not name the rank that left: {e}");
+    ensure!(start.elapsed() < HANG_GUARD, "the peer waited {:?} for a rank that had left", start.elapsed());
+    dev.reset()?;
+    let fresh = LocalChannel::world(2)?;
+    let t = dev.buffer(kiln_device::kiln_ir::Scalar::F32, N).and_then(|b| {
+        b.copy_from_slice(&input())?;
+        Ok(b)
+    })?;
+    let mut plans = [ExecutionPlan::new(base)?, ExecutionPlan::new(&dev)?];
+    let xs = [Buffer::from_slice(base.allocator(), &input())?, t];
+    for ((p, end), x) in plans.iter_mut().zip(fresh).zip(&xs) {
+        let end: Arc<dyn Channel> = end;
+        p.all_reduce(&end, x, x, ReduceOp::Sum)?;
+    }
+    let [a, b] = &mut plans;
+    let run = a.submit(&[])?;
+    b.run(&[])?;
+    run.wait()?;
+    let want: Vec<f32> = input().iter().map(|v| v * 2.0).collect();
+    for x in &xs {
+        ensure!(x.to_vec::<f32>()? == want, "all_reduce after the reset gave {:?}", x.to_vec::<f32>()?);
+    }
+    Ok(())
+}
+
 /// A plan over `x` on two compute queues: `t = 2x + 1`, then `out = 3t`, and an independent
 /// `u = 3x`; returns the plan and `out` (= [`expected`]). Every node writes a pure function
 /// of its inputs, so a run that timed out and still completes late rewrites the same values.
