@@ -4,7 +4,10 @@
 
 `DEV=KILN` (or `KILN:CPU`) is kiln's CPU, `DEV=KILN:OPENCL` and `DEV=KILN:CUDA` kiln's OpenCL and
 CUDA devices: tinygrad's `DEVICE:RENDERER` target convention, where the renderer names the kiln
-backend. A tensor's device `KILN:1` is the backend's device 1.
+backend. A tensor's device `KILN:1` is the backend's device 1: on the CPU the virtual device
+`CPU:1` (its own queues and threads; `KILN_CPU_DEVICES=n` splits the cores between `CPU:0` ..
+`CPU:n-1`), so `Tensor.shard(("KILN:0", "KILN:1"))` runs data-parallel work on kiln, and a
+TinyJit of it is one kiln plan spanning the devices (`kiln.tinygrad.device.KilnGraph`).
 
 Registration. tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x`. kiln's wheel
 installs `kiln-tinygrad.pth`, which runs `_kiln_tinygrad.install()` at interpreter start-up:

@@ -17,7 +17,8 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
   tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
 - `Tensor.dot` on kiln's CPU: the right operand of a large enough f32 matrix product is packed
-  in blocks of the register tile's columns first (`kiln.tinygrad.layout`).
+  in blocks of the register tile's columns first (`kiln.tinygrad.layout`); on several KILN
+  devices too, where that operand is whole on each (replicated weights, not a `shard` split).
 - `OnnxPBParser._parse_TensorProto`, likewise: a tensor with no elements and no data field (which
   ONNX allows) loads as an empty tensor (`kiln.tinygrad.onnx_tensors`).
 - ONNX's `GlobalAveragePool` and `GlobalMaxPool` (`onnx_ops`), likewise: on kiln's CPU their input
@@ -26,6 +27,13 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   convolution ran at 12 GFLOP/s that way, SqueezeNet's last at 15).
 - `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, convolution weights are stored in
   blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
+- `jit.graph_split_rewrite`: a captured TinyJit whose calls all run on KILN devices is one
+  graph batch, so one `kiln.Plan` (`KilnGraph`), however many devices it spans, unless the user
+  chose `JIT_BATCH_SIZE` (in the environment, or a value other than tinygrad's default 32).
+  tinygrad otherwise cuts the JIT into batches of 32, 64, 128, … calls, so that a GPU starts on
+  one batch while the next is built; a kiln plan runs to completion when called, so the cuts
+  would only add waits between plans and keep the plan from running independent work (the
+  devices of a sharded step) at once across them.
 
 `install` runs when `kiln.tinygrad.device` is imported, so tinygrad's compile worker processes
 (which import it to unpickle the renderer) get the changes too. Under another tinygrad version
@@ -35,17 +43,23 @@ only the BEAM pool is installed (it reads nothing of tinygrad's internals but th
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from types import ModuleType
 from typing import Any, Callable, Optional
 
 from tinygrad import Device, Tensor
 from tinygrad.codegen.opt import heuristic, search
+from tinygrad.engine import jit
+from tinygrad.helpers import JIT_BATCH_SIZE
+from tinygrad.uop.ops import UOp
 
 from . import layout, onnx_inputs, onnx_tensors, tile
 
 TINYGRAD_VERSION = "0.14.0"
 tinygrad_cat = Tensor.cat
 tinygrad_dot = Tensor.dot
+tinygrad_graph_split = jit.graph_split_rewrite
+DEFAULT_JIT_BATCH_SIZE = 32  # tinygrad's own default of `JIT_BATCH_SIZE`
 GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 
 
@@ -69,18 +83,31 @@ def lane_block(renderer: Any) -> int:
 
 
 def tiling_renderer(device: Any) -> Optional[Any]:
-    """The renderer of `device` if it is kiln's CPU (a renderer with `contraction_tiles`)."""
-    if not (isinstance(device, str) and device.split(":")[0] == "KILN"):
+    """The renderer of `device` if it is kiln's CPU (a renderer with `contraction_tiles`); for a
+    tensor on several devices (`Tensor.shard`), that of its KILN devices (they share one backend)."""
+    devices = device if isinstance(device, tuple) else (device,)
+    if not devices or not all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices):
         return None
-    renderer = Device[device].renderer
+    renderer = Device[devices[0]].renderer
     return renderer if getattr(renderer, "contraction_tiles", False) else None
+
+
+def whole_on_each_device(t: Tensor) -> bool:
+    """Whether `t` is on one device, or whole on each of its devices (not split by `shard`)."""
+    if not isinstance(t.device, tuple):
+        return True
+    try:
+        return t.uop.axis is None
+    except RuntimeError:  # split along several axes
+        return False
 
 
 def dot(self: Tensor, w: Tensor, dtype: Any = None) -> Tensor:
     """tinygrad's `Tensor.dot`, with a matrix product's right operand packed in blocks of the
-    register tile's columns on kiln's CPU (`kiln.tinygrad.layout.pack_columns`)."""
+    register tile's columns on kiln's CPU (`kiln.tinygrad.layout.pack_columns`), also on several
+    devices (a data-parallel step's weights) where that operand is whole on each."""
     renderer = tiling_renderer(self.device)
-    if renderer is not None:
+    if renderer is not None and whole_on_each_device(w):
         packed = layout.pack_columns(self, w, lane_block(renderer))
         w = w if packed is None else packed
     return tinygrad_dot(self, w, dtype=dtype)
@@ -95,6 +122,22 @@ def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return pool_realized
 
 
+def on_kiln_only(linear: UOp) -> bool:
+    """Whether every call of a captured JIT's `linear` runs on KILN devices."""
+    args = [b for si in linear.src for b in si.src[1:] if not b.is_bound_var]
+    devices = {d for b in args for d in (b.device if isinstance(b.device, tuple) else (b.device,))}
+    return bool(devices) and all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices)
+
+
+def graph_split(linear: UOp, max_batch_size: int = 0) -> UOp:
+    """tinygrad's `graph_split_rewrite`, with no limit on a batch's calls on KILN devices where
+    the user did not choose `JIT_BATCH_SIZE`."""
+    chosen = "JIT_BATCH_SIZE" in os.environ or JIT_BATCH_SIZE.value != DEFAULT_JIT_BATCH_SIZE
+    if not chosen and on_kiln_only(linear):
+        max_batch_size = 0
+    return tinygrad_graph_split(linear, max_batch_size=max_batch_size)
+
+
 def install() -> None:
     """Installs the changes above (idempotent)."""
     from . import beam  # it imports kiln.tinygrad.device, which calls this at its end
@@ -104,6 +147,7 @@ def install() -> None:
         heuristic.hand_coded_optimizations = tile.hand_coded_optimizations
         Tensor.cat = cat  # type: ignore[method-assign]
         Tensor.dot = dot  # type: ignore[method-assign]
+        jit.graph_split_rewrite = graph_split
 
 
 def install_onnx(onnx_module: ModuleType) -> None:
