@@ -15,14 +15,14 @@
 //! Dtypes: NCCL's (f16, bf16, f32, f64, i8, u8, i32, u32, i64, u64); i16 and u16 are refused.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::result::stream::StreamKind;
 use cudarc::driver::result::{self as cu};
 use cudarc::driver::sys;
 use cudarc::nccl::result as nccl;
 use cudarc::nccl::sys as nsys;
-use kiln_device::collective;
+use kiln_device::collective::{self, Deadline};
 use kiln_device::kiln_ir::{DeviceSpec, Scalar};
 use kiln_device::{Buffer, Channel, Collective, Error, ReduceOp, Result};
 
@@ -147,7 +147,7 @@ impl NcclChannel {
 
     /// Polls the stream until the collective finished, NCCL failed, or `deadline` passed (the
     /// communicator is then aborted).
-    fn wait(&self, h: &mut Handles, what: &str, deadline: Option<Instant>) -> Result<()> {
+    fn wait(&self, h: &mut Handles, what: &str, deadline: Deadline) -> Result<()> {
         loop {
             // SAFETY: a live stream of this channel.
             match unsafe { sys::cuStreamQuery(h.stream) } {
@@ -159,7 +159,7 @@ impl NcclChannel {
             // SAFETY: a live communicator; `state` is written.
             let _ = unsafe { nsys::ncclCommGetAsyncError(h.comm, &mut state) };
             let failed = state != nsys::ncclResult_t::ncclSuccess && state != nsys::ncclResult_t::ncclInProgress;
-            if failed || deadline.is_some_and(|d| Instant::now() >= d) {
+            if failed || deadline.passed() {
                 // SAFETY: aborting stops the communicator's kernels; it is not used afterwards.
                 let _ = unsafe { nccl::comm_abort(h.comm) };
                 let why =
@@ -272,8 +272,7 @@ impl Channel for NcclChannel {
             }
         };
         enqueued.map_err(|e| self.fail(nccl_err(&op.name(), e).to_string()))?;
-        let deadline = Instant::now().checked_add(timeout.min(self.timeout));
-        self.wait(&mut h, &op.name(), deadline)
+        self.wait(&mut h, &op.name(), Deadline::after(timeout.min(self.timeout)))
     }
 
     fn broken(&self) -> Option<Error> {

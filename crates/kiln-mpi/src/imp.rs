@@ -3,9 +3,9 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kiln_device::collective::{self, Region, Staged};
+use kiln_device::collective::{self, Deadline, Region, Staged};
 use kiln_device::kiln_ir::Scalar;
 use kiln_device::{Buffer, Channel, Collective, Error, ReduceOp, Result};
 use mpi::ffi;
@@ -418,7 +418,7 @@ impl MpiChannel {
                 return Err(self.fail(format!(
                     "rank {} waited {} ms in {what} for its peers, which did not all answer",
                     self.rank,
-                    deadline.limit.as_millis()
+                    deadline.limit().as_millis()
                 )));
             }
             polls += 1;
@@ -630,23 +630,6 @@ fn describe(sig: &[i64]) -> String {
     };
     let dtype = Scalar::ALL.get(dtype as usize).map_or("?".into(), |s| s.to_string());
     format!("{op} of {len} {dtype}")
-}
-
-/// When a wait for peers gives up.
-#[derive(Clone, Copy)]
-struct Deadline {
-    at: Option<Instant>,
-    limit: Duration,
-}
-
-impl Deadline {
-    fn after(limit: Duration) -> Deadline {
-        Deadline { at: Instant::now().checked_add(limit), limit }
-    }
-
-    fn passed(&self) -> bool {
-        self.at.is_some_and(|at| Instant::now() >= at)
-    }
 }
 
 /// This process's rank in the MPI job (`MPI_COMM_WORLD`), initializing MPI if needed.

@@ -26,7 +26,7 @@ impl PyChannel {
     fn local(py: Python<'_>, count: &Bound<'_, PyAny>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PyChannel>> {
         let count = crate::buffer::size_arg(py, "a channel's rank count", count)?;
         let timeout = match timeout {
-            Some(t) => crate::plan::seconds_arg(py, t)?,
+            Some(t) => crate::errors::seconds_arg(py, t)?,
             None => kiln_device::collective::DEFAULT_TIMEOUT,
         };
         let ends = detached(py, None, || Ok(LocalChannel::world_with_timeout(count, timeout)?))?;
@@ -41,7 +41,7 @@ impl PyChannel {
     #[pyo3(signature = (timeout=None))]
     fn mpi_world(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<PyChannel> {
         let timeout = match timeout {
-            Some(t) => crate::plan::seconds_arg(py, t)?,
+            Some(t) => crate::errors::seconds_arg(py, t)?,
             None => kiln_device::collective::DEFAULT_TIMEOUT,
         };
         let end = detached(py, None, || Ok(kiln_mpi::MpiChannel::world_with_timeout(timeout)?))?;

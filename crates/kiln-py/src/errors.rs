@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use kiln_device::{Error as KilnError, ErrorClass};
 use kiln_ir::IrError;
@@ -223,4 +224,12 @@ pub fn invalid_arg(py: Python<'_>, message: impl Into<String>) -> PyErr {
 /// A kiln error as the Python exception, without a kernel source to locate it in.
 pub fn raise(py: Python<'_>, e: impl Into<Failure>) -> PyErr {
     e.into().into_py(py, None)
+}
+
+/// A duration in seconds (a Python number): a negative, NaN or unbounded one is
+/// `kiln.InvalidArgumentError`.
+pub fn seconds_arg(py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    let secs: f64 = t.extract().map_err(|_| invalid_arg(py, format!("timeout is in seconds (a number), got {t}")))?;
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| invalid_arg(py, format!("timeout {secs} is not a duration in seconds")))
 }

@@ -12,7 +12,7 @@ use pyo3::types::PyDict;
 use crate::buffer::{PyBuffer, size_arg};
 use crate::channel::PyChannel;
 use crate::device::PyDevice;
-use crate::errors::{Failure, detached, invalid_arg, no_panic, raise};
+use crate::errors::{Failure, detached, invalid_arg, no_panic, raise, seconds_arg};
 use crate::kernel::PyKernel;
 use kiln_runtime::LaunchStream;
 
@@ -33,14 +33,6 @@ pub struct PyPlan {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while recording is reported as an error; the plan's state stays usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A duration in seconds (a Python number): a negative, NaN or unbounded one is
-/// `kiln.InvalidArgumentError`.
-pub fn seconds_arg(py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<Duration> {
-    let secs: f64 = t.extract().map_err(|_| invalid_arg(py, format!("timeout is in seconds (a number), got {t}")))?;
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| invalid_arg(py, format!("timeout {secs} is not a duration in seconds")))
 }
 
 /// The `kiln.Buffer` behind `b`, or `kiln.InvalidArgumentError` naming `what` it is for.

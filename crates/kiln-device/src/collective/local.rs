@@ -18,13 +18,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kiln_ir::Scalar;
 
 use super::reduce::reduce_into;
 use super::stage::{Region, Staged};
-use super::{Channel, Collective, Signature};
+use super::{Channel, Collective, Deadline, Signature};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 
@@ -124,7 +124,7 @@ impl LocalChannel {
                     st.posts.iter().enumerate().filter(|(_, p)| p.is_none()).map(|(i, _)| i.to_string()).collect();
                 let why = format!(
                     "rank {r} waited {} ms in {} (collective {round}) for rank(s) {}, which never arrived",
-                    deadline.limit.as_millis(),
+                    deadline.limit().as_millis(),
                     sig.op.name(),
                     missing.join(", ")
                 );
@@ -185,7 +185,7 @@ impl LocalChannel {
                         let why = format!(
                             "rank {} waited {} ms to send {sig} to rank {peer}, which never received",
                             self.rank,
-                            deadline.limit.as_millis(),
+                            deadline.limit().as_millis(),
                         );
                         return Err(w.fail(&mut st, why));
                     };
@@ -235,7 +235,7 @@ impl LocalChannel {
                 let why = format!(
                     "rank {} waited {} ms to receive {sig} from rank {peer}, which never sent",
                     self.rank,
-                    deadline.limit.as_millis(),
+                    deadline.limit().as_millis(),
                 );
                 return Err(w.fail(&mut st, why));
             };
@@ -279,28 +279,6 @@ impl Channel for LocalChannel {
 
     fn leave(&self, why: &Error) {
         LocalChannel::leave(self, why);
-    }
-}
-
-/// When a wait for peers gives up.
-#[derive(Clone, Copy)]
-struct Deadline {
-    /// `None`: never (a limit past the clock's range).
-    at: Option<Instant>,
-    limit: Duration,
-}
-
-impl Deadline {
-    fn after(limit: Duration) -> Deadline {
-        Deadline { at: Instant::now().checked_add(limit), limit }
-    }
-
-    /// The time left, `None` once it passed.
-    fn left(&self) -> Option<Duration> {
-        match self.at {
-            None => Some(Duration::from_secs(3600)),
-            Some(at) => at.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()),
-        }
     }
 }
 

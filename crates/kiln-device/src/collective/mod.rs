@@ -38,7 +38,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kiln_ir::Scalar;
 
@@ -295,6 +295,39 @@ pub struct Signature {
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} of {} {}", self.op.name(), self.send_len, self.dtype)
+    }
+}
+
+/// When a collective's wait for its peers gives up: the providers' shared clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    /// `None`: never (a limit past the clock's range).
+    at: Option<Instant>,
+    limit: Duration,
+}
+
+impl Deadline {
+    /// `limit` from now.
+    pub fn after(limit: Duration) -> Deadline {
+        Deadline { at: Instant::now().checked_add(limit), limit }
+    }
+
+    /// The time left, `None` once it passed (an hour at a time for a limit past the clock's range).
+    pub fn left(&self) -> Option<Duration> {
+        match self.at {
+            None => Some(Duration::from_secs(3600)),
+            Some(at) => at.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()),
+        }
+    }
+
+    /// Whether it passed.
+    pub fn passed(&self) -> bool {
+        self.left().is_none()
+    }
+
+    /// The limit it was made with, for messages.
+    pub fn limit(&self) -> Duration {
+        self.limit
     }
 }
 
