@@ -37,7 +37,6 @@
 //! with the same error. The devices and plans stay usable; create a new channel.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_ir::Scalar;
@@ -283,7 +282,7 @@ pub fn check(channel: &dyn Channel, op: Collective, send: &Buffer, recv: &Buffer
 
 /// What a rank tells its peers of one collective, compared when they meet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Signature {
+pub(crate) struct Signature {
     /// The collective.
     pub op: Collective,
     /// The buffers' dtype.
@@ -330,6 +329,3 @@ impl Deadline {
         self.limit
     }
 }
-
-/// A shared channel end.
-pub type SharedChannel = Arc<dyn Channel>;
