@@ -7,8 +7,8 @@ rank takes the same SGD step with the mean gradient. Rank 0 then trains the same
 the whole batches and checks that the weights agree within 1e-5: data parallelism over MPI
 computes what one process computes.
 
-Needs a kiln built with MPI (``maturin develop --release --features mpi``, with OpenMPI
-installed). ``--steps N`` sets the number of steps (default 8).
+Needs a kiln built with MPI (``MATURIN_PEP517_ARGS="--features mpi" pip install ./crates/kiln-py``,
+with OpenMPI installed). ``--steps N`` sets the number of steps (default 8).
 """
 
 from __future__ import annotations
