@@ -22,7 +22,7 @@ from kiln.tinygrad.device import HEADER, KilnGraph, renderer_for  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from tinygrad.engine.realize import graph_cache  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
-from tinygrad.helpers import Context, Target  # noqa: E402
+from tinygrad.helpers import Context, GlobalCounters, Target  # noqa: E402
 from tinygrad.codegen.opt import heuristic  # noqa: E402
 from tinygrad.uop.ops import Ops  # noqa: E402
 
@@ -264,20 +264,31 @@ def test_blocked_weights_keep_their_values_in_blocks_of_output_channels(cout, bl
 @pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
 @pytest.mark.parametrize("rows,packed", [(64, True), (4, False)])
 def test_a_matrix_products_right_operand_is_packed_in_column_blocks(monkeypatch, rows, packed):
-    """`compat.dot`: with at least `layout.MIN_ROWS` rows on the left, the right operand is
-    stored [N/32, K, 32] (blocked along its columns) before the product; the product is exact."""
+    """`layout.pack_contractions`: with at least `layout.MIN_ROWS` rows on the left, the
+    schedule copies the right operand [N/32, K, 32] (blocked along its columns) before the
+    product, one more kernel; the product is exact."""
     from kiln.tinygrad import layout
 
     seen = []
-    pack = layout.pack_columns
-    monkeypatch.setattr(layout, "pack_columns", lambda *a: seen.append(r := pack(*a)) or r)
+    pack = layout.pack_lane_operand
+    monkeypatch.setattr(layout, "pack_lane_operand", lambda *a: seen.append(r := pack(*a)) or r)
     a, b = rand(rows, 40, seed=52), rand(40, 96, seed=53)
-    out = (t(a) @ t(b)).numpy()
+    ta, tb = t(a).realize(), t(b).realize()
+    GlobalCounters.reset()
+    out = (ta @ tb).numpy()
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
     assert [r is not None for r in seen] == [packed]
-    if packed:
-        stored = seen[0].uop.base.buffer.as_memoryview()
-        np.testing.assert_array_equal(np.frombuffer(stored, np.float32), b.reshape(40, 3, 32).transpose(1, 0, 2).ravel())
+    assert GlobalCounters.kernel_count == (2 if packed else 1)
+
+
+def test_a_blocked_copy_stores_column_blocks_innermost():
+    """`layout.blocked_uop`: the same values, stored [N/block, K, block]."""
+    from kiln.tinygrad import layout
+
+    b = rand(40, 96, seed=53)
+    stored = Tensor(layout.blocked_uop(t(b).uop, 1, 32)).realize()
+    np.testing.assert_array_equal(stored.numpy(), b)
+    np.testing.assert_array_equal(np.frombuffer(stored.uop.base.buffer.as_memoryview(), np.float32), b.reshape(40, 3, 32).transpose(1, 0, 2).ravel())
 
 
 def test_the_tile_leaves_other_reductions_to_tinygrad(monkeypatch):

@@ -16,9 +16,12 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
 - `OnnxRunner._parse_input`, when `tinygrad.nn.onnx` is imported (the import hook of
   `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
   tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
-- `Tensor.dot` on kiln's CPU: the right operand of a large enough f32 matrix product is packed
-  in blocks of the register tile's columns first (`kiln.tinygrad.layout`); on several KILN
-  devices too, where that operand is whole on each (replicated weights, not a `shard` split).
+- `schedule.get_kernel_graph` on kiln's CPU: in each schedule, the right operand of a large
+  enough f32 matrix product is copied in blocks of the register tile's columns first
+  (`kiln.tinygrad.layout.pack_contractions`); on several KILN devices too, where that operand is
+  whole on each (replicated weights, not a `shard` split). The copy is an intermediate buffer of
+  that schedule, never a tensor's, so every tensor reads what it reads on tinygrad's devices
+  (around `assign` and optimizer steps too); the schedule cache keeps the rewritten graph.
 - `OnnxPBParser._parse_TensorProto`, likewise: a tensor with no elements and no data field (which
   ONNX allows) loads as an empty tensor (`kiln.tinygrad.onnx_tensors`).
 - ONNX's `GlobalAveragePool` and `GlobalMaxPool` (`onnx_ops`), likewise: on kiln's CPU their input
@@ -47,18 +50,19 @@ import os
 from types import ModuleType
 from typing import Any, Callable, Optional
 
-from tinygrad import Device, Tensor
+from tinygrad import Device, Tensor, codegen, schedule
 from tinygrad.codegen.opt import heuristic, search
-from tinygrad.engine import jit
-from tinygrad.helpers import JIT_BATCH_SIZE
-from tinygrad.uop.ops import UOp
+from tinygrad.engine import jit, realize
+from tinygrad.helpers import ALLOW_DEVICE_USAGE, JIT_BATCH_SIZE
+from tinygrad.uop.ops import Ops, UOp
 
 from . import layout, onnx_inputs, onnx_tensors, tile
 
 TINYGRAD_VERSION = "0.14.0"
 tinygrad_cat = Tensor.cat
-tinygrad_dot = Tensor.dot
+tinygrad_kernel_graph = schedule.get_kernel_graph
 tinygrad_graph_split = jit.graph_split_rewrite
+tinygrad_lower_and_compile = realize.lower_and_compile
 DEFAULT_JIT_BATCH_SIZE = 32  # tinygrad's own default of `JIT_BATCH_SIZE`
 GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 
@@ -82,35 +86,38 @@ def lane_block(renderer: Any) -> int:
     return 2 * tile.vector_bytes(renderer) // 4
 
 
+# the renderer of each KILN device opened so far that tiles contractions (kiln's CPU), by its
+# tinygrad name; `Device[...]` opens devices, which tinygrad forbids inside `@function`
+TILING: dict[str, Any] = {}
+
+
+def opened(name: str, renderer: Any) -> None:
+    """Records KILN device `name` (canonical, as `Device` names it) with its renderer."""
+    if getattr(renderer, "contraction_tiles", False):
+        TILING[name] = renderer
+
+
 def tiling_renderer(device: Any) -> Optional[Any]:
-    """The renderer of `device` if it is kiln's CPU (a renderer with `contraction_tiles`); for a
-    tensor on several devices (`Tensor.shard`), that of its KILN devices (they share one backend)."""
+    """The renderer of `device` if it is an opened kiln CPU device (a renderer with
+    `contraction_tiles`); for a tensor on several devices (`Tensor.shard`), that of its KILN
+    devices (they share one backend)."""
     devices = device if isinstance(device, tuple) else (device,)
     if not devices or not all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices):
         return None
-    renderer = Device[devices[0]].renderer
-    return renderer if getattr(renderer, "contraction_tiles", False) else None
+    if devices[0] not in TILING and ALLOW_DEVICE_USAGE:
+        Device[devices[0]]  # opening it records it (`opened`)
+    return TILING.get(devices[0])
 
 
-def whole_on_each_device(t: Tensor) -> bool:
-    """Whether `t` is on one device, or whole on each of its devices (not split by `shard`)."""
-    if not isinstance(t.device, tuple):
-        return True
-    try:
-        return t.uop.axis is None
-    except RuntimeError:  # split along several axes
-        return False
+def kernel_graph(sink: UOp) -> UOp:
+    """tinygrad's `get_kernel_graph`, with the matrix products of kiln's CPU devices packed
+    (`kiln.tinygrad.layout.pack_contractions`)."""
 
+    def block_of(device: Any) -> Optional[int]:
+        renderer = tiling_renderer(device)
+        return None if renderer is None else lane_block(renderer)
 
-def dot(self: Tensor, w: Tensor, dtype: Any = None) -> Tensor:
-    """tinygrad's `Tensor.dot`, with a matrix product's right operand packed in blocks of the
-    register tile's columns on kiln's CPU (`kiln.tinygrad.layout.pack_columns`), also on several
-    devices (a data-parallel step's weights) where that operand is whole on each."""
-    renderer = tiling_renderer(self.device)
-    if renderer is not None and whole_on_each_device(w):
-        packed = layout.pack_columns(self, w, lane_block(renderer))
-        w = w if packed is None else packed
-    return tinygrad_dot(self, w, dtype=dtype)
+    return tinygrad_kernel_graph(layout.pack_contractions(sink, block_of))
 
 
 def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -127,6 +134,20 @@ def on_kiln_only(linear: UOp) -> bool:
     args = [b for si in linear.src for b in si.src[1:] if not b.is_bound_var]
     devices = {d for b in args for d in (b.device if isinstance(b.device, tuple) else (b.device,))}
     return bool(devices) and all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices)
+
+
+def lower_and_compile(linear: UOp) -> UOp:
+    """tinygrad's `lower_and_compile`, which returns `linear` with each call's kernel replaced by
+    its compiled program: where every call is on KILN devices and every program is in tinygrad's
+    cache already (an eager op run again), the same result built directly, without
+    `UOp.substitute`, which walks every node of each program (its linearized kernel: thousands
+    of nodes for a register tile) on every call."""
+    if linear.op is Ops.LINEAR and on_kiln_only(linear):
+        todo = {c: a for c in linear.toposort() if c.op is Ops.CALL and (a := realize._get_call_to_compile(c)) is not None}
+        programs = {c: codegen.to_program_cache.get(codegen.to_program_key(*a)) for c, a in todo.items() if a[0] is c.src[0]}
+        if set(todo) <= set(linear.src) and len(programs) == len(todo) and None not in programs.values():
+            return linear.replace(src=tuple(c.replace(src=(programs[c], *c.src[1:])) if c in programs else c for c in linear.src))
+    return tinygrad_lower_and_compile(linear)
 
 
 def graph_split(linear: UOp, max_batch_size: int = 0) -> UOp:
@@ -146,8 +167,9 @@ def install() -> None:
     if pinned():
         heuristic.hand_coded_optimizations = tile.hand_coded_optimizations
         Tensor.cat = cat  # type: ignore[method-assign]
-        Tensor.dot = dot  # type: ignore[method-assign]
+        schedule.get_kernel_graph = kernel_graph
         jit.graph_split_rewrite = graph_split
+        realize.lower_and_compile = lower_and_compile
 
 
 def install_onnx(onnx_module: ModuleType) -> None:

@@ -468,6 +468,7 @@ class KilnDevice(Compiled):
         self.kiln = kiln_device(backend, self.device_id)
         if self.kiln.empty("u8", 1).is_host:
             self.allocator = KilnHostAllocator(self)
+        compat.opened(self.device, self.renderer)
 
     def synchronize(self) -> None:
         self.kiln.synchronize()

@@ -15,18 +15,23 @@ lanes, the block outermost and its lanes innermost: a panel is then one contiguo
   channels become the lanes of every convolution (a 7×7 image gives whole vectors, a strided
   window a tile at all), and ONNX initializers are constants, so the copy is made once, on the
   first call, and later calls read it.
-- `Tensor.dot` (`pack_columns`): the right operand of a matrix product with at least `MIN_ROWS`
-  rows on the left is stored `[N/32, K, 32]` (a copy per call: K·N elements against M·K·N
-  multiply-adds).
+- `pack_contractions` (every schedule on kiln's CPU: `tinygrad.schedule.get_kernel_graph`): the
+  right operand of a matrix product with at least `MIN_ROWS` rows on the left, `[K, N]`, is
+  copied `[N/32, K, 32]` inside the schedule that computes the product (a copy per schedule: K·N
+  elements against M·K·N multiply-adds). The copy is one of the schedule's own intermediate
+  buffers, as tinygrad makes for any kernel it splits off: it is computed from the operand's value
+  at that point of that schedule and never becomes a tensor's buffer, so no other tensor (a lazy
+  product realized after the operand is assigned, a loss read after an optimizer step) can read it.
 
 The tensors keep their shapes and values; only the memory order of the copy changes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from tinygrad import Tensor, dtypes
+from tinygrad.uop.ops import Ops, UOp
 
 MIN_ROWS = 32  # a product's left rows from which packing its right operand pays for the copy
 
@@ -63,15 +68,72 @@ def reorder_conv_weights(runner: Any, block: int) -> int:
     return done
 
 
-def pack_columns(x: Tensor, w: Tensor, block: int) -> Optional[Tensor]:
-    """`w` blocked along its columns when `x @ w` is an f32 matrix product worth it (a 2-D `w`
-    whose columns the block divides, at least `MIN_ROWS` rows of `x`); else None."""
-    if w.ndim != 2 or x.ndim < 2 or w.dtype != dtypes.float32 or x.dtype != dtypes.float32:
+def _moved_to_front(reduce: UOp) -> tuple[UOp, int]:
+    """The operand of a single-axis `REDUCE` and the axis it sums, in that operand's order
+    (tinygrad permutes the summed axis to the front)."""
+    src = reduce.src[0]
+    if src.op is Ops.PERMUTE:
+        return src.src[0], src.arg[0]
+    return src, 0
+
+
+def pack_lane_operand(reduce: UOp, block: int) -> Optional[UOp]:
+    """`reduce` with its right operand stored in blocks of `block` columns, when `reduce` is an f32
+    matrix product worth it (a sum over one axis of a product whose right operand varies along
+    the summed axis and one output axis only, the last, which the block divides, and whose left
+    operand has at least `MIN_ROWS` rows where the right one does not vary); else None."""
+    if reduce.arg != (Ops.ADD, 1) or len(reduce.src) != 1:
         return None
-    rows, (k, n) = x.shape[:-1], w.shape
-    if not all(isinstance(d, int) for d in (*rows, k, n)) or n % block or k < 2:
+    mul, k = _moved_to_front(reduce)
+    if mul.op is not Ops.MUL or mul.dtype != dtypes.float32 or len(mul.src) != 2:
         return None
-    count = 1
-    for d in rows:
-        count *= int(d)
-    return blocked(w, 1, block) if count >= MIN_ROWS else None
+    x, w = mul.src
+    if x.dtype != dtypes.float32 or w.dtype != dtypes.float32 or len(x.shape) != len(w.shape):
+        return None
+    if w.base.op is Ops.CONST or not all(isinstance(d, int) for d in (*x.shape, *w.shape)):
+        return None
+    out_axes = [i for i in range(len(w.shape)) if i != k]
+    lanes = [i for i in out_axes if w.shape[i] != 1]
+    if w.shape[k] < 2 or x.shape[k] != w.shape[k] or len(lanes) != 1 or lanes[0] != out_axes[-1]:
+        return None
+    n = lanes[0]
+    if x.shape[n] != 1 or w.shape[n] % block:
+        return None
+    rows = 1
+    for i in out_axes:
+        rows *= int(x.shape[i])
+    if rows < MIN_ROWS:
+        return None
+    packed = mul.replace(src=(x, blocked_uop(w, n, block)))
+    src = reduce.src[0].replace(src=(packed,)) if reduce.src[0].op is Ops.PERMUTE else packed
+    return reduce.replace(src=(src,))
+
+
+def blocked_uop(u: UOp, axis: int, block: int) -> UOp:
+    """`blocked` on a tensor graph node: `u` with the same shape and values, copied with `axis`
+    split into `axis/block` (outermost) and `block` (innermost)."""
+    shape = tuple(int(d) for d in u.shape)
+    split = u.reshape((*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
+    order = (axis, *(i for i in range(len(shape) + 1) if i not in (axis, axis + 1)), axis + 1)
+    inverse = tuple(order.index(i) for i in range(len(shape) + 1))
+    return split.permute(order).contiguous().permute(inverse).reshape(shape)
+
+
+def pack_contractions(sink: UOp, block_of: Callable[[Any], Optional[int]]) -> UOp:
+    """The tensor graph `sink` of one schedule with the right operand of each matrix product
+    worth it (`pack_lane_operand`) copied in blocks of its columns, where `block_of` gives the
+    block for the product's device (None: leave it). A right operand split across devices
+    (`Tensor.shard` along an axis) is left as it is."""
+    subs: dict[UOp, UOp] = {}
+    for u in sink.toposort():
+        if u.op is not Ops.REDUCE or (block := block_of(u.device)) is None:
+            continue
+        try:
+            if u.axis is not None:
+                continue
+        except RuntimeError:  # split along several axes
+            continue
+        packed = pack_lane_operand(u, block)
+        if packed is not None:
+            subs[u] = packed
+    return sink.substitute(subs) if subs else sink
