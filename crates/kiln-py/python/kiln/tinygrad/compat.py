@@ -6,13 +6,10 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   (`kiln.tinygrad.beam`); other renderers keep tinygrad's pool.
 - `heuristic.hand_coded_optimizations`: contractions on kiln's CPU get kiln's register tile
   (`kiln.tinygrad.tile`); other kernels and devices keep tinygrad's heuristic.
-- `Tensor.cat` on kiln's devices: the inputs are realized first (`contiguous`, nothing to do for
-  a realized tensor), then tinygrad's `cat` copies them. tinygrad otherwise fuses a concatenation
-  into the kernels that produce its inputs, and a convolution concatenated to earlier channels (a
-  DenseNet layer, an Inception block) then runs its reduction for every channel of the result,
-  the earlier ones masked off: DenseNet-121 ran 4.7× slower on kiln's CPU that way. On kiln's CPU
-  the concatenation is realized too: a convolution reading it otherwise loads each element
-  through a choice between the inputs, and gets no register tile (SqueezeNet's fire modules).
+- `schedule.get_kernel_graph` (every schedule on KILN devices): the computed inputs of a
+  concatenation get kernels of their own, and on kiln's CPU the concatenation too
+  (`kiln.tinygrad.concat`), instead of being fused into one kernel that runs every input's
+  reduction for each element of the result.
 - `OnnxRunner._parse_input`, when `tinygrad.nn.onnx` is imported (the import hook of
   `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
   tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
@@ -56,10 +53,9 @@ from tinygrad.engine import jit, realize
 from tinygrad.helpers import ALLOW_DEVICE_USAGE, JIT_BATCH_SIZE
 from tinygrad.uop.ops import Ops, UOp
 
-from . import layout, onnx_inputs, onnx_tensors, tile
+from . import concat, layout, onnx_inputs, onnx_tensors, tile
 
 TINYGRAD_VERSION = "0.14.0"
-tinygrad_cat = Tensor.cat
 tinygrad_kernel_graph = schedule.get_kernel_graph
 tinygrad_graph_split = jit.graph_split_rewrite
 tinygrad_lower_and_compile = realize.lower_and_compile
@@ -70,15 +66,6 @@ GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 def pinned() -> bool:
     """Whether the installed tinygrad is the version these changes were written for."""
     return importlib.metadata.version("tinygrad") == TINYGRAD_VERSION
-
-
-def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-    """tinygrad's `Tensor.cat`, with the inputs realized first on kiln's devices, and on kiln's
-    CPU the result too."""
-    if not (isinstance(self.device, str) and self.device.split(":")[0] == "KILN"):
-        return tinygrad_cat(self, *args, dim=dim)
-    out = tinygrad_cat(self.contiguous(), *(a.contiguous() for a in args), dim=dim)
-    return out.contiguous() if tiling_renderer(self.device) is not None else out
 
 
 def lane_block(renderer: Any) -> int:
@@ -97,13 +84,19 @@ def opened(name: str, renderer: Any) -> None:
         TILING[name] = renderer
 
 
+def on_kiln(device: Any) -> bool:
+    """Whether `device` (a tensor's: a name, or a tuple of them) is one or more KILN devices."""
+    devices = device if isinstance(device, tuple) else (device,)
+    return bool(devices) and all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices)
+
+
 def tiling_renderer(device: Any) -> Optional[Any]:
     """The renderer of `device` if it is an opened kiln CPU device (a renderer with
     `contraction_tiles`); for a tensor on several devices (`Tensor.shard`), that of its KILN
     devices (they share one backend)."""
-    devices = device if isinstance(device, tuple) else (device,)
-    if not devices or not all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices):
+    if not on_kiln(device):
         return None
+    devices = device if isinstance(device, tuple) else (device,)
     if devices[0] not in TILING and ALLOW_DEVICE_USAGE:
         Device[devices[0]]  # opening it records it (`opened`)
     return TILING.get(devices[0])
@@ -117,6 +110,7 @@ def kernel_graph(sink: UOp) -> UOp:
         renderer = tiling_renderer(device)
         return None if renderer is None else lane_block(renderer)
 
+    sink = concat.realize_concatenations(sink, on_kiln, lambda device: tiling_renderer(device) is not None)
     return tinygrad_kernel_graph(layout.pack_contractions(sink, block_of))
 
 
@@ -132,8 +126,8 @@ def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
 def on_kiln_only(linear: UOp) -> bool:
     """Whether every call of a captured JIT's `linear` runs on KILN devices."""
     args = [b for si in linear.src for b in si.src[1:] if not b.is_bound_var]
-    devices = {d for b in args for d in (b.device if isinstance(b.device, tuple) else (b.device,))}
-    return bool(devices) and all(isinstance(d, str) and d.split(":")[0] == "KILN" for d in devices)
+    devices = tuple({d for b in args for d in (b.device if isinstance(b.device, tuple) else (b.device,))})
+    return on_kiln(devices)
 
 
 def lower_and_compile(linear: UOp) -> UOp:
@@ -166,7 +160,6 @@ def install() -> None:
     search.get_worker_pool = beam.KilnBeamPool
     if pinned():
         heuristic.hand_coded_optimizations = tile.hand_coded_optimizations
-        Tensor.cat = cat  # type: ignore[method-assign]
         schedule.get_kernel_graph = kernel_graph
         jit.graph_split_rewrite = graph_split
         realize.lower_and_compile = lower_and_compile
