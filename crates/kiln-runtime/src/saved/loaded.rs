@@ -329,7 +329,18 @@ fn read_output(b: &Bound, variables: &[PlanVariable], vals: &[i64]) -> Result<Ho
                 b.buffer.len()
             ))
         })?;
-    let mut data = vec![0u8; numel * b.spec.dtype.size()];
-    b.buffer.view(0, numel)?.copyout(&mut data)?;
+    let window = b.buffer.view(0, numel)?;
+    // The device memory first: a size the device cannot hold is its typed out-of-memory error.
+    window.raw()?;
+    let bytes = window.nbytes();
+    let mut data = Vec::new();
+    data.try_reserve_exact(bytes).map_err(|_| {
+        PlanFileError::Device(kiln_device::Error::Buffer(format!(
+            "cannot allocate {bytes} bytes of host memory to read output `{}`",
+            b.spec.name
+        )))
+    })?;
+    data.resize(bytes, 0);
+    window.copyout(&mut data)?;
     Ok(HostTensor { name: b.spec.name.clone(), dtype: b.spec.dtype, shape, data })
 }

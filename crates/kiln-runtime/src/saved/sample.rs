@@ -29,6 +29,36 @@ impl Default for MlpShape {
     }
 }
 
+impl MlpShape {
+    /// The model's weights, the same for every model of this shape: W1 (`inputs × hidden`),
+    /// b1, W2 (`hidden × outputs`), b2, row-major.
+    pub fn weights(&self) -> [Vec<f32>; 4] {
+        let MlpShape { inputs, hidden, outputs, .. } = *self;
+        [weights(inputs * hidden, 1), weights(hidden, 2), weights(hidden * outputs, 3), weights(outputs, 4)]
+    }
+
+    /// The model on the host, for `x` of `x.len() / inputs` rows: each dot product summed in
+    /// order with one rounding per fused multiply-add, as the kernels do where the target has
+    /// FMA (others round twice: compare within a tolerance).
+    pub fn reference(&self, x: &[f32]) -> Vec<f32> {
+        let MlpShape { inputs, hidden, outputs, .. } = *self;
+        let w = self.weights();
+        let rows = x.len() / inputs.max(1);
+        let layer = |a: &[f32], w: &[f32], b: &[f32], k: usize, n: usize, relu: bool| -> Vec<f32> {
+            (0..rows * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    let dot = (0..k).fold(0.0f32, |acc, r| a[i * k + r].mul_add(w[r * n + j], acc));
+                    let v = dot + b[j];
+                    if relu { v.max(0.0) } else { v }
+                })
+                .collect()
+        };
+        let h = layer(x, &w[0], &w[1], inputs, hidden, true);
+        layer(&h, &w[2], &w[3], hidden, outputs, false)
+    }
+}
+
 /// A two-layer perceptron recorded as an [`ExecutionPlan`]: four launches (a matmul, a bias with
 /// relu, a matmul, a bias) over constant weights, input `x` of shape `[batch, inputs]`, output
 /// `y` of shape `[batch, outputs]`.
@@ -37,10 +67,8 @@ pub struct SampleMlp {
     pub plan: ExecutionPlan,
     /// Its input `x` and output `y`, for [`SavedPlan::from_plan`](super::SavedPlan::from_plan).
     pub interface: PlanInterface,
-    /// The sizes.
+    /// The sizes (and through them the weights, [`MlpShape::weights`]).
     pub shape: MlpShape,
-    /// W1 (`inputs × hidden`), b1, W2 (`hidden × outputs`), b2, row-major.
-    pub weights: [Vec<f32>; 4],
 }
 
 /// Deterministic weights: small multiples of 1/64 in [-0.25, 0.25].
@@ -93,7 +121,7 @@ impl SampleMlp {
         ];
         let batch_list: Vec<_> = sinks.iter().map(|(s, n)| (s.clone(), Some(*n))).collect();
         let kernels = device.compile_many(&batch_list).into_iter().collect::<Result<Vec<_>>>()?;
-        let w = [weights(inputs * hidden, 1), weights(hidden, 2), weights(hidden * outputs, 3), weights(outputs, 4)];
+        let w = shape.weights();
         let constant = |data: &[f32]| -> Result<Buffer> {
             let b = device.buffer(Scalar::F32, data.len())?;
             b.copy_from_slice(data)?;
@@ -114,26 +142,6 @@ impl SampleMlp {
             inputs: vec![PlanTensor::new("x", &x).with_shape([Dim::from("batch"), Dim::Fixed(inputs as u64)])],
             outputs: vec![PlanTensor::new("y", &y).with_shape([Dim::from("batch"), Dim::Fixed(outputs as u64)])],
         };
-        Ok(SampleMlp { plan, interface, shape, weights: w })
-    }
-
-    /// The model on the host, for `x` of `x.len() / inputs` rows: each dot product summed in
-    /// order with one rounding per fused multiply-add, as the kernels do where the target has
-    /// FMA (others round twice: compare within a tolerance).
-    pub fn reference(&self, x: &[f32]) -> Vec<f32> {
-        let MlpShape { inputs, hidden, outputs, .. } = self.shape;
-        let rows = x.len() / inputs;
-        let layer = |a: &[f32], w: &[f32], b: &[f32], k: usize, n: usize, relu: bool| -> Vec<f32> {
-            (0..rows * n)
-                .map(|e| {
-                    let (i, j) = (e / n, e % n);
-                    let dot = (0..k).fold(0.0f32, |acc, r| a[i * k + r].mul_add(w[r * n + j], acc));
-                    let v = dot + b[j];
-                    if relu { v.max(0.0) } else { v }
-                })
-                .collect()
-        };
-        let h = layer(x, &self.weights[0], &self.weights[1], inputs, hidden, true);
-        layer(&h, &self.weights[2], &self.weights[3], hidden, outputs, false)
+        Ok(SampleMlp { plan, interface, shape })
     }
 }

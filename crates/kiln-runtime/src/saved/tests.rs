@@ -79,7 +79,7 @@ fn a_saved_plan_runs_to_the_same_bits_on_the_same_device() {
         [(LoadOptions::default(), true), (LoadOptions { map_constants: false, ..Default::default() }, false)]
     {
         let mut loaded = LoadedPlan::load_with(&path, &device, &options).unwrap();
-        let weights: u64 = model.weights.iter().map(|w| 4 * w.len() as u64).sum();
+        let weights: u64 = model.shape.weights().iter().map(|w| 4 * w.len() as u64).sum();
         assert!(loaded.stats().constant_bytes > weights, "the block holds the weights and a header");
         assert_eq!(loaded.stats().mapped_bytes, if mapped { weights } else { 0 });
         // Every batch size, including ones other than the recorded 4.
@@ -89,7 +89,7 @@ fn a_saved_plan_runs_to_the_same_bits_on_the_same_device() {
             let got = run_loaded(&mut loaded, &x, rows, inputs);
             assert_eq!(got.shape, vec![rows, model.shape.outputs]);
             assert_eq!(got.data, want, "{rows} rows, mapped {mapped}: the loaded plan's bits differ");
-            let reference = model.reference(&x);
+            let reference = model.shape.reference(&x);
             for (g, r) in f32s(&got.data).iter().zip(&reference) {
                 assert!((g - r).abs() <= 1e-5 * r.abs().max(1.0), "{g} vs the host's {r}");
             }
