@@ -6,7 +6,7 @@ use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_ir::DeviceSpec;
 use kiln_runtime::saved::{HostTensor, LoadOptions, LoadProgress, LoadedPlan, PlanFileError, TensorRef};
 
@@ -73,19 +73,31 @@ fn plan_error(what: impl FnOnce() -> String) -> impl FnOnce(PlanFileError) -> Cl
     }
 }
 
-/// The bar shown on a terminal while kernels compile; hidden elsewhere.
+/// The bar shown on a terminal while kernels compile, from the first report on (when the
+/// kernel count is known); hidden elsewhere.
 fn progress_bar() -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(0);
+    let bar = ProgressBar::hidden();
     if let Ok(style) =
         ProgressStyle::with_template("kiln run-plan: compiling kernels [{pos}/{len}] {spinner} ({elapsed})")
     {
         bar.set_style(style);
     }
-    bar.enable_steady_tick(Duration::from_millis(120));
     bar
+}
+
+/// Moves `bar` to `p`, showing it (on a terminal) at the first report.
+fn show_progress(bar: &ProgressBar, p: LoadProgress) {
+    if bar.length() != Some(p.total as u64) {
+        bar.set_length(p.total as u64);
+        if std::io::stderr().is_terminal() {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            bar.enable_steady_tick(Duration::from_millis(120));
+        }
+    }
+    // Reports come from several threads: never move back.
+    if p.compiled as u64 > bar.position() {
+        bar.set_position(p.compiled as u64);
+    }
 }
 
 /// Runs `kiln run-plan`; returns the text for stdout.
@@ -99,10 +111,7 @@ pub fn run(args: &RunPlanArgs) -> Result<String, CliError> {
 
     let start = Instant::now();
     let bar = progress_bar();
-    let report = |p: LoadProgress| {
-        bar.set_length(p.total as u64);
-        bar.set_position(p.compiled as u64);
-    };
+    let report = |p: LoadProgress| show_progress(&bar, p);
     let options = LoadOptions { progress: Some(&report), ..LoadOptions::default() };
     let loaded = LoadedPlan::load_with(&args.file, &device, &options);
     bar.finish_and_clear();

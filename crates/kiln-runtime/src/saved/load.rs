@@ -46,7 +46,8 @@ pub struct LoadOptions<'a> {
     /// (the CPU), and map them read-only to copy them elsewhere; `false` reads them into memory
     /// (see [`mapped`](super::mapped) for what mapping assumes of the file).
     pub map_constants: bool,
-    /// Called as kernels compile (from the compiling threads).
+    /// Called once before kernels compile (`compiled` 0) and after each (from the compiling
+    /// threads, so reports may arrive out of order).
     pub progress: Option<&'a (dyn Fn(LoadProgress) + Sync)>,
 }
 
@@ -553,6 +554,9 @@ fn compile_all(device: &Device, m: &Manifest, sinks: &[Arc<UOp>], options: &Load
         }
         mine
     };
+    if let Some(report) = options.progress {
+        report(LoadProgress { compiled: 0, total });
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(total).max(1);
     let results = std::thread::scope(|s| {
         let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
