@@ -1,6 +1,7 @@
 //! Saved plans, measured: records the sample model (`kiln_runtime::saved::SampleMlp`), saves it,
 //! and loads it on each device in fresh processes, first with an empty kernel cache, then with
-//! the cache that load filled (a second start), and again in one process (the memory cache).
+//! the cache that load filled (a second start), and again in one process (the memory cache);
+//! medians of three processes each and of five loads in process.
 //! Every load's output is checked against the host reference before a figure is printed.
 //!
 //! ```text
@@ -82,6 +83,17 @@ fn in_child(path: &Path, device: &str, shape: MlpShape, cache: &Path) -> Result<
     Ok((load, run, wall))
 }
 
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The median of each of the three figures.
+fn median3(v: &mut [(f64, f64, f64)]) -> (f64, f64, f64) {
+    let mut pick = |f: fn(&(f64, f64, f64)) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
+    (pick(|t| t.0), pick(|t| t.1), pick(|t| t.2))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--load") {
@@ -120,17 +132,29 @@ fn main() -> Result<()> {
         saved.constant_bytes()
     );
     for device in &devices {
-        let cache = tempfile::tempdir()?;
-        let (cold, cold_run, cold_wall) = in_child(&path, device, shape, cache.path())?;
-        let (warm, warm_run, warm_wall) = in_child(&path, device, shape, cache.path())?;
-        // In this process: the first load fills the memory cache, the second is served by it.
+        // Three fresh processes with an empty kernel cache, each followed by one that finds the
+        // cache it filled; medians of each.
+        let (mut cold, mut warm) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let cache = tempfile::tempdir()?;
+            cold.push(in_child(&path, device, shape, cache.path())?);
+            warm.push(in_child(&path, device, shape, cache.path())?);
+        }
+        // In this process: the first load fills the memory cache, the next ones are served by it.
         load_and_check(&path, device, shape)?;
-        let (memory, _) = load_and_check(&path, device, shape)?;
+        let mut memory: Vec<f64> =
+            (0..5).map(|_| load_and_check(&path, device, shape).map(|(l, _)| ms(l))).collect::<Result<_>>()?;
+        let (c, w) = (median3(&mut cold), median3(&mut warm));
         println!(
-            "{device}: load {cold:.2} ms with an empty kernel cache (first run {cold_run:.2} ms, process {cold_wall:.0} ms), \
-             {warm:.2} ms with the disk cache (first run {warm_run:.2} ms, process {warm_wall:.0} ms), \
-             {:.2} ms with the memory cache",
-            ms(memory)
+            "{device}: load {:.2} ms with an empty kernel cache (first run {:.2} ms, process {:.0} ms), \
+             {:.2} ms with the disk cache (first run {:.2} ms, process {:.0} ms), {:.2} ms with the memory cache",
+            c.0,
+            c.1,
+            c.2,
+            w.0,
+            w.1,
+            w.2,
+            median(&mut memory)
         );
     }
     Ok(())

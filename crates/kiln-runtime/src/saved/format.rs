@@ -84,6 +84,8 @@ impl Header {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// What wrote the file (`kiln-runtime 0.1.0`; informational).
+    pub writer: String,
     /// The device the plan was recorded on (informational: a plan loads on any device).
     pub saved_on: String,
     /// The plan variables and the values they were recorded with.

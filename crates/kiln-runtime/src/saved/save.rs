@@ -351,6 +351,7 @@ impl SavedPlan {
         }
 
         let manifest = Manifest {
+            writer: format!("kiln-runtime {}", env!("CARGO_PKG_VERSION")),
             saved_on: device.to_string(),
             variables: vars.into_iter().map(|(name, value)| VariableEntry { name, value }).collect(),
             inputs,

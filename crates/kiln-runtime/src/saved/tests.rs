@@ -787,3 +787,12 @@ fn fuzz_the_loader() {
         assert!(loaded_count > 0, "no mutated plan loaded: the fuzzer never reached a run");
     }
 }
+
+/// The Python binding holds these in objects Python may move between threads.
+#[test]
+fn saved_and_loaded_plans_may_move_between_threads() {
+    fn send<T: Send + 'static>() {}
+    send::<SavedPlan>();
+    send::<LoadedPlan>();
+    send::<PlanFileError>();
+}
