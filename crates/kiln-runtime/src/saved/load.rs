@@ -44,7 +44,9 @@ pub struct LoadOptions<'a> {
     pub strict_bounds: bool,
     /// Use the constants in place from the mapped file on a device whose memory is host memory
     /// (the CPU), and map them read-only to copy them elsewhere; `false` reads them into memory
-    /// (see [`mapped`](super::mapped) for what mapping assumes of the file).
+    /// (mapping assumes that no other process truncates the file while it is loaded: reading the
+    /// lost pages would stop the process, as with any memory-mapped weights; see
+    /// `docs/saved-plans.md`).
     pub map_constants: bool,
     /// Called once before kernels compile (`compiled` 0) and after each (from the compiling
     /// threads, so reports may arrive out of order).
