@@ -89,8 +89,8 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// The median of each of the three figures.
-fn median3(v: &mut [(f64, f64, f64)]) -> (f64, f64, f64) {
-    let mut pick = |f: fn(&(f64, f64, f64)) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
+fn median3(v: &[(f64, f64, f64)]) -> (f64, f64, f64) {
+    let pick = |f: fn(&(f64, f64, f64)) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
     (pick(|t| t.0), pick(|t| t.1), pick(|t| t.2))
 }
 
@@ -144,7 +144,7 @@ fn main() -> Result<()> {
         load_and_check(&path, device, shape)?;
         let mut memory: Vec<f64> =
             (0..5).map(|_| load_and_check(&path, device, shape).map(|(l, _)| ms(l))).collect::<Result<_>>()?;
-        let (c, w) = (median3(&mut cold), median3(&mut warm));
+        let (c, w) = (median3(&cold), median3(&warm));
         println!(
             "{device}: load {:.2} ms with an empty kernel cache (first run {:.2} ms, process {:.0} ms), \
              {:.2} ms with the disk cache (first run {:.2} ms, process {:.0} ms), {:.2} ms with the memory cache",

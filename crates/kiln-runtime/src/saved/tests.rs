@@ -705,7 +705,8 @@ fn mutate(rng: &mut Rng, bytes: &[u8]) -> (Vec<u8>, String) {
 /// The loader fuzzer: mutations of a valid plan (truncation, bit flips, manifest field edits,
 /// kernel text edits, weight edits) never panic or crash; each is refused with a typed error or
 /// loads, and a plan that loads runs through the safe launch path (its result, or a typed
-/// error such as a guard that fired). `KILN_PLAN_FUZZ_CASES` sets the case count (default 200);
+/// error such as a guard that fired). A quarter of the cases load from a file, with the
+/// constants mapped in place. `KILN_PLAN_FUZZ_CASES` sets the case count (default 200);
 /// `KILN_PLAN_FUZZ_SEED` the first seed.
 #[test]
 fn fuzz_the_loader() {
@@ -713,12 +714,27 @@ fn fuzz_the_loader() {
     let seed: u64 = std::env::var("KILN_PLAN_FUZZ_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
     let device = cpu();
     let (_, bytes) = sample_bytes(&device);
+    let dir = tempfile::tempdir().unwrap();
     let (mut loaded_count, mut refused) = (0, std::collections::BTreeMap::<&str, usize>::new());
     for case in seed..seed + cases {
         let mut rng = Rng(case);
         let (damaged, what) = mutate(&mut rng, &bytes);
+        // A file of its own per case (removed after it): a mapping never outlives its plan, and
+        // a file one saw is never rewritten either.
+        let file = dir.path().join(format!("case{case}.kplan"));
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            match LoadedPlan::from_bytes(&damaged, &device, &LoadOptions::default()) {
+            // Every fourth case from a file, its constants mapped in place; the others from bytes.
+            let loaded = if case % 4 == 0 {
+                std::fs::write(&file, &damaged).map_err(|e| PlanFileError::Io {
+                    action: "write",
+                    path: file.clone(),
+                    source: e,
+                })?;
+                LoadedPlan::load(&file, &device)
+            } else {
+                LoadedPlan::from_bytes(&damaged, &device, &LoadOptions::default())
+            };
+            match loaded {
                 Err(e) => Err(e),
                 Ok(mut plan) => {
                     // Inputs as the loaded plan describes them, at the saved variable values.
@@ -771,7 +787,7 @@ fn fuzz_the_loader() {
                     PlanFileError::Unsupported { .. } => "unsupported",
                     PlanFileError::Device(_) => "device",
                     PlanFileError::Io { .. } | PlanFileError::Unsaveable(_) | PlanFileError::Input { .. } => {
-                        panic!("case {case} ({what}): an error loading bytes cannot give: {e}")
+                        panic!("case {case} ({what}): an error loading a file cannot give: {e}")
                     }
                 };
                 *refused.entry(kind).or_default() += 1;
