@@ -101,7 +101,7 @@ fn devices(s: &Scratch) -> Vec<String> {
             out.push(format!("{name}:0"));
         } else {
             // Past the harness's capture, as kiln_device::testing::report_skip writes it.
-            let line = format!("SKIPPED run-plan on {name}: not available on this machine\n");
+            let line = format!("SKIPPED run-plan on {name}: `kiln devices` lists no {name} device here\n");
             let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
     }
