@@ -37,6 +37,9 @@
 //! # }
 //! ```
 //!
+//! A plan saved to a file ([`saved`]) loads on any device without its recorder: kernels as IR,
+//! constants as safetensors, every part checked before anything runs.
+//!
 //! `cargo run --release -p kiln-runtime --example tensor_compiler` walks through a whole
 //! compiler front end on kiln: elementwise ops, reductions and a matmul lowered to kernels,
 //! recorded into one plan and replayed with new sizes.
@@ -48,6 +51,7 @@ pub mod hazard;
 mod launches;
 mod plan;
 mod profile;
+pub mod saved;
 pub mod schedule;
 
 pub use hazard::{Dependency, Hazard};

@@ -98,6 +98,16 @@ enum NodeKind {
     Collective { channel: Arc<dyn Channel>, op: Collective, send: Buffer, recv: Buffer, name: String },
 }
 
+/// A recorded node, borrowed: what a saved plan needs of it.
+pub(crate) enum Recorded<'a> {
+    /// A kernel launch over one buffer per parameter slot.
+    Exec { kernel: &'a Kernel, bufs: &'a [Buffer] },
+    /// A copy of `src` into `dst`.
+    Copy { dst: &'a Buffer, src: &'a Buffer },
+    /// A collective on a channel (named by its operation).
+    Collective { name: &'a str },
+}
+
 struct Node {
     kind: NodeKind,
     deps: Vec<Dependency>,
@@ -515,6 +525,26 @@ impl ExecutionPlan {
     /// The plan variables, in the order [`ExecutionPlan::run_vals`] takes their values.
     pub fn var_names(&self) -> &[String] {
         &self.var_names
+    }
+
+    /// The values the plan variables were recorded with, in [`ExecutionPlan::var_names`]
+    /// order: what a run binds for a variable it is not given.
+    pub fn var_defaults(&self) -> &[i64] {
+        &self.var_defaults
+    }
+
+    /// The device family the plan's queues run on.
+    pub(crate) fn device_spec(&self) -> &kiln_device::kiln_ir::DeviceSpec {
+        self.factory.dyn_device()
+    }
+
+    /// The recorded nodes in order, as a saved plan writes them (see [`crate::saved`]).
+    pub(crate) fn recorded(&self) -> impl Iterator<Item = Recorded<'_>> {
+        self.nodes.iter().map(|n| match &n.kind {
+            NodeKind::Exec { kernel, bufs, .. } => Recorded::Exec { kernel, bufs },
+            NodeKind::Copy { dst, src, .. } => Recorded::Copy { dst, src },
+            NodeKind::Collective { name, .. } => Recorded::Collective { name },
+        })
     }
 
     /// The earlier nodes node `node` must run after (empty for an unknown node).

@@ -23,6 +23,14 @@ pub enum CliError {
         #[source]
         source: kiln_device::Error,
     },
+    /// A saved plan could not be loaded or failed while running; `context` says which.
+    #[error("{context}")]
+    Plan {
+        context: String,
+        /// Boxed: the plan error is large, and every command's result carries this type.
+        #[source]
+        source: Box<kiln_runtime::saved::PlanFileError>,
+    },
     /// A file could not be read or written.
     #[error("{action} {}", path.display())]
     Io {

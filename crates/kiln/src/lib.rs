@@ -1,5 +1,5 @@
-//! The `kiln` command line: list devices, compile and run kernel text files, benchmark a
-//! device, inspect the kernel cache.
+//! The `kiln` command line: list devices, compile and run kernel text files, run saved plans,
+//! benchmark a device, inspect the kernel cache.
 //!
 //! The command line is declared with clap's derive API in [`Cli`]: each subcommand is one
 //! module with a `clap::Args` struct (its flags and generated help) and a function that
@@ -32,6 +32,7 @@ pub mod devices;
 pub mod error;
 pub mod npy;
 pub mod run;
+pub mod run_plan;
 pub mod session;
 pub mod show;
 pub mod trace;
@@ -48,6 +49,7 @@ Examples:
   kiln compile examples/kernels/add.kiln --emit spec
   kiln compile examples/kernels/add.kiln --target cuda:sm_90 --emit ptx
   kiln run examples/kernels/sum.kiln --var n=8 --in 0=examples/data/ramp8.npy
+  kiln run-plan model.kplan --in x=x.npy --out y=y.npy --device OPENCL:0
   kiln bench --quick --only add_f32_16m
 
 Environment: KILN_CC (C compiler), KILN_CACHE_DIR (kernel cache folder), KILN_CACHE=0 (no disk cache),
@@ -76,6 +78,8 @@ pub enum Command {
     Compile(compile::CompileArgs),
     /// Run a kernel file once on .npy inputs
     Run(run::RunArgs),
+    /// Load a saved plan on a device and run it once on .npy inputs by name
+    RunPlan(run_plan::RunPlanArgs),
     /// Verify and time kiln's benchmark suite against same-run baselines
     Bench(bench::BenchArgs),
     /// Show or clear the on-disk kernel cache
@@ -158,6 +162,7 @@ fn dispatch(args: impl IntoIterator<Item = OsString>) -> Result<String, CliError
         Some(Command::Devices(a)) => devices::run(&a),
         Some(Command::Compile(a)) => compile::run(&a),
         Some(Command::Run(a)) => run::run(&a),
+        Some(Command::RunPlan(a)) => run_plan::run(&a),
         Some(Command::Bench(a)) => bench::run(&a),
         Some(Command::Cache(a)) => cache::run(&a),
         Some(Command::Completions { shell }) => {

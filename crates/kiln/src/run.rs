@@ -77,21 +77,27 @@ impl RunArgs {
     /// wrote and the run would still succeed. Paths are compared as files ([`FileId`]), so
     /// `f.npy`, `./sub/../f.npy`, a symbolic or hard link to it are all the same destination.
     fn check_destinations(&self) -> Result<(), CliError> {
-        let outs = self.outs.iter().map(|(slot, path)| (format!("--out {slot}={}", path.display()), path));
-        let trace = self.trace.iter().map(|path| (format!("--trace {}", path.display()), path));
-        let mut seen: Vec<(FileId, String)> = Vec::new();
-        for (flag, path) in outs.chain(trace) {
-            let Some(id) = FileId::of(path) else { continue };
-            if let Some((_, first)) = seen.iter().find(|(seen, _)| *seen == id) {
-                return Err(CliError::Usage(format!(
-                    "{first} and {flag} name the same file: one output would overwrite the other; \
-                     give each its own file"
-                )));
-            }
-            seen.push((id, flag));
-        }
-        Ok(())
+        let outs = self.outs.iter().map(|(slot, path)| (format!("--out {slot}={}", path.display()), path.as_path()));
+        let trace = self.trace.iter().map(|path| (format!("--trace {}", path.display()), path.as_path()));
+        check_destinations(outs.chain(trace))
     }
+}
+
+/// Refuses two destinations (each with the flag that named it) that are one file (see
+/// [`FileId`]): the last would silently replace what the others wrote.
+pub(crate) fn check_destinations<'a>(dests: impl Iterator<Item = (String, &'a Path)>) -> Result<(), CliError> {
+    let mut seen: Vec<(FileId, String)> = Vec::new();
+    for (flag, path) in dests {
+        let Some(id) = FileId::of(path) else { continue };
+        if let Some((_, first)) = seen.iter().find(|(seen, _)| *seen == id) {
+            return Err(CliError::Usage(format!(
+                "{first} and {flag} name the same file: one output would overwrite the other; \
+                 give each its own file"
+            )));
+        }
+        seen.push((id, flag));
+    }
+    Ok(())
 }
 
 /// The file a destination path names, compared to find two destinations that are one file.
@@ -132,7 +138,7 @@ impl FileId {
 }
 
 /// The first item that appeared before.
-fn first_repeat<T: Eq + std::hash::Hash + Copy>(items: impl IntoIterator<Item = T>) -> Option<T> {
+pub(crate) fn first_repeat<T: Eq + std::hash::Hash + Copy>(items: impl IntoIterator<Item = T>) -> Option<T> {
     let mut seen = HashSet::new();
     items.into_iter().find(|&x| !seen.insert(x))
 }
@@ -148,16 +154,16 @@ fn parse_slot_file(text: &str) -> Result<(usize, PathBuf), String> {
 /// destination is reported before any work, and not after the run (which would lose the
 /// other outputs). Opening does not truncate; [`Destination::commit`] does. A file that the
 /// open created is removed again when the run fails before it is committed.
-struct Destination {
+pub(crate) struct Destination {
     what: &'static str,
-    path: PathBuf,
+    pub(crate) path: PathBuf,
     file: File,
     created: bool,
     committed: bool,
 }
 
 impl Destination {
-    fn open(what: &'static str, path: &Path) -> Result<Destination, CliError> {
+    pub(crate) fn open(what: &'static str, path: &Path) -> Result<Destination, CliError> {
         let created = std::fs::symlink_metadata(path).is_err();
         let file = File::options()
             .write(true)
@@ -173,7 +179,7 @@ impl Destination {
     /// regular file is then cut to their length: rewriting an output of the same size (the
     /// common case, a kernel run again) frees and reallocates no blocks, whereas truncating to
     /// zero first costs from 0.3 ms to several ms on a filesystem mounted with `discard`.
-    fn commit(mut self, bytes: &[u8]) -> Result<(), CliError> {
+    pub(crate) fn commit(mut self, bytes: &[u8]) -> Result<(), CliError> {
         self.committed = true;
         let regular = self.file.metadata().is_ok_and(|m| m.is_file());
         self.file
@@ -275,7 +281,7 @@ fn fill_buffer(device: &Device, p: &ParamInfo, len: usize, args: &RunArgs) -> Re
 }
 
 /// `n` zero bytes of host memory, or an error (not an abort) when there is not enough.
-fn host_bytes(n: usize) -> Result<Vec<u8>, CliError> {
+pub(crate) fn host_bytes(n: usize) -> Result<Vec<u8>, CliError> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| CliError::HostMemory(n))?;
     v.resize(n, 0);

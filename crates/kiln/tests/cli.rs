@@ -506,7 +506,7 @@ fn npy_inputs_must_match_the_param() {
 #[test]
 fn usage_errors_exit_with_status_2() {
     let s = Scratch::new("usage");
-    fails(s.kiln(&[], &[]), 2, &["missing command", "run, bench"]);
+    fails(s.kiln(&[], &[]), 2, &["missing command", "run, run-plan, bench"]);
     fails(s.kiln(&["frobnicate"], &[]), 2, &["unrecognized subcommand 'frobnicate'"]);
     fails(s.kiln(&["run"], &[]), 2, &["required arguments were not provided", "<FILE>"]);
     fails(s.kiln(&["run", &example("add.kiln"), "--bogus"], &[]), 2, &["unexpected argument '--bogus'"]);
