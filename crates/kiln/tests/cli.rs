@@ -724,7 +724,7 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     };
     let no_llvm = [("KILN_LIBLLVM", "/nonexistent/libLLVM-16.so.1")];
     let listing = ok(s.kiln(&["devices"], &no_llvm));
-    assert!(listing.contains("not offered: llvm: libLLVM 16 could not be opened"), "{listing}");
+    assert!(listing.contains("not offered: llvm: no usable libLLVM 16 was found"), "{listing}");
     assert!(listing.contains("/nonexistent/libLLVM-16.so.1"), "{listing}");
     ok(run(&[], &no_llvm));
     assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
@@ -753,6 +753,114 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
     let listing = ok(s.kiln(&["devices"], &[("PATH", "/nonexistent")]));
     assert!(listing.contains("compilers: llvm (default first)") && listing.contains("not offered: cc:"), "{listing}");
+}
+
+/// The libraries the dynamic loader opened while `kiln args...` ran, from glibc's `LD_DEBUG=files`
+/// log (every library, `dlopen`ed ones included), and the command's output.
+fn loaded_libraries(s: &Scratch, tag: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, String) {
+    let log = s.path(&format!("ld-{tag}"));
+    let log_text = log.display().to_string();
+    let env = [env, &[("LD_DEBUG", "files"), ("LD_DEBUG_OUTPUT", log_text.as_str())]].concat();
+    let out = s.kiln(args, &env);
+    // The loader writes LD_DEBUG_OUTPUT.<pid>, one file per process.
+    let mut text = String::new();
+    for entry in std::fs::read_dir(s.0.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("ld-{tag}."))) {
+            text.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    (out, text)
+}
+
+/// libLLVM is opened by the LLVM pair's first compile, not when the CPU device opens: `kiln run`
+/// of a kernel in the cache never loads it (issue 43: every cached run paid 40 ms and 47 MiB for
+/// it), while the run that compiles it does. The loader's own log says what was loaded.
+#[test]
+fn a_cached_run_on_the_llvm_pair_does_not_load_libllvm() {
+    let s = Scratch::new("lazy-llvm");
+    if !llvm_offered(&s) {
+        return;
+    }
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+    let llvm = [("KILN_CPU_COMPILER", "llvm")];
+    let (first, compiling) = loaded_libraries(&s, "compile", &args, &llvm);
+    ok(first);
+    assert!(compiling.contains("libLLVM-16"), "the compiling run loads libLLVM:\n{compiling}");
+    std::fs::remove_file(s.path("c.npy")).unwrap();
+    let (second, cached) = loaded_libraries(&s, "cached", &args, &llvm);
+    ok(second);
+    assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
+    assert!(cached.contains("kiln"), "the loader logged the cached run:\n{cached}");
+    assert!(!cached.contains("libLLVM"), "a cached run loaded libLLVM:\n{cached}");
+    // `kiln devices` says the pair is offered without loading the library either.
+    let (listing, listed) = loaded_libraries(&s, "devices", &["devices"], &[]);
+    assert!(ok(listing).contains("compilers: llvm"));
+    let cpu_only: Vec<&str> = listed.lines().filter(|l| l.contains("libLLVM-16")).collect();
+    assert!(cpu_only.is_empty(), "kiln devices loaded libLLVM 16: {cpu_only:?}");
+}
+
+/// A libLLVM that is not LLVM 16 is never the `llvm` pair: Debian's LLVM 14 and 15 (where
+/// installed) are refused by their soname, a library without a telling name is opened and asked
+/// (`LLVMGetVersion`), and a library whose name claims 16 but is not fails its first compile with
+/// the version it reports. In each refused case `kiln devices` says why and the CPU runs on its
+/// C pair (issue 44: LLVM 14 was taken as the pair and every compile failed).
+#[test]
+fn a_libllvm_of_another_version_is_not_offered() {
+    let s = Scratch::new("wrong-llvm");
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    let run = |env: &[(&str, &str)]| {
+        let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+        s.kiln(&args, env)
+    };
+    let refused = |library: &str, says: &[&str]| {
+        let env = [("KILN_LIBLLVM", library)];
+        let listing = ok(s.kiln(&["devices"], &env));
+        let not_offered = listing.lines().find(|l| l.contains("not offered: llvm:")).unwrap_or_else(|| {
+            panic!("{library} was offered as the llvm pair:\n{listing}");
+        });
+        for want in says {
+            assert!(not_offered.contains(want), "{library}: {want:?} not in {not_offered}");
+        }
+        assert!(listing.contains("default pair cc"), "{listing}");
+        ok(run(&env));
+        assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5], "{library}: the C pair runs");
+        std::fs::remove_file(s.path("c.npy")).unwrap();
+        let asked = [env[0], ("KILN_CPU_COMPILER", "llvm")];
+        fails(run(&asked), 1, &["KILN_CPU_COMPILER=llvm, but the CPU device has no `llvm` pair", says[0]]);
+    };
+    for major in [14, 15] {
+        let library = format!("/usr/lib/x86_64-linux-gnu/libLLVM-{major}.so.1");
+        if Path::new(&library).exists() {
+            refused(&library, &[&format!("is LLVM {major} (its soname is libLLVM-{major}.so.1), not LLVM 16")]);
+        }
+    }
+    // Stubs reporting LLVM 15.0.7: one named for nothing, one named (and with the soname of) 16.
+    let source =
+        s.file("stub.c", "void LLVMGetVersion(unsigned *a, unsigned *b, unsigned *c) { *a = 15; *b = 0; *c = 7; }\n");
+    let build = |name: &str, extra: &[&str]| {
+        let so = s.path(name).display().to_string();
+        let source = source.display().to_string();
+        let status =
+            Command::new(real_cc()).args(["-shared", "-fPIC", "-o", &so, &source]).args(extra).status().unwrap();
+        assert!(status.success(), "building the stub {name}");
+        so
+    };
+    let plain = build("libstub.so", &[]);
+    refused(&plain, &["is LLVM 15.0.7 (its LLVMGetVersion says so), not LLVM 16"]);
+    let liar = build("libLLVM-16.so.1", &["-Wl,-soname,libLLVM-16.so.1"]);
+    let o = s.kiln(
+        &["run", &add, "--var", "n=4", "--compiler", "llvm"],
+        &[("KILN_LIBLLVM", liar.as_str()), ("KILN_CACHE", "0")],
+    );
+    fails(o, 1, &["is LLVM 15.0.7 (its LLVMGetVersion says so), not LLVM 16"]);
 }
 
 #[test]
