@@ -755,6 +755,40 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     assert!(listing.contains("compilers: llvm (default first)") && listing.contains("not offered: cc:"), "{listing}");
 }
 
+/// `KILN_CPU_COMPILER` takes every pair name `--compiler` and `compiler=` take: `cc-avx2` makes
+/// that pair the default (it made the whole CPU device unavailable, issue 44), and the device
+/// then describes itself as that pair compiles; a name of no pair is refused listing them all.
+#[test]
+fn kiln_cpu_compiler_takes_every_pair_name() {
+    let s = Scratch::new("pair-env");
+    let listing = ok(s.kiln(&["devices"], &[]));
+    let offered: Vec<String> = listing
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("compilers: "))
+        .map(|l| l.trim_end_matches(" (default first)").split(", ").map(str::to_string).collect())
+        .unwrap_or_else(|| panic!("no compilers line:\n{listing}"));
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    for pair in &offered {
+        let env = [("KILN_CPU_COMPILER", pair.as_str())];
+        let listing = ok(s.kiln(&["devices"], &env));
+        assert!(listing.contains(&format!("default pair {pair},")), "{pair}:\n{listing}");
+        assert!(listing.contains(&format!("compilers: {pair}")), "{pair} is listed first:\n{listing}");
+        if pair == "cc-avx2" {
+            assert!(listing.contains("AVX2 (32-byte vectors"), "the device describes its default pair:\n{listing}");
+        }
+        let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+        ok(s.kiln(&args, &env));
+        assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5], "{pair}");
+    }
+    assert!(offered.iter().any(|p| p == "cc-sse2") || !cfg!(target_arch = "x86_64"), "{offered:?}");
+    let bad = s.kiln(&["devices"], &[("KILN_CPU_COMPILER", "cc-avx9")]);
+    let listing = ok(bad);
+    assert!(listing.contains("KILN_CPU_COMPILER=`cc-avx9`") && listing.contains("`cc-avx2`"), "{listing}");
+}
+
 /// The libraries the dynamic loader opened while `kiln args...` ran, from glibc's `LD_DEBUG=files`
 /// log (every library, `dlopen`ed ones included), and the command's output.
 fn loaded_libraries(s: &Scratch, tag: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, String) {
