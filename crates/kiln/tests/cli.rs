@@ -1034,6 +1034,54 @@ fn the_warm_run_bench_entry_is_verified_and_starts_no_compiler() {
     assert_eq!(compiles(&log), 1, "only the warm-up run starts the compiler, once");
 }
 
+/// `kiln bench --quick` completes on every device present here (the CPU, PoCL's `OPENCL:0`,
+/// lavapipe's `WEBGPU:0`; `KILN_REQUIRE` makes a missing one a failure): every entry of a whole
+/// run is in the report, each row verified or skipped with a reason, and only for a reason that
+/// means "cannot run on this device" (a limit of it, its memory, an entry shaped for other
+/// devices). `kiln bench --device WEBGPU:0` stopped at its first entry whose buffers exceed the
+/// adapter's storage binding limit (issue 43), losing every figure.
+#[test]
+fn a_quick_bench_completes_on_every_device_with_each_entry_verified_or_skipped() {
+    let s = Scratch::new("bench-devices");
+    let listing = ok(s.kiln(&["devices"], &[]));
+    let available = |backend: &str| listing.lines().any(|l| l.starts_with(backend) && l.contains(" available "));
+    let mut devices = vec!["CPU"];
+    for (backend, device, require) in [("OPENCL", "OPENCL:0", "opencl"), ("WEBGPU", "WEBGPU:0", "webgpu")] {
+        if available(backend) {
+            devices.push(device);
+        } else {
+            assert!(!kiln_device::required(require), "KILN_REQUIRE names {require} but:\n{listing}");
+        }
+    }
+    let cannot_run = ["beyond a limit of", "out of memory", "shaped for GPUs"];
+    for device in devices {
+        let json = ok(s.kiln(&["bench", "--device", device, "--quick", "--json"], &[]));
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let rows = v["results"].as_array().unwrap_or_else(|| panic!("{device}: no results:\n{json}"));
+        for entry in kiln::bench::ENTRIES.iter().filter(|e| **e != "allreduce_mpi") {
+            let row_of = |r: &&serde_json::Value| {
+                let name = r["name"].as_str().unwrap_or_default();
+                name == *entry || name.starts_with(&format!("{entry}/"))
+            };
+            assert!(rows.iter().any(|r| row_of(&r)), "{device}: {entry} is not in the report:\n{json}");
+        }
+        for r in rows {
+            match (r["verified"].as_bool(), r["skipped"].as_str()) {
+                (Some(true), None) => assert!(r["median"].as_f64().is_some(), "{device}: {r}"),
+                (Some(false), Some(why)) => {
+                    assert!(cannot_run.iter().any(|c| why.contains(c)), "{device}: {} skipped for {why}", r["name"])
+                }
+                _ => panic!("{device}: a row neither verified nor skipped with a reason: {r}"),
+            }
+        }
+        let skipped: Vec<&str> =
+            rows.iter().filter(|r| !r["skipped"].is_null()).filter_map(|r| r["name"].as_str()).collect();
+        if device == "CPU" {
+            assert_eq!(skipped, ["matmul_f32_4096"], "the CPU runs every other entry");
+        }
+    }
+}
+
 /// The bandwidth limit is verified like every entry, and the add names which of its variants
 /// (STREAM copy or add, plain or non-temporal stores) it was measured against.
 #[test]
