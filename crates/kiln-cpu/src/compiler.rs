@@ -749,7 +749,7 @@ fn sweep_stale_scratch(base: &Path) {
 }
 
 /// The CPU the binaries are built for: model name and a hash of the feature flags.
-fn cpu_target() -> String {
+pub(crate) fn cpu_target() -> String {
     let info = crate::cpuinfo();
     let field = |key: &str| {
         info.lines()

@@ -7,7 +7,7 @@
 //! [`kiln_device`] and builds the [`DeviceParts`] of its one device, [`CPU`] (all the host's
 //! cores). Open it with [`open`], or [`register`] it and open it by name with
 //! [`kiln_device::open_device`]. Its compiler pairs are LLVM in process ([`LLVM_PAIR`], the
-//! default where libLLVM 16 opens), the C compiler for the host's widest instruction set
+//! default where libLLVM 16 is installed; loaded by its first compile), the C compiler for the host's widest instruction set
 //! ([`CC_PAIR`]) and for older ones ([`ISA_PAIRS`]). The main types are [`CpuRenderer`],
 //! [`CCompiler`] (which C compiler, why, and its flags), [`CpuProgram`], [`CpuAllocator`],
 //! [`CpuQueueFactory`] and [`Pool`].
@@ -94,23 +94,32 @@ pub const CC_PAIR: &str = "cc";
 /// ([`Device::missing_compilers`]).
 pub const LLVM_PAIR: &str = "llvm";
 
-/// The environment variable that picks the CPU device's default pair: `cc` or `llvm`. Unset,
-/// the default is `llvm` where libLLVM 16 opens and `KILN_CC` is unset, else `cc`.
+/// The environment variable that picks the CPU device's default pair: any pair name the device
+/// takes for `--compiler` or `compiler=` (`llvm`, `cc`, `cc-avx2`, `cc-sse2`). Unset, the default
+/// is `llvm` where libLLVM 16 is installed and `KILN_CC` is unset, else `cc`. A name this machine
+/// cannot offer (no libLLVM 16, a CPU without AVX2) is a configuration error saying why.
 pub const CPU_COMPILER_ENV: &str = "KILN_CPU_COMPILER";
 
-/// The pair [`CPU_COMPILER_ENV`] asks for, if it names one.
+/// The pair [`CPU_COMPILER_ENV`] asks for, if it names one: any of the device's pair names
+/// ([`CC_PAIR`], [`LLVM_PAIR`], the [`ISA_PAIRS`]), as `--compiler` and `compiler=` take them.
 ///
 /// # Errors
-/// [`Error::Config`] for a value other than `cc` or `llvm`.
-fn asked_pair() -> Result<Option<&'static str>> {
+/// [`Error::Config`] for a value that names no CPU pair, listing those that exist.
+fn asked_pair() -> Result<Option<String>> {
     match std::env::var(CPU_COMPILER_ENV).ok().as_deref().map(str::trim) {
         None | Some("") => Ok(None),
-        Some(CC_PAIR) => Ok(Some(CC_PAIR)),
-        Some(LLVM_PAIR) => Ok(Some(LLVM_PAIR)),
+        Some(name) if pair_names().any(|p| p == name) => Ok(Some(name.to_string())),
         Some(other) => Err(Error::Config(format!(
-            "{CPU_COMPILER_ENV}=`{other}`: use `{CC_PAIR}` (the system C compiler) or `{LLVM_PAIR}` (LLVM in process)"
+            "{CPU_COMPILER_ENV}=`{other}`: use one of the CPU's compiler pairs: {} (`{CC_PAIR}`: the system C compiler; \
+             `{LLVM_PAIR}`: LLVM in process; the others: the C compiler for an older instruction set)",
+            pair_names().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
         ))),
     }
+}
+
+/// Every compiler pair name a CPU device may have, whether or not this machine offers it.
+fn pair_names() -> impl Iterator<Item = &'static str> {
+    [LLVM_PAIR, CC_PAIR].into_iter().chain(ISA_PAIRS.iter().map(|&(name, _)| name))
 }
 
 /// The CPU device's other compiler pairs: the same C compiler building for an older
@@ -129,7 +138,7 @@ pub const ISA_PAIRS: &[(&str, Isa)] = &[("cc-avx2", Isa::Avx2), ("cc-sse2", Isa:
 /// another backend's spec or an ordinal of 64 or more, with [`Error::CompilerMissing`] when
 /// it has neither compiler (or `KILN_CC` names no usable compiler), and with [`Error::Config`]
 /// when `KILN_CPU_ISA` is malformed or names an instruction set this CPU lacks, when
-/// `KILN_CPU_COMPILER` is malformed or names `llvm` where LLVM is missing, or when
+/// `KILN_CPU_COMPILER` names no pair or one this machine cannot offer, or when
 /// `KILN_CPU_DEVICES` is malformed. Starts no process: the description names the compiler by
 /// path and says why it was chosen ([`CCompiler::choice`]; its version is
 /// [`CCompiler::version`], which runs it). The device's
@@ -208,7 +217,8 @@ fn reason(e: &Error) -> String {
 }
 
 /// The CPU device `spec` compiling with `compiler` (the C pairs; none when it is an error, as
-/// [`detect_c_compiler`] allows) and LLVM where libLLVM 16 opens, whose every generation
+/// [`detect_c_compiler`] allows) and LLVM where libLLVM 16 is found (not loaded: see
+/// [`llvm::available`]), whose every generation
 /// allocates through `make_allocator()`. Its default pair is the one [`CPU_COMPILER_ENV`]
 /// names, else the C pair when `c_first` (the caller chose the C compiler) or LLVM is
 /// missing, else LLVM.
@@ -256,34 +266,44 @@ fn open_with(
             why(LLVM_PAIR)
         )));
     }
+    // The older instruction sets' C pairs; why one is not offered goes into a refusal of
+    // `KILN_CPU_COMPILER` naming it, not into `missing` (a set this CPU lacks is no fault).
+    let mut unoffered = Vec::new();
+    for &(name, set) in ISA_PAIRS {
+        match (&compiler, IsaTarget::force(set)) {
+            (Ok(cc), Ok(older)) => pairs.push(c_pair(name, Arc::new(cc.clone().with_isa(older)))),
+            (Err(_), _) => unoffered.push((name, format!("it is the C compiler's, and {}", why(CC_PAIR)))),
+            (_, Err(e)) => unoffered.push((name, reason(&e))),
+        }
+    }
     let has = |pair: &str| pairs.iter().any(|p| p.name == pair);
     let default = match asked_pair()? {
-        Some(pair) if !has(pair) => {
+        Some(pair) if !has(&pair) => {
+            let why = unoffered.iter().find(|(p, _)| *p == pair).map_or_else(|| why(&pair), |(_, w)| w.clone());
             return Err(Error::Config(format!(
-                "{CPU_COMPILER_ENV}={pair}, but the CPU device has no `{pair}` pair: {}",
-                why(pair)
+                "{CPU_COMPILER_ENV}={pair}, but the CPU device has no `{pair}` pair: {why}"
             )));
         }
         Some(pair) => pair,
-        None if c_first && has(CC_PAIR) => CC_PAIR,
-        None if has(LLVM_PAIR) => LLVM_PAIR,
-        None => CC_PAIR,
+        None if c_first && has(CC_PAIR) => CC_PAIR.to_string(),
+        None if has(LLVM_PAIR) => LLVM_PAIR.to_string(),
+        None => CC_PAIR.to_string(),
     };
-    if let Some(i) = pairs.iter().position(|p| p.name == default) {
-        pairs.swap(0, i);
-    }
-    if let Ok(cc) = &compiler {
-        for &(name, set) in ISA_PAIRS {
-            if let Ok(older) = IsaTarget::force(set) {
-                pairs.push(c_pair(name, Arc::new(cc.clone().with_isa(older))));
-            }
-        }
-    }
+    let first = pairs.iter().position(|p| p.name == default).unwrap_or(0);
+    let default_pair = pairs.remove(first);
+    // The device describes itself (its instruction set, vector width) as its default pair
+    // compiles: an older set's C pair compiles for that set.
+    let default_target = ISA_PAIRS
+        .iter()
+        .find(|(name, _)| *name == default)
+        .and_then(|&(_, set)| IsaTarget::force(set).ok())
+        .unwrap_or(target);
+    pairs.insert(0, default_pair);
     let description = format!(
         "{} ({} threads), default pair {default}, {compiler_text}, {}",
         cpu_model(),
         threads,
-        isa::describe(target, caches)
+        isa::describe(default_target, caches)
     );
     // The renderers and compilers hold no device state and survive a reset; memory, queues
     // and loaded programs are built anew for every generation.
@@ -294,7 +314,7 @@ fn open_with(
             .with_queues(Arc::new(CpuQueueFactory::for_device(spec.clone())))
             .with_missing(missing.clone()))
     })?
-    .with_properties(isa::properties(target, caches, threads));
+    .with_properties(isa::properties(default_target, caches, threads));
     Ok(Arc::new(device))
 }
 

@@ -77,6 +77,17 @@ pub enum Error {
         /// The configured memory budget in bytes, if any (`KILN_MEMORY_BUDGET`).
         budget: Option<usize>,
     },
+    /// A request beyond a fixed limit of the device, such as a buffer larger than it can bind
+    /// to a kernel: the same request can never succeed on this device, while a smaller one
+    /// can. Unlike [`Error::OutOfMemory`] (a shortage that freeing memory may cure) nothing the
+    /// caller frees changes it; unlike [`Error::Buffer`] the request itself is well formed.
+    #[error("beyond a limit of {device}: {message}")]
+    Limit {
+        /// The device whose limit it is.
+        device: String,
+        /// Which limit, its value and what was asked, and how to stay within it.
+        message: String,
+    },
     /// A timeline signal wait ran out of time.
     #[error("timeout: waited {waited_ms} ms for signal value {target}, current value {current}")]
     Timeout {
@@ -210,7 +221,9 @@ impl Error {
     /// The kind of failure; failed signals and queues report their root cause's class.
     pub fn class(&self) -> ErrorClass {
         match self.root_cause() {
-            Error::Ir(_) | Error::Buffer(_) | Error::Config(_) | Error::Invalid(_) => ErrorClass::InvalidArgument,
+            Error::Ir(_) | Error::Buffer(_) | Error::Config(_) | Error::Invalid(_) | Error::Limit { .. } => {
+                ErrorClass::InvalidArgument
+            }
             Error::Render(_) | Error::Compile { .. } | Error::Load(_) => ErrorClass::Compile,
             Error::CompilerMissing(_) | Error::Unavailable(_) => ErrorClass::Unavailable,
             Error::Launch(_) | Error::OutOfBounds { .. } => ErrorClass::Launch,

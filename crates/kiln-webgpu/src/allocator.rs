@@ -5,7 +5,7 @@
 //! arrays are in words); a transfer of a window that does not start and end on a word is
 //! widened to the words around it (read, patched on the host, written back).
 //! A buffer larger than the adapter's storage binding limit could never be bound to a
-//! kernel, so it is refused when allocated.
+//! kernel, so it is refused when allocated ([`Error::Limit`]).
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -129,11 +129,13 @@ impl Allocator for WgpuAllocator {
         }
         let binding = self.gpu.limits.max_storage_buffer_binding_size;
         if size > binding {
-            return Err(Error::Buffer(format!(
-                "{bytes} B is more than {}'s storage binding limit of {binding} B: a kernel could never bind it; \
-                 split the data into smaller buffers",
-                self.gpu.spec
-            )));
+            return Err(Error::Limit {
+                device: self.gpu.spec.to_string(),
+                message: format!(
+                    "{bytes} B is more than its storage binding limit of {binding} B: a kernel could never bind it; \
+                     split the data into smaller buffers"
+                ),
+            });
         }
         let scope = self.gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {

@@ -50,6 +50,12 @@ pub enum CliError {
     /// dtype or size, a variable it does not declare).
     #[error("{0}")]
     Mismatch(String),
+    /// A `kiln bench` entry (or one row of it) that cannot run on this device: a buffer beyond
+    /// one of the device's fixed limits or its memory, or a capability it lacks (this kiln has
+    /// no MPI). The bench reports the entry as skipped with this reason and runs the others.
+    /// It is made only at those points, never from a failure or a wrong result.
+    #[error("cannot run on this device: {0}")]
+    CannotRun(String),
     /// The host could not provide staging memory for a buffer of this many bytes.
     #[error("cannot allocate {0} bytes of host memory to stage a buffer")]
     HostMemory(usize),

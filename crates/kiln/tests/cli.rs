@@ -724,7 +724,7 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     };
     let no_llvm = [("KILN_LIBLLVM", "/nonexistent/libLLVM-16.so.1")];
     let listing = ok(s.kiln(&["devices"], &no_llvm));
-    assert!(listing.contains("not offered: llvm: libLLVM 16 could not be opened"), "{listing}");
+    assert!(listing.contains("not offered: llvm: no usable libLLVM 16 was found"), "{listing}");
     assert!(listing.contains("/nonexistent/libLLVM-16.so.1"), "{listing}");
     ok(run(&[], &no_llvm));
     assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
@@ -753,6 +753,148 @@ fn the_llvm_pair_runs_and_kiln_runs_without_libllvm() {
     assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
     let listing = ok(s.kiln(&["devices"], &[("PATH", "/nonexistent")]));
     assert!(listing.contains("compilers: llvm (default first)") && listing.contains("not offered: cc:"), "{listing}");
+}
+
+/// `KILN_CPU_COMPILER` takes every pair name `--compiler` and `compiler=` take: `cc-avx2` makes
+/// that pair the default (it made the whole CPU device unavailable, issue 44), and the device
+/// then describes itself as that pair compiles; a name of no pair is refused listing them all.
+#[test]
+fn kiln_cpu_compiler_takes_every_pair_name() {
+    let s = Scratch::new("pair-env");
+    let listing = ok(s.kiln(&["devices"], &[]));
+    let offered: Vec<String> = listing
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("compilers: "))
+        .map(|l| l.trim_end_matches(" (default first)").split(", ").map(str::to_string).collect())
+        .unwrap_or_else(|| panic!("no compilers line:\n{listing}"));
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    for pair in &offered {
+        let env = [("KILN_CPU_COMPILER", pair.as_str())];
+        let listing = ok(s.kiln(&["devices"], &env));
+        assert!(listing.contains(&format!("default pair {pair},")), "{pair}:\n{listing}");
+        assert!(listing.contains(&format!("compilers: {pair}")), "{pair} is listed first:\n{listing}");
+        if pair == "cc-avx2" {
+            assert!(listing.contains("AVX2 (32-byte vectors"), "the device describes its default pair:\n{listing}");
+        }
+        let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+        ok(s.kiln(&args, &env));
+        assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5], "{pair}");
+    }
+    assert!(offered.iter().any(|p| p == "cc-sse2") || !cfg!(target_arch = "x86_64"), "{offered:?}");
+    let bad = s.kiln(&["devices"], &[("KILN_CPU_COMPILER", "cc-avx9")]);
+    let listing = ok(bad);
+    assert!(listing.contains("KILN_CPU_COMPILER=`cc-avx9`") && listing.contains("`cc-avx2`"), "{listing}");
+}
+
+/// The libraries the dynamic loader opened while `kiln args...` ran, from glibc's `LD_DEBUG=files`
+/// log (every library, `dlopen`ed ones included), and the command's output.
+fn loaded_libraries(s: &Scratch, tag: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, String) {
+    let log = s.path(&format!("ld-{tag}"));
+    let log_text = log.display().to_string();
+    let env = [env, &[("LD_DEBUG", "files"), ("LD_DEBUG_OUTPUT", log_text.as_str())]].concat();
+    let out = s.kiln(args, &env);
+    // The loader writes LD_DEBUG_OUTPUT.<pid>, one file per process.
+    let mut text = String::new();
+    for entry in std::fs::read_dir(s.0.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("ld-{tag}."))) {
+            text.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    (out, text)
+}
+
+/// libLLVM is opened by the LLVM pair's first compile, not when the CPU device opens: `kiln run`
+/// of a kernel in the cache never loads it (issue 43: every cached run paid 40 ms and 47 MiB for
+/// it), while the run that compiles it does. The loader's own log says what was loaded.
+#[test]
+fn a_cached_run_on_the_llvm_pair_does_not_load_libllvm() {
+    let s = Scratch::new("lazy-llvm");
+    if !llvm_offered(&s) {
+        return;
+    }
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+    let llvm = [("KILN_CPU_COMPILER", "llvm")];
+    let (first, compiling) = loaded_libraries(&s, "compile", &args, &llvm);
+    ok(first);
+    assert!(compiling.contains("libLLVM-16"), "the compiling run loads libLLVM:\n{compiling}");
+    std::fs::remove_file(s.path("c.npy")).unwrap();
+    let (second, cached) = loaded_libraries(&s, "cached", &args, &llvm);
+    ok(second);
+    assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5]);
+    assert!(cached.contains("kiln"), "the loader logged the cached run:\n{cached}");
+    assert!(!cached.contains("libLLVM"), "a cached run loaded libLLVM:\n{cached}");
+    // `kiln devices` says the pair is offered without loading the library either.
+    let (listing, listed) = loaded_libraries(&s, "devices", &["devices"], &[]);
+    assert!(ok(listing).contains("compilers: llvm"));
+    let cpu_only: Vec<&str> = listed.lines().filter(|l| l.contains("libLLVM-16")).collect();
+    assert!(cpu_only.is_empty(), "kiln devices loaded libLLVM 16: {cpu_only:?}");
+}
+
+/// A libLLVM that is not LLVM 16 is never the `llvm` pair: Debian's LLVM 14 and 15 (where
+/// installed) are refused by their soname, a library without a telling name is opened and asked
+/// (`LLVMGetVersion`), and a library whose name claims 16 but is not fails its first compile with
+/// the version it reports. In each refused case `kiln devices` says why and the CPU runs on its
+/// C pair (issue 44: LLVM 14 was taken as the pair and every compile failed).
+#[test]
+fn a_libllvm_of_another_version_is_not_offered() {
+    let s = Scratch::new("wrong-llvm");
+    let (a, b) = (s.f32s("a.npy", &[1.0, 2.0, 3.0, 4.0]), s.f32s("b.npy", &[0.5; 4]));
+    let out = s.path("c.npy").display().to_string();
+    let add = example("add.kiln");
+    let (ia, ib, oc) = (format!("0={a}"), format!("1={b}"), format!("2={out}"));
+    let run = |env: &[(&str, &str)]| {
+        let args = ["run", &add, "--var", "n=4", "--in", &ia, "--in", &ib, "--out", &oc];
+        s.kiln(&args, env)
+    };
+    let refused = |library: &str, says: &[&str]| {
+        let env = [("KILN_LIBLLVM", library)];
+        let listing = ok(s.kiln(&["devices"], &env));
+        let not_offered = listing.lines().find(|l| l.contains("not offered: llvm:")).unwrap_or_else(|| {
+            panic!("{library} was offered as the llvm pair:\n{listing}");
+        });
+        for want in says {
+            assert!(not_offered.contains(want), "{library}: {want:?} not in {not_offered}");
+        }
+        assert!(listing.contains("default pair cc"), "{listing}");
+        ok(run(&env));
+        assert_eq!(s.read_f32s("c.npy"), [1.5, 2.5, 3.5, 4.5], "{library}: the C pair runs");
+        std::fs::remove_file(s.path("c.npy")).unwrap();
+        let asked = [env[0], ("KILN_CPU_COMPILER", "llvm")];
+        fails(run(&asked), 1, &["KILN_CPU_COMPILER=llvm, but the CPU device has no `llvm` pair", says[0]]);
+    };
+    for major in [14, 15] {
+        let library = format!("/usr/lib/x86_64-linux-gnu/libLLVM-{major}.so.1");
+        if Path::new(&library).exists() {
+            refused(&library, &[&format!("is LLVM {major} (its soname is libLLVM-{major}.so.1), not LLVM 16")]);
+        }
+    }
+    // Stubs reporting LLVM 15.0.7: one named for nothing, one named (and with the soname of) 16.
+    let source =
+        s.file("stub.c", "void LLVMGetVersion(unsigned *a, unsigned *b, unsigned *c) { *a = 15; *b = 0; *c = 7; }\n");
+    let build = |name: &str, extra: &[&str]| {
+        let so = s.path(name).display().to_string();
+        let source = source.display().to_string();
+        let status =
+            Command::new(real_cc()).args(["-shared", "-fPIC", "-o", &so, &source]).args(extra).status().unwrap();
+        assert!(status.success(), "building the stub {name}");
+        so
+    };
+    let plain = build("libstub.so", &[]);
+    refused(&plain, &["is LLVM 15.0.7 (its LLVMGetVersion says so), not LLVM 16"]);
+    let liar = build("libLLVM-16.so.1", &["-Wl,-soname,libLLVM-16.so.1"]);
+    let o = s.kiln(
+        &["run", &add, "--var", "n=4", "--compiler", "llvm"],
+        &[("KILN_LIBLLVM", liar.as_str()), ("KILN_CACHE", "0")],
+    );
+    fails(o, 1, &["is LLVM 15.0.7 (its LLVMGetVersion says so), not LLVM 16"]);
 }
 
 #[test]
@@ -890,6 +1032,54 @@ fn the_warm_run_bench_entry_is_verified_and_starts_no_compiler() {
         "{json}"
     );
     assert_eq!(compiles(&log), 1, "only the warm-up run starts the compiler, once");
+}
+
+/// `kiln bench --quick` completes on every device present here (the CPU, PoCL's `OPENCL:0`,
+/// lavapipe's `WEBGPU:0`; `KILN_REQUIRE` makes a missing one a failure): every entry of a whole
+/// run is in the report, each row verified or skipped with a reason, and only for a reason that
+/// means "cannot run on this device" (a limit of it, its memory, an entry shaped for other
+/// devices). `kiln bench --device WEBGPU:0` stopped at its first entry whose buffers exceed the
+/// adapter's storage binding limit (issue 43), losing every figure.
+#[test]
+fn a_quick_bench_completes_on_every_device_with_each_entry_verified_or_skipped() {
+    let s = Scratch::new("bench-devices");
+    let listing = ok(s.kiln(&["devices"], &[]));
+    let available = |backend: &str| listing.lines().any(|l| l.starts_with(backend) && l.contains(" available "));
+    let mut devices = vec!["CPU"];
+    for (backend, device, require) in [("OPENCL", "OPENCL:0", "opencl"), ("WEBGPU", "WEBGPU:0", "webgpu")] {
+        if available(backend) {
+            devices.push(device);
+        } else {
+            assert!(!kiln_device::required(require), "KILN_REQUIRE names {require} but:\n{listing}");
+        }
+    }
+    let cannot_run = ["beyond a limit of", "out of memory", "shaped for GPUs"];
+    for device in devices {
+        let json = ok(s.kiln(&["bench", "--device", device, "--quick", "--json"], &[]));
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let rows = v["results"].as_array().unwrap_or_else(|| panic!("{device}: no results:\n{json}"));
+        for entry in kiln::bench::ENTRIES.iter().filter(|e| **e != "allreduce_mpi") {
+            let row_of = |r: &&serde_json::Value| {
+                let name = r["name"].as_str().unwrap_or_default();
+                name == *entry || name.starts_with(&format!("{entry}/"))
+            };
+            assert!(rows.iter().any(|r| row_of(&r)), "{device}: {entry} is not in the report:\n{json}");
+        }
+        for r in rows {
+            match (r["verified"].as_bool(), r["skipped"].as_str()) {
+                (Some(true), None) => assert!(r["median"].as_f64().is_some(), "{device}: {r}"),
+                (Some(false), Some(why)) => {
+                    assert!(cannot_run.iter().any(|c| why.contains(c)), "{device}: {} skipped for {why}", r["name"])
+                }
+                _ => panic!("{device}: a row neither verified nor skipped with a reason: {r}"),
+            }
+        }
+        let skipped: Vec<&str> =
+            rows.iter().filter(|r| !r["skipped"].is_null()).filter_map(|r| r["name"].as_str()).collect();
+        if device == "CPU" {
+            assert_eq!(skipped, ["matmul_f32_4096"], "the CPU runs every other entry");
+        }
+    }
 }
 
 /// The bandwidth limit is verified like every entry, and the add names which of its variants

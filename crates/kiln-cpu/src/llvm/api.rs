@@ -1,25 +1,22 @@
 //! The part of LLVM 16's C API the LLVM pair calls, loaded from `libLLVM-16` at run time.
 //!
-//! kiln links no LLVM: the library is opened with `dlopen` the first time the CPU device
-//! asks for it ([`Llvm::get`]), so the CLI and the Python wheel start on a machine without
-//! it, and the CPU device then offers its C pair alone and says why ([`Llvm::get`]'s error).
-//! `KILN_LIBLLVM` names the library to open instead of the usual names.
+//! kiln links no LLVM: the library is opened with `dlopen` by the LLVM pair's first compile
+//! ([`Llvm::get`]), not when the CPU device opens: whether the device offers the pair, and how
+//! the pair's kernels are keyed in the cache, come from probing the file ([`super::library`]),
+//! so a process whose kernels all come from the cache never maps LLVM. `KILN_LIBLLVM` names the
+//! library to open instead of the usual names.
 //!
-//! Every function pointer is resolved when the library opens; a library that lacks one (an
-//! LLVM other than 16) is refused then, naming the symbol.
+//! Every function pointer is resolved when the library opens, and its `LLVMGetVersion` must say
+//! 16: a library that lacks a function or is another LLVM is refused then, naming the symbol or
+//! the version.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::OnceLock;
 
 use kiln_device::{Error, Result};
 
-/// The environment variable naming the `libLLVM` to open (a path or a file name) instead of
-/// [`LIBRARY_NAMES`].
-pub const LIBLLVM_ENV: &str = "KILN_LIBLLVM";
-
-/// The names tried, in order, when [`LIBLLVM_ENV`] is unset: Debian's and LLVM's own.
-pub const LIBRARY_NAMES: &[&str] =
-    &["libLLVM-16.so.1", "libLLVM-16.so", "libLLVM.so.16", "/usr/lib/llvm-16/lib/libLLVM-16.so.1"];
+pub use super::library::{LIBLLVM_ENV, LIBRARY_NAMES};
+use super::library::{Library, REQUIRED_MAJOR};
 
 pub type Context = *mut c_void;
 pub type Module = *mut c_void;
@@ -121,34 +118,26 @@ const ARCH: Option<&str> = if cfg!(target_arch = "x86_64") {
 };
 
 impl Llvm {
-    /// The process's LLVM, opened (and its host target initialized) on first use.
+    /// The process's LLVM, opened (and its host target initialized) on first use: the library
+    /// [`Library::find`] found, checked to be LLVM 16 by its own `LLVMGetVersion`.
     ///
     /// # Errors
-    /// [`Error::Unavailable`] when no `libLLVM-16` could be opened (saying which names were
-    /// tried and how to install or name one), when it lacks a function of LLVM 16's C API, or
-    /// when kiln has no LLVM target for this architecture. The same error every call.
+    /// [`Error::Unavailable`] when no `libLLVM-16` was found or it could not be opened (saying
+    /// which names were tried and how to install or name one), when it lacks a function of
+    /// LLVM 16's C API or is another version, or when kiln has no LLVM target for this
+    /// architecture. The same error every call.
     pub fn get() -> Result<&'static Llvm> {
         static LLVM: OnceLock<std::result::Result<Llvm, Error>> = OnceLock::new();
         LLVM.get_or_init(|| {
-            let configured = std::env::var(LIBLLVM_ENV).ok().filter(|v| !v.trim().is_empty());
-            let names: Vec<&str> = match &configured {
-                Some(v) => vec![v.trim()],
-                None => LIBRARY_NAMES.to_vec(),
-            };
-            let mut why = Vec::new();
-            for name in &names {
-                // SAFETY: opening libLLVM runs its static constructors, which only register
-                // LLVM's own passes and options.
-                match unsafe { libloading::Library::new(name) } {
-                    Ok(library) => return Llvm::resolve(library, name).and_then(Llvm::initialize),
-                    Err(e) => why.push(format!("{name}: {e}")),
-                }
-            }
-            Err(Error::Unavailable(format!(
-                "libLLVM 16 could not be opened ({}); install it (Debian: apt-get install libllvm16) or name it \
-                 with {LIBLLVM_ENV}=/path/to/libLLVM-16.so.1",
-                why.join("; ")
-            )))
+            let library = Library::find()?;
+            let path = library.path.display().to_string();
+            // SAFETY: opening libLLVM runs its static constructors, which only register
+            // LLVM's own passes and options.
+            let opened = unsafe { libloading::Library::new(&library.path) }.map_err(|e| {
+                Error::Unavailable(format!("{path} (found as {}) could not be opened: {e}", library.name))
+            })?;
+            check_version(&opened, &path)?;
+            Llvm::resolve(opened, &path)?.initialize()
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -209,6 +198,31 @@ impl Llvm {
     }
 }
 
+/// Checks that the opened `library` says it is LLVM [`REQUIRED_MAJOR`] (`LLVMGetVersion`, which
+/// LLVM 16's C API has and 15's lacks) before any other function is looked up, so that a file
+/// whose name claims 16 but is another LLVM is refused naming its version.
+fn check_version(library: &libloading::Library, path: &str) -> Result<()> {
+    let wrong = |what: String| {
+        Error::Unavailable(format!(
+            "{path} is {what}, not LLVM {REQUIRED_MAJOR}; kiln's LLVM pair needs LLVM {REQUIRED_MAJOR}: install it \
+             (Debian: apt-get install libllvm{REQUIRED_MAJOR}) or name it with {LIBLLVM_ENV}=/path/to/libLLVM-{REQUIRED_MAJOR}.so.1"
+        ))
+    };
+    // SAFETY: `LLVMGetVersion(unsigned *, unsigned *, unsigned *)` in every LLVM that has it;
+    // the library stays open while the pointer is used, below.
+    let get = unsafe { library.get::<unsafe extern "C" fn(*mut u32, *mut u32, *mut u32)>(b"LLVMGetVersion\0") }
+        .map_err(|_| wrong("an LLVM older than 16 or no LLVM (it has no LLVMGetVersion)".into()))?;
+    let (mut major, mut minor, mut patch) = (0, 0, 0);
+    // SAFETY: the function writes three unsigned ints through the pointers it is given.
+    unsafe { get(&mut major, &mut minor, &mut patch) };
+    if major != REQUIRED_MAJOR {
+        return Err(wrong(format!("LLVM {major}.{minor}.{patch} (its LLVMGetVersion says so)")));
+    }
+    Ok(())
+}
+
 fn missing(path: &str, symbol: &str, e: &libloading::Error) -> Error {
-    Error::Unavailable(format!("{path} lacks {symbol} ({e}); kiln's LLVM pair needs LLVM 16's C API"))
+    Error::Unavailable(format!(
+        "{path} lacks {symbol} ({e}); kiln's LLVM pair needs LLVM {REQUIRED_MAJOR}'s C API (LLVM {REQUIRED_MAJOR} has it)"
+    ))
 }

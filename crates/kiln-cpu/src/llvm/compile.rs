@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use kiln_device::{CompiledSpec, Compiler, Error, ProgramSpec, Result};
 
 use super::api::{self, Llvm};
+use super::library::Library;
 use crate::isa::{Isa, IsaTarget};
 
 /// What a target machine is built for: the triple, CPU name and feature string.
@@ -49,57 +50,88 @@ struct Target {
 }
 
 /// Compiles LLVM IR text to ELF objects for one target, in process (see the module docs).
+///
+/// Making one loads no LLVM: the library is opened, and the target machine's CPU and features
+/// asked of it, by the first compile. Its [`Compiler::fingerprint`] needs neither: it names the
+/// library file (path, size, mtime, inode), its version, the host CPU as the C pair's does and
+/// the instruction set, which together decide what LLVM builds.
 #[derive(Debug, Clone)]
 pub struct LlvmCompiler {
-    target: Arc<Target>,
+    isa: IsaTarget,
+    library: &'static Library,
+    /// The target machine's triple, CPU and features, asked of LLVM by the first compile.
+    target: Arc<OnceLock<std::result::Result<Arc<Target>, Error>>>,
 }
 
 impl LlvmCompiler {
     /// A compiler for `isa`: the host CPU with all its features when it is not forced, else
-    /// the generic CPU of that instruction set level (`x86-64-v3` for AVX2).
+    /// the generic CPU of that instruction set level (`x86-64-v3` for AVX2). Loads no LLVM
+    /// where the library's names tell its version ([`super::available`]).
     ///
     /// # Errors
-    /// [`Error::Unavailable`] when libLLVM 16 cannot be opened ([`Llvm::get`]) or has no target
-    /// for the host triple.
+    /// [`Error::Unavailable`] when no libLLVM 16 is found ([`super::available`]).
     pub fn new(isa: IsaTarget) -> Result<LlvmCompiler> {
-        let llvm = Llvm::get()?;
-        // SAFETY: each call returns a new message that `take_message` frees.
-        let (triple, host_cpu, host_features) = unsafe {
-            (
-                llvm.take_message((llvm.LLVMGetDefaultTargetTriple)()),
-                llvm.take_message((llvm.LLVMGetHostCPUName)()),
-                llvm.take_message((llvm.LLVMGetHostCPUFeatures)()),
-            )
-        };
-        let (cpu, features) = match (isa.forced, isa.isa) {
-            (false, _) | (true, Isa::Generic) => (host_cpu, host_features),
-            (true, Isa::Avx512) => ("x86-64-v4".into(), String::new()),
-            (true, Isa::Avx2) => ("x86-64-v3".into(), String::new()),
-            (true, Isa::Sse2) => ("x86-64".into(), String::new()),
-            (true, Isa::Neon) => ("generic".into(), "+neon".into()),
-        };
-        let target = Target { triple, cpu, features };
-        // A target machine now, so that a target LLVM cannot build fails here, once.
-        let machine = create_machine(llvm, &target)?;
-        // SAFETY: created above, used by nothing else.
-        unsafe { (llvm.LLVMDisposeTargetMachine)(machine) };
-        Ok(LlvmCompiler { target: Arc::new(target) })
+        let library = super::available()?;
+        Ok(LlvmCompiler { isa, library, target: Arc::default() })
     }
 
-    /// The CPU name LLVM compiles for (`sapphirerapids`, `x86-64-v3`).
-    pub fn cpu(&self) -> &str {
-        &self.target.cpu
+    /// The library this compiler opens at its first compile.
+    pub fn library(&self) -> &'static Library {
+        self.library
     }
 
-    /// Compiles the module `ir` (LLVM IR text) of kernel `name` to an ELF object's bytes.
+    /// The CPU name LLVM compiles for (`sapphirerapids`, `x86-64-v3`): asked of LLVM, which
+    /// this opens if no compile has.
+    ///
+    /// # Errors
+    /// As the first compile's: [`Error::Unavailable`] when LLVM cannot be opened or cannot
+    /// target this CPU.
+    pub fn cpu(&self) -> Result<String> {
+        Ok(self.target()?.cpu.clone())
+    }
+
+    /// The target machine's description, asked of LLVM (opened here) once per compiler; a
+    /// target LLVM cannot build fails here, once, with the same error every call.
+    fn target(&self) -> Result<Arc<Target>> {
+        self.target
+            .get_or_init(|| {
+                let llvm = Llvm::get()?;
+                // SAFETY: each call returns a new message that `take_message` frees.
+                let (triple, host_cpu, host_features) = unsafe {
+                    (
+                        llvm.take_message((llvm.LLVMGetDefaultTargetTriple)()),
+                        llvm.take_message((llvm.LLVMGetHostCPUName)()),
+                        llvm.take_message((llvm.LLVMGetHostCPUFeatures)()),
+                    )
+                };
+                let (cpu, features) = match (self.isa.forced, self.isa.isa) {
+                    (false, _) | (true, Isa::Generic) => (host_cpu, host_features),
+                    (true, Isa::Avx512) => ("x86-64-v4".into(), String::new()),
+                    (true, Isa::Avx2) => ("x86-64-v3".into(), String::new()),
+                    (true, Isa::Sse2) => ("x86-64".into(), String::new()),
+                    (true, Isa::Neon) => ("generic".into(), "+neon".into()),
+                };
+                let target = Target { triple, cpu, features };
+                let machine = create_machine(llvm, &target)?;
+                // SAFETY: created above, used by nothing else.
+                unsafe { (llvm.LLVMDisposeTargetMachine)(machine) };
+                Ok(Arc::new(target))
+            })
+            .clone()
+    }
+
+    /// Compiles the module `ir` (LLVM IR text) of kernel `name` to an ELF object's bytes,
+    /// opening LLVM if no compile has.
     ///
     /// # Errors
     /// [`Error::Compile`] naming the kernel when LLVM rejects the module or fails on it (see
-    /// the module docs); [`Error::Unavailable`] when LLVM cannot be opened.
+    /// the module docs); [`Error::Unavailable`] when LLVM cannot be opened, is not LLVM 16 or
+    /// cannot target this CPU.
     pub fn compile_ir(&self, name: &str, ir: &str) -> Result<Vec<u8>> {
         let llvm = Llvm::get()?;
+        let target = self.target()?;
         let (reply, answer) = mpsc::channel();
-        let job = Job { name: name.to_string(), ir: ir.to_string(), target: self.target.clone(), reply };
+        let job = Job { name: name.to_string(), ir: ir.to_string(), target, reply };
         workers(llvm).send(job).map_err(|_| compile_error(name, "the LLVM workers are gone", String::new()))?;
         answer.recv().map_err(|_| compile_error(name, "the LLVM worker stopped without an answer", String::new()))?
     }
@@ -116,8 +148,17 @@ impl Compiler for LlvmCompiler {
     }
 
     fn fingerprint(&self) -> String {
-        let Target { triple, cpu, features } = &*self.target;
-        format!("LLVM 16 | {triple} | {cpu} | {features} | {} | codegen O3 | pic small", PIPELINE.to_string_lossy())
+        let version = self.library.major.map_or_else(|| "version from LLVMGetVersion".into(), |m| m.to_string());
+        let isa = match self.isa {
+            IsaTarget { forced: true, isa, .. } => format!("forced {isa}"),
+            IsaTarget { forced: false, .. } => "host CPU and features".to_string(),
+        };
+        format!(
+            "LLVM {version} | {} | {} | {isa} | {} | codegen O3 | pic small",
+            self.library.identity,
+            crate::compiler::cpu_target(),
+            PIPELINE.to_string_lossy()
+        )
     }
 }
 

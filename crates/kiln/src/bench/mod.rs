@@ -26,7 +26,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kiln_device::kiln_ir::DeviceSpec;
 
 pub use baselines::openblas;
-pub use report::{BenchResult, Stats};
+pub use report::{BenchResult, Row, Skipped, Stats};
 
 use crate::error::CliError;
 use crate::session;
@@ -66,7 +66,7 @@ pub struct BenchArgs {
     /// Print {"device", "results": [...]} instead of a table
     #[arg(long)]
     pub json: bool,
-    /// Fewer repetitions (for a smoke run; figures are noisier)
+    /// Fewer repetitions and a smaller compile_throughput batch (for a smoke run; figures are noisier)
     #[arg(long)]
     pub quick: bool,
     /// Run only these entries (comma-separated names)
@@ -113,6 +113,19 @@ const OPT_IN: &[&str] = &["allreduce_mpi"];
 
 fn kiln_err(context: &str, source: kiln_device::Error) -> CliError {
     CliError::Kiln { context: context.to_string(), source }
+}
+
+/// The error of allocating or uploading a bench buffer: [`CliError::CannotRun`] when the device
+/// cannot hold a buffer that size (beyond one of its fixed limits, [`kiln_device::Error::Limit`],
+/// or its memory, [`kiln_device::Error::OutOfMemory`]), so that the entry is reported as skipped;
+/// any other failure is the error it is.
+fn alloc_err(what: &str, e: kiln_device::Error) -> CliError {
+    match e.root_cause() {
+        kiln_device::Error::Limit { .. } | kiln_device::Error::OutOfMemory { .. } => {
+            CliError::CannotRun(format!("{what}: {e}"))
+        }
+        _ => kiln_err(what, e),
+    }
 }
 
 fn wrong(name: &str, what: String) -> CliError {
@@ -162,7 +175,7 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         if args.disk_hit_child {
             return entries::disk_hit_child(&device);
         }
-        benches.push((pair, entries::Bench { device, reps: reps(&args) }, args));
+        benches.push((pair, entries::Bench { device, reps: reps(&args), quick: args.quick }, args));
     }
     let named = |name: &str| args.only.as_ref().is_some_and(|o| o.iter().any(|n| n == name));
     let applies = |name: &str| benches.iter().all(|(_, bench, _)| bench.applies(name));
@@ -172,11 +185,10 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
             args.device
         )));
     }
-    let chosen: Vec<&'static str> = ENTRIES
-        .iter()
-        .copied()
-        .filter(|name| applies(name) && (named(name) || (args.only.is_none() && !OPT_IN.contains(name))))
-        .collect();
+    // Every entry of a whole run is reported: one that does not apply to this device, or that
+    // cannot run on it, as skipped with the reason.
+    let chosen: Vec<&'static str> =
+        ENTRIES.iter().copied().filter(|name| named(name) || (args.only.is_none() && !OPT_IN.contains(name))).collect();
     // Entry by entry, every pair in turn, so that the pairs of one entry are timed close together.
     let progress = progress_bar(chosen.len() * benches.len(), args.json);
     let mut results = Vec::new();
@@ -184,7 +196,10 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
         for (pair, bench, args) in &benches {
             progress.set_message(format!("{name} ({pair})"));
             for r in bench.rows(name, args)? {
-                progress.println(format!("{:<24} {pair:>9} {:>10.3} {} (median)", r.name, r.kiln.median, r.unit));
+                progress.println(match &r {
+                    Ok(r) => format!("{:<24} {pair:>9} {:>10.3} {} (median)", r.name, r.kiln.median, r.unit),
+                    Err(skipped) => format!("{:<24} {pair:>9} skipped: {}", skipped.name, skipped.reason),
+                });
                 results.push(report::PairResult { compiler: pair.to_string(), result: r });
             }
             progress.inc(1);
@@ -195,7 +210,11 @@ pub fn run(args: &BenchArgs) -> Result<String, CliError> {
     if named("allreduce_mpi") && kiln_mpi::world_rank().is_ok_and(|r| r != 0) {
         return Ok(String::new());
     }
-    Ok(if args.json { report::to_json(&args.device, &results)? } else { report::to_table(&default, &results) })
+    Ok(if args.json {
+        report::to_json(&args.device, &results)?
+    } else {
+        report::to_table(default.spec(), default.description(), &results)
+    })
 }
 
 /// Timed repetitions per entry.

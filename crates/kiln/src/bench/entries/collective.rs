@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_device::kiln_ir::Scalar;
-use kiln_device::{Buffer, Channel, Device, LocalChannel, ReduceOp};
+use kiln_device::{Channel, Device, LocalChannel, ReduceOp};
 use kiln_runtime::{ExecutionPlan, PlanRun};
 
-use super::Bench;
-use crate::bench::report::{BenchResult, Stats};
-use crate::bench::{kiln_err, per_sec, time_reps, wrong};
+use super::{Bench, skipped_if_cannot_run, upload_to};
+use crate::bench::report::{BenchResult, Row, Skipped, Stats};
+use crate::bench::{alloc_err, kiln_err, per_sec, time_reps, wrong};
 use crate::error::CliError;
 
 /// Bytes each rank holds, and the rows' names: `[ranks 2, ranks 4][size]`.
@@ -75,55 +75,77 @@ impl Bench {
     }
 
     /// all_reduce (sum, f32) over 2 and 4 ranks of one process, one device each, against the
-    /// machine's copy bandwidth: as many threads as ranks, each copying one rank's buffer.
-    pub(super) fn allreduce_devices(&self) -> Result<Vec<BenchResult>, CliError> {
+    /// machine's copy bandwidth: as many threads as ranks, each copying one rank's buffer. A
+    /// row whose buffers a device cannot hold (WebGPU's storage binding limit, its memory) is
+    /// skipped with the reason; the others still run and are checked.
+    pub(super) fn allreduce_devices(&self) -> Result<Vec<Row>, CliError> {
         let mut rows = Vec::new();
         for (names, count) in DEVICE_ROWS.iter().zip([2usize, 4]) {
             let devices: Vec<Arc<Device>> = (0..count).map(|r| self.rank_device(r)).collect();
             for (name, bytes) in names.iter().zip(SIZES) {
-                let n = bytes / 4;
-                let chans = LocalChannel::world(count).map_err(|e| kiln_err("creating a channel", e))?;
-                let mut plans = Vec::new();
-                let mut recvs = Vec::new();
-                for (r, (dev, chan)) in devices.iter().zip(chans).enumerate() {
-                    let data: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
-                    let send = Buffer::from_slice(dev.allocator(), &data).map_err(|e| kiln_err("uploading", e))?;
-                    let recv = dev.buffer(Scalar::F32, n).map_err(|e| kiln_err("allocating", e))?;
-                    let mut plan = ExecutionPlan::new(dev).map_err(|e| kiln_err("creating a plan", e))?;
-                    let chan: Arc<dyn Channel> = chan;
-                    plan.all_reduce(&chan, &send, &recv, ReduceOp::Sum).map_err(|e| kiln_err("recording", e))?;
-                    plans.push(plan);
-                    recvs.push(recv);
-                }
-                let mut run = || -> Result<(), CliError> {
-                    let runs: Vec<PlanRun<'_>> = plans
-                        .iter_mut()
-                        .map(|p| p.submit(&[]))
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| kiln_err("submitting", e))?;
-                    for run in runs {
-                        run.wait().map_err(|e| kiln_err("the all_reduce", e))?;
-                    }
-                    Ok(())
-                };
-                run()?;
-                for recv in &recvs {
-                    check(name, count, &self.read(recv)?)?;
-                }
-                let kiln = time_reps(self.reps, &mut run)?;
-                drop((plans, recvs));
-                let baseline = copy_baseline(count, n, self.reps);
-                rows.push(row(name, bytes, &kiln, baseline, "copy, one thread per rank")?);
+                rows.push(skipped_if_cannot_run(name, self.allreduce_row(name, &devices, bytes))?);
             }
         }
         Ok(rows)
     }
 
+    /// One row of [`Bench::allreduce_devices`]: `bytes` a rank over `devices`.
+    fn allreduce_row(
+        &self,
+        name: &'static str,
+        devices: &[Arc<Device>],
+        bytes: usize,
+    ) -> Result<BenchResult, CliError> {
+        let (count, n) = (devices.len(), bytes / 4);
+        let chans = LocalChannel::world(count).map_err(|e| kiln_err("creating a channel", e))?;
+        let mut plans = Vec::new();
+        let mut recvs = Vec::new();
+        for (r, (dev, chan)) in devices.iter().zip(chans).enumerate() {
+            let data: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
+            let send = upload_to(dev, &data)?;
+            let recv = dev.buffer(Scalar::F32, n).map_err(|e| alloc_err("allocating", e))?;
+            let mut plan = ExecutionPlan::new(dev).map_err(|e| kiln_err("creating a plan", e))?;
+            let chan: Arc<dyn Channel> = chan;
+            plan.all_reduce(&chan, &send, &recv, ReduceOp::Sum).map_err(|e| kiln_err("recording", e))?;
+            plans.push(plan);
+            recvs.push(recv);
+        }
+        let mut run = || -> Result<(), CliError> {
+            let runs: Vec<PlanRun<'_>> = plans
+                .iter_mut()
+                .map(|p| p.submit(&[]))
+                .collect::<Result<_, _>>()
+                .map_err(|e| kiln_err("submitting", e))?;
+            for run in runs {
+                run.wait().map_err(|e| kiln_err("the all_reduce", e))?;
+            }
+            Ok(())
+        };
+        run()?;
+        for recv in &recvs {
+            check(name, count, &self.read(recv)?)?;
+        }
+        let kiln = time_reps(self.reps, &mut run)?;
+        drop((plans, recvs));
+        let baseline = copy_baseline(count, n, self.reps);
+        row(name, bytes, &kiln, baseline, "copy, one thread per rank")
+    }
+
     /// all_reduce (sum, f32) over MPI with 2 and 4 ranks (the first ranks of the job), against
     /// `MPI_Allreduce` on the same host memory. Every rank checks its sum (and the ranks agree
     /// on it before anything is timed); the report is rank 0's.
-    pub(super) fn allreduce_mpi(&self) -> Result<Vec<BenchResult>, CliError> {
-        let world = kiln_mpi::MpiChannel::world().map_err(|e| kiln_err("joining the MPI job", e))?;
+    ///
+    /// In a kiln without MPI every row is skipped, saying so.
+    pub(super) fn allreduce_mpi(&self) -> Result<Vec<Row>, CliError> {
+        let world = match kiln_mpi::MpiChannel::world() {
+            Ok(world) => world,
+            Err(e @ kiln_device::Error::Unavailable(_)) => {
+                let reason = format!("no MPI: {e}");
+                let names = MPI_ROWS.iter().flatten();
+                return Ok(names.map(|&name| Err(Skipped { name, reason: reason.clone() })).collect());
+            }
+            Err(e) => return Err(kiln_err("joining the MPI job", e)),
+        };
         if world.count() < 4 {
             return Err(CliError::Usage(format!(
                 "allreduce_mpi measures 2 and 4 ranks: run it with 4 or more, e.g. `mpirun --oversubscribe -np 4 kiln \
@@ -164,7 +186,7 @@ impl Bench {
                 let baseline = time_reps(self.reps, || {
                     chan.baseline_all_reduce_f32(&data, &mut out).map_err(|e| kiln_err("MPI_Allreduce", e))
                 })?;
-                rows.push(row(name, bytes, &kiln, baseline, "MPI_Allreduce (the same memory)")?);
+                rows.push(Ok(row(name, bytes, &kiln, baseline, "MPI_Allreduce (the same memory)")?));
             }
         }
         world.barrier().map_err(|e| kiln_err("waiting for every rank", e))?;

@@ -14,6 +14,11 @@ use crate::error::CliError;
 /// Kernels per sample of `compile_throughput`.
 const THROUGHPUT_KERNELS: usize = 64;
 
+/// The batch of `compile_throughput` under `--quick`, compiled once: a smoke run checks that
+/// batches compile and compute, in seconds on a device whose compiler takes a quarter second
+/// a kernel (PoCL), where the full entry takes minutes.
+const QUICK_THROUGHPUT_KERNELS: usize = 8;
+
 /// `x[i] += c` over two elements: a kernel whose identity changes with `c`.
 pub(super) fn add_const_kernel(c: f32) -> Result<Arc<UOp>, kiln_device::kiln_ir::IrError> {
     let mut k = kiln_device::kiln_ir::KernelBuilder::new();
@@ -62,11 +67,12 @@ impl Bench {
     /// kernels through `Device::compile_many` (all cores), against the baseline of as many
     /// other ones compiled one after another with `Device::compile`, alternately in one run.
     /// Every kernel is new to the cache (its constant comes from the clock and the sample's
-    /// index), and every one is launched once and checked.
+    /// index), and every one is launched once and checked. `--quick` compiles one batch of
+    /// [`QUICK_THROUGHPUT_KERNELS`] each way.
     pub(super) fn compile_throughput(&self) -> Result<BenchResult, CliError> {
         let nonce =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let n = THROUGHPUT_KERNELS;
+        let (n, reps) = if self.quick { (QUICK_THROUGHPUT_KERNELS, 1) } else { (THROUGHPUT_KERNELS, self.reps.min(3)) };
         // Distinct integers below 2^24, exact in f32 (also plus 1 and 2).
         let mut next = (nonce % 60_000) as usize * 4 * n;
         let mut fresh = || -> Result<Vec<(f32, Arc<UOp>)>, CliError> {
@@ -97,7 +103,7 @@ impl Bench {
             Ok(())
         };
         let (mut batch, mut one_by_one) = (Vec::new(), Vec::new());
-        for _ in 0..self.reps.min(3) {
+        for _ in 0..reps {
             let kernels = fresh()?;
             let names: Vec<String> = (0..n).map(|i| format!("throughput{i}")).collect();
             let jobs: Vec<(Arc<UOp>, Option<&str>)> =

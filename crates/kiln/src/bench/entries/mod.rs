@@ -17,14 +17,16 @@ use kiln_device::{BenchWork, Buffer, Device, Kernel};
 pub(super) use matmul::{MATMUL_N, matmul_inputs};
 pub(super) use process::disk_hit_child;
 
-use super::report::{BenchResult, Stats};
-use super::{BenchArgs, kernels, kiln_err, per_sec, scaled, time_reps, wrong};
+use super::report::{BenchResult, Row, Skipped, Stats};
+use super::{BenchArgs, alloc_err, kernels, kiln_err, per_sec, scaled, time_reps, wrong};
 use crate::error::CliError;
 
 /// The device under test and the timed repetitions per entry.
 pub(super) struct Bench {
     pub(super) device: Arc<Device>,
     pub(super) reps: usize,
+    /// `--quick`: a smoke run, where an entry may also shrink its work (`compile_throughput`).
+    pub(super) quick: bool,
 }
 
 impl Bench {
@@ -46,13 +48,17 @@ impl Bench {
         self.device.compile(&sink, Some(name)).map_err(|e| kiln_err(&format!("compiling the {name} kernel"), e))
     }
 
+    /// `data` in a new buffer of the device; one the device cannot hold is
+    /// [`CliError::CannotRun`] (see [`alloc_err`]).
     pub(super) fn upload(&self, data: &[f32]) -> Result<Buffer, CliError> {
-        Buffer::from_slice(self.device.allocator(), data).map_err(|e| kiln_err("uploading bench input", e))
+        upload_to(&self.device, data)
     }
 
+    /// A new buffer of `n` zeros (allocated now); one the device cannot hold is
+    /// [`CliError::CannotRun`] (see [`alloc_err`]).
     pub(super) fn zeros(&self, n: usize) -> Result<Buffer, CliError> {
-        let b = self.device.buffer(Scalar::F32, n).map_err(|e| kiln_err("allocating bench output", e))?;
-        b.copy_from_slice(&vec![0f32; n]).map_err(|e| kiln_err("clearing bench output", e))?;
+        let b = self.device.buffer(Scalar::F32, n).map_err(|e| alloc_err("allocating bench output", e))?;
+        b.copy_from_slice(&vec![0f32; n]).map_err(|e| alloc_err("clearing bench output", e))?;
         Ok(b)
     }
 
@@ -71,12 +77,22 @@ impl Bench {
     }
 
     /// Runs the entry `name` (one of [`super::ENTRIES`]): its rows (one, but for the
-    /// collective entries: one per rank count and size).
-    pub(super) fn rows(&self, name: &'static str, args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
+    /// collective entries: one per rank count and size), each measured or skipped with the
+    /// reason it cannot run on this device ([`CliError::CannotRun`]; an entry that does not
+    /// apply to it). Every other error, a wrong result first, is the run's error.
+    pub(super) fn rows(&self, name: &'static str, args: &BenchArgs) -> Result<Vec<Row>, CliError> {
         match name {
             "allreduce_devices" => self.allreduce_devices(),
             "allreduce_mpi" => self.allreduce_mpi(),
-            name => Ok(vec![self.entry(name, args)?]),
+            "matmul_f32_4096" if !self.gpu_shaped() => Ok(vec![Err(Skipped {
+                name,
+                reason: format!(
+                    "shaped for GPUs (work groups sharing tiles in local memory), measured on CUDA devices; \
+                     matmul_f32_1024 is {}'s matmul",
+                    self.device.spec()
+                ),
+            })]),
+            name => Ok(vec![skipped_if_cannot_run(name, self.entry(name, args))?]),
         }
     }
 
@@ -146,5 +162,59 @@ impl Bench {
             BenchWork::Sgemm { n, .. } => per_sec(&time_reps(self.reps, &mut run)?, 2.0 * (n * n * n) as f64 / 1e9),
         };
         Ok(BenchResult { baseline: Some(Stats::of(figure)?), baseline_name: own.name.clone().into(), ..r })
+    }
+}
+
+/// `data` in a new buffer of `device`; one the device cannot hold is [`CliError::CannotRun`]
+/// (see [`alloc_err`]).
+pub(super) fn upload_to(device: &Device, data: &[f32]) -> Result<Buffer, CliError> {
+    Buffer::from_slice(device.allocator(), data).map_err(|e| alloc_err("uploading bench input", e))
+}
+
+/// The row of `name` from what its measurement returned: skipped, with the reason, when it
+/// could not run on the device ([`CliError::CannotRun`]); else the result or the error.
+pub(super) fn skipped_if_cannot_run(name: &'static str, r: Result<BenchResult, CliError>) -> Result<Row, CliError> {
+    match r {
+        Ok(result) => Ok(Ok(result)),
+        Err(CliError::CannotRun(reason)) => Ok(Err(Skipped { name, reason })),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a buffer the device cannot hold (beyond a fixed limit, or its memory) becomes a
+    /// skipped row, with the reason; a wrong result, a compile error and a malformed buffer
+    /// request stay errors that end the run.
+    #[test]
+    fn only_cannot_run_conditions_become_skipped_rows() {
+        let limit = kiln_device::Error::Limit { device: "WEBGPU:0".into(), message: "past the binding limit".into() };
+        let oom = kiln_device::Error::OutOfMemory {
+            device: "OPENCL:0".into(),
+            requested: 1 << 30,
+            in_use: 0,
+            cached: 0,
+            budget: None,
+        };
+        for (e, says) in [(limit, "past the binding limit"), (oom, "out of memory on OPENCL:0")] {
+            match skipped_if_cannot_run("entry", Err(alloc_err("uploading", e))) {
+                Ok(Err(Skipped { name: "entry", reason })) => {
+                    assert!(reason.starts_with("uploading: ") && reason.contains(says), "{reason}")
+                }
+                other => panic!("expected a skipped row, got {other:?}"),
+            }
+        }
+        let compile = kiln_device::Error::Compile { message: "bad".into(), log: String::new(), line: None };
+        let failures = [
+            wrong("entry", "element 3 is 2, want 1".into()),
+            alloc_err("uploading", kiln_device::Error::Buffer("size mismatch".into())),
+            alloc_err("compiling", compile),
+        ];
+        for failure in failures {
+            let text = failure.report();
+            assert!(skipped_if_cannot_run("entry", Err(failure)).is_err(), "{text} was skipped");
+        }
     }
 }
