@@ -13,6 +13,7 @@
 //! next run: a failed signal's value is frozen, and a queue that saw a failure may refuse
 //! further work (the CPU queue's poison is sticky). The timeline values carry over.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,7 @@ pub struct PlanOptions {
     /// Put copies on the device's copy queue when it has one.
     pub use_copy_queue: bool,
     /// The longest `run` waits for a queue to finish; `Duration::MAX` waits without limit.
+    /// A run's collectives give up with it (see [`ExecutionPlan::collective`]).
     pub timeout: Duration,
     /// Hand each run of kernels on host memory that needs no signal in between to its queue
     /// as one command that calls the kernels' programs in order with arguments checked when
@@ -382,15 +384,19 @@ impl ExecutionPlan {
     /// node index. The node runs once the nodes writing `send` finished, and the nodes
     /// reading `recv` run after it; the collectives of one channel run in the order recorded.
     /// Every rank records the same collectives of the channel in the same order (each in its
-    /// own plan). In a run, the node waits for its peers at most the shorter of the plan's
-    /// timeout and the channel's; see [`kiln_device::collective`] for the buffers each
+    /// own plan). In a run, the node waits for its peers at most the channel's timeout and
+    /// never past the run's end (its submission plus the plan's timeout); a peer missing
+    /// either way is [`Error::Channel`]. A run that fails before one of its collectives (or
+    /// is refused before anything is queued) leaves the channel, so that the peers fail at
+    /// once ([`Channel::leave`]); see [`kiln_device::collective`] for the buffers each
     /// collective takes and what failure does.
     ///
     /// # Errors
     /// Before anything runs: [`Error::Buffer`] for buffers not on the plan's device or that do
     /// not fit `op` (dtype, length, overlap), [`Error::Invalid`] for a root or peer out of
     /// range, [`Error::Channel`] for a broken channel, [`Error::DeviceLost`] for a buffer of an
-    /// ended generation. While running (from [`ExecutionPlan::run`]): [`Error::Channel`].
+    /// ended generation. While running (from [`ExecutionPlan::run`]): [`Error::Channel`], also
+    /// when the plan's timeout passed while the collective waited for a peer.
     pub fn collective(
         &mut self,
         channel: &Arc<dyn Channel>,
@@ -566,13 +572,20 @@ impl ExecutionPlan {
         self.run_vals(&vals)
     }
 
-    /// Tells the peers of every channel the plan's collectives use that this rank's run failed
-    /// before them (see [`Channel::leave`]), and returns `why`.
-    fn leave_channels(&self, why: Error) -> Error {
+    /// Tells the peers of every channel the plan's collectives use that this rank's next run
+    /// will not come, because of `why` (see [`Channel::leave`]): they fail at once instead of
+    /// at their timeout, and the channels are broken. The plan's own runs do it when they fail
+    /// or are refused; a caller that refuses to start a run itself calls it.
+    pub fn leave(&self, why: &Error) {
         if self.nodes.iter().any(|n| matches!(n.kind, NodeKind::Collective { .. })) {
             let (run, _) = RunCollectives::new(self.collective_nodes(), Duration::ZERO);
-            run.close(&why);
+            run.close(why);
         }
+    }
+
+    /// [`ExecutionPlan::leave`], returning `why`.
+    fn leave_channels(&self, why: Error) -> Error {
+        self.leave(&why);
         why
     }
 
@@ -827,13 +840,15 @@ impl ExecutionPlan {
         if let Err(e) = prepared {
             return Err(self.leave_channels(e));
         }
-        let (run, slots) = RunCollectives::new(self.collective_nodes(), self.options.timeout);
-        let mut slots = slots.into_iter();
-        let mut slot_of = vec![None; self.nodes.len()];
-        for (i, node) in self.nodes.iter().enumerate() {
-            if matches!(node.kind, NodeKind::Collective { .. }) {
-                slot_of[i] = slots.next();
-            }
+        // The run's collectives (a plan without any allocates nothing here): the node index
+        // of each, and its slot.
+        let mut run = None;
+        let mut slot_of = HashMap::new();
+        if self.nodes.iter().any(|n| matches!(n.kind, NodeKind::Collective { .. })) {
+            let (shared, slots) = RunCollectives::new(self.collective_nodes(), self.options.timeout);
+            let nodes = self.nodes.iter().enumerate().filter(|(_, n)| matches!(n.kind, NodeKind::Collective { .. }));
+            slot_of = nodes.map(|(i, _)| i).zip(slots).collect();
+            run = Some(shared);
         }
         let (Some(schedule), Some(lanes)) = (self.schedule.as_ref(), self.lanes.as_mut()) else {
             return Err(Error::Invalid("plan has no schedule".into()));
@@ -887,8 +902,8 @@ impl ExecutionPlan {
                         },
                         NodeKind::Collective { send, recv, .. } => {
                             let timer = profiled.then(|| timer(&node.stamps));
-                            if let Some(slot) = slot_of[n] {
-                                queue.host(run.host_step(slot, send, recv, timer));
+                            if let (Some(run), Some(slot)) = (&run, slot_of.get(&n)) {
+                                queue.host(run.host_step(*slot, send, recv, timer));
                             }
                         }
                     }
@@ -913,7 +928,7 @@ impl ExecutionPlan {
         for q in 0..nq {
             self.base[q] += schedule.queue_len(q);
         }
-        self.collectives = Some(run);
+        self.collectives = run;
         Ok(PlanRun { plan: self, submit_error, waited: false })
     }
 
