@@ -13,7 +13,8 @@
 //! and i64, in place and not; all_gather (rank order); reduce_scatter; broadcast from each
 //! root; send/receive pairs around the ring; ranks passing different lengths to an all_reduce,
 //! and a send and its receive of different dtypes (equal byte counts), which must fail on
-//! both sides with a channel error and leave a new channel working; and a rank whose run is
+//! both sides with a channel error and leave a new channel working; a zero timeout, refused
+//! with an invalid-argument error; and a rank whose run is
 //! refused before anything is queued, whose peers (waiting with a 30 s timeout) must fail at
 //! once, naming it.
 //!
@@ -157,6 +158,10 @@ fn suite(dev: &Arc<Device>) -> Outcome {
         Err(err) if matches!(err.root_cause(), Error::Channel { .. }) => {}
         other if count == 1 => other.map_err(e)?,
         other => return Err(format!("ranks passing 8 and 16 elements: {other:?}, want a channel error")),
+    }
+    match MpiChannel::world_with_timeout(Duration::ZERO) {
+        Err(Error::Invalid(m)) if m.contains("more than 0") => checks += 1,
+        other => return Err(format!("a channel with a zero timeout: {other:?}, want an invalid-argument error")),
     }
     checks += send_recv_mismatch(dev, rank, count)?;
     checks += refused_rank_leaves(dev, rank, count)?;

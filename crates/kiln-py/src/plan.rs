@@ -299,10 +299,11 @@ impl PyPlan {
         let names = lock(&self.var_names).clone();
         if let Some((name, _)) = vars.iter().find(|(n, _)| !names.contains(n)) {
             let known = if names.is_empty() { "none".to_string() } else { names.join(", ") };
-            return Err(crate::errors::raise(
-                py,
-                kiln_device::Error::Launch(format!("the plan has no variable `{name}` (its variables: {known})")),
-            ));
+            let e = kiln_device::Error::Launch(format!("the plan has no variable `{name}` (its variables: {known})"));
+            // As a refused `run`: the peers waiting in this rank's collectives fail now.
+            let (recorded, why) = (&self.recorded, &e);
+            py.detach(|| lock(recorded).leave(why));
+            return Err(crate::errors::raise(py, e));
         }
         let (recorded, stream) = (self.recorded.clone(), self.stream.clone());
         let running = AsyncRun::start();

@@ -320,6 +320,19 @@ def test_a_rank_whose_run_is_refused_before_anything_runs_releases_its_peer_at_o
     assert time.monotonic() - start < 10  # not the channel's 30 s
 
 
+def test_a_run_async_refused_for_an_unknown_variable_releases_the_peer_at_once():
+    devs, ends, plans = ranks(2, timeout=30)
+    for plan, end, dev in zip(plans, ends, devs):
+        plan.all_reduce(end, dev.empty("f32", 16))
+    start = time.monotonic()
+    waiting = plans[0].run_async()
+    with pytest.raises(kiln.LaunchError, match="no variable `nope`"):
+        plans[1].run_async(nope=1)
+    with pytest.raises(kiln.ChannelError, match="rank 1 left"):
+        waiting.wait()
+    assert time.monotonic() - start < 10
+
+
 def test_a_missing_peer_past_a_shorter_plan_timeout_is_always_a_channel_error():
     """The plan gives up after 0.2 s, the channel after 30: the run raises ChannelError (never
     TimeoutError), and the replay meets the broken channel, not the previous run's collective."""
