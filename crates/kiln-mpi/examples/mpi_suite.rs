@@ -248,7 +248,8 @@ fn refused_rank_leaves(dev: &Arc<Device>, rank: usize, count: usize) -> Result<u
                         && waited < Duration::from_secs(10) => {}
                 other => {
                     return Err(format!(
-                        "{what} whose peer's run was refused: after {waited:.2?}, {other:?}; want a channel error                          naming rank {last} well within the 30 s timeout"
+                        "{what} whose peer's run was refused: after {waited:.2?}, {other:?}; want a channel error \
+                         naming rank {last} well within the 30 s timeout"
                     ));
                 }
             }
