@@ -91,8 +91,8 @@ impl NcclChannel {
     /// Collectives wait at most `timeout` for the peers.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a rank not below `count`; [`Error::Unavailable`] without CUDA or
-    /// libnccl; the driver's and NCCL's errors.
+    /// [`Error::Invalid`] for a rank not below `count` or a zero timeout; [`Error::Unavailable`]
+    /// without CUDA or libnccl; the driver's and NCCL's errors.
     pub fn new(
         spec: &DeviceSpec,
         id: [u8; 128],
@@ -103,6 +103,7 @@ impl NcclChannel {
         if rank >= count || i32::try_from(count).is_err() {
             return Err(Error::Invalid(format!("NCCL rank {rank} of {count}: a rank is below the count")));
         }
+        let timeout = collective::check_timeout(timeout)?;
         let cu = cuda_device(spec)?;
         nccl_present()?;
         cu.bind()?;

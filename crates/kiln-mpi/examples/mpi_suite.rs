@@ -5,20 +5,32 @@
 //! mpirun --oversubscribe -np 4 target/release/examples/mpi_suite            # the collectives
 //! mpirun --oversubscribe -np 4 target/release/examples/mpi_suite hang       # a rank stops answering
 //! mpirun --oversubscribe --enable-recovery -np 4 target/release/examples/mpi_suite kill   # a rank dies
+//! mpirun --oversubscribe --enable-recovery -np 4 target/release/examples/mpi_suite kill-split 5
 //! ```
 //!
 //! Every rank checks its own results against the host reference and exits non-zero on the
 //! first difference. The collectives: all_reduce (sum, max, min) of f32, f64, f16, bf16, i32
 //! and i64, in place and not; all_gather (rank order); reduce_scatter; broadcast from each
-//! root; send/receive pairs around the ring; and ranks passing different lengths, which must
-//! fail on every rank with a channel error and leave a new channel working. `hang` and `kill`:
-//! the last rank stops answering (sleeps) or dies (SIGKILL) before an all_reduce; every other
-//! rank must get a channel error within its 1 s timeout. `KILN_MPI_DEVICE=OPENCL` runs the
-//! suite on another device (its buffers are staged through the host).
+//! root; send/receive pairs around the ring; ranks passing different lengths to an all_reduce,
+//! and a send and its receive of different dtypes (equal byte counts), which must fail on
+//! both sides with a channel error and leave a new channel working; a zero timeout, refused
+//! with an invalid-argument error; and a rank whose run is
+//! refused before anything is queued, whose peers (waiting with a 30 s timeout) must fail at
+//! once, naming it.
+//!
+//! The faults: the last rank stops answering (`hang`: it sleeps) or dies (`kill…`: SIGKILL)
+//! before the others' next wait, and every other rank must get a channel error within its
+//! timeout (the second argument, in seconds; 1 by default) and then exit. Where they wait:
+//! `kill` and `hang` a plan's all_reduce, `kill-barrier` a barrier, `kill-split` a split of
+//! the channel (`MpiChannel::first`), `kill-baseline` the bench's blocking `MPI_Allreduce`,
+//! `kill-new` a new channel (`MpiChannel::world`). Each survivor prints when its wait started
+//! (`fault wait started at <ms since the epoch>`), so that CI can bound when it exits.
+//! `KILN_MPI_DEVICE=OPENCL` runs the suite on another device (its buffers are staged through
+//! the host).
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kiln_device::kiln_ir::Scalar;
 use kiln_device::{Buffer, Channel, Device, Error, ReduceOp};
@@ -147,6 +159,13 @@ fn suite(dev: &Arc<Device>) -> Outcome {
         other if count == 1 => other.map_err(e)?,
         other => return Err(format!("ranks passing 8 and 16 elements: {other:?}, want a channel error")),
     }
+    match MpiChannel::world_with_timeout(Duration::ZERO) {
+        Err(Error::Invalid(m)) if m.contains("more than 0") => checks += 1,
+        other => return Err(format!("a channel with a zero timeout: {other:?}, want an invalid-argument error")),
+    }
+    checks += send_recv_mismatch(dev, rank, count)?;
+    checks += refused_rank_leaves(dev, rank, count)?;
+
     let fresh: Arc<dyn Channel> = MpiChannel::world().map_err(e)?;
     let b = upload(dev, Scalar::F32, &[1.0; 8]).map_err(e)?;
     let mut plan = ExecutionPlan::new(dev).map_err(e)?;
@@ -160,48 +179,163 @@ fn suite(dev: &Arc<Device>) -> Outcome {
     Ok((rank, checks))
 }
 
-/// The last rank stops answering (`kill`: dies) before an all_reduce; the others must fail
-/// with a channel error within their 1 s timeout.
-fn fault(dev: &Arc<Device>, kill: bool) -> Outcome {
+/// Rank 0 sends 8 f32 to rank 1, which receives 8 i32 (as many bytes): both fail with a
+/// channel error naming the two signatures (MPI alone would hand over the bits); the other
+/// ranks take no part.
+fn send_recv_mismatch(dev: &Arc<Device>, rank: usize, count: usize) -> Result<usize, String> {
     let e = |e: Error| e.to_string();
-    let chan: Arc<dyn Channel> = MpiChannel::world_with_timeout(Duration::from_secs(1)).map_err(e)?;
+    let chan: Arc<dyn Channel> = MpiChannel::world().map_err(e)?;
+    if count < 2 || rank > 1 {
+        return Ok(0);
+    }
+    let mut plan = ExecutionPlan::new(dev).map_err(e)?;
+    let (dtype, what) = if rank == 0 { (Scalar::F32, "the send") } else { (Scalar::I32, "the receive") };
+    let b = upload(dev, dtype, &[7.0; 8]).map_err(e)?;
+    if rank == 0 {
+        plan.send(&chan, &b, 1).map_err(e)?;
+    } else {
+        plan.recv(&chan, &b, 0).map_err(e)?;
+    }
+    match plan.run(&[]) {
+        Err(err)
+            if matches!(err.root_cause(), Error::Channel { message, .. }
+            if message.contains("8 f32") && message.contains("8 i32")) => {}
+        other => return Err(format!("{what} of 8 f32 against 8 i32: {other:?}, want a channel error naming both")),
+    }
+    if rank == 1 && download(&b).map_err(e)? != vec![7.0; 8] {
+        return Err("the refused receive changed its buffer".into());
+    }
+    Ok(1)
+}
+
+/// The last rank's run is refused before anything is queued (a name that is no plan
+/// variable); its peers, in an all_reduce with a 30 s timeout, and rank 0, receiving from it,
+/// must fail at once with a channel error naming it.
+fn refused_rank_leaves(dev: &Arc<Device>, rank: usize, count: usize) -> Result<usize, String> {
+    let e = |e: Error| e.to_string();
+    if count < 2 {
+        return Ok(0);
+    }
+    let last = count - 1;
+    let mut checks = 0;
+    for p2p in [false, true] {
+        let chan: Arc<dyn Channel> = MpiChannel::world_with_timeout(Duration::from_secs(30)).map_err(e)?;
+        if p2p && rank != 0 && rank != last {
+            continue;
+        }
+        let b = upload(dev, Scalar::F32, &[1.0; 16]).map_err(e)?;
+        let mut plan = ExecutionPlan::new(dev).map_err(e)?;
+        match (p2p, rank == last) {
+            (false, _) => plan.all_reduce(&chan, &b, &b, ReduceOp::Sum).map(|_| ()),
+            (true, true) => plan.send(&chan, &b, 0).map(|_| ()),
+            (true, false) => plan.recv(&chan, &b, last).map(|_| ()),
+        }
+        .map_err(e)?;
+        let what = if p2p { "a receive" } else { "an all_reduce" };
+        let start = Instant::now();
+        if rank == last {
+            match plan.run(&[("no_such_variable", 1)]) {
+                Err(Error::Launch(_)) => {}
+                other => return Err(format!("a run with an unknown variable: {other:?}, want a launch error")),
+            }
+        } else {
+            let result = plan.run(&[]);
+            let waited = start.elapsed();
+            match result {
+                Err(err)
+                    if matches!(err.root_cause(), Error::Channel { message, .. }
+                    if message.contains(&format!("rank {last} left")))
+                        && waited < Duration::from_secs(10) => {}
+                other => {
+                    return Err(format!(
+                        "{what} whose peer's run was refused: after {waited:.2?}, {other:?}; want a channel error \
+                         naming rank {last} well within the 30 s timeout"
+                    ));
+                }
+            }
+        }
+        checks += 1;
+    }
+    Ok(checks)
+}
+
+/// Where the survivors of a fault wait when the last rank fails them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FaultAt {
+    AllReduce,
+    Barrier,
+    Split,
+    Baseline,
+    NewChannel,
+}
+
+/// The last rank stops answering (`kill`: dies) before the others' wait at `at`; they must
+/// fail with a channel error within `timeout` (and then exit: CI bounds that).
+fn fault(dev: &Arc<Device>, kill: bool, at: FaultAt, timeout: Duration) -> Outcome {
+    let e = |e: Error| e.to_string();
+    let world = MpiChannel::world_with_timeout(timeout).map_err(e)?;
+    let chan: Arc<dyn Channel> = world.clone();
     let (rank, count) = (chan.rank(), chan.count());
     if count < 2 {
         return Err("the fault modes need 2 ranks or more".into());
     }
+    // Every rank gets here, so the fault strikes the waits below, not the channel's creation.
+    world.barrier().map_err(e)?;
     if rank == count - 1 {
         if kill {
             // SAFETY: raising a signal at ourselves; SIGKILL ends the process here.
             unsafe { libc::raise(libc::SIGKILL) };
         }
-        std::thread::sleep(Duration::from_secs(3));
+        std::thread::sleep(timeout * 3);
         return Ok((rank, 0));
     }
     let b = upload(dev, Scalar::F32, &[1.0; 64]).map_err(e)?;
     let mut plan = ExecutionPlan::new(dev).map_err(e)?;
     plan.all_reduce(&chan, &b, &b, ReduceOp::Sum).map_err(e)?;
+    let epoch_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    println!("rank {rank}: fault wait started at {epoch_ms}");
     let start = Instant::now();
-    let result = plan.run(&[]);
+    let result = match at {
+        FaultAt::AllReduce => plan.run(&[]),
+        FaultAt::Barrier => world.barrier(),
+        FaultAt::Split => world.first(count - 1).map(|_| ()),
+        FaultAt::Baseline => world.baseline_all_reduce_f32(vec![1.0; 1 << 16], vec![0.0; 1 << 16]).map(|_| ()),
+        FaultAt::NewChannel => MpiChannel::world_with_timeout(timeout).map(|_| ()),
+    };
     let waited = start.elapsed();
     match result {
-        Err(err) if matches!(err.root_cause(), Error::Channel { .. }) && waited < Duration::from_secs(10) => {
+        Err(err) if matches!(err.root_cause(), Error::Channel { .. }) && waited < timeout + Duration::from_secs(5) => {
             println!("rank {rank}: the peer's fault gave a channel error after {waited:.2?}: {err}");
             Ok((rank, 1))
         }
-        other => Err(format!("after {waited:?}: {other:?}, want a channel error within about 1 s")),
+        other => Err(format!("after {waited:?}: {other:?}, want a channel error within about {timeout:?}")),
     }
 }
 
 fn main() -> ExitCode {
     let mode = std::env::args().nth(1).unwrap_or_default();
+    let timeout = std::env::args().nth(2).map_or(Ok(1.0), |t| t.parse::<f64>());
+    let timeout = match timeout.ok().and_then(|t| Duration::try_from_secs_f64(t).ok()) {
+        Some(t) if !t.is_zero() => t,
+        _ => {
+            eprintln!("mpi suite: the second argument is the fault's timeout in seconds (more than 0)");
+            return ExitCode::FAILURE;
+        }
+    };
     let device = std::env::var("KILN_MPI_DEVICE").unwrap_or_else(|_| "CPU".into());
     kiln_cpu::register();
     kiln_opencl::register();
     let outcome = kiln_device::open_device(&device).map_err(|e| e.to_string()).and_then(|dev| match mode.as_str() {
         "" => suite(&dev),
-        "hang" => fault(&dev, false),
-        "kill" => fault(&dev, true),
-        other => Err(format!("unknown mode `{other}`: use none, hang or kill")),
+        "hang" => fault(&dev, false, FaultAt::AllReduce, timeout),
+        "kill" => fault(&dev, true, FaultAt::AllReduce, timeout),
+        "kill-barrier" => fault(&dev, true, FaultAt::Barrier, timeout),
+        "kill-split" => fault(&dev, true, FaultAt::Split, timeout),
+        "kill-baseline" => fault(&dev, true, FaultAt::Baseline, timeout),
+        "kill-new" => fault(&dev, true, FaultAt::NewChannel, timeout),
+        other => Err(format!(
+            "unknown mode `{other}`: use none, hang, kill, kill-barrier, kill-split, kill-baseline or kill-new"
+        )),
     });
     match outcome {
         Ok((rank, checks)) => {

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use kiln_device::{Buffer, Channel, Collective, Error, Result};
 
+/// The longest `MPI_Finalize` may take at exit after a failed wait (see the MPI build's docs).
+pub const EXIT_GRACE: Duration = Duration::from_secs(10);
+
 /// This process's end of an MPI channel; this build has no MPI, so there is none.
 #[derive(Debug)]
 pub struct MpiChannel {
@@ -61,7 +64,7 @@ impl MpiChannel {
     ///
     /// # Errors
     /// None: there is no channel to call it on.
-    pub fn baseline_all_reduce_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+    pub fn baseline_all_reduce_f32(&self, send: Vec<f32>, recv: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
         let _ = (send, recv);
         match self.never {}
     }

@@ -1,8 +1,8 @@
 //! [`MpiChannel`] over the MPI library (see the crate docs).
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use kiln_device::collective::{self, Deadline, Region, Staged};
@@ -10,24 +10,31 @@ use kiln_device::kiln_ir::Scalar;
 use kiln_device::{Buffer, Channel, Collective, Error, ReduceOp, Result};
 use mpi::ffi;
 
+mod process;
+
+pub use process::EXIT_GRACE;
+
 /// The tag of kiln's sends and receives on its communicators.
 const TAG: c_int = 0x6b69;
 
-/// Serializes every MPI call kiln makes (MPI_THREAD_SERIALIZED).
-fn mpi_lock() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    // The lock guards no data; a panic while holding it leaves nothing inconsistent.
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// The tag of the signatures a send and its receive exchange before the data.
+const SIGNATURE_TAG: c_int = 0x6b6a;
 
 /// MPI's handles are pointers (OpenMPI) to objects the library owns and keeps for the life of
-/// the communicator or the process; kiln uses them only under [`mpi_lock`].
+/// the communicator or the process; kiln uses them only holding the MPI lock.
 #[derive(Clone, Copy)]
 struct Handle<T>(T);
-// SAFETY: see the type's docs: every use is serialized by `mpi_lock`.
+// SAFETY: see the type's docs: every use is serialized by the MPI lock.
 unsafe impl<T> Send for Handle<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for Handle<T> {}
+
+impl<T: Copy> Handle<T> {
+    /// The handle (a closure calling this moves the whole `Handle`, which is `Send`).
+    fn get(self) -> T {
+        self.0
+    }
+}
 
 /// What kiln sets up once per process: MPI itself and the reductions MPI lacks.
 struct Runtime {
@@ -59,8 +66,13 @@ fn check(code: c_int, call: &str) -> Result<()> {
     Err(Error::Driver { backend: "MPI", code: Some(code.into()), fatal: false, message: format!("{call}: {message}") })
 }
 
+/// The MPI lock for a call made before any wait can have failed (initialization, queries).
+fn lock_now() -> Result<process::MpiGuard> {
+    process::lock(None).map_err(Error::Unavailable)
+}
+
 fn init() -> Result<Runtime> {
-    let _lock = mpi_lock();
+    let _lock = lock_now()?;
     let (mut initialized, mut provided) = (0, 0);
     // SAFETY: plain queries writing into the locals.
     check(unsafe { ffi::MPI_Initialized(&mut initialized) }, "MPI_Initialized")?;
@@ -71,9 +83,12 @@ fn init() -> Result<Runtime> {
         let code =
             unsafe { ffi::MPI_Init_thread(std::ptr::null_mut(), std::ptr::null_mut(), serialized, &mut provided) };
         check(code, "MPI_Init_thread")?;
-        // SAFETY: registers a plain `extern "C"` function; its failure only means MPI is not
-        // finalized at exit.
-        unsafe { libc::atexit(finalize_at_exit) };
+        process::finalize_at_exit();
+        // kiln owns this MPI: an error of a call on the world (a new channel whose peer died)
+        // is returned to kiln, which reports it, instead of aborting the process.
+        // SAFETY: MPI is initialized; the world and the handler are the library's constants.
+        let code = unsafe { ffi::MPI_Comm_set_errhandler(ffi::RSMPI_COMM_WORLD, ffi::RSMPI_ERRORS_RETURN) };
+        check(code, "MPI_Comm_set_errhandler")?;
     } else {
         // SAFETY: a query writing into the local.
         check(unsafe { ffi::MPI_Query_thread(&mut provided) }, "MPI_Query_thread")?;
@@ -111,7 +126,7 @@ fn choose_ring_all_reduce() {
         return;
     }
     let (mut provided, mut index, mut count) = (0, 0, 0);
-    // SAFETY: MPI is initialized and kiln holds `mpi_lock`; every pointer is a live local or the
+    // SAFETY: MPI is initialized and kiln holds the MPI lock; every pointer is a live local or the
     // setting's name (NUL-terminated); the handle is freed before returning.
     unsafe {
         if ffi::MPI_T_init_thread(ffi::RSMPI_THREAD_SERIALIZED, &mut provided) != 0 {
@@ -127,17 +142,6 @@ fn choose_ring_all_reduce() {
             }
         }
         ffi::MPI_T_finalize();
-    }
-}
-
-extern "C" fn finalize_at_exit() {
-    let _lock = mpi_lock();
-    let mut finalized = 0;
-    // SAFETY: at exit, after kiln's collectives returned; MPI_Finalize once, if not done.
-    unsafe {
-        if ffi::MPI_Finalized(&mut finalized) == 0 && finalized == 0 {
-            ffi::MPI_Finalize();
-        }
     }
 }
 
@@ -198,6 +202,60 @@ fn reduction(rt: &Runtime, op: ReduceOp, dtype: Scalar) -> ffi::MPI_Op {
     }
 }
 
+/// Why a request was not waited for to its end.
+enum Unfinished {
+    /// MPI reported an error.
+    Mpi(Error),
+    /// The deadline passed.
+    Late,
+    /// The channel broke meanwhile (aborted by another thread).
+    Broken,
+    /// The MPI lock could not be had (the reason).
+    Locked(String),
+}
+
+/// Polls `req` until it completes (filling `status`), fails, `deadline` passes, or `broken`
+/// says to stop. `patient` sleeps between polls once the first spins found nothing, leaving
+/// the cores to the processes doing the work (for a wait expected to be long). On any error
+/// the request stays in flight: the memory it uses must stay allocated for the life of the
+/// process.
+fn wait_request(
+    req: &mut ffi::MPI_Request,
+    status: &mut ffi::MPI_Status,
+    deadline: &Deadline,
+    patient: bool,
+    broken: Option<&AtomicBool>,
+) -> std::result::Result<(), Unfinished> {
+    let mut polls = 0u32;
+    loop {
+        let mut done = 0;
+        let code = {
+            let _lock = process::lock(Some(deadline)).map_err(Unfinished::Locked)?;
+            // SAFETY: `req` is a live request of this process; `status` is written.
+            unsafe { ffi::MPI_Test(req, &mut done, status) }
+        };
+        check(code, "MPI_Test").map_err(Unfinished::Mpi)?;
+        if done != 0 {
+            return Ok(());
+        }
+        if broken.is_some_and(|b| b.load(Ordering::Acquire)) {
+            return Err(Unfinished::Broken);
+        }
+        if deadline.passed() {
+            return Err(Unfinished::Late);
+        }
+        polls += 1;
+        // Spin first (shared-memory transfers complete in microseconds), then yield.
+        if polls < 2000 {
+            std::hint::spin_loop();
+        } else if patient {
+            std::thread::sleep(Duration::from_millis(5));
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
 /// This process's end of an MPI channel (see the crate docs).
 pub struct MpiChannel {
     comm: Handle<ffi::MPI_Comm>,
@@ -206,6 +264,8 @@ pub struct MpiChannel {
     timeout: Duration,
     id: u64,
     broken: Mutex<Option<Error>>,
+    /// Whether `broken` holds an error, for the polls to read without the lock.
+    is_broken: AtomicBool,
     /// One collective at a time on this end, in the order they are issued.
     busy: Mutex<()>,
 }
@@ -218,78 +278,148 @@ impl std::fmt::Debug for MpiChannel {
 
 impl MpiChannel {
     /// This process's end of a new channel over every process of the MPI job (a duplicate of
-    /// `MPI_COMM_WORLD`: every process makes its channels in the same order). Initializes MPI
-    /// on first use. Collectives wait [`kiln_device::collective::DEFAULT_TIMEOUT`] for their
-    /// peers.
+    /// `MPI_COMM_WORLD`, `MPI_Comm_idup`: every process makes its channels in the same
+    /// order). Initializes MPI on first use. Waits for the other processes, and later
+    /// collectives for their peers, at most [`kiln_device::collective::DEFAULT_TIMEOUT`].
+    /// After a failure, a new channel is how to go on: it fails in turn, at its timeout, when
+    /// a process of the job is gone.
     ///
     /// # Errors
+    /// [`Error::Channel`] when a process of the job does not make the channel in time;
     /// [`Error::Unavailable`] when MPI runs at a thread level below `MPI_THREAD_SERIALIZED`;
     /// [`Error::Driver`] when MPI fails (not started by `mpirun`, for one, it runs alone).
     pub fn world() -> Result<Arc<MpiChannel>> {
         Self::world_with_timeout(collective::DEFAULT_TIMEOUT)
     }
 
-    /// [`MpiChannel::world`] whose collectives wait at most `timeout` for their peers.
+    /// [`MpiChannel::world`] waiting at most `timeout` for the other processes, now and in
+    /// every collective.
     ///
     /// # Errors
-    /// As [`MpiChannel::world`].
+    /// As [`MpiChannel::world`], and [`Error::Invalid`] for a zero timeout.
     pub fn world_with_timeout(timeout: Duration) -> Result<Arc<MpiChannel>> {
+        let timeout = collective::check_timeout(timeout)?;
         runtime()?;
-        let _lock = mpi_lock();
+        let deadline = Deadline::after(timeout);
+        let new_channel = |message: String| {
+            process::record_failure(timeout);
+            Error::Channel { channel: "a new mpi channel".into(), message }
+        };
+        // Written by MPI when the request completes: on the heap, leaked if it never does.
         // SAFETY: a handle for MPI to write.
-        let mut comm: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+        let mut comm: Box<ffi::MPI_Comm> = Box::new(unsafe { std::mem::zeroed() });
+        let mut req = null_request();
+        {
+            let _lock = process::lock(Some(&deadline)).map_err(new_channel)?;
+            // SAFETY: MPI is initialized (runtime); `comm` outlives the request (waited
+            // below, or leaked).
+            let code = unsafe { ffi::MPI_Comm_idup(ffi::RSMPI_COMM_WORLD, &mut *comm, &mut req) };
+            check(code, "MPI_Comm_idup")?;
+        }
+        // SAFETY: a status for MPI to write.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        if let Err(why) = wait_request(&mut req, &mut status, &deadline, true, None) {
+            std::mem::forget(comm);
+            let why = match why {
+                Unfinished::Mpi(e) => e.to_string(),
+                Unfinished::Locked(m) => m,
+                Unfinished::Late | Unfinished::Broken => format!(
+                    "waited {} ms for every process of the MPI job to make the channel (MPI_Comm_idup); one did \
+                     not come (it died, or makes its channels in another order)",
+                    deadline.limit().as_millis()
+                ),
+            };
+            return Err(new_channel(why));
+        }
+        let comm = *comm;
         let (mut rank, mut size) = (0, 0);
-        // SAFETY: MPI is initialized (runtime); each call writes into the locals.
-        unsafe {
-            check(ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut comm), "MPI_Comm_dup")?;
-            check(ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN), "MPI_Comm_set_errhandler")?;
-            check(ffi::MPI_Comm_rank(comm, &mut rank), "MPI_Comm_rank")?;
-            check(ffi::MPI_Comm_size(comm, &mut size), "MPI_Comm_size")?;
+        {
+            let _lock = process::lock(Some(&deadline)).map_err(new_channel)?;
+            // SAFETY: `comm` is the new communicator; each call writes into the locals.
+            unsafe {
+                check(ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN), "MPI_Comm_set_errhandler")?;
+                check(ffi::MPI_Comm_rank(comm, &mut rank), "MPI_Comm_rank")?;
+                check(ffi::MPI_Comm_size(comm, &mut size), "MPI_Comm_size")?;
+            }
         }
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        Ok(Arc::new(MpiChannel {
-            comm: Handle(comm),
-            rank: rank.max(0) as usize,
-            count: size.max(1) as usize,
+        Ok(Arc::new(MpiChannel::on(
+            comm,
+            rank.max(0) as usize,
+            size.max(1) as usize,
             timeout,
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+        )))
+    }
+
+    fn on(comm: ffi::MPI_Comm, rank: usize, count: usize, timeout: Duration, id: u64) -> MpiChannel {
+        MpiChannel {
+            comm: Handle(comm),
+            rank,
+            count,
+            timeout,
+            id,
             broken: Mutex::new(None),
+            is_broken: AtomicBool::new(false),
             busy: Mutex::new(()),
-        }))
+        }
     }
 
     /// The first `n` ranks of this channel as a channel of their own (`MPI_Comm_split`),
-    /// `None` on the others. Every rank of this channel calls it (it blocks until they do).
+    /// `None` on the others. Every rank of this channel calls it; it waits for them at most
+    /// the channel's timeout (MPI has no non-blocking split: the call runs on a helper thread,
+    /// which a peer that never comes keeps for the life of the process).
     ///
     /// # Errors
-    /// [`Error::Invalid`] for `n` of 0 or above the count; MPI's errors.
+    /// [`Error::Invalid`] for `n` of 0 or above the count; [`Error::Channel`] when a peer does
+    /// not come in time (the channel is broken), or the channel was broken before; MPI's errors.
     pub fn first(&self, n: usize) -> Result<Option<Arc<MpiChannel>>> {
         if n == 0 || n > self.count {
             return Err(Error::Invalid(format!("the first {n} of {} ranks", self.count)));
         }
-        let _lock = mpi_lock();
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = self.broken() {
+            return Err(e);
+        }
+        let deadline = Deadline::after(self.timeout);
         // SAFETY: reads the library's constant.
         let color = if self.rank < n { 0 } else { unsafe { ffi::RSMPI_UNDEFINED } };
-        // SAFETY: a handle for MPI to write.
-        let mut comm: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
-        // SAFETY: a live communicator; `comm` is written.
-        let code = unsafe { ffi::MPI_Comm_split(self.comm.0, color, self.rank as c_int, &mut comm) };
-        check(code, "MPI_Comm_split")?;
+        let (comm, key) = (self.comm, self.rank as c_int);
+        let split = process::blocking(&deadline, move || -> std::result::Result<Handle<ffi::MPI_Comm>, String> {
+            let _lock = process::lock(Some(&deadline))?;
+            // SAFETY: a handle for MPI to write.
+            let mut out: ffi::MPI_Comm = unsafe { std::mem::zeroed() };
+            // SAFETY: a live communicator (its channel is alive while its caller waits, and a
+            // channel whose wait failed never frees it); `out` is written.
+            let code = unsafe { ffi::MPI_Comm_split(comm.get(), color, key, &mut out) };
+            check(code, "MPI_Comm_split").map(|()| Handle(out)).map_err(|e| e.to_string())
+        });
+        let comm = match split {
+            Ok(Ok(comm)) => comm.0,
+            Ok(Err(why)) => {
+                process::record_failure(self.timeout);
+                return Err(self.fail(format!("rank {} in MPI_Comm_split: {why}", self.rank)));
+            }
+            Err(why) => {
+                process::record_failure(self.timeout);
+                return Err(self.fail(format!(
+                    "rank {} waited {} ms in MPI_Comm_split (the first {n} ranks) for its peers, which did not all \
+                     come: {why}",
+                    self.rank,
+                    deadline.limit().as_millis()
+                )));
+            }
+        };
         if self.rank >= n {
             return Ok(None);
         }
-        // SAFETY: `comm` is the new communicator of this rank.
-        check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
+        {
+            let _lock = self.lock("MPI_Comm_set_errhandler", &deadline)?;
+            // SAFETY: `comm` is the new communicator of this rank.
+            check(unsafe { ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
+        }
         static NEXT: AtomicU64 = AtomicU64::new(1 << 32);
-        Ok(Some(Arc::new(MpiChannel {
-            comm: Handle(comm),
-            rank: self.rank,
-            count: n,
-            timeout: self.timeout,
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
-            broken: Mutex::new(None),
-            busy: Mutex::new(()),
-        })))
+        Ok(Some(Arc::new(MpiChannel::on(comm, self.rank, n, self.timeout, NEXT.fetch_add(1, Ordering::Relaxed)))))
     }
 
     /// Waits until every rank of the channel called it (`MPI_Ibarrier`), sleeping between
@@ -298,15 +428,18 @@ impl MpiChannel {
     /// # Errors
     /// [`Error::Channel`] when a peer does not arrive within the channel's timeout; MPI's errors.
     pub fn barrier(&self) -> Result<()> {
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = self.broken() {
+            return Err(e);
+        }
+        let deadline = Deadline::after(self.timeout);
         let mut req = null_request();
         {
-            let _lock = mpi_lock();
+            let _lock = self.lock("a barrier", &deadline)?;
             // SAFETY: a live communicator; `req` is written.
             check(unsafe { ffi::MPI_Ibarrier(self.comm.0, &mut req) }, "MPI_Ibarrier")?;
         }
-        // SAFETY: a status for MPI to write.
-        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        self.poll(&mut req, &mut status, "a barrier", Deadline::after(self.timeout), true)
+        self.wait(&mut req, "a barrier", &deadline, true).map(|_| ())
     }
 
     /// Whether every rank's `ok` holds: each rank learns whether all of its peers' checks
@@ -315,12 +448,17 @@ impl MpiChannel {
     /// # Errors
     /// [`Error::Channel`] when a peer does not answer; MPI's errors.
     pub fn agree_ok(&self, ok: bool) -> Result<bool> {
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = self.broken() {
+            return Err(e);
+        }
+        let deadline = Deadline::after(self.timeout);
         // On the heap: leaked if the request is abandoned.
         let mine = Box::new([i32::from(ok)]);
         let mut all = Box::new([0i32]);
         let mut req = null_request();
         {
-            let _lock = mpi_lock();
+            let _lock = self.lock("agreeing on a check", &deadline)?;
             // SAFETY: one i32 each way, both outliving the request (waited below, or leaked).
             let code = unsafe {
                 ffi::MPI_Iallreduce(
@@ -335,38 +473,69 @@ impl MpiChannel {
             };
             check(code, "MPI_Iallreduce")?;
         }
-        // SAFETY: a status for MPI to write.
-        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        if let Err(e) = self.wait(&mut req, &mut status, "agreeing on a check", Deadline::after(self.timeout)) {
+        if let Err(e) = self.wait(&mut req, "agreeing on a check", &deadline, false) {
             std::mem::forget((mine, all));
             return Err(e);
         }
         Ok(all[0] == 1)
     }
 
-    /// `MPI_Allreduce` (sum) of `send` into `recv` over this channel's ranks, blocking: the
-    /// baseline `kiln bench` measures MPI channels against, on the same memory.
+    /// `MPI_Allreduce` (sum) of `send` into `recv` over this channel's ranks: the baseline
+    /// `kiln bench` measures MPI channels against, on the same memory. MPI's blocking call
+    /// (MPI's own choice of algorithm, unlike kiln's non-blocking one) runs on a helper thread
+    /// while the caller waits at most the channel's timeout; the buffers go with the call and
+    /// come back with its result (a call whose peers never come keeps them).
     ///
     /// # Errors
-    /// [`Error::Buffer`] for slices of different lengths or more than MPI counts; MPI's errors.
-    pub fn baseline_all_reduce_f32(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+    /// [`Error::Buffer`] for buffers of different lengths or more than MPI counts;
+    /// [`Error::Channel`] when a peer does not come in time (the channel is broken), or the
+    /// channel was broken before; MPI's errors.
+    pub fn baseline_all_reduce_f32(&self, send: Vec<f32>, mut recv: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
         if send.len() != recv.len() {
             return Err(Error::Buffer(format!("all_reduce of {} elements into {}", send.len(), recv.len())));
         }
         let n = c_int::try_from(send.len()).map_err(|_| Error::Buffer("too many elements for MPI".into()))?;
-        let _lock = mpi_lock();
-        // SAFETY: two distinct live slices of `n` f32 each, on a live communicator.
-        let code = unsafe {
-            ffi::MPI_Allreduce(
-                send.as_ptr() as *const c_void,
-                recv.as_mut_ptr() as *mut c_void,
-                n,
-                ffi::RSMPI_FLOAT,
-                ffi::RSMPI_SUM,
-                self.comm.0,
-            )
-        };
-        check(code, "MPI_Allreduce")
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = self.broken() {
+            return Err(e);
+        }
+        let deadline = Deadline::after(self.timeout);
+        let comm = self.comm;
+        let call = process::blocking(&deadline, move || {
+            let code = match process::lock(Some(&deadline)) {
+                // SAFETY: two distinct live vectors of `n` f32 each, owned by this call, on a
+                // live communicator (a channel whose wait failed never frees it).
+                Ok(_lock) => unsafe {
+                    ffi::MPI_Allreduce(
+                        send.as_ptr() as *const c_void,
+                        recv.as_mut_ptr() as *mut c_void,
+                        n,
+                        ffi::RSMPI_FLOAT,
+                        ffi::RSMPI_SUM,
+                        comm.get(),
+                    )
+                },
+                Err(why) => return Err(why),
+            };
+            Ok((code, send, recv))
+        });
+        match call {
+            Ok(Ok((code, send, recv))) => {
+                if let Err(e) = check(code, "MPI_Allreduce") {
+                    process::record_failure(self.timeout);
+                    return Err(self.fail(format!("rank {}: {e}", self.rank)));
+                }
+                Ok((send, recv))
+            }
+            Ok(Err(why)) | Err(why) => {
+                process::record_failure(self.timeout);
+                Err(self.fail(format!(
+                    "rank {} waited {} ms in MPI_Allreduce for its peers, which did not all come: {why}",
+                    self.rank,
+                    deadline.limit().as_millis()
+                )))
+            }
+        }
     }
 
     fn name(&self) -> String {
@@ -376,70 +545,70 @@ impl MpiChannel {
     /// Breaks the channel (the first reason stays) and returns its error.
     fn fail(&self, message: String) -> Error {
         let mut broken = self.broken.lock().unwrap_or_else(|p| p.into_inner());
-        broken.get_or_insert_with(|| Error::Channel { channel: self.name(), message }).clone()
+        let e = broken.get_or_insert_with(|| Error::Channel { channel: self.name(), message }).clone();
+        self.is_broken.store(true, Ordering::Release);
+        e
     }
 
-    /// Polls `req` until it completes, fails or `deadline` passes; fills `status` on success.
+    /// The MPI lock for `what`, waited for at most until `deadline`.
+    ///
+    /// # Errors
+    /// [`Error::Channel`] (the channel breaks) when it is not had in time.
+    fn lock(&self, what: &str, deadline: &Deadline) -> Result<process::MpiGuard> {
+        process::lock(Some(deadline)).map_err(|why| {
+            process::record_failure(self.timeout);
+            self.fail(format!("rank {} in {what}: {why}", self.rank))
+        })
+    }
+
+    /// Polls `req` to its end or `deadline` (see [`wait_request`]), failing the channel
+    /// otherwise; returns the request's status.
     fn wait(
         &self,
         req: &mut ffi::MPI_Request,
-        status: &mut ffi::MPI_Status,
         what: &str,
-        deadline: Deadline,
-    ) -> Result<()> {
-        self.poll(req, status, what, deadline, false)
+        deadline: &Deadline,
+        patient: bool,
+    ) -> Result<ffi::MPI_Status> {
+        self.wait_watching(req, what, deadline, patient, true)
     }
 
-    /// [`MpiChannel::wait`]; `patient` sleeps between polls once the first spins found nothing,
-    /// leaving the cores to the processes doing the work (for a wait expected to be long).
-    fn poll(
+    /// [`MpiChannel::wait`]; `watch` stops when the channel breaks meanwhile.
+    fn wait_watching(
         &self,
         req: &mut ffi::MPI_Request,
-        status: &mut ffi::MPI_Status,
         what: &str,
-        deadline: Deadline,
+        deadline: &Deadline,
         patient: bool,
-    ) -> Result<()> {
-        let mut polls = 0u32;
-        loop {
-            let mut done = 0;
-            let code = {
-                let _lock = mpi_lock();
-                // SAFETY: `req` is a live request of this process; `status` is written.
-                unsafe { ffi::MPI_Test(req, &mut done, status) }
-            };
-            if let Err(e) = check(code, "MPI_Test") {
-                return Err(self.fail(format!("rank {} in {what}: {e}", self.rank)));
-            }
-            if done != 0 {
-                return Ok(());
-            }
-            if deadline.passed() {
-                return Err(self.fail(format!(
-                    "rank {} waited {} ms in {what} for its peers, which did not all answer",
-                    self.rank,
-                    deadline.limit().as_millis()
-                )));
-            }
-            polls += 1;
-            // Spin first (shared-memory transfers complete in microseconds), then yield.
-            if polls < 2000 {
-                std::hint::spin_loop();
-            } else if patient {
-                std::thread::sleep(Duration::from_millis(5));
-            } else {
-                std::thread::yield_now();
+        watch: bool,
+    ) -> Result<ffi::MPI_Status> {
+        // SAFETY: a status for MPI to write.
+        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+        match wait_request(req, &mut status, deadline, patient, watch.then_some(&self.is_broken)) {
+            Ok(()) => Ok(status),
+            Err(why) => {
+                process::record_failure(self.timeout);
+                Err(match why {
+                    Unfinished::Mpi(e) => self.fail(format!("rank {} in {what}: {e}", self.rank)),
+                    Unfinished::Locked(m) => self.fail(format!("rank {} in {what}: {m}", self.rank)),
+                    Unfinished::Broken => self.broken().unwrap_or_else(|| self.fail("broken".into())),
+                    Unfinished::Late => self.fail(format!(
+                        "rank {} waited {} ms in {what} for its peers, which did not all answer",
+                        self.rank,
+                        deadline.limit().as_millis()
+                    )),
+                })
             }
         }
     }
 
-    /// Exchanges what each rank is about to run and fails every rank if they differ.
-    fn agree(&self, op: Collective, dtype: Scalar, len: usize, deadline: Deadline) -> Result<()> {
-        let mine = signature(op, dtype, len).to_vec();
+    /// Every rank's `mine` (an all-gather, polled to `deadline`).
+    fn exchange_all(&self, mine: [i64; 4], what: &str, deadline: &Deadline, watch: bool) -> Result<Vec<[i64; 4]>> {
+        let mine = Box::new(mine);
         let mut all = vec![[0i64; 4]; self.count];
         let mut req = null_request();
         {
-            let _lock = mpi_lock();
+            let _lock = self.lock(what, deadline)?;
             // SAFETY: `mine` is 4 i64, `all` 4 × count; both outlive the request (waited below,
             // or leaked on failure).
             let code = unsafe {
@@ -456,34 +625,137 @@ impl MpiChannel {
             };
             check(code, "MPI_Iallgather")?;
         }
-        // SAFETY: a status for MPI to write.
-        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        if let Err(e) = self.wait(&mut req, &mut status, &op.name(), deadline) {
+        if let Err(e) = self.wait_watching(&mut req, what, deadline, false, watch) {
             // MPI may still read or write these for as long as the process lives.
             std::mem::forget((mine, all));
             return Err(e);
         }
-        if let Some((r, other)) = all.iter().enumerate().find(|(_, s)| s[..] != mine[..]) {
-            return Err(self.fail(format!(
-                "rank {} issued {}, rank {r} {}",
-                self.rank,
-                describe(&mine),
-                describe(other)
-            )));
+        Ok(all)
+    }
+
+    /// Sends `mine` to `peer` and, with `receive`, gets `peer`'s (polled to `deadline`).
+    fn exchange_pair(
+        &self,
+        peer: usize,
+        mine: [i64; 4],
+        receive: bool,
+        what: &str,
+        deadline: &Deadline,
+        watch: bool,
+    ) -> Result<[i64; 4]> {
+        let mine = Box::new(mine);
+        let mut theirs = Box::new([0i64; 4]);
+        let (mut sent, mut received) = (null_request(), null_request());
+        {
+            let _lock = self.lock(what, deadline)?;
+            // SAFETY: 4 i64 each way, both outliving the requests (waited below, or leaked);
+            // `peer` is a rank of the communicator (checked when the collective was recorded).
+            unsafe {
+                let to = ffi::MPI_Isend(
+                    mine.as_ptr() as *const c_void,
+                    4,
+                    ffi::RSMPI_INT64_T,
+                    peer as c_int,
+                    SIGNATURE_TAG,
+                    self.comm.0,
+                    &mut sent,
+                );
+                check(to, "MPI_Isend")?;
+                if receive {
+                    let from = ffi::MPI_Irecv(
+                        theirs.as_mut_ptr() as *mut c_void,
+                        4,
+                        ffi::RSMPI_INT64_T,
+                        peer as c_int,
+                        SIGNATURE_TAG,
+                        self.comm.0,
+                        &mut received,
+                    );
+                    check(from, "MPI_Irecv")?;
+                }
+            }
         }
-        Ok(())
+        if receive {
+            if let Err(e) = self.wait_watching(&mut received, what, deadline, false, watch) {
+                std::mem::forget((mine, theirs));
+                return Err(e);
+            }
+            if theirs[0] == LEFT {
+                // The peer will not receive this rank's signature: its send stays in flight.
+                std::mem::forget(mine);
+                return Ok(*theirs);
+            }
+        }
+        if let Err(e) = self.wait_watching(&mut sent, what, deadline, false, watch) {
+            std::mem::forget((mine, theirs));
+            return Err(e);
+        }
+        Ok(*theirs)
+    }
+
+    /// Meets the peers of `op` before it runs: every rank learns what the others are about to
+    /// run (the ranks of a collective; the two ends of a send), and each fails if they differ
+    /// or one left.
+    fn meet(&self, op: Collective, dtype: Scalar, len: usize, deadline: &Deadline) -> Result<()> {
+        let mine = signature(op, dtype, len);
+        let what = op.name();
+        let (peer, other) = match op {
+            Collective::Send { peer } | Collective::Recv { peer } => {
+                let theirs = self.exchange_pair(peer, mine, true, &what, deadline, true)?;
+                (peer, theirs)
+            }
+            _ => {
+                let all = self.exchange_all(mine, &what, deadline, true)?;
+                let Some((r, other)) = all.iter().enumerate().find(|(_, s)| **s != mine) else { return Ok(()) };
+                (r, *other)
+            }
+        };
+        let expect = match op {
+            Collective::Send { .. } => signature(Collective::Recv { peer: self.rank }, dtype, len),
+            Collective::Recv { .. } => signature(Collective::Send { peer: self.rank }, dtype, len),
+            _ => mine,
+        };
+        if other == expect {
+            return Ok(());
+        }
+        Err(self.fail(if other[0] == LEFT {
+            format!("rank {peer} left before {}: its run failed before it", describe(&expect))
+        } else {
+            format!("rank {} issued {}, rank {peer} {}", self.rank, describe(&mine), describe(&other))
+        }))
+    }
+
+    /// Tells the peers meeting this rank in `next` that it will not run it (they fail at once),
+    /// waiting for them at most until `deadline`. The channel is already broken on this end.
+    fn depart(&self, next: Collective, deadline: &Deadline) {
+        let left = [LEFT, 0, 0, 0];
+        let what = format!("leaving before {}", next.name());
+        let _ = match next {
+            Collective::Send { peer } | Collective::Recv { peer } => {
+                self.exchange_pair(peer, left, false, &what, deadline, false).map(|_| ())
+            }
+            _ => self.exchange_all(left, &what, deadline, false).map(|_| ()),
+        };
     }
 
     /// Starts `op` over the staged memory and returns its request.
-    fn start(&self, op: Collective, dtype: Scalar, send: Region, recv: Region, n: c_int) -> Result<ffi::MPI_Request> {
+    fn start(
+        &self,
+        op: Collective,
+        dtype: Scalar,
+        send: Region,
+        recv: Region,
+        n: c_int,
+        deadline: &Deadline,
+    ) -> Result<ffi::MPI_Request> {
         let rt = runtime()?;
         let dt = datatype(dtype);
         let comm = self.comm.0;
         let (sp, rp) = (send.ptr as *const c_void, recv.ptr as *mut c_void);
         let mut req = null_request();
-        let _lock = mpi_lock();
+        let _lock = self.lock(&op.name(), deadline)?;
         // SAFETY: `send` and `recv` are live host regions of at least the element counts given
-        // (checked against the collective's lengths by `collective::check` and `agree`), kept
+        // (checked against the collective's lengths by `collective::check` and `meet`), kept
         // alive until the request completes (or for ever, if it is abandoned).
         let code = unsafe {
             match op {
@@ -508,11 +780,17 @@ impl MpiChannel {
 }
 
 impl Drop for MpiChannel {
+    /// Frees the communicator (`MPI_Comm_free`, which OpenMPI does without waiting for the
+    /// peers), unless a wait of this channel failed: an abandoned request may still use it,
+    /// so it stays for the life of the process.
     fn drop(&mut self) {
-        let _lock = mpi_lock();
+        if self.broken().is_some() {
+            return;
+        }
+        let Ok(_lock) = process::lock(Some(&Deadline::after(self.timeout))) else { return };
         let mut finalized = 0;
-        // SAFETY: frees this channel's communicator unless MPI is already finalized (MPI
-        // frees it once pending operations complete).
+        // SAFETY: frees this channel's communicator, on which no request is in flight (every
+        // wait completed), unless MPI is already finalized.
         unsafe {
             if ffi::MPI_Finalized(&mut finalized) == 0 && finalized == 0 {
                 ffi::MPI_Comm_free(&mut self.comm.0);
@@ -545,18 +823,26 @@ impl Channel for MpiChannel {
         }
         let deadline = Deadline::after(timeout.min(self.timeout));
         let dtype = send.dtype();
-        let n = c_int::try_from(send.len()).map_err(|_| {
-            Error::Buffer(format!(
-                "{}: {} elements is more than MPI counts ({}); split it",
-                op.name(),
-                send.len(),
-                c_int::MAX
-            ))
-        })?;
-        if !matches!(op, Collective::Send { .. } | Collective::Recv { .. }) {
-            self.agree(op, dtype, send.len(), deadline)?;
-        }
-        let staged = Staged::new(op, self.rank, send, recv)?;
+        // What this rank can fail alone, before it meets its peers: then it tells them.
+        let prepared = c_int::try_from(send.len())
+            .map_err(|_| {
+                Error::Buffer(format!(
+                    "{}: {} elements is more than MPI counts ({}); split it",
+                    op.name(),
+                    send.len(),
+                    c_int::MAX
+                ))
+            })
+            .and_then(|n| Ok((n, Staged::new(op, self.rank, send, recv)?)));
+        let (n, staged) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                let _ = self.fail(format!("rank {} left: {e}", self.rank));
+                self.depart(op, &deadline);
+                return Err(e);
+            }
+        };
+        self.meet(op, dtype, send.len(), &deadline)?;
         // MPI takes no aliased send and receive memory (MPI_IN_PLACE's value is the library's
         // own): an in-place reduction or gather sends from a copy.
         let copy: Option<Vec<u8>> = (staged.send.ptr == staged.recv.ptr
@@ -569,18 +855,20 @@ impl Channel for MpiChannel {
             Some(c) => Region { ptr: c.as_ptr() as *mut u8, len: c.len(), range: None },
             None => staged.send,
         };
-        let mut req = self.start(op, dtype, send_region, staged.recv, n).map_err(|e| self.fail(e.to_string()))?;
-        // SAFETY: a status for MPI to write.
-        let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        if let Err(e) = self.wait(&mut req, &mut status, &op.name(), deadline) {
-            // MPI may still write into these for as long as the process lives.
-            std::mem::forget((staged, copy, send.clone(), recv.clone()));
-            return Err(e);
-        }
+        let mut req =
+            self.start(op, dtype, send_region, staged.recv, n, &deadline).map_err(|e| self.fail(e.to_string()))?;
+        let status = match self.wait(&mut req, &op.name(), &deadline, false) {
+            Ok(status) => status,
+            Err(e) => {
+                // MPI may still write into these for as long as the process lives.
+                std::mem::forget((staged, copy, send.clone(), recv.clone()));
+                return Err(e);
+            }
+        };
         if let Collective::Recv { peer } = op {
             let mut got: c_int = 0;
             let code = {
-                let _lock = mpi_lock();
+                let _lock = self.lock("MPI_Get_count", &deadline)?;
                 // SAFETY: `status` was filled by the completed receive.
                 unsafe { ffi::MPI_Get_count(&status, datatype(dtype), &mut got) }
             };
@@ -595,12 +883,30 @@ impl Channel for MpiChannel {
     fn broken(&self) -> Option<Error> {
         self.broken.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// Breaks this end and tells the peers meeting it in `next` (an all-gather or a send of
+    /// "left" in place of its signature), waiting for them at most the channel's timeout.
+    fn leave(&self, next: Collective, why: &Error) {
+        let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if self.broken().is_some() {
+            return;
+        }
+        let _ = self.fail(format!("rank {} left: {why}", self.rank));
+        self.depart(next, &Deadline::after(self.timeout));
+    }
+
+    fn abort(&self, why: &Error) {
+        let _ = self.fail(format!("rank {} stopped: {why}", self.rank));
+    }
 }
 
 fn null_request() -> ffi::MPI_Request {
     // SAFETY: reads the library's constant handle.
     unsafe { ffi::RSMPI_REQUEST_NULL }
 }
+
+/// The signature of a rank that will not run the collective its peers meet it in.
+const LEFT: i64 = 0;
 
 /// What a rank tells its peers before a collective: kind, argument, dtype, length.
 fn signature(op: Collective, dtype: Scalar, len: usize) -> [i64; 4] {
@@ -614,7 +920,7 @@ fn signature(op: Collective, dtype: Scalar, len: usize) -> [i64; 4] {
         Collective::Recv { peer } => (6, peer as i64),
     };
     let dtype = Scalar::ALL.iter().position(|s| *s == dtype).unwrap_or(0) as i64;
-    [kind, arg, dtype, len as i64]
+    [kind, arg, dtype, i64::try_from(len).unwrap_or(i64::MAX)]
 }
 
 /// A signature in words.
@@ -622,10 +928,13 @@ fn describe(sig: &[i64]) -> String {
     let [kind, arg, dtype, len] = [0, 1, 2, 3].map(|i| sig.get(i).copied().unwrap_or(-1));
     let reduce = |a: i64| REDUCE_OPS.get(a as usize).map_or("?", |r| r.name());
     let op = match kind {
+        LEFT => return "nothing (it left)".into(),
         1 => format!("all_reduce({})", reduce(arg)),
         2 => "all_gather".into(),
         3 => format!("reduce_scatter({})", reduce(arg)),
         4 => format!("broadcast(root {arg})"),
+        5 => format!("send(to {arg})"),
+        6 => format!("recv(from {arg})"),
         other => format!("collective {other}"),
     };
     let dtype = Scalar::ALL.get(dtype as usize).map_or("?".into(), |s| s.to_string());
@@ -638,7 +947,7 @@ fn describe(sig: &[i64]) -> String {
 /// As [`MpiChannel::world`].
 pub fn world_rank() -> Result<usize> {
     runtime()?;
-    let _lock = mpi_lock();
+    let _lock = process::lock(Some(&Deadline::after(collective::DEFAULT_TIMEOUT))).map_err(Error::Unavailable)?;
     let mut rank = 0;
     // SAFETY: MPI is initialized; `rank` is written.
     check(unsafe { ffi::MPI_Comm_rank(ffi::RSMPI_COMM_WORLD, &mut rank) }, "MPI_Comm_rank")?;

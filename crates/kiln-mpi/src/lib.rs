@@ -26,17 +26,22 @@
 //! operations, registered with MPI.
 //!
 //! Failure: before each collective the ranks exchange what they are about to run (a small
-//! all-gather), so a rank that passes other buffers fails the collective on every rank with
-//! [`kiln_device::Error::Channel`] instead of corrupting memory or hanging. Every wait polls
-//! its request until the channel's timeout: a rank that died or stopped answering gives the
-//! others [`kiln_device::Error::Channel`] in time, and breaks the channel (MPI cannot cancel
-//! a collective; the buffers of the abandoned request stay allocated for the life of the
-//! process). Note that `mpirun` ends the whole job when one of its processes dies, unless it
-//! runs with `--enable-recovery`.
+//! all-gather; the two ends of a send and its receive exchange theirs), so a rank that passes
+//! other buffers (or receives another dtype) fails the collective on every rank concerned with
+//! [`kiln_device::Error::Channel`] instead of corrupting memory or hanging. Every wait is
+//! bounded by the channel's timeout: requests are polled to it, and the calls MPI only has in
+//! blocking form run on a helper thread the caller stops waiting for. A rank that died or
+//! stopped answering gives the others [`kiln_device::Error::Channel`] in time, and breaks the
+//! channel (MPI cannot cancel a collective; the buffers of the abandoned request stay allocated
+//! for the life of the process). A rank whose run fails before a collective tells the peers
+//! meeting it there ([`kiln_device::Channel::leave`]). Note that `mpirun` ends the whole job
+//! when one of its processes dies, unless it runs with `--enable-recovery`.
 //!
-//! Threads: MPI is initialized with `MPI_THREAD_SERIALIZED` on first use (or taken as it is
-//! if the program initialized it, when it allows that level), every MPI call of kiln holds one
-//! process-wide lock, and MPI is finalized at exit if kiln initialized it.
+//! Threads and exit: MPI is initialized with `MPI_THREAD_SERIALIZED` on first use (or taken as
+//! it is if the program initialized it, when it allows that level), and every MPI call of kiln
+//! holds one process-wide lock. If kiln initialized MPI, it finalizes it at exit: without a
+//! bound while every wait succeeded, and after an abandoned wait (a peer may be dead) for at
+//! most [`EXIT_GRACE`], after which the process ends with its exit status (`_exit`).
 //!
 //! Without the crate's `mpi` feature (the default, so the workspace builds where OpenMPI is
 //! missing) [`MpiChannel::world`] is [`kiln_device::Error::Unavailable`] and says how to get it.
@@ -47,9 +52,9 @@ mod absent;
 mod imp;
 
 #[cfg(not(feature = "mpi"))]
-pub use absent::{MpiChannel, world_rank};
+pub use absent::{EXIT_GRACE, MpiChannel, world_rank};
 #[cfg(feature = "mpi")]
-pub use imp::{MpiChannel, world_rank};
+pub use imp::{EXIT_GRACE, MpiChannel, world_rank};
 
 /// Whether this build links MPI (the `mpi` feature).
 pub const LINKED: bool = cfg!(feature = "mpi");

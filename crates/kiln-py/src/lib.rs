@@ -89,10 +89,13 @@ fn from_dlpack(py: Python<'_>, x: &Bound<'_, PyAny>, device: Option<&device::PyD
 
 /// Waits for the work made from Python that is still in flight: `run_async` runs (up to a
 /// minute) and launches on every device. `kiln` registers it with `atexit`, so that no
-/// driver thread runs kiln's work while the interpreter unloads the driver's library.
+/// driver thread runs kiln's work while the interpreter unloads the driver's library. Every
+/// channel is broken first: a run whose collective waits for a peer that will not come now
+/// (this process is ending) stops at once instead of at the channel's timeout.
 #[pyfunction]
 fn _drain(py: Python<'_>) {
     py.detach(|| {
+        channel::stop_all("the Python interpreter is exiting");
         plan::wait_for_runs(std::time::Duration::from_secs(60));
         kiln_runtime::LaunchStream::drain_all();
     });

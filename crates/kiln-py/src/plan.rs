@@ -9,7 +9,7 @@ use kiln_runtime::{ExecutionPlan, PlanOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::buffer::{PyBuffer, size_arg};
+use crate::buffer::PyBuffer;
 use crate::channel::PyChannel;
 use crate::device::PyDevice;
 use crate::errors::{Failure, detached, invalid_arg, no_panic, raise, seconds_arg};
@@ -42,9 +42,32 @@ fn buffer_arg(py: Python<'_>, what: &str, b: &Bound<'_, PyAny>) -> PyResult<Buff
         .map_err(|_| invalid_arg(py, format!("{what} is a kiln.Buffer, got {}", b.get_type())))
 }
 
-/// A reduction by name (`sum`, `max`, `min`).
-fn reduce_op(py: Python<'_>, op: &str) -> PyResult<ReduceOp> {
-    op.parse().map_err(|e| raise(py, e))
+/// A reduction by name (`"sum"`, `"max"`, `"min"`); anything else (`None` included) is
+/// `kiln.InvalidArgumentError`.
+fn reduce_op(op: &Bound<'_, PyAny>) -> PyResult<ReduceOp> {
+    let py = op.py();
+    let Ok(name) = op.extract::<String>() else {
+        let ty = op.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(invalid_arg(py, format!("op is \"sum\", \"max\" or \"min\", got {ty} {op}")));
+    };
+    name.parse().map_err(|e| raise(py, e))
+}
+
+/// A rank of `channel` given from Python (`what` names it): an int in `0 .. count`, else
+/// `kiln.InvalidArgumentError` saying which ranks the channel has.
+fn rank_arg(py: Python<'_>, what: &str, channel: &PyChannel, v: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let count = channel.channel.count();
+    if !v.is_instance_of::<pyo3::types::PyInt>() {
+        let ty = v.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+        return Err(invalid_arg(py, format!("{what} must be an int, got {ty}")));
+    }
+    match v.extract::<i128>() {
+        Ok(r) if (0..count as i128).contains(&r) => Ok(r as usize),
+        _ => Err(invalid_arg(
+            py,
+            format!("{what} {v} is not a rank of this channel of {count}: ranks are 0 to {}", count - 1),
+        )),
+    }
 }
 
 /// A run's variables by name, from keyword arguments.
@@ -179,16 +202,16 @@ impl PyPlan {
     /// Records an all-reduce on `channel`: `recv` (same dtype and length as `send`; `None`
     /// reduces in place into `send`) gets `op` (`"sum"`, `"max"`, `"min"`) over every rank's
     /// `send`. Returns the node's index.
-    #[pyo3(signature = (channel, send, recv=None, op="sum"))]
+    #[pyo3(signature = (channel, send, recv=None, op=ReduceOp::Sum))]
     fn all_reduce(
         &self,
         py: Python<'_>,
         channel: &PyChannel,
         send: &Bound<'_, PyAny>,
         recv: Option<&Bound<'_, PyAny>>,
-        op: &str,
+        #[pyo3(from_py_with = reduce_op)] op: ReduceOp,
     ) -> PyResult<usize> {
-        let op = Collective::AllReduce(reduce_op(py, op)?);
+        let op = Collective::AllReduce(op);
         self.collective(py, channel, op, send, recv.unwrap_or(send))
     }
 
@@ -206,16 +229,16 @@ impl PyPlan {
 
     /// Records a reduce-scatter on `channel`: `recv` gets this rank's block of `op` over every
     /// rank's `send` (`count` times `recv`'s length). Returns the node's index.
-    #[pyo3(signature = (channel, send, recv, op="sum"))]
+    #[pyo3(signature = (channel, send, recv, op=ReduceOp::Sum))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
         channel: &PyChannel,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
-        op: &str,
+        #[pyo3(from_py_with = reduce_op)] op: ReduceOp,
     ) -> PyResult<usize> {
-        let op = Collective::ReduceScatter(reduce_op(py, op)?);
+        let op = Collective::ReduceScatter(op);
         self.collective(py, channel, op, send, recv)
     }
 
@@ -228,7 +251,7 @@ impl PyPlan {
         buffer: &Bound<'_, PyAny>,
         root: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let root = size_arg(py, "the root rank", root)?;
+        let root = rank_arg(py, "the root rank", channel, root)?;
         self.collective(py, channel, Collective::Broadcast { root }, buffer, buffer)
     }
 
@@ -241,7 +264,7 @@ impl PyPlan {
         buffer: &Bound<'_, PyAny>,
         peer: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let peer = size_arg(py, "the peer rank", peer)?;
+        let peer = rank_arg(py, "the peer rank", channel, peer)?;
         self.collective(py, channel, Collective::Send { peer }, buffer, buffer)
     }
 
@@ -254,7 +277,7 @@ impl PyPlan {
         buffer: &Bound<'_, PyAny>,
         peer: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let peer = size_arg(py, "the peer rank", peer)?;
+        let peer = rank_arg(py, "the peer rank", channel, peer)?;
         self.collective(py, channel, Collective::Recv { peer }, buffer, buffer)
     }
 
@@ -276,10 +299,11 @@ impl PyPlan {
         let names = lock(&self.var_names).clone();
         if let Some((name, _)) = vars.iter().find(|(n, _)| !names.contains(n)) {
             let known = if names.is_empty() { "none".to_string() } else { names.join(", ") };
-            return Err(crate::errors::raise(
-                py,
-                kiln_device::Error::Launch(format!("the plan has no variable `{name}` (its variables: {known})")),
-            ));
+            let e = kiln_device::Error::Launch(format!("the plan has no variable `{name}` (its variables: {known})"));
+            // As a refused `run`: the peers waiting in this rank's collectives fail now.
+            let (recorded, why) = (&self.recorded, &e);
+            py.detach(|| lock(recorded).leave(why));
+            return Err(crate::errors::raise(py, e));
         }
         let (recorded, stream) = (self.recorded.clone(), self.stream.clone());
         let running = AsyncRun::start();

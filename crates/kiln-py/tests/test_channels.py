@@ -1,6 +1,9 @@
 """kiln.Channel and the collectives of kiln.Plan: ranks on the CPU's devices, run at once."""
 
 import math
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -54,7 +57,10 @@ def test_local_channel_ends():
 
 @pytest.mark.parametrize(
     "count, timeout",
-    [(0, None), (-1, None), (2**70, None), (5000, None), ("2", None), (2, -1.0), (2, math.nan), (2, math.inf), (2, "1")],
+    [
+        (0, None), (-1, None), (2**70, None), (5000, None), ("2", None),
+        (2, -1.0), (2, math.nan), (2, math.inf), (2, "1"), (2, 0), (2, 0.0),
+    ],
 )
 def test_invalid_channels_raise_invalid_argument(count, timeout):
     with pytest.raises(kiln.InvalidArgumentError):
@@ -225,7 +231,7 @@ def test_mismatched_buffers_are_refused_at_record_time():
         plan.all_reduce(end, devs[1].empty("f32", 8))  # a buffer of another device
     with pytest.raises(kiln.InvalidArgumentError, match="no reduction `prod`"):
         plan.all_reduce(end, f8, op="prod")
-    with pytest.raises(kiln.InvalidArgumentError, match="rank 2 is not in a channel of 2"):
+    with pytest.raises(kiln.InvalidArgumentError, match="root rank 2 is not a rank of this channel of 2"):
         plan.broadcast(end, f8, 2)
     with pytest.raises(kiln.InvalidArgumentError, match="itself"):
         plan.send(end, f8, 0)
@@ -264,3 +270,104 @@ def test_a_missing_peer_raises_channel_error_at_the_timeout():
     plan = kiln.Plan(devs[0])  # the device and new channels still work
     plan.all_reduce(kiln.Channel.local(1)[0], buf)
     plan.run()
+
+
+def test_a_zero_timeout_is_refused_with_what_to_do():
+    with pytest.raises(kiln.InvalidArgumentError, match="more than 0"):
+        kiln.Channel.local(2, 0)
+
+
+@pytest.mark.parametrize("op", [None, 3, b"sum"])
+def test_an_op_that_is_no_name_raises_invalid_argument(op):
+    devs, ends, plans = ranks(2)
+    buf = devs[0].empty("f32", 8)
+    with pytest.raises(kiln.InvalidArgumentError, match='op is "sum", "max" or "min"'):
+        plans[0].all_reduce(ends[0], buf, op=op)
+    with pytest.raises(kiln.InvalidArgumentError, match='op is "sum", "max" or "min"'):
+        plans[0].reduce_scatter(ends[0], buf, devs[0].empty("f32", 4), op=op)
+    with pytest.raises(kiln.InvalidArgumentError):
+        plans[0].all_reduce(ends[0], None)  # as a buffer that is no buffer
+    assert len(plans[0]) == 0
+
+
+@pytest.mark.parametrize("rank", [2, -1, 2**70, -(2**70), 2**200])
+def test_a_root_or_peer_out_of_range_names_the_channels_ranks(rank):
+    devs, ends, plans = ranks(2)
+    buf = devs[0].empty("f32", 8)
+    for record in (plans[0].broadcast, plans[0].send, plans[0].recv):
+        with pytest.raises(kiln.InvalidArgumentError, match=r"not a rank of this channel of 2: ranks are 0 to 1") as e:
+            record(ends[0], buf, rank)
+        assert "buffer" not in str(e.value)
+    with pytest.raises(kiln.InvalidArgumentError, match="the root rank must be an int, got float"):
+        plans[0].broadcast(ends[0], buf, 1.0)
+    assert len(plans[0]) == 0
+
+
+def test_a_rank_whose_run_is_refused_before_anything_runs_releases_its_peer_at_once():
+    """Rank 1's launch is refused for the run's value of `n` (its buffers hold 16): nothing of
+    its run is queued, and its peer, waiting with a 30 s timeout, must fail at once."""
+    devs, ends, plans = ranks(2, timeout=30)
+    a, out = devs[1].empty("f32", 16), devs[1].empty("f32", 16)
+    plans[1].launch(devs[1].compile(INC, name="inc"), [a, out], {"n": 16})
+    plans[1].all_reduce(ends[1], out)
+    plans[0].all_reduce(ends[0], devs[0].empty("f32", 16))
+    start = time.monotonic()
+    waiting = plans[0].run_async()
+    with pytest.raises(kiln.LaunchError, match="17"):
+        plans[1].run(n=17)
+    with pytest.raises(kiln.ChannelError, match="rank 1 left"):
+        waiting.wait()
+    assert time.monotonic() - start < 10  # not the channel's 30 s
+
+
+def test_a_run_async_refused_for_an_unknown_variable_releases_the_peer_at_once():
+    devs, ends, plans = ranks(2, timeout=30)
+    for plan, end, dev in zip(plans, ends, devs):
+        plan.all_reduce(end, dev.empty("f32", 16))
+    start = time.monotonic()
+    waiting = plans[0].run_async()
+    with pytest.raises(kiln.LaunchError, match="no variable `nope`"):
+        plans[1].run_async(nope=1)
+    with pytest.raises(kiln.ChannelError, match="rank 1 left"):
+        waiting.wait()
+    assert time.monotonic() - start < 10
+
+
+def test_a_missing_peer_past_a_shorter_plan_timeout_is_always_a_channel_error():
+    """The plan gives up after 0.2 s, the channel after 30: the run raises ChannelError (never
+    TimeoutError), and the replay meets the broken channel, not the previous run's collective."""
+    for _ in range(5):
+        dev = kiln.Device("CPU")
+        ends = kiln.Channel.local(2, timeout=30)
+        plan = kiln.Plan(dev, timeout=0.2)
+        plan.all_reduce(ends[0], dev.empty("f32", 8))
+        start = time.monotonic()
+        with pytest.raises(kiln.ChannelError) as first:
+            plan.run()  # rank 1 never runs
+        assert time.monotonic() - start < 10
+        with pytest.raises(kiln.ChannelError) as again:
+            plan.run()
+        assert str(again.value) == str(first.value)
+
+
+# Rank 0's collective waits for rank 1, which never runs, when the script ends.
+EXIT_WAITING = textwrap.dedent(
+    """\
+    import kiln
+    dev = kiln.Device("CPU")
+    ends = kiln.Channel.local(2)                 # the default timeout: 60 s
+    plan = kiln.Plan(dev)
+    plan.all_reduce(ends[0], dev.empty("f32", 8))
+    run = plan.run_async()
+    print("exiting", flush=True)
+    """
+)
+
+
+def test_exiting_while_a_collective_waits_for_a_peer_does_not_wait_for_its_timeout():
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", EXIT_WAITING], capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == "exiting\n"
+    assert took < 30, f"the interpreter took {took:.1f} s to exit (the channel's timeout is 60 s)"

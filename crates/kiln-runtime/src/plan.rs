@@ -13,12 +13,13 @@
 //! next run: a failed signal's value is frozen, and a queue that saw a failure may refuse
 //! further work (the CPU queue's poison is sticky). The timeline values carry over.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_device::collective::{self, Channel, Collective, ReduceOp};
 use kiln_device::kiln_ir::UOp;
-use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory, HostCall};
+use kiln_device::queue::{CommandTimer, DynQueue, DynQueueFactory};
 use kiln_device::{Buffer, Device, Error, Kernel, PreparedLaunch, Result, TimelineSignal};
 
 use crate::fuse::{Launch, Segment, find_segments, fused_kernel};
@@ -26,8 +27,10 @@ use crate::hazard::{Access, Dependency, HazardTracker};
 use crate::profile::{self, Profile, ProfileEvent, Stamps};
 use crate::schedule::{Lane, QueueLayout, Schedule, schedule};
 
+mod collectives;
 mod graph;
 mod rebind;
+use collectives::RunCollectives;
 use graph::GraphState;
 
 /// How many queues a plan spreads its nodes over.
@@ -38,6 +41,7 @@ pub struct PlanOptions {
     /// Put copies on the device's copy queue when it has one.
     pub use_copy_queue: bool,
     /// The longest `run` waits for a queue to finish; `Duration::MAX` waits without limit.
+    /// A run's collectives give up with it (see [`ExecutionPlan::collective`]).
     pub timeout: Duration,
     /// Hand each run of kernels on host memory that needs no signal in between to its queue
     /// as one command that calls the kernels' programs in order with arguments checked when
@@ -196,6 +200,8 @@ pub struct ExecutionPlan {
     graph: GraphState,
     /// Whether the graph's last launch may still run (its wait timed out).
     graph_running: bool,
+    /// The collectives of the submitted run nobody waited for yet.
+    collectives: Option<Arc<RunCollectives>>,
 }
 
 impl std::fmt::Debug for ExecutionPlan {
@@ -250,6 +256,7 @@ impl ExecutionPlan {
             epoch: Instant::now(),
             graph: GraphState::Untried,
             graph_running: false,
+            collectives: None,
         }
     }
 
@@ -387,15 +394,19 @@ impl ExecutionPlan {
     /// node index. The node runs once the nodes writing `send` finished, and the nodes
     /// reading `recv` run after it; the collectives of one channel run in the order recorded.
     /// Every rank records the same collectives of the channel in the same order (each in its
-    /// own plan). In a run, the node waits for its peers at most the shorter of the plan's
-    /// timeout and the channel's; see [`kiln_device::collective`] for the buffers each
+    /// own plan). In a run, the node waits for its peers at most the channel's timeout and
+    /// never past the run's end (its submission plus the plan's timeout); a peer missing
+    /// either way is [`Error::Channel`]. A run that fails before one of its collectives (or
+    /// is refused before anything is queued) leaves the channel, so that the peers fail at
+    /// once ([`Channel::leave`]); see [`kiln_device::collective`] for the buffers each
     /// collective takes and what failure does.
     ///
     /// # Errors
     /// Before anything runs: [`Error::Buffer`] for buffers not on the plan's device or that do
     /// not fit `op` (dtype, length, overlap), [`Error::Invalid`] for a root or peer out of
     /// range, [`Error::Channel`] for a broken channel, [`Error::DeviceLost`] for a buffer of an
-    /// ended generation. While running (from [`ExecutionPlan::run`]): [`Error::Channel`].
+    /// ended generation. While running (from [`ExecutionPlan::run`]): [`Error::Channel`], also
+    /// when the plan's timeout passed while the collective waited for a peer.
     pub fn collective(
         &mut self,
         channel: &Arc<dyn Channel>,
@@ -591,6 +602,31 @@ impl ExecutionPlan {
         self.run_vals(&vals)
     }
 
+    /// Tells the peers of every channel the plan's collectives use that this rank's next run
+    /// will not come, because of `why` (see [`Channel::leave`]): they fail at once instead of
+    /// at their timeout, and the channels are broken. The plan's own runs do it when they fail
+    /// or are refused; a caller that refuses to start a run itself calls it.
+    pub fn leave(&self, why: &Error) {
+        if self.nodes.iter().any(|n| matches!(n.kind, NodeKind::Collective { .. })) {
+            let (run, _) = RunCollectives::new(self.collective_nodes(), Duration::ZERO);
+            run.close(why);
+        }
+    }
+
+    /// [`ExecutionPlan::leave`], returning `why`.
+    fn leave_channels(&self, why: Error) -> Error {
+        self.leave(&why);
+        why
+    }
+
+    /// Every collective node's channel and collective, in recorded order.
+    fn collective_nodes(&self) -> impl Iterator<Item = (&Arc<dyn Channel>, Collective)> {
+        self.nodes.iter().filter_map(|n| match &n.kind {
+            NodeKind::Collective { channel, op, .. } => Some((channel, *op)),
+            _ => None,
+        })
+    }
+
     /// [`ExecutionPlan::run`] with every plan variable positional, in
     /// [`ExecutionPlan::var_names`] order (no name lookups).
     ///
@@ -655,8 +691,13 @@ impl ExecutionPlan {
         Ok(Profile { events, queue_names, wall })
     }
 
-    /// Plan variable values for `vars` (overrides by name, defaults otherwise).
+    /// Plan variable values for `vars` (overrides by name, defaults otherwise). A name that is
+    /// no plan variable fails the run before anything is queued: the plan leaves its channels.
     fn resolve(&self, vars: &[(&str, i64)]) -> Result<Vec<i64>> {
+        self.resolve_names(vars).map_err(|e| self.leave_channels(e))
+    }
+
+    fn resolve_names(&self, vars: &[(&str, i64)]) -> Result<Vec<i64>> {
         let mut vals = self.var_defaults.clone();
         for (name, v) in vars {
             let i = self.var_names.iter().position(|n| n == name).ok_or_else(|| {
@@ -795,6 +836,10 @@ impl ExecutionPlan {
 
     /// Waits for a run that was submitted and never waited for (its handle was leaked), so
     /// two runs never overlap.
+    ///
+    /// A failed run's collectives are closed (see [`collectives`]): the wait returns after
+    /// every collective that started has returned, and a timeout while one waited for a peer
+    /// is that collective's channel error.
     fn drain(&mut self) -> Result<()> {
         let mut first = self.wait_graph().err();
         for (signal, value) in std::mem::take(&mut self.in_flight) {
@@ -802,20 +847,39 @@ impl ExecutionPlan {
                 first.get_or_insert(e);
             }
         }
-        match first {
-            None => Ok(()),
-            Some(e) => Err(self.recover(e)),
+        let collectives = self.collectives.take();
+        let Some(e) = first else { return Ok(()) };
+        let timed_out = matches!(e, Error::Timeout { .. });
+        let e = self.recover(e);
+        match collectives.and_then(|run| run.close(&e)) {
+            Some(channel_error) if timed_out => Err(channel_error),
+            _ => Err(e),
         }
     }
 
     fn submit_vals(&mut self, vals: &[i64], profiled: bool) -> Result<PlanRun<'_>> {
         // A leaked handle's run failing is that run's outcome, not this one's.
         let _ = self.drain();
-        self.prepare()?;
-        if profiled {
-            self.prepare_profiling();
+        // A run refused before anything is queued leaves its channels: the peers fail now.
+        let prepared = self.prepare().and_then(|()| {
+            if profiled {
+                self.prepare_profiling();
+            }
+            self.bind(vals, profiled)
+        });
+        if let Err(e) = prepared {
+            return Err(self.leave_channels(e));
         }
-        self.bind(vals, profiled)?;
+        // The run's collectives (a plan without any allocates nothing here): the node index
+        // of each, and its slot.
+        let mut run = None;
+        let mut slot_of = HashMap::new();
+        if self.nodes.iter().any(|n| matches!(n.kind, NodeKind::Collective { .. })) {
+            let (shared, slots) = RunCollectives::new(self.collective_nodes(), self.options.timeout);
+            let nodes = self.nodes.iter().enumerate().filter(|(_, n)| matches!(n.kind, NodeKind::Collective { .. }));
+            slot_of = nodes.map(|(i, _)| i).zip(slots).collect();
+            run = Some(shared);
+        }
         let (Some(schedule), Some(lanes)) = (self.schedule.as_ref(), self.lanes.as_mut()) else {
             return Err(Error::Invalid("plan has no schedule".into()));
         };
@@ -866,9 +930,11 @@ impl ExecutionPlan {
                                 queue.copy(dst, src);
                             }
                         },
-                        NodeKind::Collective { channel, op, send, recv, .. } => {
+                        NodeKind::Collective { send, recv, .. } => {
                             let timer = profiled.then(|| timer(&node.stamps));
-                            queue.host(host_collective(channel, *op, send, recv, self.options.timeout, timer));
+                            if let (Some(run), Some(slot)) = (&run, slot_of.get(&n)) {
+                                queue.host(run.host_step(*slot, send, recv, timer));
+                            }
                         }
                     }
                 }
@@ -892,6 +958,7 @@ impl ExecutionPlan {
         for q in 0..nq {
             self.base[q] += schedule.queue_len(q);
         }
+        self.collectives = run;
         Ok(PlanRun { plan: self, submit_error, waited: false })
     }
 
@@ -931,38 +998,6 @@ impl ExecutionPlan {
             (_, first) => first,
         }
     }
-}
-
-/// The host step of a collective node: runs it on `channel` (timed for `timer`). Dropped
-/// without running (its queue failed before it), it tells the peers that this rank left.
-fn host_collective(
-    channel: &Arc<dyn Channel>,
-    op: Collective,
-    send: &Buffer,
-    recv: &Buffer,
-    timeout: Duration,
-    timer: Option<Arc<dyn CommandTimer>>,
-) -> HostCall {
-    struct Pending(Option<Arc<dyn Channel>>);
-    impl Drop for Pending {
-        fn drop(&mut self) {
-            if let Some(channel) = self.0.take() {
-                channel.leave(&Error::Invalid("its plan failed before the collective".into()));
-            }
-        }
-    }
-    let mut pending = Pending(Some(channel.clone()));
-    let (send, recv) = (send.clone(), recv.clone());
-    Box::new(move || {
-        let channel = pending.0.take().ok_or_else(|| Error::Invalid("a collective ran twice".into()))?;
-        let start = Instant::now();
-        let result = channel.run(op, &send, &recv, timeout);
-        if let Some(t) = timer {
-            let end = Instant::now();
-            t.measured(Box::new(move || Ok((start, end))));
-        }
-        result
-    })
 }
 
 /// A node's stamps as the timer its queue reports to.

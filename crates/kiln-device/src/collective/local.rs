@@ -62,11 +62,12 @@ impl LocalChannel {
     /// [`LocalChannel::world`] whose collectives wait at most `timeout` for their peers.
     ///
     /// # Errors
-    /// As [`LocalChannel::world`].
+    /// As [`LocalChannel::world`], and [`Error::Invalid`] for a zero timeout.
     pub fn world_with_timeout(count: usize, timeout: Duration) -> Result<Vec<Arc<LocalChannel>>> {
         if count == 0 || count > MAX_RANKS {
             return Err(Error::Invalid(format!("a local channel joins 1 to {MAX_RANKS} ranks, not {count}")));
         }
+        let timeout = super::check_timeout(timeout)?;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let world = Arc::new(World {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
@@ -87,7 +88,7 @@ impl LocalChannel {
 
     /// Breaks the channel because this rank will not take part in its next collective (its
     /// plan failed before it): the peers waiting for it fail at once instead of at their timeout.
-    pub fn leave(&self, why: &Error) {
+    fn depart(&self, why: &Error) {
         let mut st = self.world.lock();
         self.world.fail(&mut st, format!("rank {} left: {why}", self.rank));
     }
@@ -123,7 +124,7 @@ impl LocalChannel {
                 let missing: Vec<String> =
                     st.posts.iter().enumerate().filter(|(_, p)| p.is_none()).map(|(i, _)| i.to_string()).collect();
                 let why = format!(
-                    "rank {r} waited {} ms in {} (collective {round}) for rank(s) {}, which never arrived",
+                    "rank {r} waited {} ms in {} (collective {round}) for rank(s) {}, which had not arrived by then",
                     deadline.limit().as_millis(),
                     sig.op.name(),
                     missing.join(", ")
@@ -183,7 +184,7 @@ impl LocalChannel {
                     let Some(left) = deadline.left() else {
                         st.mail.remove(&key);
                         let why = format!(
-                            "rank {} waited {} ms to send {sig} to rank {peer}, which never received",
+                            "rank {} waited {} ms to send {sig} to rank {peer}, which had not received by then",
                             self.rank,
                             deadline.limit().as_millis(),
                         );
@@ -233,7 +234,7 @@ impl LocalChannel {
             }
             let Some(left) = deadline.left() else {
                 let why = format!(
-                    "rank {} waited {} ms to receive {sig} from rank {peer}, which never sent",
+                    "rank {} waited {} ms to receive {sig} from rank {peer}, which had not sent by then",
                     self.rank,
                     deadline.limit().as_millis(),
                 );
@@ -264,7 +265,14 @@ impl Channel for LocalChannel {
     fn run(&self, op: Collective, send: &Buffer, recv: &Buffer, timeout: Duration) -> Result<()> {
         let deadline = Deadline::after(timeout.min(self.world.timeout));
         let sig = Signature { op, dtype: send.dtype(), send_len: send.len() };
-        let staged = Staged::new(op, self.rank, send, recv)?;
+        let staged = match Staged::new(op, self.rank, send, recv) {
+            Ok(staged) => staged,
+            Err(e) => {
+                // This rank cannot meet its peers (its buffer could not be staged): they fail now.
+                self.depart(&e);
+                return Err(e);
+            }
+        };
         match op {
             Collective::Send { peer } => self.send(peer, sig, staged.send, deadline)?,
             Collective::Recv { peer } => self.recv(peer, sig, staged.recv, deadline)?,
@@ -277,8 +285,13 @@ impl Channel for LocalChannel {
         self.world.lock().broken.clone()
     }
 
-    fn leave(&self, why: &Error) {
-        LocalChannel::leave(self, why);
+    fn leave(&self, next: Collective, why: &Error) {
+        let _ = next;
+        self.depart(why);
+    }
+
+    fn abort(&self, why: &Error) {
+        self.depart(why);
     }
 }
 
@@ -451,4 +464,17 @@ fn write(region: Region, offset: usize, bytes: &[u8]) {
     // SAFETY: as in `read`: a live region, in range, and these bytes are this rank's block,
     // which no other rank touches during the round; `bytes` is this rank's own memory.
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), region.ptr.add(offset), bytes.len()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_of_zero_is_refused() {
+        let e = LocalChannel::world_with_timeout(2, Duration::ZERO).expect_err("a zero timeout");
+        assert!(matches!(&e, Error::Invalid(m) if m.contains("more than 0")), "{e}");
+        let ends = LocalChannel::world_with_timeout(2, Duration::from_nanos(1)).expect("the shortest timeout");
+        assert_eq!(ends[1].timeout(), Duration::from_nanos(1));
+    }
 }

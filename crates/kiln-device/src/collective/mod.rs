@@ -35,6 +35,12 @@
 //! that failed before it arrived, or that passed other buffers, breaks the channel: every rank
 //! gets [`Error::Channel`] (nothing hangs), and every later collective on it fails at once
 //! with the same error. The devices and plans stay usable; create a new channel.
+//!
+//! [`Error::Channel`] is the one error of a missing peer, whichever wait noticed it: a plan
+//! whose own timeout is shorter than its channel's gives its collective that timeout, and
+//! reports [`Error::Channel`] (not [`Error::Timeout`]) when a peer did not come in time. A rank
+//! whose run fails before a collective (a kernel fault, launch arguments refused for the run's
+//! values) leaves the channel ([`Channel::leave`]), so that its peers fail at once.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -195,12 +201,42 @@ pub trait Channel: Send + Sync + fmt::Debug {
     /// The error that broke the channel, if one did.
     fn broken(&self) -> Option<Error>;
 
-    /// Tells the peers that this rank will not take part in its next collective (its plan
-    /// failed before reaching it), so that they fail now rather than at their timeout. A
-    /// provider that cannot tell them (MPI) does nothing: they time out.
-    fn leave(&self, why: &Error) {
+    /// Tells the peers that this rank will not take part in `next`, the first collective of
+    /// the channel it has not started (its plan failed before reaching it), so that they fail
+    /// now rather than at their timeout, and breaks this end. The in-process channel breaks
+    /// every end at once; MPI tells the peers meeting this rank in `next` (they fail with
+    /// [`Error::Channel`] naming the rank that left); a provider that cannot tell them does
+    /// nothing, and they time out. Called at most once per failed run and channel, by the
+    /// plan, on the thread where the failure is seen; it may wait for the peers at most the
+    /// channel's timeout.
+    fn leave(&self, next: Collective, why: &Error) {
+        let _ = (next, why);
+    }
+
+    /// Breaks this end of the channel at once: a collective of this process waiting on it
+    /// returns [`Error::Channel`] with `why` instead of waiting for its timeout (kiln's Python
+    /// package calls it at interpreter exit). Peers in other processes are not told; they
+    /// time out. The default does nothing.
+    fn abort(&self, why: &Error) {
         let _ = why;
     }
+}
+
+/// The longest a collective of a new channel may wait for its peers: `timeout` itself, which
+/// must be more than zero (a channel that gives its peers no time at all fails every
+/// collective of two ranks or more).
+///
+/// # Errors
+/// [`Error::Invalid`] for a zero timeout.
+pub fn check_timeout(timeout: Duration) -> Result<Duration> {
+    if timeout.is_zero() {
+        return Err(Error::Invalid(
+            "a channel's timeout must be more than 0: it is how long a collective waits for its peers (60 s \
+             by default)"
+                .into(),
+        ));
+    }
+    Ok(timeout)
 }
 
 /// The element count a rank's `recv` must have for `op` given `send`'s (see the module docs).

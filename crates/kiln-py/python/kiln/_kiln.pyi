@@ -257,19 +257,27 @@ class Channel:
     plan, and the ranks' plans run at once (``run_async`` on each, then ``wait`` on each; or a
     thread per rank): a collective waits for every rank. A peer that does not arrive within
     the timeout, fails, or passes other buffers breaks the channel: every rank raises
-    ``ChannelError``, and so does every later collective on it; make a new channel."""
+    ``ChannelError``, and so does every later collective on it; make a new channel. A missing
+    peer is always ``ChannelError``, also when the plan's own timeout is the shorter (the
+    collective gives up with the run). A rank whose run fails before a collective (a kernel
+    fault, a launch refused for the run's values) tells its peers, which fail at once. At
+    interpreter exit every channel is broken first, so a run still waiting for a peer that
+    will not come does not hold up the exit."""
 
     @staticmethod
     def local(count: int, timeout: Optional[float] = None) -> list[Channel]:
         """The ``count`` ends of a new channel between devices of this process, rank 0 first.
         A collective waits at most ``timeout`` seconds (60 by default) for its peers. A count
-        of 0 (or above 4096), or a negative or NaN timeout, raises ``InvalidArgumentError``."""
+        of 0 (or above 4096), or a timeout that is 0, negative, infinite or NaN, raises
+        ``InvalidArgumentError``."""
     @staticmethod
     def mpi_world(timeout: Optional[float] = None) -> Channel:
         """This process's end of a new channel over every process of the MPI job (``mpirun -n N
         python ...``): rank and count come from MPI. Host buffers go to MPI directly, buffers
-        of other devices through host memory. Raises ``UnavailableError`` when this build of
-        kiln has no MPI (build the wheel with the ``mpi`` feature)."""
+        of other devices through host memory. Waits at most ``timeout`` seconds (60 by default;
+        0 raises ``InvalidArgumentError``) for the other processes, now and in each collective:
+        raises ``ChannelError`` when one does not come in time. Raises ``UnavailableError`` when
+        this build of kiln has no MPI (build the wheel with the ``mpi`` feature)."""
     @property
     def rank(self) -> int:
         """This end's rank, ``0 .. count``."""
@@ -292,7 +300,9 @@ class Plan:
     and writes."""
 
     def __init__(self, device: Device, *, timeout: Optional[float] = None) -> None:
-        """An empty plan; ``timeout`` (seconds) bounds how long a run waits."""
+        """An empty plan; ``timeout`` (seconds) bounds how long a run waits. A collective of a
+        run waits for its peers until the run's timeout or the channel's, whichever ends first,
+        and raises ``ChannelError`` either way."""
     def launch(self, kernel: Kernel, buffers: Sequence[Buffer], vars: Optional[Mapping[str, int]] = None) -> int:
         """Records a launch; returns the node's index. The values are the later runs' defaults."""
     def rebind(self, bindings: Iterable[Tuple[int, int, Buffer]]) -> None:
@@ -309,8 +319,9 @@ class Plan:
 
         Every collective returns the node's index, and raises ``InvalidArgumentError`` when it
         is recorded for buffers that do not fit it (dtype, length, not on the plan's device), a
-        root or peer out of range or an unknown ``op``, ``ChannelError`` on a broken channel. A
-        run raises ``ChannelError`` when the collective fails on any rank."""
+        root or peer that is no rank of the channel, or an ``op`` that is not one of the three
+        names (``None`` included), ``ChannelError`` on a broken channel. A run raises
+        ``ChannelError`` when the collective fails on any rank."""
     def all_gather(self, channel: Channel, send: Buffer, recv: Buffer) -> int:
         """Records an all-gather: ``recv`` (``count`` times ``send``'s length) gets every
         rank's ``send`` in rank order."""
@@ -318,9 +329,10 @@ class Plan:
         """Records a reduce-scatter: ``recv`` gets this rank's block of ``op`` over every
         rank's ``send`` (``count`` times ``recv``'s length)."""
     def broadcast(self, channel: Channel, buffer: Buffer, root: int) -> int:
-        """Records a broadcast: every rank's ``buffer`` gets rank ``root``'s."""
+        """Records a broadcast: every rank's ``buffer`` gets rank ``root``'s (``0 .. count``)."""
     def send(self, channel: Channel, buffer: Buffer, peer: int) -> int:
-        """Records a send of ``buffer`` to rank ``peer``, which records the matching ``recv``."""
+        """Records a send of ``buffer`` to rank ``peer``, which records the matching ``recv``
+        (same dtype and length: a receive of other elements fails both with ``ChannelError``)."""
     def recv(self, channel: Channel, buffer: Buffer, peer: int) -> int:
         """Records a receive into ``buffer`` (same dtype and length as the sender's) from rank
         ``peer``, which records the matching ``send``."""

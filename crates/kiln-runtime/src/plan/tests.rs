@@ -742,3 +742,52 @@ fn a_rank_whose_plan_fails_before_a_collective_releases_its_peers_at_once() {
     let e = run.wait().expect_err("the peer left");
     assert!(matches!(e.root_cause(), Error::Channel { message, .. } if message.contains("rank 1 left")), "{e}");
 }
+
+#[test]
+fn a_rank_whose_run_is_refused_before_anything_is_queued_releases_its_peers_at_once() {
+    // Refused for the run's values (a buffer too small for `n`), and for a name that is no
+    // plan variable: neither queues anything, and each must still tell the peer at once.
+    let refusals: [&[(&str, i64)]; 2] = [&[("n", 65)], &[("m", 1)]];
+    for vars in refusals {
+        let alloc = HostAllocator::shared();
+        let chans = channel_pair(Duration::from_secs(30));
+        let (x, y) = (filled(&alloc, 64, 1.0), filled(&alloc, 64, 0.0));
+        let mut refused_rank = plan(1);
+        refused_rank.exec(&affine(None, 2.0, 0.0), &[&x, &y], &[("n", 64)]).expect("record");
+        refused_rank.all_reduce(&chans[1], &y, &y, ReduceOp::Sum).expect("record");
+        let b = filled(&alloc, 64, 0.0);
+        let mut waiting_rank = plan(1);
+        waiting_rank.all_reduce(&chans[0], &b, &b, ReduceOp::Sum).expect("record");
+        let start = Instant::now();
+        let run = waiting_rank.submit(&[]).expect("submit");
+        let refused = refused_rank.run(vars).expect_err("refused before anything is queued");
+        assert!(matches!(refused, Error::Launch(_)), "{refused}");
+        let e = run.wait().expect_err("the peer left");
+        // Without the leave, the peer waits the channel's 30 s.
+        assert!(start.elapsed() < Duration::from_secs(10), "the peer waited {:?}", start.elapsed());
+        assert!(matches!(e.root_cause(), Error::Channel { message, .. } if message.contains("rank 1 left")), "{e}");
+    }
+}
+
+#[test]
+fn a_peer_missing_past_the_plans_timeout_is_a_channel_error_and_a_replay_fails_at_once() {
+    // The plan's timeout (150 ms) is far shorter than the channel's (30 s): the collective
+    // gives up with the plan, and the run reports the channel error every time (the queue
+    // wait and the collective time out together: the run must not report whichever came
+    // first). The immediate replay meets the broken channel, not its predecessor's collective.
+    for attempt in 0..5 {
+        let alloc = HostAllocator::shared();
+        let chans = channel_pair(Duration::from_secs(30));
+        let b = filled(&alloc, 8, 0.0);
+        let options = PlanOptions { timeout: Duration::from_millis(150), ..PlanOptions::default() };
+        let mut lonely = ExecutionPlan::on_queues(queue_factory(), options);
+        lonely.all_reduce(&chans[0], &b, &b, ReduceOp::Sum).expect("record");
+        let start = Instant::now();
+        let e = lonely.run(&[]).expect_err("rank 1 never runs");
+        assert!(start.elapsed() < Duration::from_secs(10), "attempt {attempt}: waited {:?}", start.elapsed());
+        assert!(matches!(e.root_cause(), Error::Channel { .. }), "attempt {attempt}: {e}");
+        let again = lonely.run(&[]).expect_err("the channel is broken");
+        assert!(matches!(&again, Error::Channel { .. }), "attempt {attempt}: the replay gave {again}");
+        assert_eq!(again.to_string(), e.root_cause().to_string(), "attempt {attempt}");
+    }
+}

@@ -179,12 +179,17 @@ impl Bench {
                     return Err(wrong(name, "another rank's sum was wrong".into()));
                 }
                 let kiln = time_reps(self.reps, &mut run)?;
-                // The baseline after kiln's reps, on the same memory.
-                let mut out = vec![0f32; n];
-                chan.baseline_all_reduce_f32(&data, &mut out).map_err(|e| kiln_err("MPI_Allreduce", e))?;
+                // The baseline after kiln's reps, on the same memory (which travels with each
+                // call and comes back with its result).
+                let (data, out) =
+                    chan.baseline_all_reduce_f32(data, vec![0f32; n]).map_err(|e| kiln_err("MPI_Allreduce", e))?;
                 check(name, count, &out)?;
+                let mut memory = Some((data, out));
                 let baseline = time_reps(self.reps, || {
-                    chan.baseline_all_reduce_f32(&data, &mut out).map_err(|e| kiln_err("MPI_Allreduce", e))
+                    let (data, out) =
+                        memory.take().ok_or_else(|| wrong(name, "the baseline lost its buffers".into()))?;
+                    memory = Some(chan.baseline_all_reduce_f32(data, out).map_err(|e| kiln_err("MPI_Allreduce", e))?);
+                    Ok(())
                 })?;
                 rows.push(Ok(row(name, bytes, &kiln, baseline, "MPI_Allreduce (the same memory)")?));
             }
