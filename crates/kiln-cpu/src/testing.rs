@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp};
+use kiln_device::kiln_ir::{KernelBuilder, Scalar, UOp, Val};
 use kiln_device::{Error, Kernel, LaunchDims, Program, ProgramSpec, RawView, Result};
 
 /// `a[i] *= 2` over 8 f32s, one work item each: the smallest kernel with a load, a store and a
@@ -14,6 +14,25 @@ pub(crate) fn double_in_place() -> Arc<UOp> {
     let v = a.at(&i).load();
     b.store(&a.at(&i), &(v * 2.0));
     b.finish().expect("a valid kernel")
+}
+
+/// `out[0] = Σ a[i]·b[i]` over `n` products at constant indices, summed as a balanced tree:
+/// one straight-line stretch of `2n` buffer loads.
+pub(crate) fn products(n: usize) -> Arc<UOp> {
+    let mut k = KernelBuilder::new();
+    let (a, b, out) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n), k.param(2, Scalar::F32, 1));
+    let mut terms: Vec<Val> = (0..n as i64)
+        .map(|i| {
+            let at = Val::int(i);
+            a.at(&at).load() * b.at(&at).load()
+        })
+        .collect();
+    while terms.len() > 1 {
+        let odd = (terms.len() % 2 == 1).then(|| terms[terms.len() - 1].clone());
+        terms = terms.chunks_exact(2).map(|p| &p[0] + &p[1]).chain(odd).collect();
+    }
+    k.store(&out.at(&Val::int(0)), &terms[0]);
+    k.finish().expect("a valid kernel")
 }
 
 /// What a [`MockProgram`] does when run.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kiln_conformance::host::same_bits;
 use kiln_cpu::LLVM_PAIR;
-use kiln_device::kiln_ir::{KernelBuilder, Scalar};
+use kiln_device::kiln_ir::{KernelBuilder, Scalar, Val};
 use kiln_device::{Buffer, Device};
 
 /// The CPU device (its default pair is the C compiler), or `None` after reporting `test`
@@ -204,4 +204,50 @@ fn large_write_only_outputs_are_streamed_and_hold_the_same_values() {
             assert_eq!(got, want, "element {e} of the view at +{offset}");
         }
     }
+}
+
+/// `out[0] = Σ a[i]·b[i]` over `n` products at constant indices, summed as a balanced tree.
+fn products_kernel(n: usize) -> Arc<kiln_device::kiln_ir::UOp> {
+    let mut k = KernelBuilder::new();
+    let (a, b, out) = (k.param(0, Scalar::F32, n), k.param(1, Scalar::F32, n), k.param(2, Scalar::F32, 1));
+    let mut terms: Vec<Val> = (0..n as i64).map(|i| a.at(&Val::int(i)).load() * b.at(&Val::int(i)).load()).collect();
+    while terms.len() > 1 {
+        let odd = (terms.len() % 2 == 1).then(|| terms[terms.len() - 1].clone());
+        terms = terms.chunks_exact(2).map(|p| &p[0] + &p[1]).chain(odd).collect();
+    }
+    k.store(&out.at(&Val::int(0)), &terms[0]);
+    k.finish().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A kernel of 1,500 products in one straight-line stretch (chain breaks every 256 loads, the
+/// pipeline without the SLP vectorizer: see `llvm::render`'s "Large kernels") gives the C pair's
+/// bits and the exact sum. The compile time this shape took (issue 44) is measured with `kiln
+/// run` in the README, not here.
+#[test]
+fn a_long_straight_line_kernel_matches_the_c_pair() {
+    let Some(dev) = device("a_long_straight_line_kernel_matches_the_c_pair") else { return };
+    let n = 1500;
+    let sink = products_kernel(n);
+    let src = kiln_device::Renderer::render(
+        &kiln_cpu::llvm::LlvmRenderer::for_isa(kiln_cpu::IsaTarget::native().isa),
+        &sink,
+        Some("products"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .src;
+    assert!(src.lines().nth(1).is_some_and(|l| l.contains("no SLP vectorizer")), "{}", &src[..200.min(src.len())]);
+    assert_eq!(src.matches("store volatile i8 0").count(), 2 * n / 256);
+    // Small integers: every partial sum is exact in f32, in any order.
+    let a: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 - 2.0).collect();
+    let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+    let run = |pair: &str| {
+        let kernel = dev.compile_with(pair, &sink, Some("products")).unwrap_or_else(|e| panic!("{pair}: {e}"));
+        let (ba, bb) =
+            (Buffer::from_slice(dev.allocator(), &a).unwrap(), Buffer::from_slice(dev.allocator(), &b).unwrap());
+        let out = Buffer::from_slice(dev.allocator(), &[f32::NAN]).unwrap();
+        kernel.launch(&[&ba, &bb, &out], &[]).unwrap_or_else(|e| panic!("{pair}: {e}"));
+        out.to_vec::<f32>().unwrap()[0]
+    };
+    assert_eq!((run(LLVM_PAIR), run(kiln_cpu::CC_PAIR)), (want, want));
 }

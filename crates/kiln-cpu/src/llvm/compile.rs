@@ -2,7 +2,8 @@
 //! loaded like the C pair's objects by kiln's own ELF loader ([`crate::elf`]).
 //!
 //! Each compile parses the module in a fresh LLVM context, verifies it, runs LLVM's standard
-//! [`PIPELINE`] for the pair's target machine (the host CPU and its features, or the pair's
+//! [`PIPELINE`] (without the SLP vectorizer for a module the renderer marks, see
+//! [`super::render`]'s "Large kernels") for the pair's target machine (the host CPU and its features, or the pair's
 //! instruction set), and emits a relocatable object (PIC, small code model) to a memory buffer.
 //! No file and no process.
 //!
@@ -128,10 +129,16 @@ impl LlvmCompiler {
     /// the module docs); [`Error::Unavailable`] when LLVM cannot be opened, is not LLVM 16 or
     /// cannot target this CPU.
     pub fn compile_ir(&self, name: &str, ir: &str) -> Result<Vec<u8>> {
+        let pipeline = if super::render::without_slp(ir) { Pipeline::O3WithoutSlp } else { Pipeline::O3 };
+        self.compile_with(name, ir, pipeline)
+    }
+
+    /// [`LlvmCompiler::compile_ir`] through `pipeline`.
+    fn compile_with(&self, name: &str, ir: &str, pipeline: Pipeline) -> Result<Vec<u8>> {
         let llvm = Llvm::get()?;
         let target = self.target()?;
         let (reply, answer) = mpsc::channel();
-        let job = Job { name: name.to_string(), ir: ir.to_string(), target, reply };
+        let job = Job { name: name.to_string(), ir: ir.to_string(), target, pipeline, reply };
         workers(llvm).send(job).map_err(|_| compile_error(name, "the LLVM workers are gone", String::new()))?;
         answer.recv().map_err(|_| compile_error(name, "the LLVM worker stopped without an answer", String::new()))?
     }
@@ -162,14 +169,91 @@ impl Compiler for LlvmCompiler {
     }
 }
 
-/// The pass pipeline every module runs (see the module docs).
+/// The pass pipeline every module runs (see the module docs), but one marked
+/// [`super::render::NO_SLP`], which runs [`Pipeline::O3WithoutSlp`].
 const PIPELINE: &std::ffi::CStr = c"default<O3>";
+
+/// LLVM 16's `default<O3>` module pipeline spelled out, as `opt-16 -passes='default<O3>'
+/// -print-pipeline-passes` prints it: the pipeline every module runs (a test checks that it
+/// builds the same objects as `default<O3>`), and with its one `slp-vectorizer` taken out, the
+/// pipeline of a module marked [`super::render::NO_SLP`]. LLVM 16's `default<O3>` runs the SLP
+/// vectorizer whatever `LLVMPassBuilderOptionsSetSLPVectorization` says (measured: off, it still
+/// took 4.8 s of a 5.4 s compile), so leaving it out takes a pipeline of one's own.
+const O3_SPELLED: &str = concat!(
+    "annotation2metadata,forceattrs,inferattrs,coro-early,function<eager-inv>(lower-expect,",
+    "simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;no-switch-range-to-icmp;",
+    "no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts>,sroa<modify-cfg>,",
+    "early-cse<>,callsite-splitting),openmp-opt,ipsccp,called-value-propagation,globalopt,",
+    "function(mem2reg),function<eager-inv>(instcombine,simplifycfg<bonus-inst-threshold=1;",
+    "no-forward-switch-cond;switch-range-to-icmp;no-switch-to-lookup;keep-loops;",
+    "no-hoist-common-insts;no-sink-common-insts>),require<globals-aa>,function(invalidate<aa>),",
+    "require<profile-summary>,cgscc(devirt<4>(inline<only-mandatory>,inline,function-attrs,",
+    "argpromotion,openmp-opt-cgscc,function<eager-inv>(sroa<modify-cfg>,early-cse<memssa>,",
+    "speculative-execution,jump-threading,correlated-propagation,simplifycfg<bonus-inst-threshold=1;",
+    "no-forward-switch-cond;switch-range-to-icmp;no-switch-to-lookup;keep-loops;",
+    "no-hoist-common-insts;no-sink-common-insts>,instcombine,aggressive-instcombine,",
+    "libcalls-shrinkwrap,tailcallelim,simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;",
+    "switch-range-to-icmp;no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts>,",
+    "reassociate,require<opt-remark-emit>,loop-mssa(loop-instsimplify,loop-simplifycfg,",
+    "licm<no-allowspeculation>,loop-rotate,licm<allowspeculation>,simple-loop-unswitch<nontrivial;",
+    "trivial>),simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;switch-range-to-icmp;",
+    "no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts>,instcombine,",
+    "loop(loop-idiom,indvars,loop-deletion,loop-unroll-full),sroa<modify-cfg>,vector-combine,",
+    "mldst-motion<no-split-footer-bb>,gvn<>,sccp,bdce,instcombine,jump-threading,",
+    "correlated-propagation,adce,memcpyopt,dse,loop-mssa(licm<allowspeculation>),coro-elide,",
+    "simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;switch-range-to-icmp;",
+    "no-switch-to-lookup;keep-loops;hoist-common-insts;sink-common-insts>,instcombine),coro-split)),",
+    "deadargelim,coro-cleanup,globalopt,globaldce,elim-avail-extern,rpo-function-attrs,",
+    "recompute-globalsaa,function<eager-inv>(float2int,lower-constant-intrinsics,loop(loop-rotate,",
+    "loop-deletion),loop-distribute,inject-tli-mappings,loop-vectorize<no-interleave-forced-only;",
+    "no-vectorize-forced-only;>,loop-load-elim,instcombine,simplifycfg<bonus-inst-threshold=1;",
+    "forward-switch-cond;switch-range-to-icmp;switch-to-lookup;no-keep-loops;hoist-common-insts;",
+    "sink-common-insts>,slp-vectorizer,vector-combine,instcombine,loop-unroll<O3>,transform-warning,",
+    "sroa<preserve-cfg>,instcombine,require<opt-remark-emit>,loop-mssa(licm<allowspeculation>),",
+    "alignment-from-assumptions,loop-sink,instsimplify,div-rem-pairs,tailcallelim,",
+    "simplifycfg<bonus-inst-threshold=1;no-forward-switch-cond;switch-range-to-icmp;",
+    "no-switch-to-lookup;keep-loops;no-hoist-common-insts;no-sink-common-insts>),globaldce,",
+    "constmerge,cg-profile,rel-lookup-table-converter,function(annotation-remarks),verify",
+);
+
+/// The pass pipeline a module runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pipeline {
+    /// [`PIPELINE`]: every module but a marked one.
+    O3,
+    /// [`O3_SPELLED`] without its SLP vectorizer: a module marked [`super::render::NO_SLP`].
+    O3WithoutSlp,
+    /// [`O3_SPELLED`] as it is, which the tests check against [`PIPELINE`].
+    #[cfg(test)]
+    O3Spelled,
+}
+
+impl Pipeline {
+    fn text(self) -> &'static std::ffi::CStr {
+        static WITHOUT_SLP: OnceLock<CString> = OnceLock::new();
+        match self {
+            Pipeline::O3 => PIPELINE,
+            Pipeline::O3WithoutSlp => WITHOUT_SLP.get_or_init(|| {
+                CString::new(O3_SPELLED.replacen("slp-vectorizer,", "", 1)).unwrap_or_else(|_| PIPELINE.into())
+            }),
+            #[cfg(test)]
+            Pipeline::O3Spelled => {
+                static SPELLED: OnceLock<CString> = OnceLock::new();
+                SPELLED.get_or_init(|| CString::new(O3_SPELLED).unwrap_or_else(|_| PIPELINE.into()))
+            }
+        }
+    }
+}
 
 /// One compile handed to a worker.
 struct Job {
     name: String,
     ir: String,
     target: Arc<Target>,
+    /// The pass pipeline it runs: without the SLP vectorizer for a module the renderer marked
+    /// (a straight-line stretch of code on which its search takes quadratic time, see
+    /// [`super::render`]'s "Large kernels").
+    pipeline: Pipeline,
     reply: Reply,
 }
 
@@ -361,9 +445,14 @@ fn compile_module(llvm: &Llvm, job: &Job) -> Result<Vec<u8>> {
             let options = (llvm.LLVMCreatePassBuilderOptions)();
             (llvm.LLVMPassBuilderOptionsSetLoopVectorization)(options, 1);
             (llvm.LLVMPassBuilderOptionsSetSLPVectorization)(options, 1);
-            let error = (llvm.LLVMRunPasses)(module.0, PIPELINE.as_ptr(), machine, options);
+            let pipeline = job.pipeline.text();
+            let mut error = llvm.take_error((llvm.LLVMRunPasses)(module.0, pipeline.as_ptr(), machine, options));
+            if !error.is_empty() && job.pipeline != Pipeline::O3 {
+                // A pipeline LLVM cannot parse leaves the module as it was: run the default one.
+                error = llvm.take_error((llvm.LLVMRunPasses)(module.0, PIPELINE.as_ptr(), machine, options));
+            }
             (llvm.LLVMDisposePassBuilderOptions)(options);
-            llvm.take_error(error)
+            error
         };
         if !pass_error.is_empty() {
             return Err(fail("LLVM's O3 pipeline failed", pass_error));
@@ -404,6 +493,9 @@ mod tests {
     fn compiler(isa: IsaTarget) -> Option<LlvmCompiler> {
         kiln_device::testing::or_skip("cpu-llvm", "this LLVM test", LlvmCompiler::new(isa))
     }
+
+    /// A row softmax (a max and a sum loop, an exp), in kiln's text.
+    const SOFTMAX_ROW: &str = include_str!("../../../../examples/kernels/softmax.kiln");
 
     /// `out[i] = expf(in[i]) * 2` for `i < n`: a loop O3 vectorizes, with a libm call.
     const SCALE: &str = r#"
@@ -448,6 +540,59 @@ done:
         unsafe { scale(out.as_mut_ptr(), input.as_ptr(), input.len() as i64) };
         let expected: Vec<f32> = input.iter().map(|x| x.exp() * 2.0).collect();
         assert_eq!(out, expected);
+    }
+
+    /// [`O3_SPELLED`] is LLVM 16's `default<O3>`: both build the same objects from rendered
+    /// kernels of every shape (a launch loop, a reduction loop, straight-line code, libm calls),
+    /// so the pipeline without the SLP vectorizer differs from the default in that pass alone.
+    #[test]
+    fn the_spelled_pipeline_builds_what_default_o3_builds() {
+        let Some(llvm) = compiler(IsaTarget::native()) else { return };
+        let renderer = super::super::LlvmRenderer::for_isa(IsaTarget::native().isa);
+        let mut modules = vec![("scale".to_string(), SCALE.to_string())];
+        for (name, sink) in [
+            ("double", crate::testing::double_in_place()),
+            ("products", crate::testing::products(64)),
+            ("softmax", kiln_device::kiln_ir::parse_kernel(SOFTMAX_ROW).unwrap()),
+        ] {
+            let spec = kiln_device::Renderer::render(&renderer, &sink, Some(name)).unwrap();
+            modules.push((spec.name.clone(), spec.src));
+        }
+        for (name, ir) in &modules {
+            let default = llvm.compile_with(name, ir, Pipeline::O3).unwrap();
+            let spelled = llvm.compile_with(name, ir, Pipeline::O3Spelled).unwrap();
+            assert!(default == spelled, "{name}: the spelled pipeline built another object");
+        }
+    }
+
+    /// Four neighbouring scalar multiplies the SLP vectorizer makes one vector multiply: the
+    /// pipeline without it leaves them scalar (LLVM 16's `default<O3>` ran it even with
+    /// `LLVMPassBuilderOptionsSetSLPVectorization` off), and both objects compute the same.
+    #[test]
+    fn the_pipeline_without_slp_runs_no_slp_vectorizer() {
+        let Some(llvm) = compiler(IsaTarget::native()) else { return };
+        let mut ir = String::from("define void @four(ptr noalias %out, ptr noalias %in) {\n");
+        for i in 0..4 {
+            ir += &format!(
+                "  %p{i} = getelementptr float, ptr %in, i64 {i}\n  %x{i} = load float, ptr %p{i}\n  \
+                 %y{i} = fmul float %x{i}, 3.0\n  %q{i} = getelementptr float, ptr %out, i64 {i}\n  \
+                 store float %y{i}, ptr %q{i}\n"
+            );
+        }
+        ir += "  ret void\n}\n";
+        let with = llvm.compile_with("four", &ir, Pipeline::O3).unwrap();
+        let without = llvm.compile_with("four", &ir, Pipeline::O3WithoutSlp).unwrap();
+        assert!(with != without, "the SLP vectorizer changed nothing");
+        for object in [&with, &without] {
+            let image = Image::load(object, global_symbol).unwrap();
+            let four = image.function("four").unwrap();
+            // SAFETY: `four` is `void(float*, const float*)` as defined above.
+            let four: unsafe extern "C" fn(*mut f32, *const f32) = unsafe { std::mem::transmute(four.as_ptr()) };
+            let (input, mut out) = ([1.5f32, -2.0, 0.25, 8.0], [0f32; 4]);
+            // SAFETY: both buffers hold the four floats the function touches.
+            unsafe { four(out.as_mut_ptr(), input.as_ptr()) };
+            assert_eq!(out, [4.5, -6.0, 0.75, 24.0]);
+        }
     }
 
     /// Every way LLVM can reject a module is a typed compile error naming the kernel, with

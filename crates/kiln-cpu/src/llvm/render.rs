@@ -50,6 +50,21 @@
 //! is aligned to the register it takes (else plain, as the C pair's `kiln_stnt_T`), with a store
 //! fence before the kernel returns. A buffer the kernel also reads is never streamed.
 //!
+//! # Large kernels
+//! LLVM 16 takes time quadratic in the length of one straight-line stretch of code in two places
+//! (issue 44: a kernel summing 10,000 products took 15 s to the C pair's 3): the SLP vectorizer's
+//! search for horizontal reductions, which tries every operand tree of an ordered float sum
+//! and reschedules the whole block for each, and the instruction selector's clustering of loads
+//! that hang on one memory chain (`ScheduleDAGSDNodes::ClusterNeighboringLoads` compares every
+//! load of a block with every other one from the same base pointer). So:
+//! - every [`CHAIN_LOADS`] buffer loads between two loop boundaries, a volatile store of a byte to
+//!   a stack slot starts a new memory chain (a store instruction per 256 loads; it aliases no
+//!   buffer, so nothing is kept from moving around it but the instruction selector's chains);
+//! - a kernel with a stretch of more than [`NO_SLP_INSTRUCTIONS`] instructions between loop
+//!   boundaries is marked ([`NO_SLP`]), and the compiler runs LLVM's O3 pipeline on it less the
+//!   SLP vectorizer (the loop vectorizer still runs; see [`super::compile`]). Such code is
+//!   straight-line already; measured on it, the vectorizer cost seconds and the kernel ran once.
+//!
 //! # Refused
 //! Work-group constructs (DEFINE_LOCAL, BARRIER), as the C pair refuses them, and WMMA forms
 //! other than the one-thread one: [`Error::Render`] naming the op. The C pair's AVX512-BF16
@@ -57,6 +72,7 @@
 //! is bit for bit the reference.
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use kiln_cstyle::{lower, unsupported_wmma};
@@ -126,6 +142,31 @@ impl Renderer for LlvmRenderer {
     }
 }
 
+/// Buffer loads after which a straight-line stretch of code starts a new memory chain (see
+/// the module docs' "Large kernels").
+pub(super) const CHAIN_LOADS: usize = 256;
+
+/// The most instructions a straight-line stretch (between loop boundaries) may have for the
+/// kernel to be compiled with the SLP vectorizer (see the module docs' "Large kernels").
+pub(super) const NO_SLP_INSTRUCTIONS: usize = 4096;
+
+/// How the second line of a module the compiler optimizes without the SLP vectorizer begins
+/// (the first names the module as kiln's).
+pub(super) const NO_SLP: &str = "; kiln: no SLP vectorizer";
+
+/// Whether the module `ir` asks to be optimized without the SLP vectorizer ([`NO_SLP`]).
+pub(super) fn without_slp(ir: &str) -> bool {
+    ir.lines().take(3).any(|l| l.starts_with(NO_SLP))
+}
+
+/// The straight-line stretch of code being written: the code line it starts at and the buffer
+/// loads written in it since its start.
+#[derive(Default)]
+struct Stretch {
+    start: usize,
+    loads: usize,
+}
+
 /// The value of a node as later nodes use it.
 #[derive(Clone, Debug)]
 enum Value {
@@ -182,6 +223,12 @@ struct Emitter<'a> {
     /// Per buffer slot the kernel writes and never reads: the `i1` register that says whether
     /// this launch streams it (see [`crate::program::stream_mask`]).
     streamed: HashMap<usize, String>,
+    /// The straight-line stretch being written, and the most lines one had (see the module
+    /// docs' "Large kernels").
+    stretch: Stretch,
+    longest_stretch: usize,
+    /// The stack byte that chain breaks store to, made by the first one.
+    chain_slot: Option<String>,
 }
 
 fn render_err(node: &UOp, msg: impl std::fmt::Display) -> Error {
@@ -232,6 +279,9 @@ impl<'a> Emitter<'a> {
             carries: HashMap::new(),
             nontemporal: false,
             streamed: HashMap::new(),
+            stretch: Stretch::default(),
+            longest_stretch: 0,
+            chain_slot: None,
         }
     }
 
@@ -321,7 +371,16 @@ impl<'a> Emitter<'a> {
         }
         self.c.stmt("ret void");
 
-        let mut out = String::from("; kiln kernel (LLVM 16 IR)\n\n");
+        self.end_stretch();
+        let mut out = String::from("; kiln kernel (LLVM 16 IR)\n");
+        if self.longest_stretch > NO_SLP_INSTRUCTIONS {
+            let _ = writeln!(
+                out,
+                "{NO_SLP}: a straight-line stretch of {} instructions (more than {NO_SLP_INSTRUCTIONS})",
+                self.longest_stretch
+            );
+        }
+        out.push('\n');
         for d in self.c.decls.values() {
             out.push_str(d);
             out.push_str(if d.ends_with('\n') { "\n" } else { "\n\n" });
@@ -417,8 +476,17 @@ impl<'a> Emitter<'a> {
         Ok(loops)
     }
 
+    /// Ends the straight-line stretch of code at a loop boundary (see the module docs' "Large
+    /// kernels"), keeping the longest's length.
+    fn end_stretch(&mut self) {
+        let lines = self.c.lines.len();
+        self.longest_stretch = self.longest_stretch.max(lines.saturating_sub(self.stretch.start));
+        self.stretch = Stretch { start: lines, loads: 0 };
+    }
+
     /// Opens `for (i = start; i < end; i++)` over `ty`, comparing signed or not.
     fn open_loop(&mut self, ty: &str, start: &str, end: &str, signed: bool) -> Loop {
+        self.end_stretch();
         let (head, body, exit) = (self.c.label(), self.c.label(), self.c.label());
         let pre = self.c.block.clone();
         self.c.stmt(format!("br label %{head}"));
@@ -433,6 +501,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn close_loop(&mut self, l: Loop) {
+        self.end_stretch();
         let Loop { phi_line, index, ty, wrap, start, pre, head, exit } = l;
         // `index < end` held in the body, so `index + 1` cannot wrap.
         let next = self.c.ins(format!("add {wrap} {ty} {index}, 1"));
@@ -741,9 +810,23 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    /// A load of a buffer's `w` lanes of `s` at `addr`; every [`CHAIN_LOADS`] of them in one
+    /// straight-line stretch, a chain break (see the module docs' "Large kernels").
     fn load(&mut self, addr: &str, s: Scalar, w: u8) -> String {
         let mt = Ty::mem(s, w);
         let v = self.c.ins(format!("load {}, ptr {addr}, align {}", mt.name(), s.size()));
+        self.stretch.loads += 1;
+        if self.stretch.loads.is_multiple_of(CHAIN_LOADS) {
+            let slot = match &self.chain_slot {
+                Some(slot) => slot.clone(),
+                None => {
+                    let slot = self.alloca(Ty::new("i8", 1));
+                    self.chain_slot = Some(slot.clone());
+                    slot
+                }
+            };
+            self.c.stmt(format!("store volatile i8 0, ptr {slot}, align 1"));
+        }
         if s == Scalar::Bool { self.c.ins(format!("icmp ne {} {v}, zeroinitializer", mt.name())) } else { v }
     }
 
@@ -1275,6 +1358,47 @@ mod tests {
                 other => panic!("{w}: {:?}", other.map(|s| s.src)),
             }
         }
+    }
+
+    fn chain_breaks(src: &str) -> usize {
+        src.matches("store volatile i8 0, ptr ").count()
+    }
+
+    /// A straight-line stretch of many loads starts a new memory chain every [`CHAIN_LOADS`]
+    /// of them, through one stack byte; one of more than [`NO_SLP_INSTRUCTIONS`] instructions
+    /// marks the module for the pipeline without the SLP vectorizer. Small kernels get neither:
+    /// their IR is as before (issue 44: LLVM's time grew quadratically with such stretches).
+    #[test]
+    fn long_straight_line_code_breaks_memory_chains_and_goes_without_slp() {
+        let small = renderer().render(&crate::testing::products(100), Some("small")).unwrap().src;
+        assert_eq!(chain_breaks(&small), 0, "{small}");
+        assert!(!without_slp(&small) && !small.contains("alloca i8"), "{small}");
+        let medium = renderer().render(&crate::testing::products(300), Some("medium")).unwrap().src;
+        assert_eq!(chain_breaks(&medium), 600 / CHAIN_LOADS, "a break every {CHAIN_LOADS} of 600 loads");
+        assert_eq!(medium.matches("= alloca i8").count(), 1, "one slot for every break");
+        assert!(!without_slp(&medium), "{} lines", medium.lines().count());
+        let large = renderer().render(&crate::testing::products(1000), Some("large")).unwrap().src;
+        assert_eq!(chain_breaks(&large), 2000 / CHAIN_LOADS);
+        assert!(without_slp(&large), "{}", large.lines().take(3).collect::<Vec<_>>().join("\n"));
+        assert!(large.lines().nth(1).is_some_and(|l| l.starts_with(NO_SLP)), "the mark is the module's second line");
+    }
+
+    /// A loop boundary ends a stretch: 200 loads before a loop and 200 in its body are two
+    /// stretches, neither long enough for a chain break (a volatile store in a loop body would
+    /// keep LLVM from vectorizing the loop).
+    #[test]
+    fn a_stretch_ends_at_a_loop_boundary() {
+        let mut k = KernelBuilder::new();
+        let (x, out) = (k.param(0, Scalar::F32, 1000), k.param(1, Scalar::F32, 1));
+        let before = (0..200).map(|i| x.at(&Val::int(i)).load()).reduce(|s, v| s + v).unwrap();
+        let r = k.range(4);
+        let acc = k.acc(&Val::constant(DType::F32, 0.0), &[&r]);
+        let body = (0..200).map(|i| x.at(&(&r * 200 + i)).load()).reduce(|s, v| s + v).unwrap();
+        let total = acc.update(&(acc.get() + body));
+        k.store(&out.at(&Val::int(0)), &(total + before));
+        let src = renderer().render(&k.finish().unwrap(), Some("stretches")).unwrap().src;
+        assert_eq!(src.matches(" = load float, ptr %t").count(), 400, "{src}");
+        assert_eq!(chain_breaks(&src), 0, "{src}");
     }
 
     #[test]
