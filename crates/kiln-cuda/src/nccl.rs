@@ -311,4 +311,12 @@ mod tests {
         let i16s = device.buffer(Scalar::I16, 4).unwrap();
         assert!(matches!(chan.accepts(&i16s), Err(Error::Buffer(_))));
     }
+
+    /// A zero timeout is refused before CUDA or NCCL is touched (so on any machine).
+    #[test]
+    fn a_zero_timeout_is_refused() {
+        let spec = DeviceSpec::new("CUDA", 0);
+        let e = NcclChannel::new(&spec, [0; 128], 0, 1, Duration::ZERO).expect_err("a zero timeout");
+        assert!(matches!(&e, Error::Invalid(m) if m.contains("more than 0")), "{e}");
+    }
 }

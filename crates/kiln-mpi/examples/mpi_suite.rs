@@ -18,9 +18,10 @@
 //! refused before anything is queued, whose peers (waiting with a 30 s timeout) must fail at
 //! once, naming it.
 //!
-//! The faults: the last rank stops answering (`hang`: it sleeps) or dies (`kill…`: SIGKILL)
-//! before the others' next wait, and every other rank must get a channel error within its
-//! timeout (the second argument, in seconds; 1 by default) and then exit. Where they wait:
+//! The faults: the last rank stops answering (`hang`: it sleeps for two minutes, alive, and
+//! never finalizes MPI in that time) or dies (`kill…`: SIGKILL) before the others' next wait,
+//! and every other rank must get a channel error within its timeout (the second argument, in
+//! seconds; 1 by default) and then exit, without waiting for the last rank in MPI_Finalize. Where they wait:
 //! `kill` and `hang` a plan's all_reduce, `kill-barrier` a barrier, `kill-split` a split of
 //! the channel (`MpiChannel::first`), `kill-baseline` the bench's blocking `MPI_Allreduce`,
 //! `kill-new` a new channel (`MpiChannel::world`). Each survivor prints when its wait started
@@ -286,7 +287,9 @@ fn fault(dev: &Arc<Device>, kill: bool, at: FaultAt, timeout: Duration) -> Outco
             // SAFETY: raising a signal at ourselves; SIGKILL ends the process here.
             unsafe { libc::raise(libc::SIGKILL) };
         }
-        std::thread::sleep(timeout * 3);
+        // Longer than CI waits for the job: a survivor that waited for this rank to finalize
+        // would not exit in time (mpirun ends this rank once a survivor exits without it).
+        std::thread::sleep(Duration::from_secs(120));
         return Ok((rank, 0));
     }
     let b = upload(dev, Scalar::F32, &[1.0; 64]).map_err(e)?;

@@ -561,8 +561,8 @@ impl MpiChannel {
         })
     }
 
-    /// Polls `req` to its end or `deadline` (see [`wait_request`]), failing the channel
-    /// otherwise; returns the request's status.
+    /// Polls `req` to its end, `deadline`, or the channel breaking meanwhile (see
+    /// [`wait_request`]), failing the channel otherwise; returns the request's status.
     fn wait(
         &self,
         req: &mut ffi::MPI_Request,
@@ -570,21 +570,9 @@ impl MpiChannel {
         deadline: &Deadline,
         patient: bool,
     ) -> Result<ffi::MPI_Status> {
-        self.wait_watching(req, what, deadline, patient, true)
-    }
-
-    /// [`MpiChannel::wait`]; `watch` stops when the channel breaks meanwhile.
-    fn wait_watching(
-        &self,
-        req: &mut ffi::MPI_Request,
-        what: &str,
-        deadline: &Deadline,
-        patient: bool,
-        watch: bool,
-    ) -> Result<ffi::MPI_Status> {
         // SAFETY: a status for MPI to write.
         let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-        match wait_request(req, &mut status, deadline, patient, watch.then_some(&self.is_broken)) {
+        match wait_request(req, &mut status, deadline, patient, Some(&self.is_broken)) {
             Ok(()) => Ok(status),
             Err(why) => {
                 process::record_failure(self.timeout);
@@ -603,7 +591,7 @@ impl MpiChannel {
     }
 
     /// Every rank's `mine` (an all-gather, polled to `deadline`).
-    fn exchange_all(&self, mine: [i64; 4], what: &str, deadline: &Deadline, watch: bool) -> Result<Vec<[i64; 4]>> {
+    fn exchange_all(&self, mine: [i64; 4], what: &str, deadline: &Deadline) -> Result<Vec<[i64; 4]>> {
         let mine = Box::new(mine);
         let mut all = vec![[0i64; 4]; self.count];
         let mut req = null_request();
@@ -625,7 +613,7 @@ impl MpiChannel {
             };
             check(code, "MPI_Iallgather")?;
         }
-        if let Err(e) = self.wait_watching(&mut req, what, deadline, false, watch) {
+        if let Err(e) = self.wait(&mut req, what, deadline, false) {
             // MPI may still read or write these for as long as the process lives.
             std::mem::forget((mine, all));
             return Err(e);
@@ -633,16 +621,8 @@ impl MpiChannel {
         Ok(all)
     }
 
-    /// Sends `mine` to `peer` and, with `receive`, gets `peer`'s (polled to `deadline`).
-    fn exchange_pair(
-        &self,
-        peer: usize,
-        mine: [i64; 4],
-        receive: bool,
-        what: &str,
-        deadline: &Deadline,
-        watch: bool,
-    ) -> Result<[i64; 4]> {
+    /// Sends `mine` to `peer` and gets `peer`'s (polled to `deadline`).
+    fn exchange_pair(&self, peer: usize, mine: [i64; 4], what: &str, deadline: &Deadline) -> Result<[i64; 4]> {
         let mine = Box::new(mine);
         let mut theirs = Box::new([0i64; 4]);
         let (mut sent, mut received) = (null_request(), null_request());
@@ -661,32 +641,28 @@ impl MpiChannel {
                     &mut sent,
                 );
                 check(to, "MPI_Isend")?;
-                if receive {
-                    let from = ffi::MPI_Irecv(
-                        theirs.as_mut_ptr() as *mut c_void,
-                        4,
-                        ffi::RSMPI_INT64_T,
-                        peer as c_int,
-                        SIGNATURE_TAG,
-                        self.comm.0,
-                        &mut received,
-                    );
-                    check(from, "MPI_Irecv")?;
-                }
+                let from = ffi::MPI_Irecv(
+                    theirs.as_mut_ptr() as *mut c_void,
+                    4,
+                    ffi::RSMPI_INT64_T,
+                    peer as c_int,
+                    SIGNATURE_TAG,
+                    self.comm.0,
+                    &mut received,
+                );
+                check(from, "MPI_Irecv")?;
             }
         }
-        if receive {
-            if let Err(e) = self.wait_watching(&mut received, what, deadline, false, watch) {
-                std::mem::forget((mine, theirs));
-                return Err(e);
-            }
-            if theirs[0] == LEFT {
-                // The peer will not receive this rank's signature: its send stays in flight.
-                std::mem::forget(mine);
-                return Ok(*theirs);
-            }
+        if let Err(e) = self.wait(&mut received, what, deadline, false) {
+            std::mem::forget((mine, theirs));
+            return Err(e);
         }
-        if let Err(e) = self.wait_watching(&mut sent, what, deadline, false, watch) {
+        if theirs[0] == LEFT {
+            // The peer will not receive this rank's signature: its send stays in flight.
+            std::mem::forget(mine);
+            return Ok(*theirs);
+        }
+        if let Err(e) = self.wait(&mut sent, what, deadline, false) {
             std::mem::forget((mine, theirs));
             return Err(e);
         }
@@ -701,11 +677,11 @@ impl MpiChannel {
         let what = op.name();
         let (peer, other) = match op {
             Collective::Send { peer } | Collective::Recv { peer } => {
-                let theirs = self.exchange_pair(peer, mine, true, &what, deadline, true)?;
+                let theirs = self.exchange_pair(peer, mine, &what, deadline)?;
                 (peer, theirs)
             }
             _ => {
-                let all = self.exchange_all(mine, &what, deadline, true)?;
+                let all = self.exchange_all(mine, &what, deadline)?;
                 let Some((r, other)) = all.iter().enumerate().find(|(_, s)| **s != mine) else { return Ok(()) };
                 (r, *other)
             }
@@ -725,17 +701,19 @@ impl MpiChannel {
         }))
     }
 
-    /// Tells the peers meeting this rank in `next` that it will not run it (they fail at once),
-    /// waiting for them at most until `deadline`. The channel is already broken on this end.
-    fn depart(&self, next: Collective, deadline: &Deadline) {
-        let left = [LEFT, 0, 0, 0];
-        let what = format!("leaving before {}", next.name());
-        let _ = match next {
-            Collective::Send { peer } | Collective::Recv { peer } => {
-                self.exchange_pair(peer, left, false, &what, deadline, false).map(|_| ())
-            }
-            _ => self.exchange_all(left, &what, deadline, false).map(|_| ()),
-        };
+    /// Breaks this end because this rank will not run `next` (`why`), and tells the peers
+    /// meeting it there, on a thread of its own (see [`depart`]), so that the caller does not
+    /// wait for them.
+    fn leave_now(&self, next: Collective, why: &str) {
+        let _ = self.fail(format!("rank {} left: {why}", self.rank));
+        // The exchange may stay in flight: exit must not wait for it without a bound.
+        process::record_failure(self.timeout);
+        let (comm, count, timeout) = (self.comm, self.count, self.timeout);
+        let spawned =
+            std::thread::Builder::new().name("kiln-mpi-leave".into()).spawn(move || depart(comm, count, next, timeout));
+        if spawned.is_err() {
+            depart(comm, count, next, timeout);
+        }
     }
 
     /// Starts `op` over the staged memory and returns its request.
@@ -837,8 +815,7 @@ impl Channel for MpiChannel {
         let (n, staged) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
-                let _ = self.fail(format!("rank {} left: {e}", self.rank));
-                self.depart(op, &deadline);
+                self.leave_now(op, &e.to_string());
                 return Err(e);
             }
         };
@@ -885,18 +862,65 @@ impl Channel for MpiChannel {
     }
 
     /// Breaks this end and tells the peers meeting it in `next` (an all-gather or a send of
-    /// "left" in place of its signature), waiting for them at most the channel's timeout.
+    /// "left" in place of its signature) without waiting for them.
     fn leave(&self, next: Collective, why: &Error) {
         let _busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        if self.broken().is_some() {
-            return;
+        if self.broken().is_none() {
+            self.leave_now(next, &why.to_string());
         }
-        let _ = self.fail(format!("rank {} left: {why}", self.rank));
-        self.depart(next, &Deadline::after(self.timeout));
     }
 
     fn abort(&self, why: &Error) {
         let _ = self.fail(format!("rank {} stopped: {why}", self.rank));
+    }
+}
+
+/// Tells the peers meeting a rank in `next` on `comm` (of `count` ranks) that it will not run
+/// it: the rank's part of the exchange before `next` (the all-gather of signatures, or its
+/// signature sent to the other end of a send), with "left" as its signature. Waits for them at
+/// most `timeout` (sleeping between polls); what is still in flight then stays allocated.
+fn depart(comm: Handle<ffi::MPI_Comm>, count: usize, next: Collective, timeout: Duration) {
+    let deadline = Deadline::after(timeout);
+    let left = Box::new([LEFT, 0, 0, 0]);
+    let mut all = vec![[0i64; 4]; count];
+    let mut req = null_request();
+    let code = match process::lock(Some(&deadline)) {
+        Err(_) => return,
+        // SAFETY: a communicator never freed once its channel broke (and this one is broken);
+        // `left` is 4 i64 and `all` 4 × count, both outliving the request (waited below, or
+        // leaked); a peer is a rank of the communicator (checked when it was recorded).
+        Ok(_lock) => unsafe {
+            match next {
+                Collective::Send { peer } | Collective::Recv { peer } => ffi::MPI_Isend(
+                    left.as_ptr() as *const c_void,
+                    4,
+                    ffi::RSMPI_INT64_T,
+                    peer as c_int,
+                    SIGNATURE_TAG,
+                    comm.get(),
+                    &mut req,
+                ),
+                _ => ffi::MPI_Iallgather(
+                    left.as_ptr() as *const c_void,
+                    4,
+                    ffi::RSMPI_INT64_T,
+                    all.as_mut_ptr() as *mut c_void,
+                    4,
+                    ffi::RSMPI_INT64_T,
+                    comm.get(),
+                    &mut req,
+                ),
+            }
+        },
+    };
+    if code != 0 {
+        return;
+    }
+    // SAFETY: a status for MPI to write.
+    let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+    if wait_request(&mut req, &mut status, &deadline, true, None).is_err() {
+        // MPI may still read or write these for as long as the process lives.
+        std::mem::forget((left, all));
     }
 }
 

@@ -207,8 +207,8 @@ pub trait Channel: Send + Sync + fmt::Debug {
     /// every end at once; MPI tells the peers meeting this rank in `next` (they fail with
     /// [`Error::Channel`] naming the rank that left); a provider that cannot tell them does
     /// nothing, and they time out. Called at most once per failed run and channel, by the
-    /// plan, on the thread where the failure is seen; it may wait for the peers at most the
-    /// channel's timeout.
+    /// plan, on the thread where the failure is seen; it does not wait for the peers to hear
+    /// it.
     fn leave(&self, next: Collective, why: &Error) {
         let _ = (next, why);
     }
