@@ -304,10 +304,12 @@ def test_the_tile_leaves_other_reductions_to_tinygrad(monkeypatch):
     assert all(r is None for r in tiled), tiled
 
 
-def test_a_concatenated_convolution_reduces_over_its_own_channels_only(monkeypatch):
-    """`kiln.tinygrad.compat.cat`: the inputs of a concatenation are realized first, so the
+@pytest.mark.parametrize("equal", [False, True])
+def test_a_concatenated_convolution_reduces_over_its_own_channels_only(monkeypatch, equal):
+    """`kiln.tinygrad.concat`: the computed inputs of a concatenation are realized first, so a
     convolution's reduction is not fused into the concatenation (where it would run for every
-    channel of the result, the earlier ones masked off)."""
+    channel of the result, the others masked off): after the image it extends (DenseNet), and
+    beside another convolution as wide (a SqueezeNet fire module, which tinygrad stacks)."""
     from kiln.tinygrad import tile
 
     outputs = []
@@ -318,12 +320,16 @@ def test_a_concatenated_convolution_reduces_over_its_own_channels_only(monkeypat
         return choose(k)
 
     monkeypatch.setattr(heuristic, "hand_coded_optimizations", record)
-    x, w = rand(1, 16, 8, 8, seed=45), rand(8, 16, 3, 3, seed=46)
+    hw = 6 if equal else 8  # another kernel than the other case's (tinygrad compiles each once)
+    x, w, w2 = rand(1, 16, hw, hw, seed=45), rand(8, 16, 3, 3, seed=46), rand(8, 16, 3, 3, seed=47)
     with Context(CACHELEVEL=0, PARALLEL=0):
-        out = t(x).cat(t(x).conv2d(t(w), padding=1), dim=1).numpy()
-    np.testing.assert_allclose(out[:, :16], x)
-    np.testing.assert_allclose(out[:, 16:], conv2d_reference(x, w, 1), rtol=1e-4, atol=1e-4)
-    assert outputs == [8 * 8 * 8], f"the reduction wrote {outputs} elements, not the convolution's 8×8×8"
+        first = t(x).conv2d(t(w2), padding=1) if equal else t(x)
+        out = first.cat(t(x).conv2d(t(w), padding=1), dim=1).numpy()
+    split = 8 if equal else 16
+    np.testing.assert_allclose(out[:, :split], conv2d_reference(x, w2, 1) if equal else x, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out[:, split:], conv2d_reference(x, w, 1), rtol=1e-4, atol=1e-4)
+    # (two convolutions of one shape are one kernel, compiled once)
+    assert outputs == [hw * hw * 8], f"the reductions wrote {outputs} elements, not a convolution's {hw}×{hw}×8"
 
 
 def test_pooling():

@@ -14,7 +14,8 @@ reads, never tensors' buffers: a tensor that shares an input with a concatenatio
 earlier still computes that input from what it reads when it is realized, as on tinygrad's
 devices. A schedule's graph writes a concatenation in one of two ways (`Tensor.cat`): the sum
 of its inputs each padded to its place along one axis, or, where the inputs are equally long on
-that axis, a `STACK` reshaped to merge the new axis into it.
+that axis, a `STACK` (permuted where it stacks along another axis than the first) reshaped to
+merge the new axis into it.
 """
 
 from __future__ import annotations
@@ -71,22 +72,27 @@ def _realized(u: UOp) -> UOp:
     return u.contiguous() if _is_computed(u) else u
 
 
-def _with_realized_inputs(cat: UOp) -> Optional[UOp]:
-    """Concatenation `cat` with its computed inputs realized; None if `cat` is not one."""
-    if cat.op is Ops.ADD:
-        if padded_parts(cat) is None:
-            return None
+def _stacked(u: UOp) -> Optional[UOp]:
+    """The `STACK` of at least two inputs that `u` is, or reshapes (through a permute)."""
+    if u.op is Ops.RESHAPE:
+        u = u.src[0].src[0] if u.src[0].op is Ops.PERMUTE else u.src[0]
+    return u if u.op is Ops.STACK and len(u.src) >= 2 else None
 
-        def rebuilt(u: UOp) -> UOp:
-            if u.op is Ops.ADD:
-                return u.replace(src=tuple(rebuilt(s) for s in u.src))
-            return u.replace(src=(_realized(u.src[0]), *u.src[1:]))
 
-        return rebuilt(cat)
-    if cat.op is Ops.RESHAPE and cat.src[0].op is Ops.STACK and len(cat.src[0].src) >= 2:
-        stack = cat.src[0]
-        return cat.replace(src=(stack.replace(src=tuple(_realized(s) for s in stack.src)), *cat.src[1:]))
-    return None
+def _with_realized_inputs(u: UOp) -> Optional[UOp]:
+    """Concatenation `u` (a sum of padded inputs, or a `STACK`) with its computed inputs
+    realized; None if `u` is neither."""
+    if u.op is Ops.STACK and len(u.src) >= 2:
+        return u.replace(src=tuple(_realized(s) for s in u.src))
+    if u.op is not Ops.ADD or padded_parts(u) is None:
+        return None
+
+    def rebuilt(t: UOp) -> UOp:
+        if t.op is Ops.ADD:
+            return t.replace(src=tuple(rebuilt(s) for s in t.src))
+        return t.replace(src=(_realized(t.src[0]), *t.src[1:]))
+
+    return rebuilt(u)
 
 
 def realize_concatenations(sink: UOp, kiln_device: Callable[[Any], bool], tiling: Callable[[Any], bool]) -> UOp:
@@ -102,7 +108,12 @@ def realize_concatenations(sink: UOp, kiln_device: Callable[[Any], bool], tiling
     for u in order:
         srcs = tuple(new[s] for s in u.src)
         v = u if all(a is b for a, b in zip(srcs, u.src)) else u.replace(src=srcs)
-        if dtypes.is_float(u.dtype) and kiln_device(u.device) and (cat := _with_realized_inputs(v)) is not None:
-            v = cat.contiguous() if tiling(u.device) and not _only_stored(u, consumers) else cat
+        if dtypes.is_float(u.dtype) and kiln_device(u.device):
+            # the result, where it is complete: a sum of padded inputs, or a stack reshaped
+            whole = u.op is Ops.ADD or (u.op is Ops.RESHAPE and _stacked(u) is not None)
+            cat = _with_realized_inputs(v) if u.op in (Ops.ADD, Ops.STACK) else None
+            v = v if cat is None else cat
+            if whole and (cat is not None or u.op is Ops.RESHAPE) and tiling(u.device) and not _only_stored(u, consumers):
+                v = v.contiguous()
         new[u] = v
     return new[sink]
