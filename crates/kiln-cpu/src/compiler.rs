@@ -188,15 +188,7 @@ impl CCompiler {
         if !meta.is_file() || meta.mode() & 0o111 == 0 {
             return Err(missing(&located, "not an executable file"));
         }
-        let identity = format!(
-            "{} size={} mtime={}.{:09} dev={} ino={}",
-            path.display(),
-            meta.size(),
-            meta.mtime(),
-            meta.mtime_nsec(),
-            meta.dev(),
-            meta.ino()
-        );
+        let identity = file_identity(&path, &meta);
         Ok(CCompiler {
             family: family(&path),
             choice,
@@ -524,6 +516,20 @@ fn replay_text(text: &str, probe_dir: &str, here: &str, stem: &str) -> String {
 }
 
 /// A kernel's source and output files in the scratch folder `dir`.
+/// A file as a cache key sees it: its path, size, modification time and inode, so a program or
+/// library replaced in place (an upgrade) never serves binaries the old one made.
+pub(crate) fn file_identity(path: &Path, meta: &fs::Metadata) -> String {
+    format!(
+        "{} size={} mtime={}.{:09} dev={} ino={}",
+        path.display(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.dev(),
+        meta.ino()
+    )
+}
+
 fn kernel_files(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
     (dir.join(format!("{stem}.c")), dir.join(format!("{stem}.{}", if OBJECT { "o" } else { "so" })))
 }

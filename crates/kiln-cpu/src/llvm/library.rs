@@ -21,7 +21,7 @@
 //! fails its first compile with a typed error rather than compiling with the wrong LLVM.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -129,15 +129,7 @@ impl Library {
         let soname = soname(&f)?;
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let major = soname.as_deref().and_then(major_version).or_else(|| major_version(&file_name));
-        let identity = format!(
-            "{} size={} mtime={}.{:09} dev={} ino={}",
-            path.display(),
-            meta.size(),
-            meta.mtime(),
-            meta.mtime_nsec(),
-            meta.dev(),
-            meta.ino()
-        );
+        let identity = crate::compiler::file_identity(&path, &meta);
         Ok(Library { name: name.to_string(), path, soname, major, identity })
     }
 }
