@@ -94,7 +94,7 @@ def random_inputs(graph_inputs: dict[str, Any], shapes: dict[str, tuple[int, ...
     from tinygrad.dtype import _to_np_dtype
 
     rng = np.random.default_rng(seed)
-    arrays = {}
+    arrays: dict[str, Any] = {}
     for name, shape in shapes.items():
         dtype = _to_np_dtype(graph_inputs[name].dtype)
         if dtype is None:

@@ -139,7 +139,7 @@ def input_names(jit: Any, count: int, names: Names) -> list[str]:
                 name = cast(str, positional[key])
             else:
                 name = f"input{slot}"
-            if names is not None:
+            if isinstance(names, Mapping):
                 name = names.get(key, names.get(name, name)) if key is not None else names.get(name, name)
             chosen.append(name)
     if len(set(chosen)) != len(chosen) or not all(chosen):
@@ -167,7 +167,7 @@ def output_tensors(ret: Any, outputs: Names) -> list[tuple[str, Tensor]]:
         if len(outputs) != len(found):
             raise refuse(f"outputs has {len(outputs)} names for {len(found)} outputs")
         found = [(str(n), t) for n, (_, t) in zip(outputs, found)]
-    elif outputs is not None:
+    elif isinstance(outputs, Mapping):
         found = [(outputs.get(n, n), t) for n, t in found]
     names = [n for n, _ in found]
     if len(set(names)) != len(names) or not all(names):
@@ -223,7 +223,7 @@ def record(jit: Any, names: Names = None, outputs: Names = None) -> tuple[kiln.P
     for slot, name in enumerate(input_names(jit, len(info), names)):
         view, _, dtype, _ = info[slot]
         buf = cast(Buffer, input_uops[slot].buffer)
-        shape = dims(view.shape, f"input {name}") if view.op is not Ops.NOOP else [buf.size]  # NOOP: the buffer itself
+        shape: list[Union[int, str]] = [buf.size] if view.op is Ops.NOOP else dims(view.shape, f"input {name}")  # NOOP: the buffer
         plan_inputs[name] = (kiln_window(buf, dtype, f"input {name}"), shape)
     plan_outputs: dict[str, PlanTensor] = {}
     for name, t in output_tensors(captured.ret, outputs):
@@ -231,12 +231,12 @@ def record(jit: Any, names: Names = None, outputs: Names = None) -> tuple[kiln.P
         if not t.uop.is_realized or not whole(u) or u.device != device:
             raise refuse(f"output {name} is not a whole tensor the JIT computes on {device} (a view, or another "
                          "device's); return x.contiguous()")
-        buf = u.base.buffer
-        if isinstance(buf, MultiBuffer):
+        out = u.base.buffer
+        if isinstance(out, MultiBuffer):
             raise refuse(f"output {name} is on several devices")
-        if not any(overlaps(buf, w) for w in written):
+        if not any(overlaps(out, w) for w in written):
             raise refuse(f"output {name} is not written by any of the JIT's calls (an input or a constant returned as is)")
-        plan_outputs[name] = (kiln_window(buf, t.dtype, f"output {name}"), dims(t.shape, f"output {name}"))
+        plan_outputs[name] = (kiln_window(out, t.dtype, f"output {name}"), dims(t.shape, f"output {name}"))
     return graph.plan, plan_inputs, plan_outputs
 
 
