@@ -78,7 +78,8 @@ def the_device(calls: list[UOp]) -> str:
                 raise refuse(f"its {call_name(call)} runs on several devices {device}; a saved plan runs on one device")
             devices.add(cast(str, device))
     if not devices:
-        raise refuse("it has no calls")
+        raise refuse("it has no calls: nothing it computes depends on its inputs (with prune=True, tinygrad runs such "
+                     "work once, at capture)")
     if len(devices) > 1:
         raise refuse(f"its calls run on {', '.join(sorted(devices))}; a saved plan runs on one KILN device (a copy from "
                      "another device inside the JIT counts: pass inputs already on the KILN device)")
