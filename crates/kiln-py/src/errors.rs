@@ -1,5 +1,8 @@
 //! kiln's errors as Python exceptions: one class per [`ErrorClass`] under `kiln.Error`, each
-//! carrying the Rust error's message and root cause, and no Rust panic reaching Python.
+//! carrying the Rust error's message and root cause, and no Rust panic reaching Python. A saved
+//! plan's errors ([`PlanFileError`]) map onto the same classes, with four of their own under
+//! `kiln.InvalidArgumentError`: a file that is not a loadable plan, a format version this kiln
+//! does not read, a plan that cannot be saved, and an input that does not fit.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -8,6 +11,7 @@ use std::time::Duration;
 
 use kiln_device::{Error as KilnError, ErrorClass};
 use kiln_ir::IrError;
+use kiln_runtime::saved::PlanFileError as SavedPlanError;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -66,6 +70,31 @@ create_exception!(
     "A collective failed (a peer did not arrive in time, failed, or passed other buffers); the channel is broken: make a new one."
 );
 
+create_exception!(
+    kiln,
+    PlanFileError,
+    InvalidArgumentError,
+    "A file that is not a plan this kiln can load: not a plan file, damaged (cut short, a checksum that does not match), malformed, or a kernel or node that does not fit; `kind` says which. Save the plan again, or fetch the file again."
+);
+create_exception!(
+    kiln,
+    PlanVersionError,
+    PlanFileError,
+    "A plan file of a format version this kiln does not read (`found`, `known`): load it with the kiln that saved it, or save it again with this one."
+);
+create_exception!(
+    kiln,
+    PlanSaveError,
+    InvalidArgumentError,
+    "A plan that cannot be saved (a collective, a buffer of another device, inputs or outputs that do not fit their names or shapes)."
+);
+create_exception!(
+    kiln,
+    PlanInputError,
+    InvalidArgumentError,
+    "An input given to a loaded plan that does not fit it (an unknown or missing name, a dtype or shape it does not take); `input` names it."
+);
+
 /// Adds every exception class to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -82,6 +111,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IoError", py.get_type::<IoError>())?;
     m.add("DriverError", py.get_type::<DriverError>())?;
     m.add("ChannelError", py.get_type::<ChannelError>())?;
+    m.add("PlanFileError", py.get_type::<PlanFileError>())?;
+    m.add("PlanVersionError", py.get_type::<PlanVersionError>())?;
+    m.add("PlanSaveError", py.get_type::<PlanSaveError>())?;
+    m.add("PlanInputError", py.get_type::<PlanInputError>())?;
     Ok(())
 }
 
@@ -112,13 +145,71 @@ fn recall(name: &str) -> Option<Arc<str>> {
     texts().lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned().flatten()
 }
 
-/// Why a call failed: kiln's error, or a panic caught before it reached Python.
+/// Why a call failed: kiln's error, a saved plan's, or a panic caught before it reached Python.
 #[derive(Debug, Clone)]
 pub enum Failure {
     /// The device layer's typed error.
     Kiln(KilnError),
+    /// A saved plan's error, classified ([`PlanFileError`](SavedPlanError) is not `Clone`).
+    Plan(PlanFailure),
     /// A Rust panic's message.
     Panic(String),
+}
+
+/// A saved plan's error as Python sees it: its exception and message.
+#[derive(Debug, Clone)]
+pub struct PlanFailure {
+    exception: PlanException,
+    message: String,
+    root_cause: String,
+}
+
+/// Which exception a saved plan's error raises.
+#[derive(Debug, Clone)]
+enum PlanException {
+    /// `kiln.PlanFileError` with this `kind`.
+    File(&'static str),
+    /// `kiln.PlanVersionError`.
+    Version { found: u32, known: u32 },
+    /// `kiln.PlanSaveError`.
+    Save,
+    /// `kiln.PlanInputError` for this input.
+    Input(String),
+    /// The class kiln's own error has (a device that fails, lacks a feature or runs out of
+    /// memory; a kernel that does not compile; a launch refused by the bounds proof).
+    Kiln(KilnError),
+}
+
+impl From<SavedPlanError> for Failure {
+    fn from(e: SavedPlanError) -> Failure {
+        use PlanException as X;
+        let message = e.to_string();
+        let root = |source: &KilnError| source.root_cause().to_string();
+        // A kernel or node whose error is the file's (text that does not parse, slots that do
+        // not fit the kernel) is a damaged file; one the device causes keeps the device's class.
+        let file_or_device = |kind: &'static str, source: &KilnError| {
+            let file_fault = matches!(source.class(), ErrorClass::InvalidArgument)
+                || (kind == "node" && matches!(source.root_cause(), KilnError::Launch(_)));
+            if file_fault { X::File(kind) } else { X::Kiln(source.clone()) }
+        };
+        let (exception, root_cause) = match &e {
+            SavedPlanError::Io { .. } => (X::Kiln(KilnError::Io(message.clone())), message.clone()),
+            SavedPlanError::NotAPlan { .. } => (X::File("not_a_plan"), message.clone()),
+            SavedPlanError::UnknownVersion { found, known } => {
+                (X::Version { found: *found, known: *known }, message.clone())
+            }
+            SavedPlanError::Truncated { .. } => (X::File("truncated"), message.clone()),
+            SavedPlanError::Checksum { .. } => (X::File("checksum"), message.clone()),
+            SavedPlanError::Malformed(_) => (X::File("malformed"), message.clone()),
+            SavedPlanError::Kernel { source, .. } => (file_or_device("kernel", source), root(source)),
+            SavedPlanError::Unsupported { .. } => (X::Kiln(KilnError::Unavailable(message.clone())), message.clone()),
+            SavedPlanError::Node { source, .. } => (file_or_device("node", source), root(source)),
+            SavedPlanError::Unsaveable(_) => (X::Save, message.clone()),
+            SavedPlanError::Input { name, .. } => (X::Input(name.clone()), message.clone()),
+            SavedPlanError::Device(source) => return Failure::Kiln(source.clone()),
+        };
+        Failure::Plan(PlanFailure { exception, message, root_cause })
+    }
 }
 
 impl From<KilnError> for Failure {
@@ -166,6 +257,7 @@ impl Failure {
                     "internal error: a Rust panic was caught ({message}); please report it"
                 ));
             }
+            Failure::Plan(p) => return p.into_py(py),
             Failure::Kiln(e) => e,
         };
         let recalled = match (text, e.root_cause()) {
@@ -187,26 +279,62 @@ impl Failure {
             message = format!("{message} (at {at})");
             line = at.rsplit_once("line ").and_then(|(_, l)| l.trim_end_matches(')').parse().ok());
         }
-        let err = match (e.class(), e.root_cause()) {
-            (_, KilnError::Ir(IrError::Parse { .. })) => ParseError::new_err(message),
-            (_, KilnError::OutOfBounds { .. }) => OutOfBoundsError::new_err(message),
-            (ErrorClass::DeviceLost, _) => DeviceLostError::new_err(message),
-            (ErrorClass::OutOfMemory, _) => OutOfMemoryError::new_err(message),
-            (ErrorClass::InvalidArgument, _) => InvalidArgumentError::new_err(message),
-            (ErrorClass::Timeout, _) => TimeoutError::new_err(message),
-            (ErrorClass::Compile, _) => CompileError::new_err(message),
-            (ErrorClass::Launch, _) => LaunchError::new_err(message),
-            (ErrorClass::Unavailable, _) => UnavailableError::new_err(message),
-            (ErrorClass::Io, _) => IoError::new_err(message),
-            (ErrorClass::Driver, _) => DriverError::new_err(message),
-            (ErrorClass::Channel, _) => ChannelError::new_err(message),
-        };
+        let err = exception(&e, message);
         let value = err.value(py);
         // Attributes are a convenience: a failure to set one must not hide the error itself.
         let _ = value.setattr("root_cause", e.root_cause().to_string());
         let _ = value.setattr("line", line);
         let _ = value.setattr("col", col);
         let _ = value.setattr("node", node);
+        err
+    }
+}
+
+/// The exception of kiln error `e`'s class (refined for parse and bounds errors), with `message`.
+fn exception(e: &KilnError, message: String) -> PyErr {
+    match (e.class(), e.root_cause()) {
+        (_, KilnError::Ir(IrError::Parse { .. })) => ParseError::new_err(message),
+        (_, KilnError::OutOfBounds { .. }) => OutOfBoundsError::new_err(message),
+        (ErrorClass::DeviceLost, _) => DeviceLostError::new_err(message),
+        (ErrorClass::OutOfMemory, _) => OutOfMemoryError::new_err(message),
+        (ErrorClass::InvalidArgument, _) => InvalidArgumentError::new_err(message),
+        (ErrorClass::Timeout, _) => TimeoutError::new_err(message),
+        (ErrorClass::Compile, _) => CompileError::new_err(message),
+        (ErrorClass::Launch, _) => LaunchError::new_err(message),
+        (ErrorClass::Unavailable, _) => UnavailableError::new_err(message),
+        (ErrorClass::Io, _) => IoError::new_err(message),
+        (ErrorClass::Driver, _) => DriverError::new_err(message),
+        (ErrorClass::Channel, _) => ChannelError::new_err(message),
+    }
+}
+
+impl PlanFailure {
+    /// The exception, with `root_cause` and the attributes of its class (`kind`; `found` and
+    /// `known`; `input`), and `line`/`col`/`node` unset as on every `kiln.Error`.
+    fn into_py(self, py: Python<'_>) -> PyErr {
+        let PlanFailure { exception: which, message, root_cause } = self;
+        let err = match &which {
+            PlanException::File(_) => PlanFileError::new_err(message),
+            PlanException::Version { .. } => PlanVersionError::new_err(message),
+            PlanException::Save => PlanSaveError::new_err(message),
+            PlanException::Input(_) => PlanInputError::new_err(message),
+            PlanException::Kiln(e) => exception(e, message),
+        };
+        let value = err.value(py);
+        // Attributes are a convenience: a failure to set one must not hide the error itself.
+        let _ = value.setattr("root_cause", root_cause);
+        for attr in ["line", "col", "node"] {
+            let _ = value.setattr(attr, py.None());
+        }
+        let _ = match which {
+            PlanException::File(kind) => value.setattr("kind", kind),
+            PlanException::Version { found, known } => value
+                .setattr("kind", "unknown_version")
+                .and_then(|()| value.setattr("found", found))
+                .and_then(|()| value.setattr("known", known)),
+            PlanException::Input(name) => value.setattr("input", name),
+            PlanException::Save | PlanException::Kiln(_) => Ok(()),
+        };
         err
     }
 }

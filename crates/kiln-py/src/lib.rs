@@ -10,7 +10,8 @@
 //! `kiln.devices()`), `buffer` (`kiln.Buffer`: numpy copies, zero-copy views), `dlpack`
 //! (export and `kiln.from_dlpack`), `kernel` (`kiln.Kernel`), `plan` (`kiln.Plan`,
 //! `kiln.PlanRun`), `channel` (`kiln.Channel`, the ranks a plan's collectives combine),
-//! `stream` (asynchronous launches on OpenCL and CUDA), `dtype` (element types between kiln,
+//! `saved` (`kiln.load_plan`, `kiln.LoadedPlan`: saved plan files), `stream` (asynchronous
+//! launches on OpenCL and CUDA), `dtype` (element types between kiln,
 //! numpy and DLPack) and `errors` (one exception per
 //! `kiln_device::ErrorClass`, under `kiln.Error`). The stubs in `python/kiln/_kiln.pyi`
 //! document every call; `pip install ./crates/kiln-py` (maturin) builds the package and
@@ -63,6 +64,7 @@ mod dtype;
 mod errors;
 mod kernel;
 mod plan;
+mod saved;
 
 use pyo3::prelude::*;
 
@@ -145,6 +147,10 @@ fn _kiln(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::PyKernel>()?;
     m.add_class::<plan::PyPlan>()?;
     m.add_class::<plan::PlanRun>()?;
+    m.add_class::<saved::PyLoadedPlan>()?;
+    m.add_class::<saved::PyTensorSpec>()?;
+    m.add_class::<saved::PyPlanVariable>()?;
+    m.add_function(wrap_pyfunction!(saved::load_plan, m)?)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     m.add_function(wrap_pyfunction!(devices, m)?)?;
     m.add_function(wrap_pyfunction!(from_dlpack, m)?)?;

@@ -317,6 +317,25 @@ impl PyPlan {
         Ok(PlanRun { state: Mutex::new(RunState::Running(handle)) })
     }
 
+    /// Saves the plan to the file `path` with its named inputs and outputs (`kiln.load_plan`
+    /// loads it on any device); returns the file's size in bytes. Each entry of `inputs` and
+    /// `outputs` is a buffer the plan uses, or a `(buffer, shape)` pair (ints, and plan
+    /// variable names for dimensions that follow a variable).
+    #[pyo3(signature = (path, inputs=None, outputs=None))]
+    fn save(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        inputs: Option<&Bound<'_, PyAny>>,
+        outputs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u64> {
+        // The constants are read now: the launches made from Python that may write them first.
+        if let Some(s) = &self.stream {
+            detached(py, None, || Ok(s.wait()?))?;
+        }
+        crate::saved::save(py, &self.recorded, path, inputs, outputs)
+    }
+
     /// The number of recorded nodes.
     fn __len__(&self) -> usize {
         lock(&self.recorded).len()

@@ -2,9 +2,10 @@
 """A fuzzer of kiln's Python API.
 
 Each case is a short random program against the public API (devices, buffers, kernels,
-plans), generated from its seed alone, that mixes valid calls with invalid arguments:
-negative, zero and huge sizes and offsets, unknown dtypes, odd numpy arrays, closed devices,
-buffers of other devices, unknown variables, mutated kernel text, missing files.
+plans, saved plans), generated from its seed alone, that mixes valid calls with invalid
+arguments: negative, zero and huge sizes and offsets, unknown dtypes, odd numpy arrays, closed
+devices, buffers of other devices, unknown variables, mutated kernel text, missing files, plan
+files cut short or with a byte changed, inputs of a loaded plan of other names, dtypes and shapes.
 
 The contract checked: every call into kiln either succeeds or raises a subclass of
 ``kiln.Error``. A finding is any of:
@@ -50,6 +51,7 @@ import pathlib
 import queue
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -343,6 +345,9 @@ class Case:
         self.kernels: list[KernelRef] = []
         self.plans: list[str] = []
         self.runs: list[RunRef] = []
+        self.plan_files: list[str] = []  # names bound to paths of saved plans (some damaged)
+        self.loaded: list[str] = []  # names bound to loaded plans
+        self.folder: Optional[str] = None  # the case's folder for plan files, made on first use
 
     # -- running lines -------------------------------------------------------------------
 
@@ -549,6 +554,9 @@ class Case:
             (self.op_plan_rebind, 2),
             (self.op_plan_run, 4),
             (self.op_plan_wait, 3),
+            (self.op_plan_save, 3),
+            (self.op_load_plan, 3),
+            (self.op_loaded_call, 4),
             (self.op_forget, 2),
             (self.op_arity, 1),
             (self.oracle_roundtrip, 2),
@@ -584,6 +592,8 @@ class Case:
                 self.wait(run)
         for dev in self.devs:
             self.call(f"{dev.name}.synchronize()", "Device.synchronize")
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     # -- devices --------------------------------------------------------------------------
 
@@ -998,6 +1008,133 @@ class Case:
             if unknown and names.ok:
                 what = "accepted a variable the plan does not have (Plan.run refuses it)"
                 self.report(Kind.INCONSISTENT, "Plan.run_async", "-", what, f"{name} = {plan}.run_async({args})")
+
+    # -- saved plans ----------------------------------------------------------------------
+
+    def a_shape(self, length: int, variables: list[str]) -> str:
+        """A shape for `Plan.save`: mostly the buffer's length or a plan variable, sometimes
+        dimensions that do not fit, unknown variables or wrong types."""
+        r = self.rng.random()
+        if r < 0.5:
+            return f"[{length}]"
+        if r < 0.7 and variables:
+            return f"[{self.rng.choice(variables)!r}]"
+        if r < 0.93:
+            dims = [self.an_int()[0] if self.chance(0.7) else repr(self.rng.choice(variables + ["nope", ""]))
+                    for _ in range(self.rng.randint(0, 3))]
+            return f"[{', '.join(dims)}]"
+        return self.rng.choice(["5", "None", "'n'", "[1.5]", "[None]"])
+
+    def op_plan_save(self) -> None:
+        plan = self.a_plan()
+        names = self.call(f"{plan}.var_names", "Plan.var_names", bind=self.fresh("_"), valid=True)
+        variables: list[str] = list(names.value) if names.ok else []
+        entries: dict[str, list[str]] = {"inputs": [], "outputs": []}
+        used: set[str] = set()
+        for kind in entries:
+            for _ in range(self.rng.randint(0 if self.chance(0.2) else 1, 2)):
+                name = self.rng.choice(["'x'", "'y'", "'w'", "'z'"] if self.chance(0.9) else ["''", "'a b'", "'\\xf1'", "3"])
+                if name in used:
+                    continue
+                used.add(name)
+                if self.bufs and self.chance(0.95):
+                    buf = self.rng.choice(self.bufs)
+                    value = buf.name if self.chance(0.3) else f"({buf.name}, {self.a_shape(buf.length, variables)})"
+                else:
+                    value = self.rng.choice(["np.zeros(4)", "None", "(None, [1])"])
+                entries[kind].append(f"{name}: {value}")
+        if self.folder is None:
+            self.folder = tempfile.mkdtemp(prefix="kiln-fuzz-plans-")
+        path = self.let(repr(os.path.join(self.folder, f"p{next(self.counter)}.kplan")), "f")
+        r = self.rng.random()
+        target = path if r < 0.9 else self.rng.choice(["'/nonexistent/p.kplan'", repr(self.folder), "3", "None"])
+        args = ", ".join(f"{kind}={{{', '.join(e)}}}" for kind, e in entries.items())
+        out = self.call(f"{plan}.save({target}, {args})", "Plan.save", bind=self.fresh("_"), wrong_type=r >= 0.9)
+        if out.ok and target == path:
+            self.check(f"{out.value} == pathlib.Path({path}).stat().st_size", "Plan.save", "returned another size than the file's")
+            self.plan_files.append(path)
+
+    def op_load_plan(self) -> None:
+        if not self.plan_files:
+            self.op_plan_save()
+            if not self.plan_files:
+                return
+        path = self.rng.choice(self.plan_files)
+        r = self.rng.random()
+        if r < 0.25:  # a damaged copy: cut short, or one byte changed
+            size = os.path.getsize(self.ns[path])
+            at = self.rng.randrange(max(size, 1))
+            damaged = self.let(f"{path} + '.{next(self.counter)}'", "f")
+            cut = f"raw[:{at}]" if self.chance(0.4) else f"raw[:{at}] + bytes([raw[{at}] ^ {1 << self.rng.randrange(8)}]) + raw[{at + 1}:]"
+            self.run_line("python", f"raw = pathlib.Path({path}).read_bytes(); pathlib.Path({damaged}).write_bytes({cut})")
+            path = damaged
+        elif r < 0.3:
+            path = self.rng.choice(["'/nonexistent/p.kplan'", "str(KERNELS)", "str(KERNELS / 'add.kiln')"])
+        device = self.rng.choice([repr(d) for d in self.devices] + [d.name for d in self.devs] + DEVICE_NAMES_BAD[:4])
+        options = ""
+        wrong = False
+        if self.chance(0.3):
+            options += f", compiler={self.rng.choice(['None', repr('cc'), repr('llvm'), repr('nope'), '3'])}"
+            wrong |= options.endswith("3")
+        if self.chance(0.3):
+            options += f", strict_bounds={self.rng.choice(['True', 'False', '1'])}"
+            wrong |= options.endswith("1")  # an int for a bool
+        if self.chance(0.3):
+            options += f", map_constants={self.rng.choice(['True', 'False', 'None'])}"
+            wrong |= options.endswith("None")
+        if self.chance(0.05):
+            path, wrong = self.rng.choice(["3", "None", "b'x'"]), True
+        name = self.fresh("lp")
+        if self.call(f"kiln.load_plan({path}, {device}{options})", "load_plan", bind=name, wrong_type=wrong).ok:
+            self.loaded.append(name)
+            for attr in ("inputs", "outputs", "variables", "device", "stats", "path"):
+                self.call(f"{name}.{attr}", f"LoadedPlan.{attr}", bind=self.fresh("_"), valid=True)
+            self.call(f"repr({name})", "LoadedPlan.__repr__", bind=self.fresh("_"), valid=True)
+
+    def op_loaded_call(self) -> None:
+        if not self.loaded:
+            self.op_load_plan()
+            if not self.loaded:
+                return
+        plan = self.rng.choice(self.loaded)
+        specs = self.call(f"[(t.name, t.dtype, t.shape) for t in {plan}.inputs]", "LoadedPlan.inputs",
+                          bind=self.fresh("_"), valid=True)
+        if not specs.ok:
+            return
+        ranges = {v.name: (v.min, v.max) for v in self.ns[plan].variables}
+        inputs: dict[str, str] = {}
+        chosen: dict[str, int] = {}
+        kiln_to_numpy = {k: n for n, k in NUMPY_TO_KILN.items()}
+        for name, dtype, shape in specs.value:
+            if self.chance(0.05):
+                continue  # missing
+            if self.chance(0.15):
+                inputs[name] = self.an_array()[0]
+                continue
+            dims = []
+            for d in shape:
+                if isinstance(d, str):
+                    lo, hi = ranges.get(d, (1, 1))
+                    chosen.setdefault(d, self.rng.randint(max(lo, 1), max(lo, min(hi, 64))) if self.chance(0.9) else hi + 1)
+                    dims.append(chosen[d])
+                else:
+                    dims.append(d if self.chance(0.95) else d + 1)
+            np_dtype = kiln_to_numpy.get(dtype, "uint16") if self.chance(0.9) else self.rng.choice(NUMERIC)
+            inputs[name] = self.let(f"(np.arange({int(np.prod(dims))}) % 5).astype({np_dtype!r}).reshape({tuple(dims)})", "a")
+        if self.chance(0.1):
+            inputs[self.rng.choice(["nope", "", "x "])] = "np.zeros(3, 'float32')"
+        r = self.rng.random()
+        if r < 0.4:
+            code = f"{plan}({self.dict_code(inputs)})"
+        elif r < 0.7 and all(n.isidentifier() for n in inputs):
+            code = f"{plan}(**{self.dict_code(inputs)})"
+        elif r < 0.95:
+            variables = {v: self.var_value(*ranges[v], mutant=False)[0] for v in ranges if self.chance(0.3)}
+            code = f"{plan}.run({self.dict_code(inputs)}, vars={self.dict_code(variables)})"
+        else:
+            code = f"{plan}({self.rng.choice(['[1, 2]', '3', 'None'])})"
+        wrong = code.endswith("(3)") or code.endswith("([1, 2])") or "vars=" in code and ("1.5" in code or "'8'" in code or "None" in code)
+        self.call(code, "LoadedPlan.__call__", bind=self.fresh("_"), wrong_type=wrong)
 
     def op_plan_wait(self) -> None:
         if not self.runs:

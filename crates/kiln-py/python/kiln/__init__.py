@@ -1,6 +1,7 @@
 """kiln from Python: compile kernels written in kiln's text format and launch them on CPU,
-OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions, replayable plans and
-collectives between devices (``Channel``).
+OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions, replayable plans,
+collectives between devices (``Channel``), and saved plans (``Plan.save``, ``load_plan``): a
+model in one file that loads and runs on any device without the compiler that made it.
 
 >>> import kiln, numpy as np
 >>> dev = kiln.Device("CPU")
@@ -36,17 +37,25 @@ from ._kiln import (
     IoError,
     Kernel,
     LaunchError,
+    LoadedPlan,
     OutOfBoundsError,
     OutOfMemoryError,
     ParseError,
     Plan,
+    PlanFileError,
+    PlanInputError,
     PlanRun,
+    PlanSaveError,
+    PlanVariable,
+    PlanVersionError,
+    TensorSpec,
     TimeoutError,
     UnavailableError,
     __version__,
     backends,
     devices,
     from_dlpack,
+    load_plan,
 )
 
 # Work still in flight at exit (an unsynchronized launch, an unwaited `run_async`) finishes
@@ -69,15 +78,23 @@ __all__ = [
     "IoError",
     "Kernel",
     "LaunchError",
+    "LoadedPlan",
     "OutOfBoundsError",
     "OutOfMemoryError",
     "ParseError",
     "Plan",
+    "PlanFileError",
+    "PlanInputError",
     "PlanRun",
+    "PlanSaveError",
+    "PlanVariable",
+    "PlanVersionError",
+    "TensorSpec",
     "TimeoutError",
     "UnavailableError",
     "__version__",
     "backends",
     "devices",
     "from_dlpack",
+    "load_plan",
 ]

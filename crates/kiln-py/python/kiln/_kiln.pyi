@@ -70,6 +70,46 @@ class DriverError(Error):
 class ChannelError(Error):
     """A collective failed (a peer did not arrive in time, failed, or passed other buffers); the channel is broken: make a new one."""
 
+class PlanFileError(InvalidArgumentError):
+    """A file that is not a plan this kiln can load; ``kind`` says why:
+
+    - ``"not_a_plan"``: it does not start with a plan file's magic bytes;
+    - ``"unknown_version"``: a format version this kiln does not read (``PlanVersionError``);
+    - ``"truncated"``, ``"checksum"``: damaged after it was written (cut short, changed bytes);
+    - ``"malformed"``: intact but not a plan (sizes, indices, windows, constants that do not fit);
+    - ``"kernel"``: a kernel's text that does not parse or validate;
+    - ``"node"``: a launch or copy that does not fit its kernel or buffers.
+
+    Save the plan again, or fetch the file again. What is not the file's fault keeps kiln's own
+    class: ``IoError`` (the file cannot be read), ``UnavailableError`` (a kernel needs what the
+    device lacks), ``CompileError``, ``OutOfMemoryError``, ``OutOfBoundsError`` (a launch the
+    bounds proof refuses under ``strict_bounds``)."""
+
+    kind: str
+
+class PlanVersionError(PlanFileError):
+    """A plan file of a format version this kiln does not read: load it with the kiln that saved
+    it, or save it again with this one."""
+
+    found: int
+    """The version in the file."""
+    known: int
+    """The version this kiln reads."""
+
+class PlanSaveError(InvalidArgumentError):
+    """A plan that cannot be saved: a collective (a channel joins running processes), a buffer
+    of another device, input or output names that are empty or repeated, a shape that names no
+    plan variable or needs more elements than its buffer; from ``kiln.tinygrad.save_jit``, a JIT
+    whose work is not one KILN device's kernels and copies."""
+
+class PlanInputError(InvalidArgumentError):
+    """An input of a loaded plan's call that does not fit: an unknown or missing name, a name
+    given twice, a dtype or shape the plan does not take (the message says what it takes), a
+    dimension outside its variable's range, or an object that is not an array."""
+
+    input: str
+    """The input's name, as given."""
+
 class DeviceInfo:
     """One row of ``devices()``."""
 
@@ -340,11 +380,107 @@ class Plan:
         """Replays every node (variables not given keep their recorded values) and waits."""
     def run_async(self, **vars: int) -> PlanRun:
         """Starts a replay and returns at once; runs of one plan never overlap."""
+    def save(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        inputs: Optional[Mapping[str, Union[Buffer, Tuple[Buffer, Sequence[Union[int, str]]]]]] = None,
+        outputs: Optional[Mapping[str, Union[Buffer, Tuple[Buffer, Sequence[Union[int, str]]]]]] = None,
+    ) -> int:
+        """Saves the plan to one file that ``load_plan`` loads on any device (the format:
+        ``docs/saved-plans.md``); returns its size in bytes. ``inputs`` and ``outputs`` name
+        buffers the plan uses: a buffer (one-dimensional, all of it), or ``(buffer, shape)``
+        with the shape's dimensions ints or plan variable names (``("x", ["batch", 16])``: the
+        dimension a run binds ``batch`` from). A buffer some node reads before anything wrote
+        it is saved with its bytes as they are now (weights, state); every other buffer starts
+        empty. Raises ``PlanSaveError`` for what cannot be saved, ``IoError`` when the file
+        cannot be written (a failed save leaves an older file whole)."""
     @property
     def var_names(self) -> list[str]:
         """The plan's variables."""
     def __len__(self) -> int:
         """The number of recorded nodes."""
+
+ArrayLike = Any
+"""A numpy array, another DLPack tensor of host memory, or what ``numpy.asarray`` takes."""
+
+class TensorSpec:
+    """A named input or output of a loaded plan."""
+
+    name: str
+    dtype: str
+    """Its element type, as a kiln name (``"f32"``)."""
+    shape: list[Union[int, str]]
+    """An int per fixed dimension, a plan variable's name per dimension that follows one."""
+
+class PlanVariable:
+    """A plan variable of a loaded plan (a dimension that may change from run to run)."""
+
+    name: str
+    value: int
+    """The value it was saved with: a run that does not bind it uses this."""
+    min: int
+    """The smallest value every kernel that uses it accepts."""
+    max: int
+    """The largest."""
+
+class LoadedPlan:
+    """A saved plan loaded on a device (``load_plan``). Call it with arrays by input name,
+    ``plan(x=array)`` or ``plan({"x": array})``; it returns a dict of new numpy arrays by output
+    name. A dimension that is a plan variable takes the input's size and gives the outputs
+    theirs. Calls take turns (one plan runs once at a time) and release the GIL."""
+
+    def __call__(self, inputs: Optional[Mapping[str, ArrayLike]] = None, /, **named: ArrayLike) -> dict[str, Any]:
+        """Runs the plan on every input, each given once by name (in ``inputs`` or as a
+        keyword): numpy arrays and contiguous DLPack tensors of host memory are read in place,
+        anything else numpy can make an array of is copied (strided arrays too). Returns every
+        output as a new numpy array of its shape (bf16, which numpy lacks, as ``uint16`` holding
+        its bits). Raises ``PlanInputError`` for an input that does not fit (it names the input
+        and what the plan takes); the run's own errors as kiln's."""
+    def run(self, inputs: Mapping[str, ArrayLike], *, vars: Optional[Mapping[str, int]] = None) -> dict[str, Any]:
+        """``plan(inputs)`` with plan variables ``vars`` bound by name too (a variable no input
+        shape names; one an input names must agree with it)."""
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        """The inputs, in the order they were saved."""
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        """The outputs, in the order they were saved."""
+    @property
+    def variables(self) -> list[PlanVariable]:
+        """The plan variables."""
+    @property
+    def device(self) -> str:
+        """The device it runs on (``"CPU"``, ``"OPENCL:0"``)."""
+    @property
+    def path(self) -> "os.PathLike[str]":
+        """The file it was loaded from (a ``pathlib.Path``)."""
+    @property
+    def stats(self) -> dict[str, Union[int, float]]:
+        """What loading did: ``file_bytes``, ``kernels``, ``nodes``, ``constant_bytes``,
+        ``mapped_bytes`` (constants used in place from the mapped file) and ``load_seconds``."""
+
+def load_plan(
+    path: Union[str, "os.PathLike[str]"],
+    device: Union[str, Device, None] = "CPU",
+    *,
+    compiler: Optional[str] = None,
+    strict_bounds: bool = False,
+    map_constants: bool = True,
+) -> LoadedPlan:
+    """Loads the plan file at ``path`` (written by ``Plan.save``, ``kiln.tinygrad.save_jit``,
+    ``python -m kiln.onnx`` or kiln-runtime's ``SavedPlan``) on ``device`` (a name or a
+    ``Device``; a plan saved on one device loads on any that has its kernels' features), with
+    the device's compiler pair ``compiler`` instead of its default. Every part of the file is
+    checked before anything runs; kernels come from kiln's kernel cache (``KILN_CACHE_DIR``) or
+    are compiled on all cores. ``strict_bounds`` refuses at load a launch whose accesses the
+    bounds proof cannot keep inside its buffers (``OutOfBoundsError``) instead of running its
+    guarded form; ``map_constants=False`` reads the weights into memory instead of mapping the
+    file (mapping assumes no other process truncates the file while it is loaded).
+
+    Imports no compiler (neither tinygrad nor numpy: numpy is imported by the first call).
+    Raises ``IoError`` (the file cannot be read), ``PlanFileError`` (not a plan, damaged,
+    malformed; ``PlanVersionError`` for an unknown format version), ``UnavailableError`` (no
+    such device, or a kernel needs what it lacks), ``CompileError``, ``OutOfMemoryError``."""
 
 class PlanRun:
     """A replay started by ``Plan.run_async``."""

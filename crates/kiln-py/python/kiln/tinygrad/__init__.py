@@ -16,8 +16,27 @@ module whose `KilnDevice` is `kiln.tinygrad.device.KilnDevice`, and `tinygrad.nn
 tinygrad's own module plus one fix to its `OnnxRunner` (`kiln.tinygrad.onnx_inputs`); no other.
 Nothing is imported until tinygrad asks for the device, and no tinygrad file changes. Where `.pth` files are not processed
 (`python -S`), calling `kiln.tinygrad.install()` before tinygrad opens a device does the same.
+
+Saving. `save_jit(jit, path)` saves a captured TinyJit on a KILN device as a kiln plan file
+(`kiln.tinygrad.saving`), which `kiln.load_plan` runs in any process without tinygrad.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from _kiln_tinygrad import install
 
-__all__ = ["install"]
+
+def save_jit(jit: Any, path: Union[str, Path], *, names: Optional[Union[Sequence[str], Mapping[Union[int, str], str]]] = None,
+             outputs: Optional[Union[Sequence[str], Mapping[Union[int, str], str]]] = None) -> int:
+    """Saves captured TinyJit `jit` to the plan file `path`; returns its size in bytes. See
+    `kiln.tinygrad.saving.save_jit` (imported here on first use: importing `kiln.tinygrad`
+    imports no tinygrad)."""
+    from .saving import save_jit as save
+
+    return save(jit, path, names=names, outputs=outputs)
+
+
+__all__ = ["install", "save_jit"]
