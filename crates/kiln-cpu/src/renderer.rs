@@ -486,6 +486,10 @@ impl Syntax for CpuDialect {
 }
 
 impl Dialect for CpuDialect {
+    fn identity(&self) -> Option<String> {
+        Some(format!("c vector_bytes={}", self.vector_bytes))
+    }
+
     /// Scalar outer-product accumulators (a contraction unrolled over two output axes) become
     /// vector accumulators: see [`kiln_device::kiln_ir::vectorize_outer_products`].
     fn optimize(&self, ast: &std::sync::Arc<kiln_device::kiln_ir::UOp>) -> std::sync::Arc<kiln_device::kiln_ir::UOp> {

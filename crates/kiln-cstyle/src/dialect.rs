@@ -194,6 +194,13 @@ pub trait Dialect: Syntax {
         Ok(())
     }
 
+    /// Everything besides the kernel and kiln's source that decides this dialect's output
+    /// (see `Renderer::identity`); `None`, the default, keys the kernel cache by the rendered
+    /// source.
+    fn identity(&self) -> Option<String> {
+        None
+    }
+
     /// Rewrites a validated kernel before it is linearized: optimizations for this target
     /// that keep the kernel's meaning bit for bit (the CPU's vector tiles). Default: none.
     fn optimize(&self, ast: &Arc<UOp>) -> Arc<UOp> {

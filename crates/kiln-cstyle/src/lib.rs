@@ -161,6 +161,15 @@ impl<D: Dialect + Send + Sync> Renderer for CStyle<D> {
         Ok(spec)
     }
 
+    fn describe(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        self.dialect.refuse(ast, &self.device)?;
+        describe(ast, name, &self.device)
+    }
+
+    fn identity(&self) -> Option<String> {
+        self.dialect.identity()
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.device
     }
@@ -180,17 +189,25 @@ pub fn lower(
     device: &DeviceSpec,
     rewrite: impl FnOnce(&Arc<UOp>) -> Arc<UOp>,
 ) -> Result<(ProgramSpec, Vec<Arc<UOp>>)> {
-    if ast.op() != Op::Sink {
-        return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
-    }
-    validate(ast)?;
-    let name = kernel_name(name, ast);
-    let spec = ProgramSpec::from_sink(&name, String::new(), device.clone(), ast)?;
+    let spec = describe(ast, name, device)?;
     let rewritten = rewrite(ast);
     if !Arc::ptr_eq(&rewritten, ast) {
         validate(&rewritten)?;
     }
     Ok((spec, linearize(&rewritten)?))
+}
+
+/// What every language's renderer knows of `ast` before rendering it: checks that it is a
+/// valid kernel (a SINK: [`ProgramSpec::from_sink`] validates it) and derives its [`ProgramSpec`] without source; the entry point is
+/// `name` made into an identifier, or `k_` plus the start of the content hash.
+///
+/// # Errors
+/// [`Error::Render`] for a root other than SINK; the validator's errors ([`Error::Ir`]).
+pub fn describe(ast: &Arc<UOp>, name: Option<&str>, device: &DeviceSpec) -> Result<ProgramSpec> {
+    if ast.op() != Op::Sink {
+        return Err(Error::Render(format!("a kernel is rooted at SINK, got {}", ast.op())));
+    }
+    ProgramSpec::from_sink(&kernel_name(name, ast), String::new(), device.clone(), ast)
 }
 
 /// The second half: the source of the kernel in `linear` (its linear order, from [`lower`])

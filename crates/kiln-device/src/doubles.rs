@@ -87,6 +87,36 @@ impl Renderer for MockRenderer {
     }
 }
 
+/// [`MockRenderer`] with an identity, counting what it renders and describes.
+pub struct IdentifiedRenderer {
+    pub identity: String,
+    pub renders: AtomicUsize,
+    pub describes: AtomicUsize,
+}
+
+impl IdentifiedRenderer {
+    pub fn new(identity: &str) -> IdentifiedRenderer {
+        IdentifiedRenderer { identity: identity.into(), renders: AtomicUsize::new(0), describes: AtomicUsize::new(0) }
+    }
+}
+
+impl Renderer for IdentifiedRenderer {
+    fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        self.renders.fetch_add(1, Ordering::SeqCst);
+        MockRenderer.render(ast, name)
+    }
+    fn describe(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        self.describes.fetch_add(1, Ordering::SeqCst);
+        ProgramSpec::from_sink(name.unwrap_or("kernel"), String::new(), DeviceSpec::new("CPU", 0), ast)
+    }
+    fn identity(&self) -> Option<String> {
+        Some(self.identity.clone())
+    }
+    fn device(&self) -> &DeviceSpec {
+        MockRenderer.device()
+    }
+}
+
 /// Counts compiles; can be slowed down (to widen races) and made to fail.
 pub struct MockCompiler {
     pub fingerprint: String,

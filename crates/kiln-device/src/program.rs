@@ -408,6 +408,25 @@ pub trait Renderer: Send + Sync {
     /// [`ProgramSpec::from_sink`].
     fn render(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec>;
 
+    /// What `render` would return for `ast`, without its source (`src` empty), when that is
+    /// cheaper than rendering: a disk-cache hit keyed by [`Renderer::identity`] needs only
+    /// the metadata. The default renders.
+    ///
+    /// # Errors
+    /// Those of [`Renderer::render`] for a kernel that does not validate.
+    fn describe(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        self.render(ast, name)
+    }
+
+    /// Everything besides the kernel and kiln's own source that decides what `render` makes
+    /// of a kernel (the target's vector width, the device's features), when the renderer can
+    /// name it all. `Some` lets the disk cache find a kernel's binary by the kernel and this
+    /// identity, without rendering it; `None` (the default) keys every kernel by its rendered
+    /// source, which costs a render per lookup.
+    fn identity(&self) -> Option<String> {
+        None
+    }
+
     /// The device family rendered for.
     fn device(&self) -> &DeviceSpec;
 

@@ -49,7 +49,7 @@
 //! access they cannot settle.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -399,7 +399,7 @@ impl Bounds {
         let mut work = linear::Work::default();
         let mut saved = Vec::new();
         let mut offsets: Vec<Offset> = Vec::new();
-        let mut known: HashMap<(Vec<u32>, Vec<u32>), usize> = HashMap::new();
+        let mut known: HashMap<(Vec<u32>, Vec<u32>), usize> = HashMap::default();
         let mut ranges: Vec<Option<Interval>> = Vec::new();
         // Per offset, once needed: `ranges` narrowed by elimination over linear forms.
         let mut refined: Vec<Option<Option<Interval>>> = Vec::new();
@@ -693,7 +693,7 @@ impl Gate {
         }
         // The offsets' operands, in tape order, that depend on a narrowed node.
         let narrowed: HashSet<u32> = facts.iter().flat_map(|f| f.nodes()).collect();
-        let mut cone: HashSet<u32> = HashSet::new();
+        let mut cone: HashSet<u32> = HashSet::default();
         let mut stack: Vec<u32> = terms.to_vec();
         while let Some(p) = stack.pop() {
             if cone.insert(p) {
@@ -702,7 +702,7 @@ impl Gate {
         }
         let mut cone: Vec<u32> = cone.into_iter().collect();
         cone.sort_unstable();
-        let mut dirty: HashSet<u32> = HashSet::new();
+        let mut dirty: HashSet<u32> = HashSet::default();
         cone.retain(|&p| {
             let d = narrowed.contains(&p) || tape[p as usize].src.iter().any(|s| dirty.contains(s));
             if d {

@@ -13,7 +13,7 @@
 //! bounds by [`crate::bounds`] like any other: each access's own gate now bounds its offset.
 //! Accesses not named are left exactly as they were.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
@@ -63,7 +63,7 @@ pub fn guard(sink: &Arc<UOp>, nodes: &[usize]) -> Result<Guarded, IrError> {
     wanted.dedup();
     let blocks = if wanted.is_empty() { Vec::new() } else { if_blocks(&order, &at) };
     // A slot's length is its first PARAM's (in this order), as every launch checks it.
-    let mut slot_len: HashMap<i64, Arc<UOp>> = HashMap::new();
+    let mut slot_len: HashMap<i64, Arc<UOp>> = HashMap::default();
     for n in order.iter().filter(|n| n.op() == Op::Param) {
         slot_len.entry(n.arg_int().unwrap_or(0)).or_insert_with(|| n.src()[0].clone());
     }

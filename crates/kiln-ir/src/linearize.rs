@@ -15,7 +15,9 @@
 //! and a BARRIER is in no IF block and in no loop whose trip count may differ between the
 //! work items of a group; anything else is an [`IrError::Structure`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
@@ -40,7 +42,7 @@ pub const MAX_CHAIN_DEPTH: usize = 4096;
 /// time linear in the graph and without recursion. A PARAM's size expression is left out:
 /// kiln evaluates it on the host (without recursion), no backend compiles it.
 pub fn chain_depth(sink: &Arc<UOp>) -> usize {
-    let mut depth: HashMap<*const UOp, usize> = HashMap::new();
+    let mut depth: HashMap<*const UOp, usize> = HashMap::default();
     for node in sink.toposort() {
         let srcs = if node.op() == Op::Param { &[][..] } else { node.src() };
         let d = 1 + srcs.iter().map(|s| depth.get(&Arc::as_ptr(s)).copied().unwrap_or(0)).max().unwrap_or(0);
@@ -218,8 +220,8 @@ pub fn linearize(sink: &Arc<UOp>) -> Result<Vec<Arc<UOp>>, IrError> {
 
     // Group nodes into blocks keyed by chain; a RANGE heads the block of its own chain, an END
     // belongs to the block of the range it closes (emitted right after that loop's body).
-    let mut ends_of: HashMap<usize, Vec<usize>> = HashMap::new();
-    let mut members: HashMap<Chain, Vec<usize>> = HashMap::new();
+    let mut ends_of: HashMap<usize, Vec<usize>> = HashMap::default();
+    let mut members: HashMap<Chain, Vec<usize>> = HashMap::default();
     for (i, node) in topo.iter().enumerate() {
         match node.op() {
             Op::Range | Op::If => {}

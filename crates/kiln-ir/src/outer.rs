@@ -15,7 +15,7 @@
 //! merged when they are plain (ungated) loads through the same pointer node, so memory
 //! ordering (`AFTER`) is unchanged. Anything else is left as it was.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::{Arg, DType, Op, Scalar, UOp};
@@ -65,7 +65,7 @@ pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp
 /// which would be a bug here: the graph is then left as it is rather than panicking).
 fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
     let topo = root.toposort();
-    let mut users: HashMap<*const UOp, usize> = HashMap::new();
+    let mut users: HashMap<*const UOp, usize> = HashMap::default();
     for n in &topo {
         for s in n.src() {
             *users.entry(Arc::as_ptr(s)).or_default() += 1;
@@ -79,14 +79,14 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
 
     // The operand shared by more accumulators is the broadcast one (a row of A), the other the
     // lane (a column of B).
-    let mut sharers: HashMap<*const UOp, usize> = HashMap::new();
+    let mut sharers: HashMap<*const UOp, usize> = HashMap::default();
     for c in &chains {
         for o in &c.operands {
             *sharers.entry(Arc::as_ptr(o)).or_default() += 1;
         }
     }
     type Key = (Vec<*const UOp>, *const UOp, *const UOp, *const UOp, *const UOp);
-    let mut groups: HashMap<Key, Vec<Member>> = HashMap::new();
+    let mut groups: HashMap<Key, Vec<Member>> = HashMap::default();
     let mut order: Vec<Key> = Vec::new();
     for (ci, c) in chains.iter().enumerate() {
         let [x, y] = &c.operands;
@@ -144,8 +144,8 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
     // Rebuild bottom-up, in an order where every member of a plan comes after the inputs of all
     // its members (the first member met builds the whole vector); a plan whose inputs depend on
     // one of its own members would be a cycle, and then nothing changes.
-    let mut member_of: HashMap<*const UOp, (usize, usize)> = HashMap::new();
-    let mut inputs: HashMap<*const UOp, Vec<Arc<UOp>>> = HashMap::new();
+    let mut member_of: HashMap<*const UOp, (usize, usize)> = HashMap::default();
+    let mut inputs: HashMap<*const UOp, Vec<Arc<UOp>>> = HashMap::default();
     for (pi, plan) in plans.iter().enumerate() {
         let all: Vec<Arc<UOp>> = plan.iter().map(|m| m.lane.value.clone()).collect();
         for (lane, m) in plan.iter().enumerate() {
@@ -155,7 +155,7 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
     }
     let order = order_with(root, &inputs)?;
     let mut built: Vec<Option<Arc<UOp>>> = vec![None; plans.len()];
-    let mut memo: HashMap<*const UOp, Arc<UOp>> = HashMap::new();
+    let mut memo: HashMap<*const UOp, Arc<UOp>> = HashMap::default();
     for node in &order {
         let new = if let Some(&(pi, lane)) = member_of.get(&Arc::as_ptr(node)) {
             let vend = match &built[pi] {
@@ -184,7 +184,7 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
 /// predecessors; None if those make a cycle.
 fn order_with(root: &Arc<UOp>, extra: &HashMap<*const UOp, Vec<Arc<UOp>>>) -> Option<Vec<Arc<UOp>>> {
     let mut out = Vec::new();
-    let mut state: HashMap<*const UOp, bool> = HashMap::new(); // false: on the stack, true: done
+    let mut state: HashMap<*const UOp, bool> = HashMap::default(); // false: on the stack, true: done
     let mut stack: Vec<(Arc<UOp>, bool)> = vec![(root.clone(), false)];
     while let Some((node, expanded)) = stack.pop() {
         let key = Arc::as_ptr(&node);

@@ -1,7 +1,7 @@
 //! A small rewrite engine: rules map a node to a replacement, applied bottom-up until no
 //! rule fires. Backends use it as a decompositor (ops they lack, in ops they have).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::uop::UOp;
@@ -31,7 +31,7 @@ impl RewriteRules {
     /// Rewrites the graph under `root` to a fixpoint. A replacement is itself rewritten, so
     /// rules must make progress (each replacement must eventually match no rule).
     pub fn rewrite(&self, root: &Arc<UOp>) -> Arc<UOp> {
-        let mut memo: HashMap<*const UOp, Arc<UOp>> = HashMap::new();
+        let mut memo: HashMap<*const UOp, Arc<UOp>> = HashMap::default();
         let mut out = root.clone();
         for _ in 0..64 {
             let next = self.pass(&out, &mut memo);

@@ -3,7 +3,7 @@
 //! Every step is checked: a missing variable, a value outside its declared `[min, max]`,
 //! an overflow or a division by zero is an [`IrError`], never a panic or a wrapped value.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
@@ -63,7 +63,7 @@ fn eval_shallow(
 /// failure is kept as its value, so an error in a WHERE branch that is not taken is ignored,
 /// as in the depth-first evaluation.
 fn eval_deep(expr: &Arc<UOp>, lookup: &dyn Fn(&str) -> Option<i64>) -> Result<i64, IrError> {
-    let mut values: HashMap<*const UOp, Result<i64, IrError>> = HashMap::new();
+    let mut values: HashMap<*const UOp, Result<i64, IrError>> = HashMap::default();
     for node in expr.toposort() {
         let missing = || Err(IrError::Eval("an operand was not evaluated".into()));
         let v = step(&node, lookup, &mut |src| values.get(&Arc::as_ptr(src)).cloned().unwrap_or_else(missing));

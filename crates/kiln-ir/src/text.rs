@@ -134,7 +134,7 @@
 //! input. `parse` only checks the text; whether the dtypes and operands make a valid
 //! kernel is [`parse_kernel`]'s (or the caller's [`crate::validate`]) job.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
@@ -244,6 +244,22 @@ pub fn parse(text: &str) -> Result<Arc<UOp>, IrError> {
 /// and for a node that fails [`crate::validate`]; [`IrError::Structure`] for loops that
 /// [`crate::linearize`] cannot lay out.
 pub fn parse_kernel(text: &str) -> Result<Arc<UOp>, IrError> {
+    parse_kernel_with(text, true)
+}
+
+/// As [`parse_kernel`], without [`crate::linearize`]'s loop-structure checks, which rendering
+/// makes again: for a kernel headed straight for a renderer or the kernel cache (a saved
+/// plan's), where laying it out twice would double the cost of a cache hit. A kernel whose
+/// loops cannot be laid out is then refused by the renderer ([`IrError::Structure`], with
+/// `%N` node numbers).
+///
+/// # Errors
+/// As [`parse_kernel`], less its [`IrError::Structure`] errors.
+pub fn parse_kernel_unordered(text: &str) -> Result<Arc<UOp>, IrError> {
+    parse_kernel_with(text, false)
+}
+
+fn parse_kernel_with(text: &str, linearized: bool) -> Result<Arc<UOp>, IrError> {
     let parsed = parse_defs(text)?;
     let root = parsed.root.clone();
     if root.op() != Op::Sink {
@@ -283,7 +299,9 @@ pub fn parse_kernel(text: &str) -> Result<Arc<UOp>, IrError> {
         other => other,
     };
     validate(&root).map_err(relocate)?;
-    linearize(&root).map_err(relocate)?;
+    if linearized {
+        linearize(&root).map_err(relocate)?;
+    }
     Ok(root)
 }
 
@@ -564,7 +582,7 @@ fn parse_defs(text: &str) -> Result<Parsed, IrError> {
     let lines: Vec<Line<'_>> = text.lines().enumerate().map(|(i, t)| Line { text: t, number: i + 1 }).collect();
     let mut defs: Vec<Def> = Vec::new();
     let mut nodes: Vec<Arc<UOp>> = Vec::new();
-    let mut names: HashMap<String, usize> = HashMap::new();
+    let mut names: HashMap<String, usize> = HashMap::default();
     let mut used: Vec<bool> = Vec::new();
     for (k, &line) in lines.iter().enumerate() {
         let (toks, stop) = lex(line)?;
@@ -612,7 +630,7 @@ fn parse_defs(text: &str) -> Result<Parsed, IrError> {
             ),
         });
     }
-    let mut by_node = HashMap::new();
+    let mut by_node = HashMap::default();
     for (d, n) in nodes.iter().enumerate() {
         by_node.entry(Arc::as_ptr(n)).or_insert(d);
     }

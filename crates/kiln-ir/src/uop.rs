@@ -6,7 +6,7 @@
 //! SHA-256 over a fixed byte encoding of op, dtype, arg and the children's hashes; it does
 //! not depend on the process, pointer values or the Rust version, so it keys the disk cache.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -612,7 +612,7 @@ struct Interner {
 
 fn interner() -> &'static Mutex<Interner> {
     static TABLE: OnceLock<Mutex<Interner>> = OnceLock::new();
-    TABLE.get_or_init(|| Mutex::new(Interner { live: HashMap::new(), sweep_at: 1024 }))
+    TABLE.get_or_init(|| Mutex::new(Interner { live: HashMap::default(), sweep_at: 1024 }))
 }
 
 impl UOp {
@@ -703,7 +703,7 @@ impl UOp {
     /// Iterative, so deep graphs cannot overflow the stack.
     pub fn toposort(self: &Arc<Self>) -> Vec<Arc<UOp>> {
         let mut out = Vec::new();
-        let mut seen: HashSet<*const UOp> = HashSet::new();
+        let mut seen: HashSet<*const UOp> = HashSet::default();
         let mut stack: Vec<(Arc<UOp>, bool)> = vec![(self.clone(), false)];
         while let Some((node, expanded)) = stack.pop() {
             if expanded {

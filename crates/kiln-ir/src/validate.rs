@@ -3,7 +3,7 @@
 //! Constructors never fail; [`validate`] is the one place that decides whether a graph is a
 //! kernel. Renderers call it first, so a malformed graph is a typed error, never bad code.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::IrError;
@@ -25,7 +25,7 @@ pub const MAX_LOCAL_BYTES: usize = 32 * 1024;
 /// declared with two element types.
 pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
     let order = root.toposort();
-    let mut var_bounds: HashMap<&str, (i64, i64)> = HashMap::new();
+    let mut var_bounds: HashMap<&str, (i64, i64)> = HashMap::default();
     for (i, node) in order.iter().enumerate() {
         check_node(node).map_err(|message| IrError::Type { node: i, op: node.op().name(), message })?;
         if let Arg::Var { name, min, max } = node.arg()
@@ -38,8 +38,8 @@ pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
             });
         }
     }
-    let mut slots: HashMap<i64, DType> = HashMap::new();
-    let mut locals: HashMap<i64, &Arc<UOp>> = HashMap::new();
+    let mut slots: HashMap<i64, DType> = HashMap::default();
+    let mut locals: HashMap<i64, &Arc<UOp>> = HashMap::default();
     let mut local_bytes = 0usize;
     for (i, node) in order.iter().enumerate() {
         if node.op() == Op::DefineLocal {

@@ -223,6 +223,20 @@ impl Code {
             return lanes.first().cloned().unwrap_or_else(|| "poison".into());
         }
         let t = ty.name();
+        // A vector of constants is a constant, and one value in every lane a splat: two
+        // instructions where lane by lane takes one per lane, which LLVM's SLP vectorizer would
+        // then search (a broadcast operand of every register tile's FMA is one).
+        if lanes.len() == usize::from(ty.w) && lanes.iter().all(|l| is_constant(l)) {
+            let elems: Vec<String> = lanes.iter().map(|l| format!("{} {l}", ty.elem)).collect();
+            return format!("<{}>", elems.join(", "));
+        }
+        if let Some(first) = lanes.first()
+            && lanes.len() == usize::from(ty.w)
+            && lanes.iter().all(|l| l == first)
+        {
+            let one = self.ins(format!("insertelement {t} poison, {} {first}, i32 0", ty.elem));
+            return self.ins(format!("shufflevector {t} {one}, {t} poison, <{} x i32> zeroinitializer", ty.w));
+        }
         let mut v = "poison".to_string();
         for (i, lane) in lanes.iter().enumerate() {
             v = self.ins(format!("insertelement {t} {v}, {} {lane}, i32 {i}", ty.elem));
@@ -265,6 +279,12 @@ impl Code {
     }
 }
 
+/// Whether `v`, an operand as the emitter writes it, is a constant (a number, `true`,
+/// `false` or `poison`) rather than a register (`%...`).
+fn is_constant(v: &str) -> bool {
+    v.starts_with(|c: char| c.is_ascii_digit() || c == '-') || matches!(v, "true" | "false" | "poison")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +300,20 @@ mod tests {
         assert_eq!(int_lit(255, Scalar::U8), "-1");
         assert_eq!(Ty::new("float", 4).splat("1.0"), "<float 1.0, float 1.0, float 1.0, float 1.0>");
         assert_eq!(Ty::new("double", 3).padded_bytes(), 32);
+    }
+
+    #[test]
+    fn a_vector_of_one_value_is_a_splat_and_of_constants_a_constant() {
+        let mut c = Code::new();
+        let t = Ty::new("float", 4);
+        assert_eq!(c.build(t, &["0x0".into(), "-1".into(), "0x0".into(), "0x0".into()]), "<float 0x0, float -1, float 0x0, float 0x0>");
+        let x = "%x".to_string();
+        let splat = c.build(t, &[x.clone(), x.clone(), x.clone(), x.clone()]);
+        let mixed = c.build(t, &[x.clone(), "%y".into(), x.clone(), x]);
+        let text = c.lines.join("\n");
+        assert!(text.contains("insertelement <4 x float> poison, float %x, i32 0"), "{text}");
+        assert!(text.contains(&format!("{splat} = shufflevector <4 x float>")), "{text}");
+        assert_eq!(text.matches("insertelement").count(), 1 + 4, "{text}");
+        assert!(mixed.starts_with('%'));
     }
 }

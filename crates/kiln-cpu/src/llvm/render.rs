@@ -137,6 +137,14 @@ impl Renderer for LlvmRenderer {
         Ok(spec)
     }
 
+    fn describe(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        kiln_cstyle::describe(ast, name, &self.device)
+    }
+
+    fn identity(&self) -> Option<String> {
+        Some(format!("llvm vector_bytes={} fma={}", self.vector_bytes, self.fma))
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.device
     }

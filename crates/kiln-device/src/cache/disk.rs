@@ -18,9 +18,10 @@ use crate::program::{CompiledSpec, ProgramSpec};
 
 /// Entry file layout, all integers little-endian:
 /// `MAGIC (8) | FORMAT_VERSION u32 | key (32) | payload length u64 | SHA-256 of payload (32) | payload`,
-/// payload = `kind u8 (0 bytes, 1 source) | spec name (u32 len + UTF-8) | compiled name (same) | data`.
+/// payload = `spec name | compiled name | source` (each a u32 length + UTF-8) `| bytes` (the
+/// rest; empty for JIT backends, which load the source).
 pub(super) const MAGIC: [u8; 8] = *b"KILNKRNL";
-pub(super) const FORMAT_VERSION: u32 = 1;
+pub(super) const FORMAT_VERSION: u32 = 2;
 pub(super) const HEADER_LEN: usize = 8 + 4 + 32 + 8 + 32;
 /// Entries are `<64 lowercase hex digits>.<ENTRY_EXT>`: a name no user file plausibly has.
 pub(super) const ENTRY_EXT: &str = "kiln-bin";
@@ -39,26 +40,30 @@ pub(super) const RESCAN_EVERY: u32 = 64;
 pub(super) struct Entry {
     pub(super) spec_name: String,
     pub(super) compiled_name: String,
-    /// `true`: `data` is source (JIT backend), else compiled bytes.
-    pub(super) is_source: bool,
-    pub(super) data: Vec<u8>,
+    /// The rendered source: a hit keyed by the renderer's identity has not rendered it.
+    pub(super) src: String,
+    /// The compiled bytes; empty for JIT backends.
+    pub(super) bytes: Vec<u8>,
 }
 
 impl Entry {
     pub(super) fn from_compiled(c: &CompiledSpec) -> Entry {
-        let (is_source, data) =
-            if !c.bytes.is_empty() { (false, c.bytes.clone()) } else { (true, c.spec.src.as_bytes().to_vec()) };
-        Entry { spec_name: c.spec.name.clone(), compiled_name: c.name.clone(), is_source, data }
+        Entry {
+            spec_name: c.spec.name.clone(),
+            compiled_name: c.name.clone(),
+            src: c.spec.src.clone(),
+            bytes: c.bytes.clone(),
+        }
     }
 
     pub(super) fn encode(&self, key: &[u8; 32]) -> Vec<u8> {
-        let mut payload = Vec::with_capacity(9 + self.spec_name.len() + self.compiled_name.len() + self.data.len());
-        payload.push(u8::from(self.is_source));
-        for s in [&self.spec_name, &self.compiled_name] {
+        let strings = [&self.spec_name, &self.compiled_name, &self.src];
+        let mut payload = Vec::with_capacity(12 + strings.iter().map(|s| s.len()).sum::<usize>() + self.bytes.len());
+        for s in strings {
             payload.extend_from_slice(&(s.len() as u32).to_le_bytes());
             payload.extend_from_slice(s.as_bytes());
         }
-        payload.extend_from_slice(&self.data);
+        payload.extend_from_slice(&self.bytes);
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -90,47 +95,33 @@ impl Entry {
         if header[52..84] != Sha256::digest(payload)[..] {
             return Err("checksum mismatch");
         }
-        let (&kind, mut rest) = payload.split_first().ok_or("empty payload")?;
-        let mut take_str = || -> std::result::Result<String, &'static str> {
-            let (len, tail) = rest.split_first_chunk::<4>().ok_or("truncated name")?;
+        let mut rest = payload;
+        let mut take_str = |what: &'static str| -> std::result::Result<String, &'static str> {
+            let (len, tail) = rest.split_first_chunk::<4>().ok_or(what)?;
             let len = u32::from_le_bytes(*len) as usize;
             if tail.len() < len {
-                return Err("truncated name");
+                return Err(what);
             }
             let (s, tail) = tail.split_at(len);
             rest = tail;
-            String::from_utf8(s.to_vec()).map_err(|_| "name is not UTF-8")
+            String::from_utf8(s.to_vec()).map_err(|_| "a name or the source is not UTF-8")
         };
-        let spec_name = take_str()?;
-        let compiled_name = take_str()?;
-        let is_source = match kind {
-            0 => false,
-            1 => true,
-            _ => return Err("unknown payload kind"),
-        };
-        if is_source && std::str::from_utf8(rest).is_err() {
-            return Err("source is not UTF-8");
-        }
-        Ok(Entry { spec_name, compiled_name, is_source, data: rest.to_vec() })
+        let spec_name = take_str("truncated name")?;
+        let compiled_name = take_str("truncated name")?;
+        let src = take_str("truncated source")?;
+        Ok(Entry { spec_name, compiled_name, src, bytes: rest.to_vec() })
     }
 
-    /// Rebuilds the spec from the graph and loads the stored code with the toolchain's runtime.
-    /// Loads the entry for `spec`, the freshly rendered kernel whose source is in the key.
-    pub(super) fn instantiate(self, spec: &ProgramSpec, tc: &Toolchain) -> Result<Kernel> {
-        let (src, bytes) = if self.is_source {
-            (String::from_utf8(self.data).map_err(|_| Error::Cache("stored source is not UTF-8".into()))?, Vec::new())
-        } else {
-            (spec.src.clone(), self.data)
-        };
-        let mut spec = spec.clone();
+    /// Loads the stored code for `spec`, the kernel's metadata (rendered, or described without
+    /// its source when the key is the renderer's identity), with the toolchain's loader.
+    pub(super) fn instantiate(self, mut spec: ProgramSpec, tc: &Toolchain) -> Result<Kernel> {
         spec.name = self.spec_name;
-        spec.src = src;
+        spec.src = self.src;
         let spec = Arc::new(spec);
-        let compiled = CompiledSpec { name: self.compiled_name, bytes, spec: spec.clone() };
+        let compiled = CompiledSpec { name: self.compiled_name, bytes: self.bytes, spec: spec.clone() };
         tc.loader.load(spec, &compiled)
     }
 }
-
 pub(super) enum Lookup {
     Hit(Entry),
     Miss,

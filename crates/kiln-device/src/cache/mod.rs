@@ -11,15 +11,18 @@
 //! devices whose programs are interchangeable.
 //!
 //! **Disk.** One file per compiled kernel, `<64 hex digits>.kiln-bin`, named by a SHA-256 over
-//! the kernel's content hash, its requested name, the device family, the rendered source, the
-//! compiler's `cache_key()` and `fingerprint()` (version or identity of the compiler binary,
-//! flags, target): a renderer change that changes the source, or a toolchain change, changes
-//! the name, so a stale binary is never found. The cache reads, counts, evicts and clears only files named exactly so (and
+//! the kernel's content hash, its requested name, the device family, the compiler's
+//! `cache_key()` and `fingerprint()` (version or identity of the compiler binary, flags,
+//! target), and what decides the renderer's output: for a renderer that names its
+//! [`Renderer::identity`](crate::program::Renderer::identity) (the CPU's pairs), that identity
+//! and a hash of kiln's own rendering source taken at build time, so a lookup renders nothing;
+//! for any other, the rendered source itself. Either way a renderer change or a toolchain change
+//! changes the name, so a stale binary is never found. The cache reads, counts, evicts and clears only files named exactly so (and
 //! its own `.kiln-bin-*.tmp` files): anything else in the folder, such as a user's `.kiln`
-//! kernel sources, is never touched. An entry stores the compiled `bytes` (or the
-//! source, for JIT backends whose bytes are empty) and the entry-point names; on a hit the
-//! [`ProgramSpec`] is rebuilt from the graph with [`ProgramSpec::from_sink`] (no rendering)
-//! and the toolchain's loader loads the bytes.
+//! kernel sources, is never touched. An entry stores the compiled `bytes` (none for JIT
+//! backends), the source and the entry-point names; on a hit the [`ProgramSpec`] is derived
+//! from the graph without rendering (`Renderer::describe`, or the render the key needed) and
+//! the toolchain's loader loads the bytes.
 //!
 //! The cache holds native code that this process will execute, so it trusts nothing it did
 //! not verify: the directory must belong to the current user and not be writable by group or
@@ -288,24 +291,41 @@ impl KernelCache {
     ) -> Result<Kernel> {
         // Too deep a kernel is refused before any backend compiler sees it.
         kiln_ir::check_chain_depth(sink)?;
-        // Rendering is cheap next to compiling (~0.1 ms) and its output is part of the key.
-        let spec = tc.renderer.render(sink, name)?;
         let disk = self.disk();
-        let key = disk.map(|_| tc.disk_key(sink, name, device.base_type(), &spec.src));
+        let family = device.base_type();
+        // A renderer that names its identity keys the disk by it, so a hit renders nothing;
+        // any other is keyed by its output (rendering is cheap next to compiling).
+        let mut rendered = None;
+        let key = match (disk, tc.renderer.identity()) {
+            (None, _) => None,
+            (Some(_), Some(identity)) => Some(tc.kernel_key(sink, name, family, &identity)),
+            (Some(_), None) => {
+                let spec = tc.renderer.render(sink, name)?;
+                let key = tc.disk_key(sink, name, family, &spec.src);
+                rendered = Some(spec);
+                Some(key)
+            }
+        };
         if let (Some(d), Some(key)) = (disk, &key) {
             match d.load(key) {
-                Ok(Lookup::Hit(entry)) => match entry.instantiate(&spec, tc) {
-                    Ok(k) => {
-                        self.disk_hits.fetch_add(1, Ordering::Relaxed);
-                        return Ok(k);
+                Ok(Lookup::Hit(entry)) => {
+                    let spec = match &rendered {
+                        Some(spec) => spec.clone(),
+                        None => tc.renderer.describe(sink, name)?,
+                    };
+                    match entry.instantiate(spec, tc) {
+                        Ok(k) => {
+                            self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                            return Ok(k);
+                        }
+                        Err(_) => {
+                            // Checked bytes that do not load (e.g. a library this machine lacks):
+                            // replace them with a fresh compile.
+                            self.rejected.fetch_add(1, Ordering::Relaxed);
+                            d.remove(key);
+                        }
                     }
-                    Err(_) => {
-                        // Checked bytes that do not load (e.g. a library this machine lacks):
-                        // replace them with a fresh compile.
-                        self.rejected.fetch_add(1, Ordering::Relaxed);
-                        d.remove(key);
-                    }
-                },
+                }
                 Ok(Lookup::Rejected) => {
                     self.rejected.fetch_add(1, Ordering::Relaxed);
                 }
@@ -313,6 +333,10 @@ impl KernelCache {
                 Err(e) => self.warn(&e),
             }
         }
+        let spec = match rendered {
+            Some(spec) => spec,
+            None => tc.renderer.render(sink, name)?,
+        };
         self.misses.fetch_add(1, Ordering::Relaxed);
         let compiled = tc.compiler.compile(&spec)?;
         let kernel = tc.loader.load(compiled.spec.clone(), &compiled)?;

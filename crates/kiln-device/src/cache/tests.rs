@@ -1,6 +1,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
@@ -65,6 +66,38 @@ fn memory_then_disk_then_compile() {
     b.clear().unwrap();
     assert_eq!(entries(&dir.0).len(), 0);
     assert_eq!(b.stats().memory_entries, 0);
+}
+
+#[test]
+fn a_renderer_with_an_identity_is_not_asked_to_render_a_disk_hit() {
+    let dir = TempDir::new("identity");
+    let compiler = Arc::new(MockCompiler::new("fp1"));
+    let loaded = Arc::new(Mutex::new(Vec::new()));
+    let toolchain_of = |renderer: &Arc<IdentifiedRenderer>| {
+        Toolchain::new(renderer.clone(), compiler.clone(), runtime(loaded.clone()).into())
+    };
+    let cpu = DeviceSpec::new("CPU", 0);
+    let sink = kernel(3.0);
+    let first = Arc::new(IdentifiedRenderer::new("wide"));
+    let k1 = disk_cache(&dir).get_or_compile(&sink, Some("scale"), &cpu, &toolchain_of(&first)).unwrap();
+    assert_eq!((first.renders.load(Ordering::SeqCst), first.describes.load(Ordering::SeqCst)), (1, 0));
+
+    // A new process: the binary and the source come from disk, the metadata from `describe`.
+    let second = Arc::new(IdentifiedRenderer::new("wide"));
+    let cache = disk_cache(&dir);
+    let k2 = cache.get_or_compile(&sink, Some("scale"), &cpu, &toolchain_of(&second)).unwrap();
+    assert_eq!((second.renders.load(Ordering::SeqCst), second.describes.load(Ordering::SeqCst)), (0, 1));
+    assert_eq!((cache.stats().disk_hits, compiler.compiles.load(Ordering::SeqCst)), (1, 1));
+    assert_eq!(k2.spec.src, k1.spec.src, "the stored source, not the described empty one");
+    assert_eq!((k2.spec.name.as_str(), k2.spec.ins.clone(), k2.spec.outs.clone()), ("scale", vec![0], vec![1]));
+    let bytes = loaded.lock().unwrap().clone();
+    assert_eq!(bytes[0], bytes[1], "the disk hit loaded the compiled bytes");
+
+    // Another identity (a narrower target) is another binary.
+    let narrow = Arc::new(IdentifiedRenderer::new("narrow"));
+    disk_cache(&dir).get_or_compile(&sink, Some("scale"), &cpu, &toolchain_of(&narrow)).unwrap();
+    assert_eq!((narrow.renders.load(Ordering::SeqCst), compiler.compiles.load(Ordering::SeqCst)), (1, 2));
+    assert_eq!(entries(&dir.0).len(), 2);
 }
 
 #[test]
@@ -455,7 +488,7 @@ fn config_from_environment() {
 #[test]
 fn entry_codec_round_trips_and_rejects_garbage() {
     let key = [7u8; 32];
-    let e = Entry { spec_name: "k".into(), compiled_name: "k_sym".into(), is_source: false, data: vec![1, 2, 3] };
+    let e = Entry { spec_name: "k".into(), compiled_name: "k_sym".into(), src: "src".into(), bytes: vec![1, 2, 3] };
     let bytes = e.encode(&key);
     assert_eq!(Entry::decode(&bytes, &key).unwrap(), e);
     assert_eq!(Entry::decode(&bytes, &[8u8; 32]), Err("key mismatch"));

@@ -31,6 +31,9 @@ impl std::fmt::Debug for Toolchain {
     }
 }
 
+/// A hash of the source of kiln's rendering crates, taken by `build.rs`.
+const SOURCE_ID: &str = env!("KILN_SOURCE_ID");
+
 fn put_str(h: &mut Sha256, s: &str) {
     h.update((s.len() as u64).to_le_bytes());
     h.update(s.as_bytes());
@@ -68,12 +71,23 @@ impl Toolchain {
         Toolchain { renderer, compiler, loader, fingerprint, id: h.finalize().into() }
     }
 
+    /// The disk key of `sink` compiled under `name` for the device family `family` by a
+    /// renderer whose [`Renderer::identity`] is `identity`: without its source, which kiln's
+    /// own source (`KILN_SOURCE_ID`, taken by the build) and the identity decide.
+    pub fn kernel_key(&self, sink: &UOp, name: Option<&str>, family: &str, identity: &str) -> [u8; 32] {
+        self.key(b"kiln-kernel-by-identity\0", sink, name, family, &[SOURCE_ID, identity])
+    }
+
     /// The disk key of `sink` compiled under `name` for the device family `family`.
     /// The disk key also covers the rendered source, so a renderer change can never load a
     /// binary built from older output (no version constant to forget to bump).
     pub fn disk_key(&self, sink: &UOp, name: Option<&str>, family: &str, src: &str) -> [u8; 32] {
+        self.key(b"kiln-kernel-cache\0", sink, name, family, &[src])
+    }
+
+    fn key(&self, domain: &[u8], sink: &UOp, name: Option<&str>, family: &str, rest: &[&str]) -> [u8; 32] {
         let mut h = Sha256::new();
-        h.update(b"kiln-kernel-cache\0");
+        h.update(domain);
         h.update(FORMAT_VERSION.to_le_bytes());
         h.update(sink.content_hash().0);
         match name {
@@ -86,7 +100,9 @@ impl Toolchain {
         put_str(&mut h, family);
         put_str(&mut h, self.compiler.cache_key());
         put_str(&mut h, &self.fingerprint);
-        put_str(&mut h, src);
+        for part in rest {
+            put_str(&mut h, part);
+        }
         h.finalize().into()
     }
 }

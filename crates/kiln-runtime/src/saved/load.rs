@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kiln_device::kiln_ir::{self, MAX_KERNEL_FILE_BYTES, Scalar, UOp};
+use kiln_device::kiln_ir::{self, MAX_KERNEL_FILE_BYTES, Scalar};
 use kiln_device::{Buffer, Device, Error, Kernel, MAX_BUFFER_BYTES, MAX_KERNEL_NAME};
 use safetensors::SafeTensors;
 
@@ -171,11 +171,12 @@ fn malformed<T>(message: impl Into<String>) -> Result<T> {
 fn load(source: Source<'_>, device: &Device, options: &LoadOptions<'_>) -> Result<LoadedPlan> {
     let manifest = read_manifest(&source)?;
     let checked = check_manifest(&manifest, source.len())?;
-    let sinks = read_kernels(&source, &manifest)?;
+    let section = source.read(manifest.kernel_section.offset, manifest.kernel_section.bytes, "kernel section")?;
+    let texts = kernel_texts(&section, &manifest)?;
     let (constants, tensors) = read_constants(&source, &manifest, device, options)?;
 
     // Compile first: a device that lacks a feature is reported before any memory is taken.
-    let kernels = compile_all(device, &manifest, &sinks, options)?;
+    let kernels = compile_all(device, &manifest, &texts, options)?;
     let variables = plan_variables(&manifest, &kernels)?;
 
     // The buffers: constants in place where mapped and aligned, the rest on the device.
@@ -446,9 +447,9 @@ fn overflow(part: &str) -> PlanFileError {
     PlanFileError::Malformed(format!("the {part}'s end overflows"))
 }
 
-/// Every kernel's text, checked against its checksum, parsed and validated.
-fn read_kernels(source: &Source<'_>, m: &Manifest) -> Result<Vec<Arc<UOp>>> {
-    let section = source.read(m.kernel_section.offset, m.kernel_section.bytes, "kernel section")?;
+/// Each kernel's text in the kernel section, checked against its checksum (parsed later, by
+/// the threads that compile them).
+fn kernel_texts<'a>(section: &'a [u8], m: &Manifest) -> Result<Vec<&'a str>> {
     m.kernels
         .iter()
         .map(|k| {
@@ -464,11 +465,10 @@ fn read_kernels(source: &Source<'_>, m: &Manifest) -> Result<Vec<Arc<UOp>>> {
                     computed,
                 });
             }
-            let text = std::str::from_utf8(bytes).map_err(|e| PlanFileError::Kernel {
+            std::str::from_utf8(bytes).map_err(|e| PlanFileError::Kernel {
                 kernel: k.name.clone(),
                 source: Error::Invalid(format!("its text is not UTF-8: {e}")),
-            })?;
-            kiln_ir::parse_kernel(text).map_err(|e| PlanFileError::Kernel { kernel: k.name.clone(), source: e.into() })
+            })
         })
         .collect()
 }
@@ -541,14 +541,22 @@ fn tensor_ranges(block: &[u8], m: &Manifest) -> Result<HashMap<String, Range<usi
 }
 
 /// Compiles every kernel for `device` on all cores (the kernel cache first), reporting progress.
-fn compile_all(device: &Device, m: &Manifest, sinks: &[Arc<UOp>], options: &LoadOptions<'_>) -> Result<Vec<Kernel>> {
-    let total = sinks.len();
+fn compile_all(device: &Device, m: &Manifest, texts: &[&str], options: &LoadOptions<'_>) -> Result<Vec<Kernel>> {
+    let total = texts.len();
+    // Longest first (a kernel's text length stands for its compile time), so that with an
+    // empty cache no core is left compiling a big kernel alone at the end.
+    let mut order: Vec<usize> = (0..total).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(texts[i].len()));
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let work = || {
         let mut mine = Vec::new();
-        while let Some(i) = Some(next.fetch_add(1, Ordering::Relaxed)).filter(|&i| i < total) {
-            mine.push((i, device.compile(&sinks[i], Some(&m.kernels[i].name))));
+        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let name = &m.kernels[i].name;
+            let kernel = kiln_ir::parse_kernel_unordered(texts[i])
+                .map_err(|e| PlanFileError::Kernel { kernel: name.clone(), source: e.into() })
+                .and_then(|sink| device.compile(&sink, Some(name)).map_err(|e| compile_error(device, name, e)));
+            mine.push((i, kernel));
             let compiled = done.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(report) = options.progress {
                 report(LoadProgress { compiled, total });
@@ -569,25 +577,33 @@ fn compile_all(device: &Device, m: &Manifest, sinks: &[Arc<UOp>], options: &Load
         }
         all
     });
-    let mut kernels: Vec<Option<kiln_device::Result<Kernel>>> = (0..total).map(|_| None).collect();
+    let mut kernels: Vec<Option<Result<Kernel>>> = (0..total).map(|_| None).collect();
     for (i, r) in results {
         kernels[i] = Some(r);
     }
     kernels
         .into_iter()
         .zip(&m.kernels)
-        .map(|(r, k)| match r {
-            Some(Ok(kernel)) => Ok(kernel),
-            Some(Err(Error::Render(feature))) => {
-                Err(PlanFileError::Unsupported { kernel: k.name.clone(), device: device.spec().to_string(), feature })
-            }
-            Some(Err(e)) => Err(PlanFileError::Kernel { kernel: k.name.clone(), source: e }),
-            None => Err(PlanFileError::Kernel {
-                kernel: k.name.clone(),
-                source: Error::Invalid("its compile did not finish (a compiling thread panicked)".into()),
-            }),
+        .map(|(r, k)| {
+            r.unwrap_or_else(|| {
+                Err(PlanFileError::Kernel {
+                    kernel: k.name.clone(),
+                    source: Error::Invalid("its compile did not finish (a compiling thread panicked)".into()),
+                })
+            })
         })
         .collect()
+}
+
+/// A kernel's compile error as the file's fault: a feature the device lacks, or a kernel kiln
+/// cannot compile.
+fn compile_error(device: &Device, kernel: &str, e: Error) -> PlanFileError {
+    match e {
+        Error::Render(feature) => {
+            PlanFileError::Unsupported { kernel: kernel.to_owned(), device: device.spec().to_string(), feature }
+        }
+        e => PlanFileError::Kernel { kernel: kernel.to_owned(), source: e },
+    }
 }
 
 /// The plan variables with the range every kernel using them accepts; each kernel variable is a
