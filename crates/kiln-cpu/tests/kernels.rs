@@ -221,6 +221,73 @@ fn a_scalar_register_tile_runs_as_vector_accumulators_with_the_same_bits() {
     }
 }
 
+/// A tile's epilogue as tinygrad writes it, lane by lane: a batch norm (`(acc - mean[j]) *
+/// scale[j] / std[j] + bias[j]`), a residual add and a ReLU, stored to C (consecutive lanes:
+/// one vector store) and transposed to D (lanes `m` apart: a store per lane). Lifted into
+/// vectors by every pair, it gives the bits of the scalar ops, in order, on the host.
+#[test]
+fn a_tiles_epilogue_in_vectors_gives_the_bits_of_the_scalar_ops() {
+    // 8 rows: 136 stores to buffers, so the LLVM pair compiles it without IndVarSimplify
+    let (m, n, kk, rows, lanes) = (16usize, 32usize, 12usize, 8usize, 16usize);
+    let mut k = KernelBuilder::new();
+    let a = k.param(0, Scalar::F32, (m * kk) as i64);
+    let b = k.param(1, Scalar::F32, (kk * n) as i64);
+    let params: Vec<Val> = (2..6).map(|slot| k.param(slot, Scalar::F32, n as i64)).collect();
+    let res = k.param(6, Scalar::F32, (m * n) as i64);
+    let (c, d) = (k.param(7, Scalar::F32, (m * n) as i64), k.param(8, Scalar::F32, (m * n) as i64));
+    let (rb, cb) = (k.range((m / rows) as i64), k.range((n / lanes) as i64));
+    let r = k.range(kk as i64);
+    let col0 = &cb * lanes as i64;
+    let mut stores = Vec::new();
+    for row in 0..rows as i64 {
+        let i = &rb * rows as i64 + row;
+        let x = a.at(&(&i * kk as i64 + &r)).load();
+        for j in 0..lanes as i64 {
+            // addresses as tinygrad's symbolic leaves them: the lane's constant outermost
+            let acc = k.acc(&Val::f32(0.0), &[&r]);
+            let sum = acc.update(&x.mul_acc(&b.at(&(&r * n as i64 + &col0 + j)).load(), &acc.get()));
+            let p = |q: usize| params[q].at(&(&col0 + j)).load();
+            let v = (sum - p(0)) * p(1) / p(2) + p(3) + res.at(&(&i * n as i64 + &col0 + j)).load();
+            let out = Val::f32(0.0).lt(&v).select(&v, 0.0f32);
+            stores.push(k.store(&c.at(&(&i * n as i64 + &col0 + j)), &out));
+            stores.push(k.store(&d.at(&(&col0 * m as i64 + &i + j * m as i64)), &out));
+        }
+    }
+    let refs: Vec<&Val> = stores.iter().collect();
+    let inner = k.end(&cb, &refs);
+    k.end(&rb, &[&inner]);
+    let sink = k.finish().unwrap();
+    let src = cpu_renderer().render(&sink, Some("epilogue")).unwrap().src;
+    assert!(src.contains("kiln_f32x16") && src.matches(" / ").count() <= 2 * rows, "not lifted:\n{src}");
+
+    let (x, y, resv) = (randf(m * kk, 31), randf(kk * n, 32), randf(m * n, 33));
+    let ps: Vec<Vec<f32>> =
+        (0..4).map(|q| randf(n, 40 + q).iter().map(|v| if q == 2 { v.abs() + 0.5 } else { *v }).collect()).collect();
+    let mut want_c = vec![0f32; m * n];
+    let mut want_d = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let sum = (0..kk).fold(0.0f32, |acc, r| x[i * kk + r].mul_add(y[r * n + j], acc));
+            let v = (sum - ps[0][j]) * ps[1][j] / ps[2][j] + ps[3][j] + resv[i * n + j];
+            let out = if 0.0 < v { v } else { 0.0 };
+            want_c[i * n + j] = out;
+            want_d[j * m + i] = out;
+        }
+    }
+    for pair in device().compiler_names() {
+        let kernel = device().compile_with(&pair, &sink, Some("epilogue")).unwrap();
+        let mut bufs: Vec<Buffer> = vec![from_f32s(&x), from_f32s(&y)];
+        bufs.extend(ps.iter().map(|p| from_f32s(p)));
+        bufs.push(from_f32s(&resv));
+        bufs.push(device().buffer(Scalar::F32, m * n).unwrap());
+        bufs.push(device().buffer(Scalar::F32, m * n).unwrap());
+        let refs: Vec<&Buffer> = bufs.iter().collect();
+        kernel.launch(&refs, &[]).unwrap();
+        assert_eq!(f32s(&bufs[7]), want_c, "pair {pair}: C");
+        assert_eq!(f32s(&bufs[8]), want_d, "pair {pair}: D");
+    }
+}
+
 #[test]
 fn softmax_rows() {
     let (rows, cols) = (6usize, 50usize);

@@ -49,9 +49,10 @@
 //! access they cannot settle.
 
 use std::cell::RefCell;
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::sync::Arc;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::dtype::{DType, Scalar};
 use crate::symbolic::variables;

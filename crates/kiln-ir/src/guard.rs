@@ -13,8 +13,9 @@
 //! bounds by [`crate::bounds`] like any other: each access's own gate now bounds its offset.
 //! Accesses not named are left exactly as they were.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::IrError;
 use crate::bounds::if_blocks;

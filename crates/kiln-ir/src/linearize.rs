@@ -16,9 +16,9 @@
 //! work items of a group; anything else is an [`IrError::Structure`].
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::Arc;
 
 use crate::IrError;
 use crate::uop::{Op, UOp};

@@ -15,8 +15,9 @@
 //! merged when they are plain (ungated) loads through the same pointer node, so memory
 //! ordering (`AFTER`) is unchanged. Anything else is left as it was.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::{Arg, DType, Op, Scalar, UOp};
 
@@ -37,13 +38,13 @@ struct Chain {
 /// `plain`: an ungated load, which a run of consecutive lanes can share as one vector load;
 /// gated lanes (a padded convolution's input) are gathered into the vector one by one.
 #[derive(Clone)]
-struct Lane {
+pub(crate) struct Lane {
     value: Arc<UOp>,
-    pointer: Arc<UOp>,
-    base: Option<Arc<UOp>>,
-    offset: i64,
-    index: DType,
-    plain: bool,
+    pub(crate) pointer: Arc<UOp>,
+    pub(crate) base: Option<Arc<UOp>>,
+    pub(crate) offset: i64,
+    pub(crate) index: DType,
+    pub(crate) plain: bool,
 }
 
 /// One accumulator of a vector: its chain, the broadcast operand and where its lane is read.
@@ -57,8 +58,13 @@ struct Member {
 /// Rewrites the outer-product accumulators under `root` into vector accumulators of at most
 /// `vector_bytes` bytes (the target's widest vector register; runs shorter than two lanes
 /// stay scalar). Returns `root` itself when nothing matches.
+/// Then the tile's epilogue, each lane's chain of scalar ops after its accumulator, is lifted
+/// into vectors where every lane does the same ([`crate::epilogue`]).
 pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp> {
-    vectorize(root, vector_bytes).unwrap_or_else(|| root.clone())
+    match vectorize(root, vector_bytes) {
+        Some(tiled) => crate::epilogue::lift(&tiled).unwrap_or(tiled),
+        None => root.clone(),
+    }
 }
 
 /// The rewritten graph, or None where nothing changes (or a lookup the plan relies on fails,
@@ -182,7 +188,7 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
 
 /// A post-order of the graph under `root` in which a node also comes after its `extra`
 /// predecessors; None if those make a cycle.
-fn order_with(root: &Arc<UOp>, extra: &HashMap<*const UOp, Vec<Arc<UOp>>>) -> Option<Vec<Arc<UOp>>> {
+pub(crate) fn order_with(root: &Arc<UOp>, extra: &HashMap<*const UOp, Vec<Arc<UOp>>>) -> Option<Vec<Arc<UOp>>> {
     let mut out = Vec::new();
     let mut state: HashMap<*const UOp, bool> = HashMap::default(); // false: on the stack, true: done
     let mut stack: Vec<(Arc<UOp>, bool)> = vec![(root.clone(), false)];
@@ -267,7 +273,7 @@ fn chain(end: &Arc<UOp>, used: &impl Fn(&Arc<UOp>) -> usize) -> Option<Chain> {
 
 /// The address of a scalar read: a plain LOAD through a one-lane INDEX, or lane `l` of a
 /// plain vector LOAD (element `l` past its INDEX).
-fn lane_of(v: &Arc<UOp>) -> Option<Lane> {
+pub(crate) fn lane_of(v: &Arc<UOp>) -> Option<Lane> {
     let (load, lane) = match v.op() {
         Op::Gep => (&v.src()[0], v.arg_int()?),
         Op::Load => (v, 0),
@@ -294,7 +300,7 @@ fn lane_of(v: &Arc<UOp>) -> Option<Lane> {
 }
 
 /// `base + c` as (base, c); a constant address as (None, c).
-fn split_offset(addr: &Arc<UOp>) -> (Option<Arc<UOp>>, i64) {
+pub(crate) fn split_offset(addr: &Arc<UOp>) -> (Option<Arc<UOp>>, i64) {
     if let Some(c) = const_int(addr) {
         return (None, c);
     }

@@ -1,8 +1,9 @@
 //! A small rewrite engine: rules map a node to a replacement, applied bottom-up until no
 //! rule fires. Backends use it as a decompositor (ops they lack, in ops they have).
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::uop::UOp;
 

@@ -3,8 +3,9 @@
 //! Every step is checked: a missing variable, a value outside its declared `[min, max]`,
 //! an overflow or a division by zero is an [`IrError`], never a panic or a wrapped value.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::IrError;
 use crate::dtype::DType;

@@ -134,9 +134,10 @@
 //! input. `parse` only checks the text; whether the dtypes and operands make a valid
 //! kernel is [`parse_kernel`]'s (or the caller's [`crate::validate`]) job.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::dtype::{DType, DeviceSpec, Scalar};
 use crate::uop::{Arg, Op, UOp};

@@ -6,11 +6,11 @@
 //! SHA-256 over a fixed byte encoding of op, dtype, arg and the children's hashes; it does
 //! not depend on the process, pointer values or the Rust version, so it keys the disk cache.
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use sha2::{Digest, Sha256};
 
 use crate::dtype::{AddrSpace, DType, DeviceSpec};

@@ -3,8 +3,9 @@
 //! Constructors never fail; [`validate`] is the one place that decides whether a graph is a
 //! kernel. Renderers call it first, so a malformed graph is a typed error, never bad code.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::IrError;
 use crate::dtype::{AddrSpace, DType, Scalar};

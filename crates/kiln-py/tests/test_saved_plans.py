@@ -449,6 +449,31 @@ def test_an_onnx_model_compiles_to_a_plan_with_its_names(tmp_path):
     np.testing.assert_allclose(got["features"], features, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["OPENCL", "WEBGPU"])
+def test_the_cli_runs_an_onnx_models_plan_on_other_devices(tmp_path, backend):
+    """A plan compiled from an ONNX model on the CPU runs through `kiln run-plan --device` on
+    OpenCL and WebGPU, by the model's names, with the CPU plan's outputs (to float rounding: the
+    backends' compilers may contract or order differently)."""
+    needs_tinygrad()
+    pytest.importorskip("onnx", reason="onnx is not installed")
+    other = require(backend)
+    small_onnx_model(tmp_path / "small.onnx")
+    subprocess.run([sys.executable, "-m", "kiln.onnx", str(tmp_path / "small.onnx"), "-o", str(tmp_path / "small.kplan")],
+                   check=True, capture_output=True)
+    x = np.random.default_rng(6).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    want = kiln.load_plan(tmp_path / "small.kplan")({"input.1": x})
+    cli = built("kiln", "cargo build --release -p kiln")
+    np.save(tmp_path / "x.npy", x)
+    out = subprocess.run([str(cli), "run-plan", str(tmp_path / "small.kplan"), "--device", other.name,
+                          "--in", f"input.1={tmp_path / 'x.npy'}", "--out", f"logits={tmp_path / 'logits.npy'}",
+                          "--out", f"features={tmp_path / 'features.npy'}", "--runs", "3", "--timings"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert f"on {other.name} in" in out.stderr and "2 more runs: median" in out.stderr, out.stderr
+    for name in ("logits", "features"):
+        np.testing.assert_allclose(np.load(tmp_path / f"{name}.npy"), want[name], rtol=1e-5, atol=1e-6)
+
+
 def test_the_onnx_command_says_what_it_needs(tmp_path, capsys):
     needs_tinygrad()
     import kiln.onnx

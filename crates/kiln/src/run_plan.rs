@@ -41,6 +41,10 @@ pub struct RunPlanArgs {
     /// Print how long loading and the run took, on stderr
     #[arg(long)]
     pub timings: bool,
+    /// Run the plan this many times on the same inputs (each run's outputs must equal the
+    /// first's, bit for bit); with --timings, the median of the runs after the first is printed
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
 }
 
 /// Parses `NAME=FILE.npy` (a clap value parser).
@@ -154,9 +158,23 @@ pub fn run(args: &RunPlanArgs) -> Result<String, CliError> {
         arrays.iter().map(|(name, a)| (*name, TensorRef { dtype: a.scalar, shape: &a.shape, data: &a.data })).collect();
     let vars: Vec<(&str, i64)> = args.vars.iter().map(|(n, v)| (n.as_str(), *v)).collect();
 
+    let failed = || format!("plan {} failed", args.file.display());
     let start = Instant::now();
-    let results = plan.run_with(&refs, &vars).map_err(plan_error(|| format!("plan {} failed", args.file.display())))?;
+    let results = plan.run_with(&refs, &vars).map_err(plan_error(failed))?;
     let ran_in = start.elapsed();
+    let mut again = Vec::new();
+    for run in 2..=args.runs {
+        let start = Instant::now();
+        let later = plan.run_with(&refs, &vars).map_err(plan_error(failed))?;
+        again.push(start.elapsed());
+        if let Some(out) = later.iter().zip(&results).find(|(a, b)| a.data != b.data).map(|(a, _)| &a.name) {
+            return Err(CliError::Mismatch(format!(
+                "run {run} of plan {} gave other bits for output `{out}` than the first run on the same inputs",
+                args.file.display()
+            )));
+        }
+    }
+    again.sort();
 
     let mut stdout = String::new();
     for out in results {
@@ -178,6 +196,9 @@ pub fn run(args: &RunPlanArgs) -> Result<String, CliError> {
             loaded_in.as_secs_f64() * 1e3,
             ran_in.as_secs_f64() * 1e3
         );
+        if let Some(median) = again.get(again.len() / 2) {
+            eprintln!("{} more runs: median {:.2} ms, same outputs", again.len(), median.as_secs_f64() * 1e3);
+        }
     }
     Ok(stdout)
 }

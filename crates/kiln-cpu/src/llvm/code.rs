@@ -306,7 +306,10 @@ mod tests {
     fn a_vector_of_one_value_is_a_splat_and_of_constants_a_constant() {
         let mut c = Code::new();
         let t = Ty::new("float", 4);
-        assert_eq!(c.build(t, &["0x0".into(), "-1".into(), "0x0".into(), "0x0".into()]), "<float 0x0, float -1, float 0x0, float 0x0>");
+        assert_eq!(
+            c.build(t, &["0x0".into(), "-1".into(), "0x0".into(), "0x0".into()]),
+            "<float 0x0, float -1, float 0x0, float 0x0>"
+        );
         let x = "%x".to_string();
         let splat = c.build(t, &[x.clone(), x.clone(), x.clone(), x.clone()]);
         let mixed = c.build(t, &[x.clone(), "%y".into(), x.clone(), x]);

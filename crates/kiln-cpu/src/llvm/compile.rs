@@ -2,8 +2,8 @@
 //! loaded like the C pair's objects by kiln's own ELF loader ([`crate::elf`]).
 //!
 //! Each compile parses the module in a fresh LLVM context, verifies it, runs LLVM's standard
-//! [`PIPELINE`] (without the SLP vectorizer for a module the renderer marks, see
-//! [`super::render`]'s "Large kernels") for the pair's target machine (the host CPU and its features, or the pair's
+//! [`PIPELINE`] (without the SLP vectorizer or IndVarSimplify for a module the renderer marks,
+//! see [`super::render`]'s "Large kernels") for the pair's target machine (the host CPU and its features, or the pair's
 //! instruction set), and emits a relocatable object (PIC, small code model) to a memory buffer.
 //! No file and no process.
 //!
@@ -40,6 +40,7 @@ use kiln_device::{CompiledSpec, Compiler, Error, ProgramSpec, Result};
 
 use super::api::{self, Llvm};
 use super::library::Library;
+use super::render::{NO_INDVARS, NO_SLP};
 use crate::isa::{Isa, IsaTarget};
 
 /// What a target machine is built for: the triple, CPU name and feature string.
@@ -129,8 +130,7 @@ impl LlvmCompiler {
     /// the module docs); [`Error::Unavailable`] when LLVM cannot be opened, is not LLVM 16 or
     /// cannot target this CPU.
     pub fn compile_ir(&self, name: &str, ir: &str) -> Result<Vec<u8>> {
-        let pipeline = if super::render::without_slp(ir) { Pipeline::O3WithoutSlp } else { Pipeline::O3 };
-        self.compile_with(name, ir, pipeline)
+        self.compile_with(name, ir, Pipeline::of(ir))
     }
 
     /// [`LlvmCompiler::compile_ir`] through `pipeline`.
@@ -169,14 +169,14 @@ impl Compiler for LlvmCompiler {
     }
 }
 
-/// The pass pipeline every module runs (see the module docs), but one marked
-/// [`super::render::NO_SLP`], which runs [`Pipeline::O3WithoutSlp`].
+/// The pass pipeline every module runs (see the module docs), but one marked [`NO_SLP`] or
+/// [`NO_INDVARS`], which runs [`Pipeline::Lighter`].
 const PIPELINE: &std::ffi::CStr = c"default<O3>";
 
 /// LLVM 16's `default<O3>` module pipeline spelled out, as `opt-16 -passes='default<O3>'
 /// -print-pipeline-passes` prints it: the pipeline every module runs (a test checks that it
-/// builds the same objects as `default<O3>`), and with its one `slp-vectorizer` taken out, the
-/// pipeline of a module marked [`super::render::NO_SLP`]. LLVM 16's `default<O3>` runs the SLP
+/// builds the same objects as `default<O3>`), and with its one `slp-vectorizer` or `indvars`
+/// taken out, the pipeline of a module marked [`NO_SLP`] or [`NO_INDVARS`]. LLVM 16's `default<O3>` runs the SLP
 /// vectorizer whatever `LLVMPassBuilderOptionsSetSLPVectorization` says (measured: off, it still
 /// took 4.8 s of a 5.4 s compile), so leaving it out takes a pipeline of one's own.
 const O3_SPELLED: &str = concat!(
@@ -219,23 +219,39 @@ const O3_SPELLED: &str = concat!(
 /// The pass pipeline a module runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pipeline {
-    /// [`PIPELINE`]: every module but a marked one.
+    /// [`PIPELINE`]: every module the renderer did not mark.
     O3,
-    /// [`O3_SPELLED`] without its SLP vectorizer: a module marked [`super::render::NO_SLP`].
-    O3WithoutSlp,
+    /// [`O3_SPELLED`] less the passes a marked module is spared (see [`super::render`]'s "Large
+    /// kernels"): the SLP vectorizer, IndVarSimplify.
+    Lighter { slp: bool, indvars: bool },
     /// [`O3_SPELLED`] as it is, which the tests check against [`PIPELINE`].
     #[cfg(test)]
     O3Spelled,
 }
 
 impl Pipeline {
+    /// The pipeline of the module `ir`, by the renderer's marks.
+    fn of(ir: &str) -> Pipeline {
+        let (slp, indvars) = (!super::render::marked(ir, NO_SLP), !super::render::marked(ir, NO_INDVARS));
+        if slp && indvars { Pipeline::O3 } else { Pipeline::Lighter { slp, indvars } }
+    }
+
     fn text(self) -> &'static std::ffi::CStr {
-        static WITHOUT_SLP: OnceLock<CString> = OnceLock::new();
+        static LIGHTER: [OnceLock<CString>; 4] = [const { OnceLock::new() }; 4];
         match self {
             Pipeline::O3 => PIPELINE,
-            Pipeline::O3WithoutSlp => WITHOUT_SLP.get_or_init(|| {
-                CString::new(O3_SPELLED.replacen("slp-vectorizer,", "", 1)).unwrap_or_else(|_| PIPELINE.into())
-            }),
+            Pipeline::Lighter { slp, indvars } => {
+                LIGHTER[usize::from(slp) * 2 + usize::from(indvars)].get_or_init(|| {
+                    let mut text = O3_SPELLED.to_string();
+                    if !slp {
+                        text = text.replacen("slp-vectorizer,", "", 1);
+                    }
+                    if !indvars {
+                        text = text.replacen("indvars,", "", 1);
+                    }
+                    CString::new(text).unwrap_or_else(|_| PIPELINE.into())
+                })
+            }
             #[cfg(test)]
             Pipeline::O3Spelled => {
                 static SPELLED: OnceLock<CString> = OnceLock::new();
@@ -250,8 +266,7 @@ struct Job {
     name: String,
     ir: String,
     target: Arc<Target>,
-    /// The pass pipeline it runs: without the SLP vectorizer for a module the renderer marked
-    /// (a straight-line stretch of code on which its search takes quadratic time, see
+    /// The pass pipeline it runs: lighter for a module the renderer marked (see
     /// [`super::render`]'s "Large kernels").
     pipeline: Pipeline,
     reply: Reply,
@@ -581,7 +596,7 @@ done:
         }
         ir += "  ret void\n}\n";
         let with = llvm.compile_with("four", &ir, Pipeline::O3).unwrap();
-        let without = llvm.compile_with("four", &ir, Pipeline::O3WithoutSlp).unwrap();
+        let without = llvm.compile_with("four", &ir, Pipeline::Lighter { slp: false, indvars: true }).unwrap();
         assert!(with != without, "the SLP vectorizer changed nothing");
         for object in [&with, &without] {
             let image = Image::load(object, global_symbol).unwrap();
