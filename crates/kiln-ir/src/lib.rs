@@ -62,8 +62,7 @@ pub use linearize::{MAX_CHAIN_DEPTH, MAX_LOOPS, chain_depth, check_chain_depth, 
 pub use outer::vectorize_outer_products;
 pub use symbolic::{eval_int, variables};
 pub use text::{
-    MAX_KERNEL_FILE_BYTES, edit_distance, entry_name, locate_node, parse, parse_kernel, parse_kernel_unordered, print,
-    read_kernel_file,
+    MAX_KERNEL_FILE_BYTES, edit_distance, entry_name, locate_node, parse, parse_kernel, print, read_kernel_file,
 };
 pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};
 pub use validate::{MAX_LOCAL_BYTES, validate};

@@ -245,22 +245,6 @@ pub fn parse(text: &str) -> Result<Arc<UOp>, IrError> {
 /// and for a node that fails [`crate::validate`]; [`IrError::Structure`] for loops that
 /// [`crate::linearize`] cannot lay out.
 pub fn parse_kernel(text: &str) -> Result<Arc<UOp>, IrError> {
-    parse_kernel_with(text, true)
-}
-
-/// As [`parse_kernel`], without [`crate::linearize`]'s loop-structure checks, which rendering
-/// makes again: for a kernel headed straight for a renderer or the kernel cache (a saved
-/// plan's), where laying it out twice would double the cost of a cache hit. A kernel whose
-/// loops cannot be laid out is then refused by the renderer ([`IrError::Structure`], with
-/// `%N` node numbers).
-///
-/// # Errors
-/// As [`parse_kernel`], less its [`IrError::Structure`] errors.
-pub fn parse_kernel_unordered(text: &str) -> Result<Arc<UOp>, IrError> {
-    parse_kernel_with(text, false)
-}
-
-fn parse_kernel_with(text: &str, linearized: bool) -> Result<Arc<UOp>, IrError> {
     let parsed = parse_defs(text)?;
     let root = parsed.root.clone();
     if root.op() != Op::Sink {
@@ -300,9 +284,7 @@ fn parse_kernel_with(text: &str, linearized: bool) -> Result<Arc<UOp>, IrError> 
         other => other,
     };
     validate(&root).map_err(relocate)?;
-    if linearized {
-        linearize(&root).map_err(relocate)?;
-    }
+    linearize(&root).map_err(relocate)?;
     Ok(root)
 }
 

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kiln_device::kiln_ir::{self, MAX_KERNEL_FILE_BYTES, Scalar};
+use kiln_device::kiln_ir::{self, MAX_KERNEL_FILE_BYTES, Op, Scalar, UOp};
 use kiln_device::{Buffer, Device, Error, Kernel, MAX_BUFFER_BYTES, MAX_KERNEL_NAME};
 use safetensors::SafeTensors;
 
@@ -553,8 +553,7 @@ fn compile_all(device: &Device, m: &Manifest, texts: &[&str], options: &LoadOpti
         let mut mine = Vec::new();
         while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
             let name = &m.kernels[i].name;
-            let kernel = kiln_ir::parse_kernel_unordered(texts[i])
-                .map_err(|e| PlanFileError::Kernel { kernel: name.clone(), source: e.into() })
+            let kernel = parse(texts[i], name)
                 .and_then(|sink| device.compile(&sink, Some(name)).map_err(|e| compile_error(device, name, e)));
             mine.push((i, kernel));
             let compiled = done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -593,6 +592,19 @@ fn compile_all(device: &Device, m: &Manifest, texts: &[&str], options: &LoadOpti
             })
         })
         .collect()
+}
+
+/// A kernel's text as a graph rooted at a SINK. Only the syntax is checked here: compiling it
+/// validates it (a cache hit derives its metadata with
+/// [`kiln_device::ProgramSpec::from_sink`], which does;
+/// a miss renders it, which lays its loops out too), so a kernel is checked once, not twice.
+fn parse(text: &str, name: &str) -> Result<Arc<UOp>> {
+    let kernel_error = |e: Error| PlanFileError::Kernel { kernel: name.to_owned(), source: e };
+    let root = kiln_ir::parse(text).map_err(|e| kernel_error(e.into()))?;
+    if root.op() != Op::Sink {
+        return Err(kernel_error(Error::Invalid(format!("its last line is a {}, not its SINK", root.op().name()))));
+    }
+    Ok(root)
 }
 
 /// A kernel's compile error as the file's fault: a feature the device lacks, or a kernel kiln
