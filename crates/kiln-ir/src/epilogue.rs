@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::outer::{lane_of, order_with};
+use crate::lanes::{lane_of, order_with, split_offset};
 use crate::{Arg, DType, Op, Scalar, UOp};
 
 /// A vector a lifted node is a lane of: a vector of the graph, or a group's result.
@@ -272,7 +272,7 @@ fn lane_of_store(store: &Arc<UOp>) -> Option<(Arc<UOp>, Option<Arc<UOp>>, i64)> 
     if index.op() != Op::Index || index.src().len() != 2 || index.dtype().width() != 1 {
         return None;
     }
-    let (base, offset) = crate::outer::split_offset(&index.src()[1]);
+    let (base, offset) = split_offset(&index.src()[1]);
     Some((index.src()[0].clone(), base, offset))
 }
 
