@@ -68,6 +68,11 @@ fn liftable(op: Op) -> bool {
     )
 }
 
+/// The lanes of vector `v` (0 for one never seen, which no group is made of).
+fn lanes_of(width: &HashMap<Vector, u8>, v: &Vector) -> u8 {
+    width.get(v).copied().unwrap_or(0)
+}
+
 fn lane_dtype(dt: DType) -> bool {
     matches!(dt, DType::Scalar(s) if !matches!(s, Scalar::F16 | Scalar::BF16))
 }
@@ -120,14 +125,15 @@ pub(crate) fn lift(root: &Arc<UOp>) -> Option<Arc<UOp>> {
                 .enumerate()
                 .filter_map(|(q, s)| lane.get(&Arc::as_ptr(s)).map(|&(v, i)| (q, v, i)))
                 .collect();
-            let Some(&(_, main, i)) = lanes.iter().max_by_key(|(_, v, _)| (matches!(v, Vector::Group(_)), width[v]))
+            let Some(&(_, main, i)) =
+                lanes.iter().max_by_key(|(_, v, _)| (matches!(v, Vector::Group(_)), lanes_of(&width, v)))
             else {
                 continue;
             };
-            let w = usize::from(width[&main]);
+            let w = usize::from(lanes_of(&width, &main));
             let lifted: Vec<(usize, Vector)> = lanes
                 .iter()
-                .filter(|&&(_, v, j)| j == i && width[&v] == width[&main])
+                .filter(|&&(_, v, j)| j == i && lanes_of(&width, &v) == lanes_of(&width, &main))
                 .map(|&(q, v, _)| (q, v))
                 .collect();
             let others_fit = n.src().iter().enumerate().all(|(q, s)| {
@@ -149,7 +155,7 @@ pub(crate) fn lift(root: &Arc<UOp>) -> Option<Arc<UOp>> {
         }
         let before = groups.len();
         for key in keys {
-            let slots = &candidates[&key];
+            let Some(slots) = candidates.get(&key) else { continue };
             if slots.iter().any(|s| s.len() != 1) {
                 continue;
             }
@@ -268,7 +274,7 @@ fn same_base(a: &Option<Arc<UOp>>, b: &Option<Arc<UOp>>) -> bool {
 
 /// A scalar STORE's pointer, base address and element offset.
 fn lane_of_store(store: &Arc<UOp>) -> Option<(Arc<UOp>, Option<Arc<UOp>>, i64)> {
-    let index = &store.src()[0];
+    let index = store.src().first()?;
     if index.op() != Op::Index || index.src().len() != 2 || index.dtype().width() != 1 {
         return None;
     }
@@ -297,13 +303,13 @@ fn build(group: &Group, built: &[Option<Arc<UOp>>], memo: &HashMap<*const UOp, A
         Some(consecutive_load(&lanes, vt).unwrap_or_else(|| UOp::new(Op::Vectorize, vt, Arg::None, lanes)))
     };
     if group.store {
-        let index = get(&first.src()[0])?;
-        let pointer = index.src()[0].clone();
+        let index = get(first.src().first()?)?;
+        let [pointer, addr] = index.src() else { return None };
         let ptr_dt = match pointer.dtype() {
             DType::Ptr { scalar, space, .. } => DType::Ptr { scalar, width: w, space },
             _ => return None,
         };
-        let at = UOp::new(Op::Index, ptr_dt, Arg::None, vec![pointer, index.src()[1].clone()]);
+        let at = UOp::new(Op::Index, ptr_dt, Arg::None, vec![pointer.clone(), addr.clone()]);
         return Some(UOp::new(Op::Store, DType::Void, first.arg().clone(), vec![at, operand(1)?]));
     }
     let src: Vec<Arc<UOp>> = (0..first.src().len()).map(operand).collect::<Option<_>>()?;
