@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use kiln_ir::bounds::{Bounds, LAUNCH_SLOTS};
-use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, validate, variables};
+use kiln_ir::{Arg, DType, DeviceSpec, Op, Scalar, UOp, eval_int, linearize, validate_sorted, variables_sorted};
 
 use crate::buffer::RawView;
 use crate::error::{Error, Result};
@@ -88,7 +88,8 @@ impl ProgramSpec {
     /// [`Error::Ir`] when `sink` fails validation; [`Error::Render`] for an unknown launch
     /// index name or a gap in the buffer slots.
     pub fn from_sink(name: &str, src: String, device: DeviceSpec, sink: &Arc<UOp>) -> Result<ProgramSpec> {
-        validate(sink)?;
+        let order = sink.toposort();
+        validate_sorted(&order)?;
         let one = || UOp::index_const(1);
         let mut global = [one(), one(), one()];
         let mut local: Option<[Arc<UOp>; 3]> = Some([one(), one(), one()]);
@@ -97,7 +98,7 @@ impl ProgramSpec {
         // `lidxN` say (one item each without any), or `gidxN` would not count its extent.
         let (mut direct, mut grouped) = (false, false);
         let (mut globals, mut outs, mut ins, mut params) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for node in sink.toposort() {
+        for node in &order {
             match node.op() {
                 Op::Param => {
                     let slot = node.arg_int().unwrap_or(0) as usize;
@@ -153,7 +154,7 @@ impl ProgramSpec {
                 globals.len()
             )));
         }
-        let vars: Vec<Variable> = variables(sink)
+        let vars: Vec<Variable> = variables_sorted(&order)
             .iter()
             .filter_map(|v| match v.arg() {
                 Arg::Var { name, min, max } => Some(Variable { name: name.clone(), min: *min, max: *max }),

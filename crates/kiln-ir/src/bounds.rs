@@ -55,7 +55,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::dtype::{DType, Scalar};
-use crate::symbolic::variables;
+use crate::symbolic::variables_sorted;
 use crate::uop::{Arg, Op, UOp};
 
 mod linear;
@@ -348,7 +348,6 @@ impl Bounds {
         launch: &[Arc<UOp>; LAUNCH_SLOTS],
         launch_slot: &dyn Fn(&str) -> Option<usize>,
     ) -> Bounds {
-        let kernel_nodes = sink.toposort().len();
         // One graph over the kernel and the host-side sizes it is checked against. The
         // kernel's nodes come first in the same order, so tape positions below
         // `kernel_nodes` are `print`'s `%N` numbers.
@@ -357,9 +356,11 @@ impl Bounds {
         all.extend(launch.iter().cloned());
         let root = UOp::new(Op::Sink, DType::Void, Arg::None, all);
         let order = root.toposort();
+        // The kernel is the root's first operand, so its nodes come first, ending with it.
+        let kernel_nodes = order.iter().position(|n| Arc::ptr_eq(n, sink)).map_or(0, |p| p + 1);
         let pos: HashMap<*const UOp, u32> = order.iter().enumerate().map(|(i, n)| (Arc::as_ptr(n), i as u32)).collect();
         let at = |n: &Arc<UOp>| pos.get(&Arc::as_ptr(n)).copied().unwrap_or(0);
-        let vars = variables(sink);
+        let vars = variables_sorted(&order[..kernel_nodes]);
         let var_pos = |name: &str| vars.iter().position(|v| v.arg_name() == Some(name));
         let tape: Vec<Step> = order
             .iter()
@@ -1115,7 +1116,8 @@ pub(crate) mod tests {
     impl Case {
         /// Checks one launch with `vals` (sorted by variable name), sizes evaluated on the host.
         fn at(&self, vals: &[i64]) -> Result<(), OutOfBounds> {
-            let names: Vec<String> = variables(&self.sink).iter().map(|v| v.arg_name().unwrap().to_string()).collect();
+            let names: Vec<String> =
+                crate::symbolic::variables(&self.sink).iter().map(|v| v.arg_name().unwrap().to_string()).collect();
             let lookup = |name: &str| names.iter().position(|n| n == name).map(|i| vals[i]);
             let launch = std::array::from_fn(|k| eval_int(&self.launch[k], &lookup).unwrap());
             let lens: Vec<usize> = self.lens.iter().map(|l| eval_int(l, &lookup).unwrap() as usize).collect();

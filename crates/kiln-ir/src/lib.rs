@@ -61,12 +61,12 @@ pub use dtype::{AddrSpace, DType, DeviceSpec, Scalar};
 pub use guard::{Guarded, GuardedAccess, guard};
 pub use linearize::{MAX_CHAIN_DEPTH, MAX_LOOPS, chain_depth, check_chain_depth, linearize};
 pub use outer::vectorize_outer_products;
-pub use symbolic::{eval_int, variables};
+pub use symbolic::{eval_int, variables, variables_sorted};
 pub use text::{
     MAX_KERNEL_FILE_BYTES, edit_distance, entry_name, locate_node, parse, parse_kernel, print, read_kernel_file,
 };
 pub use uop::{Arg, ContentHash, Op, StoreHint, UOp};
-pub use validate::{MAX_LOCAL_BYTES, validate};
+pub use validate::{MAX_LOCAL_BYTES, validate, validate_sorted};
 pub use wmma::Wmma;
 
 /// Everything that can be wrong with a kernel or a size expression.

@@ -163,7 +163,12 @@ fn step(
 
 /// The DEFINE_VARs below `root`, sorted by name, each once.
 pub fn variables(root: &Arc<UOp>) -> Vec<Arc<UOp>> {
-    let mut vars: Vec<Arc<UOp>> = root.toposort().into_iter().filter(|n| n.op() == Op::DefineVar).collect();
+    variables_sorted(&root.toposort())
+}
+
+/// [`variables`] of the graph whose `toposort()` is `order`.
+pub fn variables_sorted(order: &[Arc<UOp>]) -> Vec<Arc<UOp>> {
+    let mut vars: Vec<Arc<UOp>> = order.iter().filter(|n| n.op() == Op::DefineVar).cloned().collect();
     vars.sort_by(|a, b| a.arg_name().cmp(&b.arg_name()));
     vars.dedup_by(|a, b| a.arg_name() == b.arg_name());
     vars

@@ -185,7 +185,7 @@ pub fn print(root: &Arc<UOp>) -> String {
 pub fn locate_node(text: &str, node: usize) -> Option<String> {
     let parsed = parse_defs(text).ok()?;
     let found = parsed.root.toposort().get(node)?.clone();
-    let def = &parsed.defs[*parsed.by_node.get(&Arc::as_ptr(&found))?];
+    let def = &parsed.defs[*parsed.by_node().get(&Arc::as_ptr(&found))?];
     Some(format!("{} (line {})", def.label(), def.line))
 }
 
@@ -259,8 +259,8 @@ pub fn parse_kernel(text: &str) -> Result<Arc<UOp>, IrError> {
         });
     }
     let order = root.toposort();
-    let locate =
-        |n: usize| order.get(n).and_then(|node| parsed.by_node.get(&Arc::as_ptr(node))).map(|&d| &parsed.defs[d]);
+    let by_node = parsed.by_node();
+    let locate = |n: usize| order.get(n).and_then(|node| by_node.get(&Arc::as_ptr(node))).map(|&d| &parsed.defs[d]);
     let relocate = |e: IrError| match e {
         IrError::Type { node, op, message } => match locate(node) {
             Some(def) => {
@@ -422,11 +422,11 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == '.'
 }
 
-/// Splits a line into tokens; also returns the byte offset just past the last token (where
-/// "missing ..." errors point).
-fn lex<'a>(line: Line<'a>) -> Result<(Vec<Token<'a>>, usize), IrError> {
+/// Splits a line into tokens, into `toks` (cleared first, so one vector serves every line);
+/// returns the byte offset just past the last token (where "missing ..." errors point).
+fn lex<'a>(line: Line<'a>, toks: &mut Vec<Token<'a>>) -> Result<usize, IrError> {
     let text = line.text;
-    let mut toks = Vec::new();
+    toks.clear();
     let mut stop = 0;
     let mut chars = text.char_indices().peekable();
     while let Some(&(at, c)) = chars.peek() {
@@ -496,7 +496,7 @@ fn lex<'a>(line: Line<'a>) -> Result<(Vec<Token<'a>>, usize), IrError> {
         }
         stop = chars.peek().map_or(text.len(), |&(i, _)| i);
     }
-    Ok((toks, stop))
+    Ok(stop)
 }
 
 /// Reads the escape after a `\` at byte `at`.
@@ -537,38 +537,52 @@ fn unescape(
 // ---------------------------------------------------------------- parsing
 
 /// One parsed line: where it is and what it made.
-struct Def {
-    name: Option<String>,
+struct Def<'a> {
+    name: Option<&'a str>,
     line: usize,
     /// Column of the op name.
     col: usize,
 }
 
-impl Def {
+impl Def<'_> {
     fn label(&self) -> String {
-        match &self.name {
+        match self.name {
             Some(n) => format!("%{n}"),
             None => "the root".into(),
         }
     }
 }
 
-struct Parsed {
+struct Parsed<'a> {
     root: Arc<UOp>,
-    defs: Vec<Def>,
-    /// Node → index of the first line that defined it (equal lines make one node).
-    by_node: HashMap<*const UOp, usize>,
+    /// One per line that defines a node, in order.
+    defs: Vec<Def<'a>>,
+    /// The node each entry of `defs` made.
+    nodes: Vec<Arc<UOp>>,
 }
 
-fn parse_defs(text: &str) -> Result<Parsed, IrError> {
+impl Parsed<'_> {
+    /// Node → index of the first line that defined it (equal lines make one node): for error
+    /// messages only, so built on demand.
+    fn by_node(&self) -> HashMap<*const UOp, usize> {
+        let mut by_node = HashMap::default();
+        for (d, n) in self.nodes.iter().enumerate() {
+            by_node.entry(Arc::as_ptr(n)).or_insert(d);
+        }
+        by_node
+    }
+}
+
+fn parse_defs(text: &str) -> Result<Parsed<'_>, IrError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let lines: Vec<Line<'_>> = text.lines().enumerate().map(|(i, t)| Line { text: t, number: i + 1 }).collect();
     let mut defs: Vec<Def> = Vec::new();
     let mut nodes: Vec<Arc<UOp>> = Vec::new();
-    let mut names: HashMap<String, usize> = HashMap::default();
+    let mut names: HashMap<&str, usize> = HashMap::default();
     let mut used: Vec<bool> = Vec::new();
+    let mut toks = Vec::new();
     for (k, &line) in lines.iter().enumerate() {
-        let (toks, stop) = lex(line)?;
+        let stop = lex(line, &mut toks)?;
         if toks.is_empty() {
             continue;
         }
@@ -583,14 +597,14 @@ fn parse_defs(text: &str) -> Result<Parsed, IrError> {
             });
         }
         let def = parse_line(line, &toks, stop, &names, &nodes, &lines[k + 1..], &mut used)?;
-        if let Some(name) = &def.name {
-            if let Some(&earlier) = names.get(name.as_str()) {
+        if let Some(name) = def.name {
+            if let Some(&earlier) = names.get(name) {
                 return Err(line.err(
                     toks[0].at,
                     format!("%{name} is already defined on line {}; every name is defined once", defs[earlier].line),
                 ));
             }
-            names.insert(name.clone(), defs.len());
+            names.insert(name, defs.len());
         }
         defs.push(Def { name: def.name, line: line.number, col: def.col });
         nodes.push(def.node);
@@ -613,28 +627,24 @@ fn parse_defs(text: &str) -> Result<Parsed, IrError> {
             ),
         });
     }
-    let mut by_node = HashMap::default();
-    for (d, n) in nodes.iter().enumerate() {
-        by_node.entry(Arc::as_ptr(n)).or_insert(d);
-    }
-    Ok(Parsed { root, defs, by_node })
+    Ok(Parsed { root, defs, nodes })
 }
 
-struct LineDef {
-    name: Option<String>,
+struct LineDef<'a> {
+    name: Option<&'a str>,
     col: usize,
     node: Arc<UOp>,
 }
 
-fn parse_line(
-    line: Line<'_>,
-    toks: &[Token<'_>],
+fn parse_line<'a>(
+    line: Line<'a>,
+    toks: &[Token<'a>],
     end: usize,
-    names: &HashMap<String, usize>,
+    names: &HashMap<&str, usize>,
     nodes: &[Arc<UOp>],
     later: &[Line<'_>],
     used: &mut [bool],
-) -> Result<LineDef, IrError> {
+) -> Result<LineDef<'a>, IrError> {
     let mut pos = 0;
     let name = match toks.first().map(|t| &t.tok) {
         Some(Tok::Name(n)) => {
@@ -644,7 +654,7 @@ fn parse_line(
                 None => return Err(line.err(end, format!("expected `= OP ...` after %{n}"))),
             }
             pos = 2;
-            Some(n.to_string())
+            Some(*n)
         }
         Some(Tok::Word(w)) if matches!(toks.get(1), Some(Token { tok: Tok::Eq, .. })) => {
             return Err(line.err(toks[0].at, format!("node names start with `%`: write %{w} = ...")));
@@ -684,7 +694,7 @@ fn parse_line(
 
     // The operands.
     let mut src = Vec::new();
-    let current = name.as_deref();
+    let current = name;
     match toks.get(pos) {
         None => {}
         Some(Token { tok: Tok::Open, .. }) => {
@@ -736,7 +746,7 @@ fn lookup(
     at: usize,
     name: &str,
     current: Option<&str>,
-    names: &HashMap<String, usize>,
+    names: &HashMap<&str, usize>,
     later: &[Line<'_>],
 ) -> Result<usize, IrError> {
     if let Some(&d) = names.get(name) {
@@ -745,10 +755,10 @@ fn lookup(
     if current == Some(name) {
         return Err(line.err(at, format!("%{name} is used in its own definition")));
     }
+    let mut toks = Vec::new();
     let defined_later = later.iter().find(|l| {
-        lex(**l).is_ok_and(|(t, _)| {
-            matches!(t.as_slice(), [Token { tok: Tok::Name(n), .. }, Token { tok: Tok::Eq, .. }, ..] if *n == name)
-        })
+        lex(**l, &mut toks).is_ok()
+            && matches!(toks.as_slice(), [Token { tok: Tok::Name(n), .. }, Token { tok: Tok::Eq, .. }, ..] if *n == name)
     });
     Err(match defined_later {
         Some(l) => line.err(
@@ -778,10 +788,9 @@ fn may_omit_dtype(op: Op) -> bool {
 
 /// Whether a word after the op is the start of an argument rather than a dtype.
 fn starts_arg(w: &str) -> bool {
-    let lower = w.to_ascii_lowercase();
     w.starts_with(|c: char| c.is_ascii_digit() || "+-.".contains(c))
-        || matches!(lower.as_str(), "true" | "false" | "device" | "inf" | "infinity")
-        || lower.starts_with("nan")
+        || ["true", "false", "device", "inf", "infinity"].iter().any(|k| w.eq_ignore_ascii_case(k))
+        || w.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("nan"))
 }
 
 fn dtype_message(e: IrError) -> String {

@@ -336,7 +336,9 @@ impl Op {
 
     /// The op whose text-format name is `name` (case-sensitive), if any.
     pub fn from_name(name: &str) -> Option<Op> {
-        Op::ALL.iter().copied().find(|op| op.name() == name)
+        // A table, since a kernel's text names an op on every line.
+        static BY_NAME: OnceLock<HashMap<&'static str, Op>> = OnceLock::new();
+        BY_NAME.get_or_init(|| Op::ALL.iter().map(|&op| (op.name(), op)).collect()).get(name).copied()
     }
 
     /// An ALU op with one operand (NEG ... ABS).
@@ -610,9 +612,16 @@ struct Interner {
     sweep_at: usize,
 }
 
-fn interner() -> &'static Mutex<Interner> {
-    static TABLE: OnceLock<Mutex<Interner>> = OnceLock::new();
-    TABLE.get_or_init(|| Mutex::new(Interner { live: HashMap::default(), sweep_at: 1024 }))
+/// The interner's shards: a node lives in the shard its hash's first byte picks, so that
+/// threads building graphs at once (a plan's kernels parsed on every core) seldom wait on
+/// each other.
+const INTERNER_SHARDS: usize = 16;
+
+fn interner(hash: &ContentHash) -> &'static Mutex<Interner> {
+    static TABLE: OnceLock<[Mutex<Interner>; INTERNER_SHARDS]> = OnceLock::new();
+    let shards = TABLE
+        .get_or_init(|| std::array::from_fn(|_| Mutex::new(Interner { live: HashMap::default(), sweep_at: 1024 })));
+    &shards[hash.0[0] as usize % INTERNER_SHARDS]
 }
 
 impl UOp {
@@ -621,8 +630,7 @@ impl UOp {
     /// with all its context instead of failing at the first constructor.
     pub fn new(op: Op, dtype: DType, arg: Arg, src: Vec<Arc<UOp>>) -> Arc<UOp> {
         let hash = Self::compute_hash(op, dtype, &arg, &src);
-        let table = interner();
-        let mut table = table.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut table = interner(&hash).lock().unwrap_or_else(|poison| poison.into_inner());
         if let Some(existing) = table.live.get(&hash).and_then(Weak::upgrade) {
             return existing;
         }
@@ -636,15 +644,19 @@ impl UOp {
     }
 
     fn compute_hash(op: Op, dtype: DType, arg: &Arg, src: &[Arc<UOp>]) -> ContentHash {
-        let mut bytes = Vec::with_capacity(64 + 32 * src.len());
-        bytes.push(op.tag());
-        encode_dtype(dtype, &mut bytes);
-        arg.encode(&mut bytes);
-        bytes.extend_from_slice(&(src.len() as u32).to_le_bytes());
+        // The node's own fields are encoded into a small buffer (an argument's bytes may be
+        // long); its operands' hashes go straight into the digest.
+        let mut head = Vec::with_capacity(32);
+        head.push(op.tag());
+        encode_dtype(dtype, &mut head);
+        arg.encode(&mut head);
+        head.extend_from_slice(&(src.len() as u32).to_le_bytes());
+        let mut h = Sha256::new();
+        h.update(&head);
         for s in src {
-            bytes.extend_from_slice(&s.hash.0);
+            h.update(s.hash.0);
         }
-        ContentHash(Sha256::digest(&bytes).into())
+        ContentHash(h.finalize().into())
     }
 
     /// What this node computes.
@@ -704,19 +716,21 @@ impl UOp {
     pub fn toposort(self: &Arc<Self>) -> Vec<Arc<UOp>> {
         let mut out = Vec::new();
         let mut seen: HashSet<*const UOp> = HashSet::default();
-        let mut stack: Vec<(Arc<UOp>, bool)> = vec![(self.clone(), false)];
+        // Every node below `self` lives as long as `self` does: the walk borrows them and
+        // clones only what it returns.
+        let mut stack: Vec<(&Arc<UOp>, bool)> = vec![(self, false)];
         while let Some((node, expanded)) = stack.pop() {
             if expanded {
-                out.push(node);
+                out.push(node.clone());
                 continue;
             }
-            if !seen.insert(Arc::as_ptr(&node)) {
+            if !seen.insert(Arc::as_ptr(node)) {
                 continue;
             }
-            stack.push((node.clone(), true));
+            stack.push((node, true));
             for s in node.src.iter().rev() {
                 if !seen.contains(&Arc::as_ptr(s)) {
-                    stack.push((s.clone(), false));
+                    stack.push((s, false));
                 }
             }
         }

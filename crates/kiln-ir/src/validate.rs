@@ -25,7 +25,15 @@ pub const MAX_LOCAL_BYTES: usize = 32 * 1024;
 /// not fit its dtype, a variable defined twice with different bounds, or one buffer slot
 /// declared with two element types.
 pub fn validate(root: &Arc<UOp>) -> Result<(), IrError> {
-    let order = root.toposort();
+    validate_sorted(&root.toposort())
+}
+
+/// [`validate`] for a caller that has the root's `toposort()` already (`order`): it walks the
+/// graph once for both.
+///
+/// # Errors
+/// As [`validate`].
+pub fn validate_sorted(order: &[Arc<UOp>]) -> Result<(), IrError> {
     let mut var_bounds: HashMap<&str, (i64, i64)> = HashMap::default();
     for (i, node) in order.iter().enumerate() {
         check_node(node).map_err(|message| IrError::Type { node: i, op: node.op().name(), message })?;
