@@ -27,6 +27,12 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   convolution ran at 12 GFLOP/s that way, SqueezeNet's last at 15).
 - `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, convolution weights are stored in
   blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
+- `realize.to_program` (kernels of KILN devices): the programs tinygrad lowers for KILN devices
+  are kept in tinygrad's disk cache and read by later processes instead of being lowered again
+  (`kiln.tinygrad.lowered`).
+- `realize.lower_and_compile` (schedules on KILN devices only): where every program of a
+  schedule is lowered already (an eager op run again), the compiled schedule is built without
+  walking the programs.
 - `jit.graph_split_rewrite`: a captured TinyJit whose calls all run on KILN devices is one
   graph batch, so one `kiln.Plan` (`KilnGraph`), however many devices it spans, unless the user
   chose `JIT_BATCH_SIZE` (in the environment, or a value other than tinygrad's default 32).
@@ -53,7 +59,7 @@ from tinygrad.engine import jit, realize
 from tinygrad.helpers import ALLOW_DEVICE_USAGE, JIT_BATCH_SIZE
 from tinygrad.uop.ops import Ops, UOp
 
-from . import concat, layout, onnx_inputs, onnx_tensors, tile
+from . import concat, layout, lowered, onnx_inputs, onnx_tensors, tile
 
 TINYGRAD_VERSION = "0.14.0"
 tinygrad_kernel_graph = schedule.get_kernel_graph
@@ -163,6 +169,7 @@ def install() -> None:
         schedule.get_kernel_graph = kernel_graph
         jit.graph_split_rewrite = graph_split
         realize.lower_and_compile = lower_and_compile
+        realize.to_program = lowered.to_program
 
 
 def install_onnx(onnx_module: ModuleType) -> None:
