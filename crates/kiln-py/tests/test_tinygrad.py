@@ -20,7 +20,7 @@ if importlib.metadata.version("tinygrad") != "0.14.0":
 import kiln.tinygrad  # noqa: E402
 from kiln.tinygrad.device import HEADER, KilnGraph, renderer_for  # noqa: E402
 from tinygrad import Device, Tensor, TinyJit, Variable, dtypes  # noqa: E402
-from tinygrad.engine.realize import graph_cache  # noqa: E402
+from tinygrad.engine.realize import graph_cache, run_linear  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
 from tinygrad.helpers import Context, GlobalCounters, Target  # noqa: E402
 from tinygrad.codegen.opt import heuristic  # noqa: E402
@@ -247,14 +247,19 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
     assert len(upcasts) >= 2, f"no register tile: {opts}"
 
 
+@pytest.mark.parametrize("on_host", [False, True])
 @pytest.mark.parametrize("cout,block", [(64, 32), (24, 32)])
-def test_blocked_weights_keep_their_values_in_blocks_of_output_channels(cout, block):
+def test_blocked_weights_keep_their_values_in_blocks_of_output_channels(cout, block, on_host):
     """`layout.blocked`: the same tensor, stored [cout/block, cin, kh, kw, block]; all of
-    cout innermost where the block does not divide it."""
+    cout innermost where the block does not divide it. `blocked_on_host` stores the same bytes
+    without a kernel (an ONNX model's weights: no kernel for tinygrad to lower per shape)."""
     from kiln.tinygrad import layout
 
     w = rand(cout, 5, 3, 3, seed=47)
-    stored = layout.blocked(t(w), 0, block).realize()
+    stored = (layout.blocked_on_host if on_host else layout.blocked)(t(w).realize(), 0, block)
+    linear = stored.schedule_linear()
+    assert len([c for c in linear.src if c.src[0].op is not Ops.COPY]) == (0 if on_host else 1)
+    run_linear(linear)
     np.testing.assert_array_equal(stored.numpy(), w)
     b = block if cout % block == 0 else cout
     order = w.reshape(cout // b, b, 5, 3, 3).transpose(0, 2, 3, 4, 1).ravel()

@@ -36,17 +36,48 @@ from tinygrad.uop.ops import Ops, UOp
 MIN_ROWS = 32  # a product's left rows from which packing its right operand pays for the copy
 
 
+def block_order(shape: tuple[int, ...], axis: int, block: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """How `blocked` stores a tensor of `shape`: the shape with `axis` split into `axis/block` and
+    `block` (all of `axis` as the block where `block` does not divide it), the permutation of that
+    shape that is stored (the block's outer axis first, its lanes last), and its inverse."""
+    n = shape[axis]
+    if n % block:
+        block = n
+    split = (*shape[:axis], n // block, block, *shape[axis + 1 :])
+    order = (axis, *(i for i in range(len(shape) + 1) if i not in (axis, axis + 1)), axis + 1)
+    inverse = tuple(order.index(i) for i in range(len(shape) + 1))
+    return split, order, inverse
+
+
 def blocked(t: Tensor, axis: int, block: int) -> Tensor:
     """`t` with the same shape and values, stored with `axis` split into `axis/block` (outermost)
-    and `block` (innermost); all of `axis` innermost where `block` does not divide it."""
+    and `block` (innermost); all of `axis` innermost where `block` does not divide it. A tensor
+    whose `axis` is symbolic is returned as it is."""
     axis %= t.ndim
-    n = t.shape[axis]
-    if not isinstance(n, int) or n % block:
-        block = n
-    split = t.reshape(*t.shape[:axis], n // block, block, *t.shape[axis + 1 :])
-    order = (axis, *(i for i in range(t.ndim + 1) if i not in (axis, axis + 1)), axis + 1)
-    inverse = tuple(order.index(i) for i in range(t.ndim + 1))
-    return split.permute(order).contiguous().permute(inverse).reshape(t.shape)
+    if not all(isinstance(d, int) for d in t.shape):
+        return t
+    split, order, inverse = block_order(tuple(int(d) for d in t.shape), axis, block)
+    return t.reshape(*split).permute(order).contiguous().permute(inverse).reshape(t.shape)
+
+
+# the dtypes whose bytes numpy copies as they are (no bfloat16)
+HOST_DTYPES = (dtypes.float32, dtypes.float16, dtypes.float64)
+
+
+def blocked_on_host(t: Tensor, axis: int, block: int) -> Tensor:
+    """`blocked` for a tensor with a fixed shape, copied in host memory now: the same bytes
+    under the same view, without a kernel that tinygrad lowers in the first call (a model's
+    weights would need one per shape). `blocked` where numpy or the dtype does not allow it."""
+    try:
+        import numpy as np
+    except ImportError:
+        return blocked(t, axis, block)
+    if t.dtype not in HOST_DTYPES or not all(isinstance(d, int) for d in t.shape):
+        return blocked(t, axis, block)
+    axis %= t.ndim
+    split, order, inverse = block_order(tuple(int(d) for d in t.shape), axis, block)
+    host = np.ascontiguousarray(t.numpy().reshape(split).transpose(order))
+    return Tensor(host, device=t.device).permute(inverse).reshape(t.shape)
 
 
 def reorder_conv_weights(runner: Any, block: int) -> int:
@@ -63,7 +94,7 @@ def reorder_conv_weights(runner: Any, block: int) -> int:
         # a grouped convolution gets blocks within its groups (a depthwise one none: each output
         # channel reads its own input channel, so the image varies along the lanes too)
         if group == 1 or (isinstance(weight.shape[0], int) and (weight.shape[0] // group) % block == 0):
-            values[name] = blocked(weight, 0, block)
+            values[name] = blocked_on_host(weight, 0, block)
             done += 1
     return done
 
@@ -113,10 +144,8 @@ def blocked_uop(u: UOp, axis: int, block: int) -> UOp:
     """`blocked` on a tensor graph node: `u` with the same shape and values, copied with `axis`
     split into `axis/block` (outermost) and `block` (innermost)."""
     shape = tuple(int(d) for d in u.shape)
-    split = u.reshape((*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
-    order = (axis, *(i for i in range(len(shape) + 1) if i not in (axis, axis + 1)), axis + 1)
-    inverse = tuple(order.index(i) for i in range(len(shape) + 1))
-    return split.permute(order).contiguous().permute(inverse).reshape(shape)
+    split, order, inverse = block_order(shape, axis, block)
+    return u.reshape(split).permute(order).contiguous().permute(inverse).reshape(shape)
 
 
 def pack_contractions(sink: UOp, block_of: Callable[[Any], Optional[int]]) -> UOp:
