@@ -620,7 +620,7 @@ const INTERNER_SHARDS: usize = 16;
 fn interner(hash: &ContentHash) -> &'static Mutex<Interner> {
     static TABLE: OnceLock<[Mutex<Interner>; INTERNER_SHARDS]> = OnceLock::new();
     let shards = TABLE
-        .get_or_init(|| std::array::from_fn(|_| Mutex::new(Interner { live: HashMap::default(), sweep_at: 1024 })));
+        .get_or_init(|| std::array::from_fn(|_| Mutex::new(Interner { live: Default::default(), sweep_at: 1024 })));
     &shards[hash.0[0] as usize % INTERNER_SHARDS]
 }
 
@@ -714,8 +714,29 @@ impl UOp {
     /// Every node reachable from `self`, children before parents, each once.
     /// Iterative, so deep graphs cannot overflow the stack.
     pub fn toposort(self: &Arc<Self>) -> Vec<Arc<UOp>> {
+        thread_local! {
+            // The visited set, kept with its capacity between walks: every pass walks its
+            // graph, and growing a set to a kernel's size each time costs as much as the walk.
+            static SEEN: std::cell::RefCell<HashSet<*const UOp>> = std::cell::RefCell::default();
+        }
+        // A set grown past this (a huge graph) is shrunk back after its walk.
+        const KEEP: usize = 1 << 16;
+        SEEN.with(|seen| match seen.try_borrow_mut() {
+            Ok(mut seen) => {
+                seen.clear();
+                let out = self.toposort_with(&mut seen);
+                if seen.capacity() > KEEP {
+                    seen.clear();
+                    seen.shrink_to(KEEP);
+                }
+                out
+            }
+            Err(_) => self.toposort_with(&mut HashSet::default()),
+        })
+    }
+
+    fn toposort_with(self: &Arc<Self>, seen: &mut HashSet<*const UOp>) -> Vec<Arc<UOp>> {
         let mut out = Vec::new();
-        let mut seen: HashSet<*const UOp> = HashSet::default();
         // Every node below `self` lives as long as `self` does: the walk borrows them and
         // clones only what it returns.
         let mut stack: Vec<(&Arc<UOp>, bool)> = vec![(self, false)];

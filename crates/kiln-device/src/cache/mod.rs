@@ -289,8 +289,6 @@ impl KernelCache {
         device: &DeviceSpec,
         tc: &Toolchain,
     ) -> Result<Kernel> {
-        // Too deep a kernel is refused before any backend compiler sees it.
-        kiln_ir::check_chain_depth(sink)?;
         let disk = self.disk();
         let family = device.base_type();
         // A renderer that names its identity keys the disk by it, so a hit renders nothing;
@@ -333,6 +331,9 @@ impl KernelCache {
                 Err(e) => self.warn(&e),
             }
         }
+        // Too deep a kernel is refused before any backend compiler sees it (a disk hit was
+        // compiled, so it passed this check then).
+        kiln_ir::check_chain_depth(sink)?;
         let spec = match rendered {
             Some(spec) => spec,
             None => tc.renderer.render(sink, name)?,
