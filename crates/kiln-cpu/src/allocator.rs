@@ -1,4 +1,5 @@
-//! Host memory for the CPU device: zeroed, 64-byte aligned blocks from the global allocator.
+//! Host memory for the CPU device: zeroed, 64-byte aligned blocks from the global allocator,
+//! or mapped from the kernel where they are large ([`MAPPED_FROM`]).
 //!
 //! No caching here: the device wraps this allocator in [`kiln_device::LruAllocator`].
 
@@ -10,6 +11,36 @@ use kiln_device::{Allocator, AllocatorStats, Error, RawPtr, RawView, Result};
 
 /// Alignment of every block: a cache line, and enough for any vector load.
 pub const ALIGN: usize = 64;
+
+/// Blocks of at least this many bytes are anonymous mappings of their own: their pages are
+/// zeroed by the kernel when first touched (by the threads of the first launch that writes
+/// them), not by `alloc_zeroed` at allocation, which clears memory the heap reuses on the one
+/// allocating thread; and they may be backed by transparent huge pages (`MADV_HUGEPAGE`), so a
+/// model's activations fault in 2 MiB at a time where the system allows it.
+pub const MAPPED_FROM: usize = 1 << 20;
+
+/// A zeroed anonymous mapping of `bytes` bytes (page-aligned), or null when the kernel refuses.
+fn map_zeroed(bytes: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping without an address hint touches no existing memory;
+    // the result is checked against MAP_FAILED before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `p..p + bytes` is the mapping made above; the advice only changes how its pages
+    // are backed (ignored where huge pages are off).
+    unsafe { libc::madvise(p, bytes, libc::MADV_HUGEPAGE) };
+    p.cast()
+}
 
 /// The raw host allocator. Counts bytes in use and the high-water mark.
 #[derive(Debug)]
@@ -115,8 +146,14 @@ impl Allocator for CpuAllocator {
     fn alloc(&self, bytes: usize) -> Result<RawPtr> {
         let layout = Self::layout(bytes)?;
         let too_big = physical_memory().is_some_and(|ram| bytes > ram);
-        // SAFETY: `layout` has a non-zero size (checked in `layout`).
-        let ptr = if too_big { std::ptr::null_mut() } else { unsafe { alloc_zeroed(layout) } };
+        let ptr = if too_big {
+            std::ptr::null_mut()
+        } else if bytes >= MAPPED_FROM {
+            map_zeroed(bytes)
+        } else {
+            // SAFETY: `layout` has a non-zero size (checked in `layout`).
+            unsafe { alloc_zeroed(layout) }
+        };
         if ptr.is_null() {
             return Err(Error::OutOfMemory {
                 device: self.device.to_string(),
@@ -133,9 +170,15 @@ impl Allocator for CpuAllocator {
 
     unsafe fn free(&self, ptr: RawPtr, bytes: usize) {
         let Ok(layout) = Self::layout(bytes) else { return };
-        // SAFETY: the caller guarantees `ptr` came from `alloc(bytes)` here, which used this
-        // same layout, and is not used afterwards.
-        unsafe { dealloc(ptr.0.cast(), layout) };
+        if bytes >= MAPPED_FROM {
+            // SAFETY: the caller guarantees `ptr` came from `alloc(bytes)` here, which mapped
+            // exactly `bytes` bytes at it for a size this large, and is not used afterwards.
+            unsafe { libc::munmap(ptr.0.cast(), bytes) };
+        } else {
+            // SAFETY: the caller guarantees `ptr` came from `alloc(bytes)` here, which used
+            // this same layout, and is not used afterwards.
+            unsafe { dealloc(ptr.0.cast(), layout) };
+        }
         self.in_use.fetch_sub(bytes, Ordering::Relaxed);
     }
 
@@ -193,6 +236,31 @@ mod tests {
         unsafe { a.free(p, 100) };
         assert_eq!(a.stats().in_use, 0);
         assert_eq!(a.stats().high_water, 100);
+    }
+
+    /// A block from [`MAPPED_FROM`] up is mapped: aligned, zeroed, writable to its last byte,
+    /// counted, and unmapped when freed.
+    #[test]
+    fn a_large_block_is_mapped_zeroed_and_counted() {
+        let a = CpuAllocator::new();
+        let bytes = MAPPED_FROM * 3 + 5;
+        let p = a.alloc(bytes).unwrap();
+        assert_eq!(p.0 as usize % ALIGN, 0);
+        let view = RawView { base: p, offset: 0, bytes };
+        let mut out = vec![1u8; bytes];
+        // SAFETY: `view` is the whole live allocation.
+        unsafe { a.copyout(&mut out, view).unwrap() };
+        assert!(out.iter().all(|b| *b == 0));
+        let ones = vec![7u8; bytes];
+        // SAFETY: as above.
+        unsafe { a.copyin(view, &ones).unwrap() };
+        // SAFETY: as above.
+        unsafe { a.copyout(&mut out, view).unwrap() };
+        assert_eq!(out, ones);
+        assert_eq!(a.stats().in_use, bytes);
+        // SAFETY: allocated above with `bytes` bytes.
+        unsafe { a.free(p, bytes) };
+        assert_eq!(a.stats().in_use, 0);
     }
 
     #[test]
