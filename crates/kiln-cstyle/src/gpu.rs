@@ -215,6 +215,11 @@ impl<L: GpuLanguage> Syntax for Gpu<L> {
 }
 
 impl<L: GpuLanguage> Dialect for Gpu<L> {
+    /// The language and whether the device runs f64: all a GPU dialect renders by.
+    fn identity(&self) -> Option<String> {
+        Some(format!("gpu {} fp64={}", std::any::type_name::<L>(), self.fp64))
+    }
+
     /// f64 on a device without it.
     fn refuse(&self, ast: &Arc<UOp>, device: &DeviceSpec) -> Result<()> {
         if !self.fp64 && ast.toposort().iter().any(|n| n.dtype().scalar() == Some(Scalar::F64)) {

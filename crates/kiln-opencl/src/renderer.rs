@@ -124,6 +124,23 @@ mod tests {
         assert!(render(&sink).contains("cl_khr_fp64 : enable"));
     }
 
+    /// The kernel cache finds a kernel's binary by the renderer's identity, without rendering:
+    /// two devices that render differently (with and without f64) name different identities,
+    /// and the metadata described without rendering is the rendered one's.
+    #[test]
+    fn the_identity_names_what_the_source_depends_on_and_describe_matches_render() {
+        let spec = DeviceSpec::new(crate::BACKEND, 0);
+        let (with, without) = (opencl_renderer_for(spec.clone(), true), opencl_renderer_for(spec, false));
+        assert_ne!(with.identity(), without.identity());
+        assert!(with.identity().is_some());
+        let sink = testing::grouped_compare();
+        let (rendered, described) = (with.render(&sink, Some("k")).unwrap(), with.describe(&sink, Some("k")).unwrap());
+        assert_eq!(
+            (rendered.name, rendered.globals, rendered.var_names),
+            (described.name, described.globals, described.var_names)
+        );
+    }
+
     #[test]
     fn constants_use_opencl_suffixes() {
         let d = Gpu::new(OpenClC, true);

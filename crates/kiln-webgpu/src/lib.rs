@@ -772,6 +772,33 @@ mod tests {
         }
     }
 
+    /// The kernel cache finds a kernel's WGSL by the renderer's identity, without rendering:
+    /// adapters with other features or loop budgets name other identities, and the metadata
+    /// described without rendering is the rendered one's.
+    #[test]
+    fn the_identity_names_the_features_and_describe_matches_render() {
+        let (spec, caps) = (DeviceSpec::new(BACKEND, 0), Caps { f16: true, int64: false });
+        let plain = WgslRenderer::new(spec.clone(), caps);
+        let identities = [
+            plain.identity(),
+            WgslRenderer::new(spec.clone(), Caps { f16: false, int64: false }).identity(),
+            WgslRenderer::new(spec.clone(), caps).with_loop_budget(Some(loops::LLVMPIPE_LOOP_BUDGET)).identity(),
+        ];
+        assert!(identities.iter().all(Option::is_some));
+        assert!(identities[0] != identities[1] && identities[0] != identities[2] && identities[1] != identities[2]);
+        let mut k = KernelBuilder::new();
+        let (x, y) = (k.param(0, Scalar::F32, 4), k.param(1, Scalar::F32, 4));
+        let i = k.global(0, 4);
+        k.store(&y.at(&i), &x.at(&i).load());
+        let sink = k.finish().unwrap();
+        let (rendered, described) =
+            (plain.render(&sink, Some("k")).unwrap(), plain.describe(&sink, Some("k")).unwrap());
+        assert_eq!(
+            (rendered.name, rendered.globals, rendered.outs, rendered.ins),
+            (described.name, described.globals, described.outs, described.ins)
+        );
+    }
+
     #[test]
     fn the_cache_key_names_the_adapter() {
         let Some(dev) = test_device() else { return };

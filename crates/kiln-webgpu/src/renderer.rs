@@ -116,6 +116,17 @@ impl Renderer for WgslRenderer {
         Ok(spec)
     }
 
+    /// The kernel's metadata without its WGSL: what the kernel cache needs for a binary it
+    /// found by [`Renderer::identity`] (WGSL's rewrites change no launch, buffer or variable).
+    fn describe(&self, ast: &Arc<UOp>, name: Option<&str>) -> Result<ProgramSpec> {
+        kiln_cstyle::describe(ast, name, &self.device)
+    }
+
+    /// The adapter's features and loop budget: all the WGSL depends on besides the kernel.
+    fn identity(&self) -> Option<String> {
+        Some(format!("wgsl f16={} int64={} loop_budget={:?}", self.caps.f16, self.caps.int64, self.loop_budget))
+    }
+
     fn device(&self) -> &DeviceSpec {
         &self.device
     }
