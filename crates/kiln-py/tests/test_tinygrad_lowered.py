@@ -90,3 +90,15 @@ def test_the_key_changes_with_the_device_the_renderer_renders_for() -> None:
 
     assert lowered.disk_key(ast, renderer(64)) == lowered.disk_key(ast, renderer(64))
     assert lowered.disk_key(ast, renderer(64)) != lowered.disk_key(ast, renderer(32))
+
+
+def test_gpu_devices_lower_as_before(env: dict[str, str]) -> None:
+    # tinygrad tunes a GPU kernel's work-group size from its lowered graph: only kiln's CPU
+    # devices keep their programs
+    from conftest import require
+
+    require("OPENCL")
+    gpu = {**env, "DEV": "KILN:OPENCL"}
+    first = run(gpu)
+    assert first["lowered"] >= 3
+    assert run(gpu)["lowered"] == first["lowered"]

@@ -27,8 +27,8 @@ No tinygrad file changes: each change replaces one name that tinygrad looks up w
   convolution ran at 12 GFLOP/s that way, SqueezeNet's last at 15).
 - `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, convolution weights are stored in
   blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
-- `realize.to_program` (kernels of KILN devices): the programs tinygrad lowers for KILN devices
-  are kept in tinygrad's disk cache and read by later processes instead of being lowered again
+- `realize.to_program` (kernels of kiln's CPU devices): the programs tinygrad lowers for them are
+  kept in tinygrad's disk cache and read by later processes instead of being lowered again
   (`kiln.tinygrad.lowered`).
 - `realize.lower_and_compile` (schedules on KILN devices only): where every program of a
   schedule is lowered already (an eager op run again), the compiled schedule is built without

@@ -6,7 +6,9 @@ the compiled binaries, keyed by the rendered source, so a model's first call in 
 lowers every kernel again, and on kiln's CPU the register tiles (`kiln.tinygrad.tile`) make that
 lowering the larger part of the first call.
 
-This module keeps the programs tinygrad lowers for KILN devices in tinygrad's own disk cache
+This module keeps the programs tinygrad lowers for kiln's CPU devices (KILN devices without
+work groups: tinygrad tunes a GPU kernel's work-group size from its lowered graph, which a kept
+program does not hold) in tinygrad's own disk cache
 (`CACHEDB`, table `kiln_program`; `CACHELEVEL=0` turns it off with tinygrad's), keyed by what
 decides them: the AST, the renderer (its class, target and the device properties it was built
 from), the settings that tinygrad keys its in-memory programs by, tinygrad's version and the
@@ -42,7 +44,11 @@ def layer_id() -> str:
     which renders the programs: a changed layer never reads programs of an older one."""
     h = hashlib.sha256()
     for dist in ("kiln", "tinygrad"):
-        h.update(f"{dist} {importlib.metadata.version(dist)}\0".encode())
+        try:
+            version = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:  # run from a source tree: its source decides
+            version = "not installed"
+        h.update(f"{dist} {version}\0".encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
@@ -76,13 +82,14 @@ def kept_form(program: UOp) -> UOp:
 
 def to_program(ast: UOp, renderer: Any) -> UOp:
     """tinygrad's `to_program` (AST to compiled program, through tinygrad's in-memory cache), with
-    the programs of KILN devices kept on disk: one found there is compiled into kiln's kernel
+    the programs of kiln's CPU devices kept on disk: one found there is compiled into kiln's kernel
     cache (where an earlier process left it, found there) and returned without lowering; one
     lowered is kept. Called where tinygrad lowers a schedule's kernels (its compile workers
     too)."""
     from .device import KilnRenderer  # imports `compat`, which imports this module
 
-    if not isinstance(renderer, KilnRenderer) or ast.op is not Ops.SINK or getattr(ast.arg, "beam", 0):
+    kept = isinstance(renderer, KilnRenderer) and not renderer.has_local
+    if not kept or ast.op is not Ops.SINK or getattr(ast.arg, "beam", 0):
         return tinygrad_to_program(ast, renderer)
     key = disk_key(ast, renderer)
     program = diskcache_get(TABLE, key)
