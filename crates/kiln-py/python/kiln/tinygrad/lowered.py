@@ -1,4 +1,4 @@
-"""tinygrad's lowered kernels for KILN devices, kept between processes (tinygrad 0.14.0).
+"""tinygrad's lowered kernels for kiln's CPU devices, kept between processes (tinygrad 0.14.0).
 
 tinygrad lowers every kernel of a schedule (its AST) to a program in Python, in every process:
 optimizing, expanding, devectorizing, linearizing and rendering it. Its disk cache keeps only
@@ -6,15 +6,15 @@ the compiled binaries, keyed by the rendered source, so a model's first call in 
 lowers every kernel again, and on kiln's CPU the register tiles (`kiln.tinygrad.tile`) make that
 lowering the larger part of the first call.
 
-This module keeps the programs tinygrad lowers for kiln's CPU devices (KILN devices without
-work groups: tinygrad tunes a GPU kernel's work-group size from its lowered graph, which a kept
-program does not hold) in tinygrad's own disk cache
-(`CACHEDB`, table `kiln_program`; `CACHELEVEL=0` turns it off with tinygrad's), keyed by what
-decides them: the AST, the renderer (its class, target and the device properties it was built
-from), the settings that tinygrad keys its in-memory programs by, tinygrad's version and the
-source of kiln's tinygrad layer. `kiln.tinygrad.compat` puts `to_program` in place of the name
-tinygrad's `lower_and_compile` lowers each kernel with (in its compile workers too): a program
-found on disk is not lowered again. Kernels that BEAM searches are lowered as before.
+This module keeps the programs tinygrad lowers for kiln's CPU devices in tinygrad's own disk
+cache (`CACHEDB`, table `kiln_program`; `CACHELEVEL=0` turns it off with tinygrad's), keyed by
+what decides them: the AST, the renderer (its class, target and the device properties it was
+built from), the settings that tinygrad keys its in-memory programs by, tinygrad's version and
+the source of kiln's tinygrad layer. `kiln.tinygrad.compat` puts `to_program` in place of the
+name tinygrad's `lower_and_compile` lowers each kernel with (in its compile workers too): a
+program found on disk is not lowered again. Kernels that BEAM searches, and those of KILN
+devices with work groups (tinygrad tunes a GPU kernel's work-group size from its lowered graph,
+which a kept program does not hold), are lowered as before.
 
 A kept program holds what running, timing and saving a program reads: its `ProgramInfo`, its
 kernel's `KernelInfo` (name, applied opts, estimates), its buffer parameters in order, its kiln
