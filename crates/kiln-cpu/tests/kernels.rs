@@ -221,6 +221,66 @@ fn a_scalar_register_tile_runs_as_vector_accumulators_with_the_same_bits() {
     }
 }
 
+/// A tile as tinygrad hands it when kiln's tile unrolls the rows only: the lanes are a loop
+/// of two vectors' iterations around the reduction (nested accumulators, B's reads gated like
+/// a padded convolution's input), with a bias, a ReLU and two stores, one transposed. kiln
+/// unrolls and jams that loop into vector accumulators, and every pair gives the bits of the
+/// scalar fused multiply-adds, in order, on the host.
+#[test]
+fn a_tile_whose_lanes_are_a_loop_runs_as_vector_accumulators_with_the_same_bits() {
+    let (m, n, kk, rows, lanes) = (16usize, 64usize, 12usize, 4usize, 32usize);
+    let mut k = KernelBuilder::new();
+    let (a, b) = (k.param(0, Scalar::F32, (m * kk) as i64), k.param(1, Scalar::F32, (kk * n) as i64));
+    let bias = k.param(2, Scalar::F32, n as i64);
+    let (c, d) = (k.param(3, Scalar::F32, (m * n) as i64), k.param(4, Scalar::F32, (m * n) as i64));
+    let (rb, cb, lane) = (k.range((m / rows) as i64), k.range((n / lanes) as i64), k.range(lanes as i64));
+    let (outer, inner) = (k.range(kk as i64 / 3), k.range(3));
+    let r = &outer * 3 + &inner;
+    let col = &cb * lanes as i64 + &lane;
+    let mut stores = Vec::new();
+    for row in 0..rows as i64 {
+        let i = &rb * rows as i64 + row;
+        let x = a.at(&(&i * kk as i64 + &r)).load();
+        let gate = (&col - &col.idiv(5i64) * 5i64).ne(0i64);
+        let y = b.at(&(&r * n as i64 + &col)).load_gated(&gate, 0.0);
+        let acc = k.acc(&Val::f32(0.0), &[&outer]);
+        let inner_acc = k.acc(&acc.get(), &[&inner]);
+        let sum = acc.update(&inner_acc.update(&x.mul_acc(&y, &inner_acc.get())));
+        let v = sum + bias.at(&col).load();
+        let out = Val::f32(0.0).lt(&v).select(&v, 0.0f32);
+        stores.push(k.store(&c.at(&(&i * n as i64 + &col)), &out));
+        stores.push(k.store(&d.at(&(&col * m as i64 + &i)), &out));
+    }
+    let refs: Vec<&Val> = stores.iter().collect();
+    let lane_end = k.end(&lane, &refs);
+    let cb_end = k.end(&cb, &[&lane_end]);
+    k.end(&rb, &[&cb_end]);
+    let sink = k.finish().unwrap();
+    let src = cpu_renderer().render(&sink, Some("lanes")).unwrap().src;
+    assert!(src.contains("kiln_f32x16 acc"), "no vector accumulator in\n{src}");
+
+    let (x, y, bv) = (randf(m * kk, 51), randf(kk * n, 52), randf(n, 53));
+    let mut want_c = vec![0f32; m * n];
+    let mut want_d = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let b_at = |r: usize| if j % 5 == 0 { 0.0 } else { y[r * n + j] };
+            let v = (0..kk).fold(0.0f32, |acc, r| x[i * kk + r].mul_add(b_at(r), acc)) + bv[j];
+            let out = if 0.0 < v { v } else { 0.0 };
+            want_c[i * n + j] = out;
+            want_d[j * m + i] = out;
+        }
+    }
+    for pair in device().compiler_names() {
+        let kernel = device().compile_with(&pair, &sink, Some("lanes")).unwrap();
+        let bufs = [from_f32s(&x), from_f32s(&y), from_f32s(&bv)];
+        let (bc, bd) = (device().buffer(Scalar::F32, m * n).unwrap(), device().buffer(Scalar::F32, m * n).unwrap());
+        kernel.launch(&[&bufs[0], &bufs[1], &bufs[2], &bc, &bd], &[]).unwrap();
+        assert_eq!(f32s(&bc), want_c, "pair {pair}: C");
+        assert_eq!(f32s(&bd), want_d, "pair {pair}: D");
+    }
+}
+
 /// A tile's epilogue as tinygrad writes it, lane by lane: a batch norm (`(acc - mean[j]) *
 /// scale[j] / std[j] + bias[j]`), a residual add and a ReLU, stored to C (consecutive lanes:
 /// one vector store) and transposed to D (lanes `m` apart: a store per lane). Lifted into

@@ -43,6 +43,7 @@ mod builder;
 mod dtype;
 mod epilogue;
 mod guard;
+mod jam;
 mod lanes;
 mod linearize;
 mod outer;

@@ -46,9 +46,13 @@ struct Member {
 /// `vector_bytes` bytes (the target's widest vector register; runs shorter than two lanes
 /// stay scalar). Returns `root` itself when nothing matches.
 ///
-/// Then the tile's epilogue, each lane's chain of scalar ops after its accumulator, is lifted
-/// into vectors where every lane does the same ([`crate::epilogue`]).
+/// A tile whose lanes are still a loop (a compiler that unrolled the rows only) is first
+/// unrolled into that scalar form ([`crate::jam`]). Then the tile's epilogue, each lane's
+/// chain of scalar ops after its accumulator, is lifted into vectors where every lane does the
+/// same ([`crate::epilogue`]).
 pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp> {
+    let jammed = crate::jam::unroll_lane_loops(root, vector_bytes);
+    let root = jammed.as_ref().unwrap_or(root);
     match vectorize(root, vector_bytes) {
         Some(tiled) => crate::epilogue::lift(&tiled).unwrap_or(tiled),
         None => root.clone(),

@@ -24,7 +24,7 @@ from tinygrad.engine.realize import graph_cache, run_linear  # noqa: E402
 from tinygrad.helpers import DEV as TARGETS  # noqa: E402
 from tinygrad.helpers import Context, GlobalCounters, Target  # noqa: E402
 from tinygrad.codegen.opt import heuristic  # noqa: E402
-from tinygrad.uop.ops import Ops  # noqa: E402
+from tinygrad.uop.ops import AxisType, Ops  # noqa: E402
 
 kiln.tinygrad.install()
 DEV = "KILN"
@@ -242,9 +242,11 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
     with Context(CACHELEVEL=0, PARALLEL=0):  # compiled here, by the patched heuristic
         out = run()
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-    opts = [o for r in tiled if r is not None for o in r.applied_opts]
-    upcasts = [o.arg for o in opts if o.op.name == "UPCAST"]
-    assert len(upcasts) >= 2, f"no register tile: {opts}"
+    # the rows upcast, the lanes a loop of at least 4 (kiln unrolls it: `unroll_lane_loops`)
+    tiles = [r for r in tiled if r is not None]
+    upcasts = [o.arg for r in tiles for o in r.applied_opts if o.op.name == "UPCAST"]
+    lanes = [rg.src[0].arg for r in tiles for rg in r.rngs if rg.arg[-1] is AxisType.LOOP]
+    assert upcasts and lanes and min(lanes) >= 4, f"no register tile: {[r.applied_opts for r in tiles]}, lanes {lanes}"
 
 
 @pytest.mark.parametrize("on_host", [False, True])
