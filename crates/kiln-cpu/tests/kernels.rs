@@ -222,13 +222,20 @@ fn a_scalar_register_tile_runs_as_vector_accumulators_with_the_same_bits() {
 }
 
 /// A tile as tinygrad hands it when kiln's tile unrolls the rows only: the lanes are a loop
-/// of two vectors' iterations around the reduction (nested accumulators, B's reads gated like
-/// a padded convolution's input), with a bias, a ReLU and two stores, one transposed. kiln
-/// unrolls and jams that loop into vector accumulators, and every pair gives the bits of the
-/// scalar fused multiply-adds, in order, on the host.
+/// of up to two vectors' iterations around the reduction (nested accumulators, B's reads gated
+/// like a padded convolution's input), with a bias, a ReLU and two stores, one transposed.
+/// kiln unrolls and jams that loop into vector accumulators (28 lanes: vectors of 16, 8 and
+/// 4; 64 lanes are more than two vectors hold and stay a loop), and every pair gives the bits
+/// of the scalar fused multiply-adds, in order, on the host.
 #[test]
 fn a_tile_whose_lanes_are_a_loop_runs_as_vector_accumulators_with_the_same_bits() {
-    let (m, n, kk, rows, lanes) = (16usize, 64usize, 12usize, 4usize, 32usize);
+    for (rows, lanes, widest) in [(4usize, 32usize, Some(16)), (3, 28, Some(16)), (2, 12, Some(8)), (1, 64, None)] {
+        lane_loop_tile(rows, lanes, widest);
+    }
+}
+
+fn lane_loop_tile(rows: usize, lanes: usize, widest: Option<usize>) {
+    let (m, n, kk) = (rows * 4, lanes * 2, 12usize);
     let mut k = KernelBuilder::new();
     let (a, b) = (k.param(0, Scalar::F32, (m * kk) as i64), k.param(1, Scalar::F32, (kk * n) as i64));
     let bias = k.param(2, Scalar::F32, n as i64);
@@ -257,7 +264,12 @@ fn a_tile_whose_lanes_are_a_loop_runs_as_vector_accumulators_with_the_same_bits(
     k.end(&rb, &[&cb_end]);
     let sink = k.finish().unwrap();
     let src = cpu_renderer().render(&sink, Some("lanes")).unwrap().src;
-    assert!(src.contains("kiln_f32x16 acc"), "no vector accumulator in\n{src}");
+    match widest {
+        Some(w) => {
+            assert!(src.contains(&format!("kiln_f32x{w} acc")), "{lanes} lanes: no {w}-lane accumulator in\n{src}")
+        }
+        None => assert!(!src.contains("kiln_f32x"), "{lanes} lanes were unrolled:\n{src}"),
+    }
 
     let (x, y, bv) = (randf(m * kk, 51), randf(kk * n, 52), randf(n, 53));
     let mut want_c = vec![0f32; m * n];
@@ -276,8 +288,8 @@ fn a_tile_whose_lanes_are_a_loop_runs_as_vector_accumulators_with_the_same_bits(
         let bufs = [from_f32s(&x), from_f32s(&y), from_f32s(&bv)];
         let (bc, bd) = (device().buffer(Scalar::F32, m * n).unwrap(), device().buffer(Scalar::F32, m * n).unwrap());
         kernel.launch(&[&bufs[0], &bufs[1], &bufs[2], &bc, &bd], &[]).unwrap();
-        assert_eq!(f32s(&bc), want_c, "pair {pair}: C");
-        assert_eq!(f32s(&bd), want_d, "pair {pair}: D");
+        assert_eq!(f32s(&bc), want_c, "pair {pair}, {lanes} lanes: C");
+        assert_eq!(f32s(&bd), want_d, "pair {pair}, {lanes} lanes: D");
     }
 }
 

@@ -139,7 +139,7 @@ fn reads_at_lane(v: &Arc<UOp>, range: &Arc<UOp>, vary: &HashSet<*const UOp>) -> 
         if Arc::ptr_eq(t, range) {
             lanes += 1;
         } else if t.op() == Op::MulAcc && t.dtype().is_int() {
-            if t.src()[..2].iter().any(|f| vary.contains(&Arc::as_ptr(f))) {
+            if t.src().iter().take(2).any(|f| vary.contains(&Arc::as_ptr(f))) {
                 return false;
             }
         } else if vary.contains(&Arc::as_ptr(t)) {
@@ -214,7 +214,7 @@ fn jam(root: &Arc<UOp>, topo: &[Arc<UOp>], range: &Arc<UOp>, vector_bytes: usize
                 effects.push(e);
             }
         };
-        let is_end = n.op() == Op::End && n.dtype() == DType::Void;
+        let is_end = n.op() == Op::End && n.dtype() == DType::Void && !n.src().is_empty();
         let first = usize::from(is_end);
         if is_end || n.op() == Op::Sink {
             for lane in 0..lanes {
