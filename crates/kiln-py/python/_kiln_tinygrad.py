@@ -8,6 +8,7 @@ import importlib.machinery
 import sys
 
 MODULE = "tinygrad.runtime.ops_kiln"
+TINYGRAD = "tinygrad"
 ONNX = "tinygrad.nn.onnx"
 
 
@@ -16,15 +17,15 @@ class _Loader(importlib.abc.Loader):
         return None  # the default module
 
     def exec_module(self, module):
-        from kiln.tinygrad.device import KilnDevice  # installs kiln.tinygrad.compat
+        from kiln.tinygrad.device import KilnDevice
 
         module.KilnDevice = KilnDevice
         module.__all__ = ["KilnDevice"]
 
 
-class _OnnxLoader(importlib.abc.Loader):
-    """tinygrad's own loader of `tinygrad.nn.onnx`, then kiln's fix to its runner
-    (`kiln.tinygrad.compat.install_onnx`)."""
+class _PatchingLoader(importlib.abc.Loader):
+    """tinygrad's own loader of `tinygrad` or `tinygrad.nn.onnx`, then kiln's changes to it
+    (`kiln.tinygrad.compat.install` or `install_onnx`)."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -34,31 +35,44 @@ class _OnnxLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        from kiln.tinygrad import compat
+        _patch(module.__name__)
 
-        compat.install_onnx(module)
+
+def _patch(name):
+    try:
+        from kiln.tinygrad import compat
+    except Exception as e:  # a tinygrad whose internals kiln's layer cannot even import
+        import warnings
+
+        warnings.warn(f"kiln.tinygrad: tinygrad's internals differ from those kiln was written for; "
+                      f"none of kiln's changes to tinygrad applied ({type(e).__name__}: {e})", stacklevel=2)
+        return
+    if name == TINYGRAD:
+        compat.install()
+    else:
+        compat.install_onnx(sys.modules[name])
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Answers `tinygrad.runtime.ops_kiln`, and `tinygrad.nn.onnx` with tinygrad's module plus
-    kiln's fix to it; nothing else."""
+    """Answers `tinygrad.runtime.ops_kiln`, and `tinygrad` and `tinygrad.nn.onnx` with tinygrad's
+    modules plus kiln's changes to them; nothing else."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == MODULE:
             return importlib.machinery.ModuleSpec(MODULE, _Loader())
-        if fullname == ONNX:
+        if fullname in (TINYGRAD, ONNX):
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is not None and spec.loader is not None:
-                spec.loader = _OnnxLoader(spec.loader)
+                spec.loader = _PatchingLoader(spec.loader)
             return spec
         return None
 
 
 def install():
-    """Makes `tinygrad.runtime.ops_kiln` importable and fixes `tinygrad.nn.onnx` (idempotent)."""
+    """Makes `tinygrad.runtime.ops_kiln` importable and applies kiln's changes to tinygrad when it
+    is imported (`kiln.tinygrad.compat`; idempotent)."""
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
-    if ONNX in sys.modules:  # imported before (python -S, then kiln.tinygrad.install())
-        from kiln.tinygrad import compat
-
-        compat.install_onnx(sys.modules[ONNX])
+    for name in (TINYGRAD, ONNX):
+        if name in sys.modules:  # imported before (python -S, then kiln.tinygrad.install())
+            _patch(name)

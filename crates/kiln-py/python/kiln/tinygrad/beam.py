@@ -8,7 +8,7 @@ candidates, renders them all here with their compiles held back, compiles the di
 with one `compile_many` (they stay in kiln's kernel cache, where loading them for timing finds
 them) and drops the candidates whose kernel does not compile, as tinygrad drops a candidate that
 fails to compile. Rounds of other renderers, and every other user of the pool, keep tinygrad's.
-`kiln.tinygrad.compat` puts this pool in place of `get_worker_pool` in the search module.
+`kiln.tinygrad.compat.PATCHES` puts this pool in place of `get_worker_pool` in the search module.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from tinygrad.codegen.opt import search
 
-from .device import KilnRenderer
-
-tinygrad_pool: Callable[[], Any] = search.get_worker_pool
+tinygrad_pool: Any = getattr(search, "get_worker_pool", None)  # None: the patch is skipped
 
 
 class KilnBeamPool:
@@ -27,6 +25,8 @@ class KilnBeamPool:
     tinygrad's pool (opened only if needed) or, without one (`PARALLEL=0`), to `map`."""
 
     def imap_unordered(self, fn: Callable, items: Iterable[tuple[int, Any]]) -> Iterable[tuple[int, Optional[tuple]]]:
+        from .device import KilnRenderer  # not at import: the device module imports `compat`, which imports this
+
         items = list(items)
         if fn is not search._try_compile or not items or not all(isinstance(s.ren, KilnRenderer) for _, s in items):
             pool = tinygrad_pool()

@@ -1,77 +1,46 @@
-"""Every change `kiln.tinygrad` makes to tinygrad's behaviour, in one place, for tinygrad 0.14.0.
+"""Every change `kiln.tinygrad` makes to tinygrad's behaviour, in one declared table (`PATCHES`),
+written for tinygrad 0.14.0.
 
-No tinygrad file changes: each change replaces one name that tinygrad looks up when it runs.
+No tinygrad file changes: each entry replaces one name that tinygrad looks up when it runs, and
+names the parameters of the original it was written against, who sees the change (its scope)
+and why. A change to results or graphs applies to KILN devices only (the replacement checks the
+device and otherwise calls tinygrad's original); the two ONNX loader bug fixes apply to every
+device and are listed as such. `install` applies the entries whose target still has the expected
+parameters and warns once per entry it skips, by name (`KilnPatchWarning`); `python -m
+kiln.tinygrad.compat` prints the table and which entries apply to the installed tinygrad.
 
-- `search.get_worker_pool` (always): BEAM compiles each round of kiln candidates in one batch
-  (`kiln.tinygrad.beam`); other renderers keep tinygrad's pool.
-- `heuristic.hand_coded_optimizations`: contractions on kiln's CPU get kiln's register tile
-  (`kiln.tinygrad.tile`); other kernels and devices keep tinygrad's heuristic.
-- `schedule.get_kernel_graph` (every schedule on KILN devices): the computed inputs of a
-  concatenation get kernels of their own, and on kiln's CPU the concatenation too
-  (`kiln.tinygrad.concat`), instead of being fused into one kernel that runs every input's
-  reduction for each element of the result.
-- `OnnxRunner._parse_input`, when `tinygrad.nn.onnx` is imported (the import hook of
-  `_kiln_tinygrad` calls `install_onnx`; this module never imports it, since importing it makes
-  tensors): input dimensions of -1 and "?" are open ones (`kiln.tinygrad.onnx_inputs`).
-- `schedule.get_kernel_graph` on kiln's CPU: in each schedule, the right operand of a large
-  enough f32 matrix product is copied in blocks of the register tile's columns first
-  (`kiln.tinygrad.layout.pack_contractions`); on several KILN devices too, where that operand is
-  whole on each (replicated weights, not a `shard` split). The copy is an intermediate buffer of
-  that schedule, never a tensor's, so every tensor reads what it reads on tinygrad's devices
-  (around `assign` and optimizer steps too); the schedule cache keeps the rewritten graph.
-- `OnnxPBParser._parse_TensorProto`, likewise: a tensor with no elements and no data field (which
-  ONNX allows) loads as an empty tensor (`kiln.tinygrad.onnx_tensors`).
-- ONNX's `GlobalAveragePool` and `GlobalMaxPool` (`onnx_ops`), likewise: on kiln's CPU their input
-  is realized first. tinygrad otherwise fuses the convolution before them into the pooling
-  kernel, a sum nested in another reduction, which gets no register tile (magika's one
-  convolution ran at 12 GFLOP/s that way, SqueezeNet's last at 15).
-- `OnnxRunner._init_from_graph`, likewise: on kiln's CPU, convolution weights are stored in
-  blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`).
-- `realize.to_program` (kernels of kiln's CPU devices): the programs tinygrad lowers for them are
-  kept in tinygrad's disk cache and read by later processes instead of being lowered again
-  (`kiln.tinygrad.lowered`).
-- `realize.lower_and_compile` (schedules on KILN devices only): where every program of a
-  schedule is lowered already (an eager op run again), the compiled schedule is built without
-  walking the programs.
-- `jit.graph_split_rewrite`: a captured TinyJit whose calls all run on KILN devices is one
-  graph batch, so one `kiln.Plan` (`KilnGraph`), however many devices it spans, unless the user
-  chose `JIT_BATCH_SIZE` (in the environment, or a value other than tinygrad's default 32).
-  tinygrad otherwise cuts the JIT into batches of 32, 64, 128, … calls, so that a GPU starts on
-  one batch while the next is built; a kiln plan runs to completion when called, so the cuts
-  would only add waits between plans and keep the plan from running independent work (the
-  devices of a sharded step) at once across them.
-
-`install` runs when `kiln.tinygrad.device` is imported, so tinygrad's compile worker processes
-(which import it to unpickle the renderer) get the changes too. Under another tinygrad version
-only the BEAM pool is installed (it reads nothing of tinygrad's internals but the pool's use).
+kiln's tinygrad registration (`_kiln_tinygrad`, run by `kiln-tinygrad.pth` at start-up) calls
+`install` when tinygrad is imported and `install_onnx` when `tinygrad.nn.onnx` is, so every
+process with kiln's wheel, tinygrad's worker processes included, has the same changes before it
+schedules anything; importing kiln's device module patches nothing by itself.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import inspect
 import os
+import sys
+import warnings
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional
 
 from tinygrad import Device, Tensor, codegen, schedule
-from tinygrad.codegen.opt import heuristic, search
 from tinygrad.engine import jit, realize
 from tinygrad.helpers import ALLOW_DEVICE_USAGE, JIT_BATCH_SIZE
 from tinygrad.uop.ops import Ops, UOp
 
-from . import concat, layout, lowered, onnx_inputs, onnx_tensors, tile
+from . import beam, concat, layout, lowered, onnx_inputs, onnx_tensors, tile
 
 TINYGRAD_VERSION = "0.14.0"
-tinygrad_kernel_graph = schedule.get_kernel_graph
-tinygrad_graph_split = jit.graph_split_rewrite
-tinygrad_lower_and_compile = realize.lower_and_compile
+# tinygrad's originals, where they exist (a patch whose target is missing is skipped: `install`)
+tinygrad_kernel_graph: Any = getattr(schedule, "get_kernel_graph", None)
+tinygrad_graph_split: Any = getattr(jit, "graph_split_rewrite", None)
+tinygrad_lower_and_compile: Any = getattr(realize, "lower_and_compile", None)
 DEFAULT_JIT_BATCH_SIZE = 32  # tinygrad's own default of `JIT_BATCH_SIZE`
 GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
-
-
-def pinned() -> bool:
-    """Whether the installed tinygrad is the version these changes were written for."""
-    return importlib.metadata.version("tinygrad") == TINYGRAD_VERSION
 
 
 def lane_block(renderer: Any) -> int:
@@ -159,44 +128,172 @@ def graph_split(linear: UOp, max_batch_size: int = 0) -> UOp:
     return tinygrad_graph_split(linear, max_batch_size=max_batch_size)
 
 
-def install() -> None:
-    """Installs the changes above (idempotent)."""
-    from . import beam  # it imports kiln.tinygrad.device, which calls this at its end
+def open_parse_input(parse_input: Callable[..., Any]) -> Callable[..., Any]:
+    """`OnnxRunner._parse_input` reading dimensions of -1 and "?" as open ones."""
 
-    search.get_worker_pool = beam.KilnBeamPool
-    if pinned():
-        heuristic.hand_coded_optimizations = tile.hand_coded_optimizations
-        schedule.get_kernel_graph = kernel_graph
-        jit.graph_split_rewrite = graph_split
-        realize.lower_and_compile = lower_and_compile
-        realize.to_program = lowered.to_program
-
-
-def install_onnx(onnx_module: ModuleType) -> None:
-    """Wraps `OnnxRunner._parse_input` and `_init_from_graph`, the global pools of `onnx_ops`
-    and `OnnxPBParser._parse_TensorProto` of a just-imported `tinygrad.nn.onnx` (idempotent)."""
-    runner: Any = onnx_module.OnnxRunner
-    if not pinned() or getattr(runner, "_kiln_installed", False):
-        return
-    parse_input = runner._parse_input
-
-    def open_parse_input(self: Any, name: str, value: Any, spec: Any) -> Any:
+    def parse(self: Any, name: str, value: Any, spec: Any) -> Any:
         return parse_input(self, name, value, onnx_inputs.open_dims(name, spec))
 
-    runner._parse_input = open_parse_input
-    init_from_graph = runner._init_from_graph
+    return parse
 
-    def init_with_kiln_layout(self: Any, graph: dict, *args: Any, **kwargs: Any) -> None:
+
+def init_with_kiln_layout(init_from_graph: Callable[..., Any]) -> Callable[..., Any]:
+    """`OnnxRunner._init_from_graph`, then convolution weights in blocks of the register tile's
+    lanes where the default device is a kiln CPU device."""
+
+    def init(self: Any, graph: dict, *args: Any, **kwargs: Any) -> None:
         init_from_graph(self, graph, *args, **kwargs)
         renderer = tiling_renderer(Device.DEFAULT)
         if renderer is not None:
             layout.reorder_conv_weights(self, lane_block(renderer))
 
-    runner._init_from_graph = init_with_kiln_layout
-    runner._kiln_installed = True
-    ops = onnx_module.onnx_ops  # the dict every OnnxRunner looks its ops up in
-    for name in GLOBAL_POOLS:
-        if callable(ops.get(name)):
-            ops[name] = realized_input(ops[name])
-    pb: Any = onnx_module.OnnxPBParser
-    pb._parse_TensorProto = onnx_tensors.parse_empty(pb._parse_TensorProto, lambda t: onnx_module.OnnxDataType(t).to_dtype())
+    return init
+
+
+def parse_empty_tensors(parse: Callable[..., Any]) -> Callable[..., Any]:
+    onnx = sys.modules["tinygrad.nn.onnx"]
+    return onnx_tensors.parse_empty(parse, lambda t: onnx.OnnxDataType(t).to_dtype())
+
+
+KILN = "KILN devices"
+KILN_CPU = "kiln's CPU devices"
+EVERY_DEVICE = "every device (a bug fix)"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One change to tinygrad: `target` (`module:attribute.path`, `[key]` for a dict entry) is
+    replaced by `make(original)`, if the original takes `params`."""
+
+    target: str
+    params: tuple[str, ...]
+    scope: str
+    why: str
+    make: Callable[[Any], Any]
+
+
+ONNX = "tinygrad.nn.onnx"
+PATCHES: tuple[Patch, ...] = (
+    Patch("tinygrad.codegen.opt.search:get_worker_pool", (), KILN,
+          "BEAM compiles each round of kiln candidates in one batch (`kiln.tinygrad.beam`)",
+          lambda original: beam.KilnBeamPool),
+    Patch("tinygrad.codegen.opt.heuristic:hand_coded_optimizations", ("k",), KILN_CPU,
+          "contractions get kiln's register tile (`kiln.tinygrad.tile`); other kernels keep tinygrad's heuristic",
+          lambda original: tile.hand_coded_optimizations),
+    Patch("tinygrad.schedule:get_kernel_graph", ("args", "kwargs"), KILN,
+          "a concatenation's computed inputs get kernels of their own (`kiln.tinygrad.concat`), and on kiln's CPU "
+          "a matrix product's right operand is copied in blocks of the tile's columns (`layout.pack_contractions`)",
+          lambda original: kernel_graph),
+    Patch("tinygrad.engine.jit:graph_split_rewrite", ("linear", "max_batch_size"), KILN,
+          "a captured TinyJit on KILN devices is one graph batch, so one `kiln.Plan`, unless `JIT_BATCH_SIZE` is chosen",
+          lambda original: graph_split),
+    Patch("tinygrad.engine.realize:lower_and_compile", ("linear",), KILN,
+          "an eager schedule whose programs are all lowered already is built without walking them",
+          lambda original: lower_and_compile),
+    Patch("tinygrad.engine.realize:to_program", ("ast", "renderer"), KILN_CPU,
+          "lowered programs are kept in tinygrad's disk cache for later processes (`kiln.tinygrad.lowered`)",
+          lambda original: lowered.to_program),
+    Patch(f"{ONNX}:OnnxRunner._parse_input", ("self", "name", "value", "spec"), EVERY_DEVICE,
+          "input dimensions of -1 and \"?\" are open ones, as onnxruntime reads them (`kiln.tinygrad.onnx_inputs`)",
+          open_parse_input),
+    Patch(f"{ONNX}:OnnxPBParser._parse_TensorProto", ("self",), EVERY_DEVICE,
+          "a tensor with no elements and no data field loads as an empty tensor (`kiln.tinygrad.onnx_tensors`)",
+          parse_empty_tensors),
+    Patch(f"{ONNX}:OnnxRunner._init_from_graph", ("self", "graph", "is_subgraph"), KILN_CPU,
+          "convolution weights are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`)",
+          init_with_kiln_layout),
+    *(Patch(f"{ONNX}:onnx_ops[{name}]", ("X",), KILN_CPU,
+            "the input is realized first, so the convolution before it is not fused into a nested reduction "
+            "that gets no register tile", realized_input) for name in GLOBAL_POOLS),
+)
+
+
+class KilnPatchWarning(UserWarning):
+    """A change in `PATCHES` that kiln did not apply: its target is missing or takes other parameters."""
+
+
+# target -> kiln's replacement, for each applied patch; target -> why not, for each skipped one
+APPLIED: dict[str, Any] = {}
+SKIPPED: dict[str, str] = {}
+
+
+def _slot(patch: Patch) -> tuple[Any, str, bool]:
+    """(the object holding the target, its attribute or key, whether it is a key)."""
+    module, path = patch.target.split(":")
+    owner: Any = sys.modules.get(module) or importlib.import_module(module)
+    *parents, last = path.split(".")
+    for name in parents:
+        owner = getattr(owner, name)
+    if last.endswith("]"):
+        name, key = last[:-1].split("[")
+        return getattr(owner, name), key, True
+    return owner, last, False
+
+
+def _apply(patch: Patch) -> None:
+    if patch.target in APPLIED or patch.target in SKIPPED:
+        return
+    try:
+        owner, name, is_key = _slot(patch)
+        original = owner[name] if is_key else getattr(owner, name)
+        params = tuple(inspect.signature(original).parameters)
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError) as e:
+        reason = f"not found ({type(e).__name__}: {e})"
+    else:
+        if params == patch.params:
+            APPLIED[patch.target] = replacement = patch.make(original)
+            if is_key:
+                owner[name] = replacement
+            else:
+                setattr(owner, name, replacement)
+            return
+        reason = f"takes ({', '.join(params)}), not ({', '.join(patch.params)})"
+    SKIPPED[patch.target] = reason
+    warnings.warn(
+        f"kiln.tinygrad: not applying {patch.target} (tinygrad {installed_version()}): it {reason}; "
+        f"kiln wrote this change for tinygrad {TINYGRAD_VERSION}, so on {patch.scope} tinygrad keeps its own "
+        f"behaviour here: {patch.why}",
+        KilnPatchWarning,
+        stacklevel=3,
+    )
+
+
+def installed_version() -> str:
+    return importlib.metadata.version("tinygrad")
+
+
+def install() -> None:
+    """Applies the patches of tinygrad's core (idempotent); those of `tinygrad.nn.onnx` when it is
+    imported (`install_onnx`)."""
+    for patch in PATCHES:
+        if not patch.target.startswith(ONNX + ":"):
+            _apply(patch)
+
+
+def install_onnx(onnx_module: ModuleType) -> None:
+    """Applies the patches of a just-imported `tinygrad.nn.onnx` (idempotent)."""
+    del onnx_module  # the patches find it in `sys.modules`
+    for patch in PATCHES:
+        if patch.target.startswith(ONNX + ":"):
+            _apply(patch)
+
+
+def report() -> str:
+    """The table, each entry with whether it applies to the installed tinygrad."""
+    lines = [f"kiln.tinygrad patches, written for tinygrad {TINYGRAD_VERSION}; installed: tinygrad {installed_version()}"]
+    for p in PATCHES:
+        state = "applied" if p.target in APPLIED else f"SKIPPED: {SKIPPED[p.target]}" if p.target in SKIPPED else "not installed"
+        lines.append(f"- {p.target} [{p.scope}]: {state}\n    {p.why}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    # this file runs as `__main__`, a second copy: the table in effect is the imported module's
+    import tinygrad.nn.onnx  # noqa: F401  (kiln's import hook applies the ONNX entries)
+
+    from kiln.tinygrad import compat as installed
+
+    installed.install()
+    installed.install_onnx(tinygrad.nn.onnx)
+    print(installed.report())
+    sys.exit(1 if installed.SKIPPED else 0)

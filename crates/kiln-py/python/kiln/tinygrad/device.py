@@ -47,6 +47,7 @@ from tinygrad.uop.ops import KernelInfo, Ops, UOp
 
 import kiln
 
+from . import compat
 from .render import ALU, Converter, Unsupported, kiln_scalar, render
 
 # tinygrad's dtypes that kiln has (kiln's names in `kiln.DTYPES`)
@@ -473,7 +474,3 @@ class KilnDevice(Compiled):
     def synchronize(self) -> None:
         self.kiln.synchronize()
 
-
-from . import compat  # noqa: E402  (its BEAM pool needs this module's classes: imported last)
-
-compat.install()

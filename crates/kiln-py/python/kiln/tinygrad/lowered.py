@@ -35,7 +35,7 @@ from tinygrad.helpers import diskcache_get, diskcache_put
 from tinygrad.uop.ops import Ops, UOp
 
 TABLE = "kiln_program"
-tinygrad_to_program = codegen.to_program
+tinygrad_to_program: Any = getattr(codegen, "to_program", None)  # None: the patch is skipped
 
 
 @functools.cache

@@ -23,14 +23,14 @@ before. It reads tinygrad 0.14.0's scheduler (`Scheduler.reduceop`, `rngs`, `app
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Optional
 
 from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, heuristic
 from tinygrad.codegen.opt.postrange import Scheduler
 from tinygrad.renderer import Renderer
 from tinygrad.uop.ops import AxisType, Ops, UOp
 
-tinygrad_heuristic: Callable[[Scheduler], Scheduler] = heuristic.hand_coded_optimizations
+tinygrad_heuristic: Any = getattr(heuristic, "hand_coded_optimizations", None)  # None: the patch is skipped
 
 
 IRREGULAR = 1 << 40  # the "stride" of a range that the index uses other than as `range*c`
