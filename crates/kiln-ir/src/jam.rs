@@ -34,7 +34,7 @@ const MAX_COPIED_NODES: usize = 1 << 16;
 pub(crate) fn unroll_lane_loops(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
     let mut current = root.clone();
     let mut changed = false;
-    // each pass turns one loop into a loop of one iteration, which is no candidate
+    // each pass unrolls one loop, which is then gone
     for _ in 0..8 {
         let topo = current.toposort();
         if !may_reorder(&topo) {
@@ -116,26 +116,29 @@ fn varying(topo: &[Arc<UOp>], range: &Arc<UOp>) -> Option<HashSet<*const UOp>> {
 }
 
 /// The additive terms of an integer address: ADD's operands, and an integer MULACC's addend
-/// besides its product (kept whole).
-fn terms<'a>(n: &'a Arc<UOp>, out: &mut Vec<&'a Arc<UOp>>) {
-    match n.op() {
-        Op::Add => n.src().iter().for_each(|s| terms(s, out)),
-        Op::MulAcc if n.dtype().is_int() && n.src().len() == 3 => {
-            out.push(n); // stands for the product: it varies where its factors do
-            terms(&n.src()[2], out);
+/// besides its product (the MULACC itself stands for the product: it varies where its factors
+/// do). A loop, not a recursion: an address may be a long chain.
+fn terms(addr: &Arc<UOp>) -> Vec<&Arc<UOp>> {
+    let (mut out, mut stack) = (Vec::new(), vec![addr]);
+    while let Some(n) = stack.pop() {
+        match n.op() {
+            Op::Add => stack.extend(n.src()),
+            Op::MulAcc if n.dtype().is_int() && n.src().len() == 3 => {
+                out.push(n);
+                stack.push(&n.src()[2]);
+            }
+            _ => out.push(n),
         }
-        _ => out.push(n),
     }
+    out
 }
 
 /// Whether `v` is a load whose address is `range` plus terms that do not depend on it.
 fn reads_at_lane(v: &Arc<UOp>, range: &Arc<UOp>, vary: &HashSet<*const UOp>) -> bool {
     let Some(index) = v.src().first().filter(|_| v.op() == Op::Load) else { return false };
     let Some(addr) = index.src().get(1).filter(|_| index.op() == Op::Index) else { return false };
-    let mut ts = Vec::new();
-    terms(addr, &mut ts);
     let mut lanes = 0;
-    for t in ts {
+    for t in terms(addr) {
         if Arc::ptr_eq(t, range) {
             lanes += 1;
         } else if t.op() == Op::MulAcc && t.dtype().is_int() {

@@ -163,7 +163,8 @@ EVERY_DEVICE = "every device (a bug fix)"
 @dataclass(frozen=True)
 class Patch:
     """One change to tinygrad: `target` (`module:attribute.path`, `[key]` for a dict entry) is
-    replaced by `make(original)`, if the original takes `params`."""
+    replaced by `make(original)`, if the original takes `params`. (The replacements of tinygrad's
+    core call the originals this module read at import, which `install` passes to `make`.)"""
 
     target: str
     params: tuple[str, ...]
@@ -264,7 +265,16 @@ def installed_version() -> str:
 
 def install() -> None:
     """Applies the patches of tinygrad's core (idempotent); those of `tinygrad.nn.onnx` when it is
-    imported (`install_onnx`)."""
+    imported (`install_onnx`). Under another tinygrad than the one the table was written for, it
+    says so once: the entries whose targets kept their shape still apply."""
+    if installed_version() != TINYGRAD_VERSION and not (APPLIED or SKIPPED):
+        warnings.warn(
+            f"kiln.tinygrad: tinygrad {installed_version()} is installed, and kiln's changes to tinygrad were written "
+            f"for {TINYGRAD_VERSION}; those whose targets kept their shape apply (`python -m kiln.tinygrad.compat` "
+            "lists them)",
+            KilnPatchWarning,
+            stacklevel=2,
+        )
     for patch in PATCHES:
         if not patch.target.startswith(ONNX + ":"):
             _apply(patch)
