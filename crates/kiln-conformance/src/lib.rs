@@ -13,7 +13,7 @@
 //! report it.
 //!
 //! Backends come from kiln-device's registry (plus the suite's own, see [`OWN`]) and
-//! are opened at run time ([`backend`]). Each has a [`Registration`], which its backend
+//! are opened at run time ([`backend`]). Each has a [`Conformance`] entry, which its backend
 //! crate exports: its peer and the tests it does not support, with the reason. A test that cannot run (its backend is absent, or
 //! unsupported there) writes `SKIPPED <test>: <reason>` to the test output (shown beside its
 //! `ok`), unless `KILN_REQUIRE` (a comma list such as `cpu,opencl`) names the backend: then
@@ -46,6 +46,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kiln_device::kiln_ir::IrError;
+pub use kiln_device::Conformance;
 use kiln_device::{Device, DynQueueFactory, Error};
 
 pub mod cuda_compile;
@@ -135,29 +136,27 @@ impl Mismatches {
     }
 }
 
-pub use kiln_device::Conformance as Registration;
-
 /// The suite's own devices, beside the registry's: `cpu-guarded` is the CPU device over
 /// [`kiln_cpu::GuardPageAllocator`] (every contract again, with buffers that fault at the
 /// first byte past their end); `cuda-compile` is the CPU device whose compiler also compiles
 /// every kernel to PTX and an `sm_90` cubin ([`cuda_compile`]): the CUDA toolchain checked on
 /// every conformance kernel, no GPU needed. Each runs when this build registers the backends
 /// it is made of.
-pub const OWN: &[Registration] = &[
-    Registration { name: "cpu-guarded", peer: "cpu", unsupported: &[kiln_cpu::SAME_DEVICE_PEER], pair: None },
-    Registration { name: "cuda-compile", peer: "opencl", unsupported: &[], pair: None },
+pub const OWN: &[Conformance] = &[
+    Conformance { name: "cpu-guarded", peer: "cpu", unsupported: &[kiln_cpu::SAME_DEVICE_PEER], pair: None },
+    Conformance { name: "cuda-compile", peer: "opencl", unsupported: &[], pair: None },
 ];
 
 /// Every backend the suite runs on in this build, with its peer and the tests it does not
 /// support: each registry backend's own entry (its driver's, listed by kiln-backends) and the
 /// suite's [`OWN`]. Each needs one line in `tests/conformance.rs`'s `backends!` (a test checks
 /// that every registered backend has one).
-pub fn registrations() -> impl Iterator<Item = &'static Registration> {
+pub fn registrations() -> impl Iterator<Item = &'static Conformance> {
     kiln_backends::conformance().chain(OWN)
 }
 
 /// The registration of backend `name` (lower case).
-pub fn registration(name: &str) -> Option<&'static Registration> {
+pub fn registration(name: &str) -> Option<&'static Conformance> {
     registrations().find(|r| r.name == name)
 }
 

@@ -105,7 +105,7 @@ pub fn find_backend(name: &str) -> Option<Backend> {
     lock().backends.iter().find(|b| b.name.eq_ignore_ascii_case(name)).copied()
 }
 
-/// The registered backends' names as help text lists them: `CPU, OPENCL or CUDA` (a device
+/// The registered backends' names as help text lists them: `CPU, OPENCL, CUDA or WEBGPU` (a device
 /// is one of these, with `:n` for a backend's device `n`).
 pub fn device_names() -> String {
     let names: Vec<&str> = backends().iter().map(|b| b.name).collect();

@@ -60,6 +60,7 @@ pub use imp::{EXIT_GRACE, MpiChannel, world_rank};
 pub const LINKED: bool = cfg!(feature = "mpi");
 
 /// Why a build without the `mpi` feature has no MPI channel.
-pub const NOT_LINKED: &str = "this build of kiln has no MPI: build it with the `mpi` feature (e.g. `cargo build --release \
-     -p kiln --features mpi`), which needs OpenMPI and libclang (Debian: apt-get install openmpi-bin libopenmpi-dev \
+pub const NOT_LINKED: &str = "this build of kiln has no MPI: build it with the `mpi` feature (the CLI: `cargo build \
+     --release -p kiln --features mpi`; the Python package: `MATURIN_PEP517_ARGS=\"--features mpi\" pip install \
+     ./crates/kiln-py`), which needs OpenMPI and libclang (Debian: apt-get install openmpi-bin libopenmpi-dev \
      libclang-dev)";

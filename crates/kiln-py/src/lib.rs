@@ -10,8 +10,7 @@
 //! `kiln.devices()`), `buffer` (`kiln.Buffer`: numpy copies, zero-copy views), `dlpack`
 //! (export and `kiln.from_dlpack`), `kernel` (`kiln.Kernel`), `plan` (`kiln.Plan`,
 //! `kiln.PlanRun`), `channel` (`kiln.Channel`, the ranks a plan's collectives combine),
-//! `saved` (`kiln.load_plan`, `kiln.LoadedPlan`: saved plan files), `stream` (asynchronous
-//! launches on OpenCL and CUDA), `dtype` (element types between kiln,
+//! `saved` (`kiln.load_plan`, `kiln.LoadedPlan`: saved plan files), `dtype` (element types between kiln,
 //! numpy and DLPack) and `errors` (one exception per
 //! `kiln_device::ErrorClass`, under `kiln.Error`). The stubs in `python/kiln/_kiln.pyi`
 //! document every call; `pip install ./crates/kiln-py` (maturin) builds the package and

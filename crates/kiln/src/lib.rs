@@ -60,7 +60,7 @@ KILN_NVRTC (libnvrtc.so), KILN_PTXAS (ptxas)";
 #[command(
     name = "kiln",
     version,
-    about = "kiln: compile and run kernels on CPU, OpenCL and CUDA devices",
+    about = "kiln: compile and run kernels on CPU, OpenCL, CUDA and WebGPU devices",
     after_help = AFTER_HELP
 )]
 pub struct Cli {

@@ -11,7 +11,7 @@ use kiln_ir::{DeviceSpec, UOp};
 use crate::error::{CliError, Context};
 
 /// `cmd` with the help of every subcommand's `--device` completed by the registered backends:
-/// `The device to run on: CPU, OPENCL or CUDA (NAME:n for device n)`.
+/// `The device to run on: CPU, OPENCL, CUDA or WEBGPU (NAME:n for device n)`.
 pub fn with_device_help(cmd: clap::Command) -> clap::Command {
     let names = kiln_device::device_names();
     cmd.mut_subcommands(|sub| {
