@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""Prints the import circles between the top-level modules of each crate under crates/.
+"""Prints the import circles between the top-level modules of each crate under crates/, and
+between the submodules of each module folder (`cache/disk.rs` and `cache/toolchain.rs`).
 
 A module's references are the `crate::name` paths in its code (a `use` or an inline path),
 outside comments and `#[cfg(test)]` modules, inline or in their own file (a test may build
 its module's users). A path
 through a name the crate root re-exports (`crate::Device`) counts as a reference to the
-module it is re-exported from. Submodules count as their top-level module.
+module it is re-exported from. Between top-level modules, submodules count as their top-level
+module; within a module folder, a submodule's references to its siblings are its `super::name`
+and `crate::folder::name` paths (a reference to the folder's own `mod.rs` is none: the parent
+declares its children).
 
 Usage: python3 tools/import_cycles.py [crate-dir ...]   (default: every crate under crates/)
 Exit status 1 when any crate has a circle.
@@ -83,18 +87,24 @@ def first_segments(text, start):
     return [m.group(1) for m in (re.match(r"\s*(\w+)", n) for n in names) if m]
 
 
+def test_files_of(files):
+    """The files declared only for tests: `#[cfg(test)] mod tests;` in `a/mod.rs` or `a.rs` is
+    the file `a/tests.rs`."""
+    out = set()
+    for path in files:
+        folder = path.parent if path.stem in ("mod", "lib", "main") else path.with_suffix("")
+        for name in TEST_FILE.findall(strip_comments(path.read_text(encoding="utf-8"))):
+            out |= {folder / f"{name}.rs", folder / name / "mod.rs"}
+    return out
+
+
 def edges(src):
     files = sorted(p for p in src.rglob("*.rs"))
     modules = {module_of(src, p) for p in files} - {None}
     lib = src / "lib.rs"
     roots = reexports(code(lib), modules) if lib.exists() else {}
     ignored = IGNORED | (set(TEST_FILE.findall(strip_comments(lib.read_text(encoding="utf-8")))) if lib.exists() else set())
-    test_files = set()
-    for path in files:
-        # `#[cfg(test)] mod tests;` in `a/mod.rs` or `a.rs` is the file `a/tests.rs`.
-        folder = path.parent if path.stem in ("mod", "lib", "main") else path.with_suffix("")
-        for name in TEST_FILE.findall(strip_comments(path.read_text(encoding="utf-8"))):
-            test_files |= {folder / f"{name}.rs", folder / name / "mod.rs"}
+    test_files = test_files_of(files)
     graph = {m: set() for m in modules - ignored}
     for path in files:
         here = module_of(src, path)
@@ -108,6 +118,34 @@ def edges(src):
                 if target and target != here and target not in ignored:
                     graph[here].add(target)
     return graph
+
+
+def sibling_edges(src):
+    """For each module folder under `src` (by its path, `cache`), its submodules' references to
+    each other."""
+    files = sorted(p for p in src.rglob("*.rs"))
+    skip = test_files_of(files)
+    out = {}
+    for folder in sorted(p for p in src.rglob("*") if p.is_dir() and p.relative_to(src).parts[0] not in IGNORED):
+        children = {p.stem: [p] for p in folder.glob("*.rs") if p.stem != "mod" and p not in skip}
+        children |= {p.name: [f for f in sorted(p.rglob("*.rs")) if f not in skip] for p in folder.iterdir()
+                     if p.is_dir() and (p / "mod.rs").exists() and p / "mod.rs" not in skip}
+        if len(children) < 2:
+            continue
+        prefix = "::".join(folder.relative_to(src).parts)
+        refs = re.compile(rf"\b(?:crate::{prefix}|super)::(\{{|[A-Za-z_][A-Za-z0-9_]*)")
+        graph = {c: set() for c in children}
+        for child, paths in children.items():
+            for path in paths:
+                text = code(path)
+                # `super` means the folder only in the child's own file (or a child folder's mod.rs)
+                pattern = refs if path.parent == folder or path.name == "mod.rs" and path.parent.parent == folder else \
+                    re.compile(rf"\bcrate::{prefix}::(\{{|[A-Za-z_][A-Za-z0-9_]*)")
+                for m in pattern.finditer(text):
+                    names = first_segments(text, m.end()) if m.group(1) == "{" else [m.group(1)]
+                    graph[child] |= {n for n in names if n in children and n != child}
+        out[prefix] = graph
+    return out
 
 
 def cycles(graph):
@@ -155,6 +193,11 @@ def main(args):
             found = True
             links = ", ".join(f"{a} -> {b}" for a in comp for b in sorted(graph[a]) if b in comp)
             print(f"{name}: circle of {len(comp)} modules: {' '.join(comp)} ({links})")
+        for folder, sub in sibling_edges(crate / "src").items():
+            for comp in cycles(sub):
+                found = True
+                links = ", ".join(f"{a} -> {b}" for a in comp for b in sorted(sub[a]) if b in comp)
+                print(f"{name}: circle of {len(comp)} submodules of {folder}: {' '.join(comp)} ({links})")
     return 1 if found else 0
 
 

@@ -45,8 +45,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use kiln_device::kiln_ir::IrError;
 pub use kiln_device::Conformance;
+use kiln_device::kiln_ir::IrError;
 use kiln_device::{Device, DynQueueFactory, Error};
 
 pub mod cuda_compile;

@@ -299,7 +299,10 @@ fn every_registered_backend_runs_the_suite() {
     let instantiated = |name: &str| INSTANTIATED.iter().find(|(n, ..)| *n == name);
     for b in kiln_device::backends() {
         let name = b.name.to_ascii_lowercase();
-        assert!(kiln_conformance::registration(&name).is_some(), "registered backend `{name}` has no Conformance entry");
+        assert!(
+            kiln_conformance::registration(&name).is_some(),
+            "registered backend `{name}` has no Conformance entry"
+        );
         assert!(instantiated(&name).is_some(), "registered backend `{name}` has no line in backends!");
     }
     for r in kiln_conformance::registrations() {

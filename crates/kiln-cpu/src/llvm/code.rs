@@ -285,6 +285,42 @@ fn is_constant(v: &str) -> bool {
     v.starts_with(|c: char| c.is_ascii_digit() || c == '-') || matches!(v, "true" | "false" | "poison")
 }
 
+/// `v`, f16 or bf16 bits (`w` lanes of `i16`), as f32, exactly.
+pub(super) fn to_f32(c: &mut Code, v: &str, s: Scalar, w: u8) -> String {
+    let (bits16, f) = (Ty::new("i16", w), Ty::new("float", w));
+    if s == Scalar::F16 {
+        let h = c.ins(format!("bitcast {} {v} to {}", bits16.name(), f.with("half").name()));
+        c.ins(format!("fpext {} {h} to {}", f.with("half").name(), f.name()))
+    } else {
+        let wide = c.ins(format!("zext {} {v} to {}", bits16.name(), f.with("i32").name()));
+        let hi = c.ins(format!("shl {} {wide}, {}", f.with("i32").name(), f.with("i32").splat("16")));
+        c.ins(format!("bitcast {} {hi} to {}", f.with("i32").name(), f.name()))
+    }
+}
+
+/// `v`, `w` lanes of f32, rounded to f16 or bf16 (to nearest even; NaN stays a quiet NaN).
+pub(super) fn from_f32(c: &mut Code, v: &str, s: Scalar, w: u8) -> String {
+    let f = Ty::new("float", w);
+    let (i32t, i16t) = (f.with("i32"), f.with("i16"));
+    if s == Scalar::F16 {
+        let h = c.ins(format!("fptrunc {} {v} to {}", f.name(), f.with("half").name()));
+        return c.ins(format!("bitcast {} {h} to {}", f.with("half").name(), i16t.name()));
+    }
+    // The C pair's kiln_f32_to_bf16.
+    let it = i32t.name();
+    let u = c.ins(format!("bitcast {} {v} to {it}", f.name()));
+    let mag = c.ins(format!("and {it} {u}, {}", i32t.splat("2147483647")));
+    let nan = c.ins(format!("icmp ugt {it} {mag}, {}", i32t.splat("2139095040")));
+    let top = c.ins(format!("lshr {it} {u}, {}", i32t.splat("16")));
+    let quiet = c.ins(format!("or {it} {top}, {}", i32t.splat("64")));
+    let odd = c.ins(format!("and {it} {top}, {}", i32t.splat("1")));
+    let bias = c.ins(format!("add {it} {odd}, {}", i32t.splat("32767")));
+    let rounded = c.ins(format!("add {it} {u}, {bias}"));
+    let kept = c.ins(format!("lshr {it} {rounded}, {}", i32t.splat("16")));
+    let r = c.select(&nan, i32t, &quiet, &kept);
+    c.ins(format!("trunc {it} {r} to {}", i16t.name()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,28 +1,29 @@
 //! The C pair's vector math in LLVM IR: f32/f64 vector EXP, EXP2, LOG and LOG2 by the same
 //! range reductions, polynomials, constants and operation order as `crate::vmath`'s templates,
 //! so both pairs give the same bits. Its `kiln_madd` is `llvm.fma` exactly where it fuses (see
-//! [`LlvmRenderer::fused_madd`]) and a multiply then an add elsewhere; nothing else contracts.
+//! the renderer's `fused_madd`, passed in as `fuses`) and a multiply then an add elsewhere;
+//! nothing else contracts.
 
 use super::code::{Code, Ty, float_lit, hexf};
-use super::render::LlvmRenderer;
 
 /// Registers `kiln_<f>_<f32|f64>x<w>` (f: `exp`, `exp2`, `log`, `log2`) for the float vector
-/// `ty` in `c` and returns its name.
-pub(super) fn function(c: &mut Code, r: &LlvmRenderer, f: &str, ty: Ty) -> String {
+/// `ty` in `c` and returns its name. `fuses(bytes)`: whether `kiln_madd` on a vector of `bytes`
+/// bytes is `llvm.fma`.
+pub(super) fn function(c: &mut Code, fuses: &dyn Fn(usize) -> bool, f: &str, ty: Ty) -> String {
     let f64 = ty.elem == "double";
     let name = format!("kiln_{f}_{}x{}", if f64 { "f64" } else { "f32" }, ty.w);
     if c.decls.contains_key(&name) {
         return name;
     }
     let mut h = Code::new();
-    let m = Math { r, v: ty, i: ty.with(if f64 { "i64" } else { "i32" }) };
+    let m = Math { fuses, v: ty, i: ty.with(if f64 { "i64" } else { "i32" }) };
     match (f, f64) {
         ("exp" | "exp2", _) => m.exp(&mut h, f == "exp"),
         (_, true) => m.log(&mut h, f == "log"),
         // f32 logarithms are computed in f64 and rounded once: < 0.51 ulp.
         _ => {
             let d = ty.with("double");
-            let inner = function(&mut h, r, f, d);
+            let inner = function(&mut h, fuses, f, d);
             let x = h.ins(format!("fpext {} %x to {}", ty.name(), d.name()));
             let y = h.ins(format!("call {} @{inner}({} {x})", d.name(), d.name()));
             let y = h.ins(format!("fptrunc {} {y} to {}", d.name(), ty.name()));
@@ -38,7 +39,7 @@ pub(super) fn function(c: &mut Code, r: &LlvmRenderer, f: &str, ty: Ty) -> Strin
 
 /// The vector math on float vectors `v` with integer lanes `i` of the same width.
 struct Math<'a> {
-    r: &'a LlvmRenderer,
+    fuses: &'a dyn Fn(usize) -> bool,
     v: Ty,
     i: Ty,
 }
@@ -76,7 +77,7 @@ impl Math<'_> {
 
     /// The C pair's `kiln_madd`: `a*b + c`, one rounding where its target fuses.
     fn madd(&self, h: &mut Code, a: &str, b: &str, c: &str) -> String {
-        if self.r.fused_madd(self.v.padded_bytes()) {
+        if (self.fuses)(self.v.padded_bytes()) {
             h.intrinsic("fma", self.v, &[a, b, c])
         } else {
             let p = self.op(h, "fmul", a, b);

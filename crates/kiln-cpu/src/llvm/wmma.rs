@@ -10,8 +10,7 @@
 
 use kiln_device::kiln_ir::{DType, Scalar, Wmma};
 
-use super::code::{Code, Ty};
-use super::render::{from_f32, to_f32};
+use super::code::{Code, Ty, from_f32, to_f32};
 
 /// Calls the helper of the one-thread form `w` on the fragments `args` (A, B, C), defining it
 /// once in `c`; returns the D fragment.

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 
-use super::CACHE_DIR_ENV;
 use super::toolchain::Toolchain;
+use super::{CACHE_DIR_ENV, FORMAT_VERSION};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::program::{CompiledSpec, ProgramSpec};
@@ -19,9 +19,9 @@ use crate::program::{CompiledSpec, ProgramSpec};
 /// Entry file layout, all integers little-endian:
 /// `MAGIC (8) | FORMAT_VERSION u32 | key (32) | payload length u64 | SHA-256 of payload (32) | payload`,
 /// payload = `spec name | compiled name | source` (each a u32 length + UTF-8) `| bytes` (the
-/// rest; empty for JIT backends, which load the source).
+/// rest; empty for JIT backends, which load the source). The version is the cache's
+/// ([`super::FORMAT_VERSION`]).
 pub(super) const MAGIC: [u8; 8] = *b"KILNKRNL";
-pub(super) const FORMAT_VERSION: u32 = 2;
 pub(super) const HEADER_LEN: usize = 8 + 4 + 32 + 8 + 32;
 /// Entries are `<64 lowercase hex digits>.<ENTRY_EXT>`: a name no user file plausibly has.
 pub(super) const ENTRY_EXT: &str = "kiln-bin";

@@ -61,6 +61,10 @@ pub use config::{CACHE_DIR_ENV, CACHE_ENV, CACHE_LIMIT_ENV, CacheConfig, CacheSt
 use disk::{DiskDir, Lookup};
 pub use toolchain::Toolchain;
 
+/// The version of the disk entries' layout (`disk`), also hashed into every toolchain's
+/// identity (`toolchain`): a new layout is a new key, never a misread entry.
+const FORMAT_VERSION: u32 = 2;
+
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 

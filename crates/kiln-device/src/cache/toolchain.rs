@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kiln_ir::UOp;
 use sha2::{Digest, Sha256};
 
-use super::disk::FORMAT_VERSION;
+use super::FORMAT_VERSION;
 use crate::kernel::Loader;
 use crate::parts::CompilerPair;
 use crate::program::{Compiler, Renderer};

@@ -8,9 +8,19 @@ pub(super) mod stream;
 
 use std::process::Command as Process;
 
-use super::entries::{MATMUL_N, matmul_inputs};
 use super::{BenchArgs, kiln_exe, time_reps, wrong};
 use crate::error::CliError;
+
+/// The side of the matmul entry: n×n.
+pub(in crate::bench) const MATMUL_N: usize = 1024;
+
+/// The matmul entry's inputs, the same in the parent and the baseline child: multiples of 1/8
+/// with small numerators, so that every summation order gives the exact product.
+pub(in crate::bench) fn matmul_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
+    let a = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
+    let b = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
+    (a, b)
+}
 
 /// The threads `device`'s kernels run on (the CPU's core pool), else the host's cores: the
 /// OpenBLAS baseline gets as many.

@@ -300,7 +300,7 @@ mod tests {
             Err(e) if !kiln_device::required("opencl") => return println!("skipped OPENCL:0: {e}"),
             Err(e) => panic!("OPENCL:0: {e}"),
         };
-        let (a, b) = crate::bench::entries::matmul_inputs(n);
+        let (a, b) = crate::bench::baselines::matmul_inputs(n);
         let mut want = vec![0f32; n * n];
         crate::bench::baselines::matmul(&a, &b, &mut want, n);
         let buf = |v: &[f32]| Buffer::from_slice(dev.allocator(), v).unwrap();

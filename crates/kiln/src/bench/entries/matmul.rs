@@ -5,23 +5,14 @@ use std::borrow::Cow;
 use kiln_device::kiln_ir::DeviceSpec;
 
 use super::{Bench, BenchArgs};
-use crate::bench::baselines::{self, openblas};
+use crate::bench::baselines::{self, MATMUL_N, matmul_inputs, openblas};
 use crate::bench::report::{BenchResult, Stats};
 use crate::bench::{kernels, kiln_err, per_sec, time_reps, wrong};
 use crate::error::CliError;
 
-/// The side of the matmul entry: n×n.
-pub(in crate::bench) const MATMUL_N: usize = 1024;
-/// The side of the GPU matmul entry (GPU devices only; see [`super::Bench::applies`]).
+/// The side of the GPU matmul entry (GPU devices only; see [`super::Bench::applies`]); the CPU's is
+/// [`MATMUL_N`].
 pub(in crate::bench) const GPU_MATMUL_N: usize = 4096;
-
-/// The matmul entry's inputs, the same in the parent and the baseline child: multiples of 1/8
-/// with small numerators, so that every summation order gives the exact product.
-pub(in crate::bench) fn matmul_inputs(n: usize) -> (Vec<f32>, Vec<f32>) {
-    let a = (0..n * n).map(|i| ((i * 7) % 13) as f32 * 0.125 - 0.75).collect();
-    let b = (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.125 - 0.625).collect();
-    (a, b)
-}
 
 /// The host product of `a` and `b` (n×n), after checking that `c` equals it exactly. The inputs
 /// are [`matmul_inputs`]: every product and partial sum is exact in f32, so any summation order

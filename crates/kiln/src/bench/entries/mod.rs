@@ -14,9 +14,9 @@ use std::sync::Arc;
 use kiln_device::kiln_ir::{DeviceSpec, Scalar, UOp};
 use kiln_device::{BenchWork, Buffer, Device, Kernel};
 
-pub(super) use matmul::{MATMUL_N, matmul_inputs};
 pub(super) use process::disk_hit_child;
 
+use super::baselines::matmul_inputs;
 use super::report::{BenchResult, Row, Skipped, Stats};
 use super::{BenchArgs, alloc_err, kernels, kiln_err, per_sec, scaled, time_reps, wrong};
 use crate::error::CliError;
