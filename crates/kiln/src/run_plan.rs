@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_ir::DeviceSpec;
+use kiln_runtime::Profile;
 use kiln_runtime::saved::{HostTensor, LoadOptions, LoadProgress, LoadedPlan, PlanFileError, TensorRef};
 
 use crate::error::CliError;
@@ -45,6 +46,10 @@ pub struct RunPlanArgs {
     /// first's, bit for bit); with --timings, the median of the runs after the first is printed
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
+    /// After the runs, run once more timing every node: write the trace to FILE (Chrome trace
+    /// JSON: chrome://tracing, Perfetto) and print the kernels that took longest, on stderr
+    #[arg(long, value_name = "FILE.json")]
+    pub profile: Option<PathBuf>,
 }
 
 /// Parses `NAME=FILE.npy` (a clap value parser).
@@ -176,6 +181,13 @@ pub fn run(args: &RunPlanArgs) -> Result<String, CliError> {
     }
     again.sort();
 
+    if let Some(path) = &args.profile {
+        let profile = plan.profile_with(&refs, &vars).map_err(plan_error(failed))?;
+        std::fs::write(path, profile.to_chrome_trace())
+            .map_err(|e| CliError::io("cannot write the profile", path, e))?;
+        eprint!("{}", profile_summary(&profile, 12));
+    }
+
     let mut stdout = String::new();
     for out in results {
         match outs.iter().position(|(n, _)| *n == out.name).map(|i| outs.swap_remove(i).1) {
@@ -201,6 +213,51 @@ pub fn run(args: &RunPlanArgs) -> Result<String, CliError> {
         }
     }
     Ok(stdout)
+}
+
+/// What a profiled run spent its time on: the wall time, how much of it some node ran, and
+/// the `top` kernels (by name) that took longest in all, with their share of the wall time.
+fn profile_summary(profile: &Profile, top: usize) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let wall = ms(profile.wall).max(f64::MIN_POSITIVE);
+    // the time some node ran: the union of the nodes' intervals
+    let mut spans: Vec<(Duration, Duration)> = profile.events.iter().map(|e| (e.start, e.end)).collect();
+    spans.sort();
+    let (mut busy, mut open): (Duration, Option<(Duration, Duration)>) = (Duration::ZERO, None);
+    for (start, end) in spans {
+        open = match open {
+            Some((s, e)) if start <= e => Some((s, e.max(end))),
+            Some((s, e)) => {
+                busy += e - s;
+                Some((start, end))
+            }
+            None => Some((start, end)),
+        };
+    }
+    busy += open.map_or(Duration::ZERO, |(s, e)| e - s);
+    let mut by_name: Vec<(&str, usize, Duration)> = Vec::new();
+    for e in &profile.events {
+        match by_name.iter_mut().find(|(n, _, _)| *n == e.name) {
+            Some((_, count, total)) => {
+                *count += 1;
+                *total += e.end - e.start;
+            }
+            None => by_name.push((&e.name, 1, e.end - e.start)),
+        }
+    }
+    by_name.sort_by(|a, b| b.2.cmp(&a.2));
+    let mut out = format!(
+        "profiled run: {} nodes in {:.3} ms, some node running for {:.3} ms of it ({:.0}%); the longest:\n",
+        profile.events.len(),
+        wall,
+        ms(busy),
+        100.0 * ms(busy) / wall
+    );
+    for (name, count, total) in by_name.iter().take(top) {
+        let times = if *count > 1 { format!(" ({count} runs)") } else { String::new() };
+        out.push_str(&format!("  {:9.3} ms {:5.1}%  {name}{times}\n", ms(*total), 100.0 * ms(*total) / wall));
+    }
+    out
 }
 
 fn read_npy(path: &Path) -> Result<NpyArray, CliError> {

@@ -162,6 +162,29 @@ fn outputs_without_out_are_summarized_and_timings_go_to_stderr() {
     assert!(!err.contains("compiling kernels"), "{err}");
 }
 
+/// `--profile`: one more run with every node timed, its trace written as Chrome-trace JSON and
+/// its longest kernels printed.
+#[test]
+fn a_profiled_run_writes_its_trace_and_names_its_longest_kernels() {
+    let s = Scratch::new("profile");
+    let (plan, shape) = s.plan();
+    let xin = s.f32s("x.npy", &[2, shape.inputs], &x_values(2, shape.inputs));
+    let trace = s.path("trace.json");
+    let o = s.kiln(&[
+        "run-plan",
+        &plan.display().to_string(),
+        "--in",
+        &format!("x={xin}"),
+        "--profile",
+        &trace.display().to_string(),
+    ]);
+    let err = stderr(&o);
+    ok(o);
+    assert!(err.contains("profiled run: 4 nodes in ") && err.contains("% ") && err.contains(" ms "), "{err}");
+    let json = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(json.matches("\"ph\":\"X\"").count(), 4, "one complete event per node: {json}");
+}
+
 #[test]
 fn wrong_inputs_are_errors_that_name_the_input_and_what_it_takes() {
     let s = Scratch::new("inputs");

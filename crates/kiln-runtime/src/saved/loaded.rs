@@ -13,6 +13,7 @@ use kiln_device::kiln_ir::Scalar;
 use super::PlanFileError;
 use super::format::Dim;
 use crate::plan::ExecutionPlan;
+use crate::profile::Profile;
 
 type Result<T> = std::result::Result<T, PlanFileError>;
 
@@ -176,6 +177,25 @@ impl LoadedPlan {
     /// As [`LoadedPlan::run`], and [`PlanFileError::Input`] for a variable the plan does not
     /// have or one given another value by an input's shape.
     pub fn run_with(&mut self, inputs: &[(&str, TensorRef<'_>)], vars: &[(&str, i64)]) -> Result<Vec<HostTensor>> {
+        let vals = self.bind(inputs, vars)?;
+        self.plan.run_vals(&vals)?;
+        self.outputs.iter().map(|b| read_output(b, &self.variables, &vals)).collect()
+    }
+
+    /// Runs the plan on `inputs` as [`LoadedPlan::run_with`] does, timing every node
+    /// ([`ExecutionPlan::run_profiled`]); the outputs stay in their buffers.
+    ///
+    /// # Errors
+    /// As [`LoadedPlan::run_with`].
+    pub fn profile_with(&mut self, inputs: &[(&str, TensorRef<'_>)], vars: &[(&str, i64)]) -> Result<Profile> {
+        let vals = self.bind(inputs, vars)?;
+        let named: Vec<(&str, i64)> = self.variables.iter().zip(&vals).map(|(v, x)| (v.name.as_str(), *x)).collect();
+        Ok(self.plan.run_profiled(&named)?)
+    }
+
+    /// Checks `inputs` and `vars`, copies the inputs into their buffers and returns every
+    /// variable's value (bound by name, from an input's shape, or as saved).
+    fn bind(&mut self, inputs: &[(&str, TensorRef<'_>)], vars: &[(&str, i64)]) -> Result<Vec<i64>> {
         let mut values: Vec<Option<(i64, String)>> = vec![None; self.variables.len()];
         for (name, v) in vars {
             let i = self.variable_index(name).ok_or_else(|| PlanFileError::Input {
@@ -218,8 +238,7 @@ impl LoadedPlan {
             }
             b.buffer.view(0, numel)?.copyin(t.data)?;
         }
-        self.plan.run_vals(&vals)?;
-        self.outputs.iter().map(|b| read_output(b, &self.variables, &vals)).collect()
+        Ok(vals)
     }
 
     /// Replays the plan with the inputs' buffers as they are, binding `vars` by name (the others
