@@ -245,7 +245,7 @@ fn profile_summary(profile: &Profile, top: usize) -> String {
             None => by_name.push((&e.name, 1, e.end - e.start)),
         }
     }
-    by_name.sort_by(|a, b| b.2.cmp(&a.2));
+    by_name.sort_by_key(|&(_, _, total)| std::cmp::Reverse(total));
     let mut out = format!(
         "profiled run: {} nodes in {:.3} ms, some node running for {:.3} ms of it ({:.0}%); the longest:\n",
         profile.events.len(),
