@@ -38,6 +38,9 @@ class _PatchingLoader(importlib.abc.Loader):
         _patch(module.__name__)
 
 
+_PENDING = []  # modules imported while kiln.tinygrad.compat itself was being imported
+
+
 def _patch(name):
     try:
         from kiln.tinygrad import compat
@@ -47,10 +50,18 @@ def _patch(name):
         warnings.warn(f"kiln.tinygrad: tinygrad's internals differ from those kiln was written for; "
                       f"none of kiln's changes to tinygrad applied ({type(e).__name__}: {e})", stacklevel=2)
         return
-    if name == TINYGRAD:
+    if not getattr(compat, "READY", False):  # compat imported tinygrad: it calls apply_pending when whole
+        _PENDING.append(name)
+    elif name == TINYGRAD:
         compat.install()
     else:
         compat.install_onnx(sys.modules[name])
+
+
+def apply_pending():
+    """Applies what `_patch` was asked for while `kiln.tinygrad.compat` was being imported."""
+    while _PENDING:
+        _patch(_PENDING.pop(0))
 
 
 class _Finder(importlib.abc.MetaPathFinder):

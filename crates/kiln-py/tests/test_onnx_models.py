@@ -110,9 +110,10 @@ def test_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, m
     if cpu:
         assert reordered == [2]
         kernels = [(k.full_shape, k.reduceop.arg[0], r is not None) for k, r in tiles if k.reduceop is not None]
-        # the ungrouped and the grouped convolution get tiles (the depthwise one has no row axis),
-        # and the pooling is a kernel of its own: a max over the realized 64×7×7 output
-        assert [tiled for _, _, tiled in kernels] == [True, True, False, False], kernels
+        # every convolution gets a tile (the depthwise one rows of its own: its image, padded
+        # first, varies along both axes), and the pooling is a kernel of its own: a max over the
+        # realized 64×7×7 output
+        assert [tiled for _, _, tiled in kernels] == [True, True, True, False], kernels
         assert kernels[-1][:2] == ([64, 49], Ops.MAX), kernels
 
 

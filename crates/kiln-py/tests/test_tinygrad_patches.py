@@ -118,3 +118,51 @@ def test_tinygrads_cpu_device_computes_the_same_with_and_without_kilns_wheel(tmp
     without, none = run(PROGRAM, "-S", env=env).split()
     assert (int(applied), int(none)) == (len(compat.PATCHES), 0), "kiln's hook did not run where expected"
     assert with_kiln == without
+
+
+# a module of kiln.tinygrad imported before tinygrad: tinygrad's import applies the table while
+# that module is still being imported
+FIRST = r"""
+import importlib, sys
+importlib.import_module(sys.argv[1])
+import numpy as np
+from tinygrad import Tensor
+from kiln.tinygrad import compat, originals
+a, b = np.arange(64 * 40, dtype=np.float32).reshape(64, 40) / 64, np.ones((40, 96), np.float32)
+c = (Tensor(a, device="KILN") @ Tensor(b, device="KILN")).numpy()
+assert np.array_equal(c, a @ b), "wrong product"
+print(sorted(compat.APPLIED) == sorted(originals.REPLACED), len(compat.APPLIED))
+"""
+
+
+@pytest.mark.parametrize("module", ["compat", "tile", "lowered", "beam", "device", "layout"])
+def test_kiln_modules_imported_before_tinygrad_apply_the_whole_table(module):
+    from kiln.tinygrad import compat
+
+    done = subprocess.run([sys.executable, "-c", FIRST, f"kiln.tinygrad.{module}"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "CACHELEVEL": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    core = sum(1 for p in compat.PATCHES if not p.target.startswith(compat.ONNX + ":"))
+    assert done.stdout.split() == ["True", str(core)], done.stdout + done.stderr[-2000:]
+
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_depthwise_convolution_padded_first_gives_the_same_bits(stride):
+    """`compat.padded_grouped_input` (ONNX `Conv` on kiln's CPU): the padded image is realized
+    before a grouped convolution, and the result is tinygrad's own, bit for bit."""
+    import numpy as np
+    from tinygrad import Tensor
+
+    from kiln.tinygrad import compat, originals
+
+    onnx = pytest.importorskip("tinygrad.nn.onnx")
+    conv = onnx.onnx_ops["Conv"]
+    assert "tinygrad.nn.onnx:onnx_ops[Conv]" in compat.APPLIED and "tinygrad.nn.onnx:onnx_ops[Conv]" in originals.REPLACED
+    tinygrads = originals.tinygrad("tinygrad.nn.onnx:onnx_ops[Conv]")
+    rng = np.random.default_rng(5)
+    x = Tensor(rng.standard_normal((1, 24, 10, 32), dtype=np.float32), device="KILN").realize()
+    w = Tensor(rng.standard_normal((24, 1, 5, 5), dtype=np.float32), device="KILN").realize()
+    args = dict(group=24, pads=[2, 2, 2, 2], strides=stride)
+    got, want = conv(x, w, **args).numpy(), tinygrads(x, w, **args).numpy()
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()

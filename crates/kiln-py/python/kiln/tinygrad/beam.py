@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Optional
 
 from tinygrad.codegen.opt import search
 
-tinygrad_pool: Any = getattr(search, "get_worker_pool", None)  # None: the patch is skipped
+from . import originals
+
 
 
 class KilnBeamPool:
@@ -29,7 +30,7 @@ class KilnBeamPool:
 
         items = list(items)
         if fn is not search._try_compile or not items or not all(isinstance(s.ren, KilnRenderer) for _, s in items):
-            pool = tinygrad_pool()
+            pool = originals.tinygrad(originals.POOL)()
             return map(fn, items) if pool is None else pool.imap_unordered(fn, items)
         compiler = items[0][1].ren.compiler
         compiler.deferred = []

@@ -27,18 +27,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Optional
 
-from tinygrad import Device, Tensor, codegen, schedule
-from tinygrad.engine import jit, realize
+from tinygrad import Device, Tensor, codegen
+from tinygrad.engine import realize
 from tinygrad.helpers import ALLOW_DEVICE_USAGE, JIT_BATCH_SIZE
 from tinygrad.uop.ops import Ops, UOp
 
-from . import beam, concat, layout, lowered, onnx_inputs, onnx_tensors, tile
+from . import beam, concat, layout, lowered, onnx_inputs, onnx_tensors, originals, tile
 
 TINYGRAD_VERSION = "0.14.0"
-# tinygrad's originals, where they exist (a patch whose target is missing is skipped: `install`)
-tinygrad_kernel_graph: Any = getattr(schedule, "get_kernel_graph", None)
-tinygrad_graph_split: Any = getattr(jit, "graph_split_rewrite", None)
-tinygrad_lower_and_compile: Any = getattr(realize, "lower_and_compile", None)
 DEFAULT_JIT_BATCH_SIZE = 32  # tinygrad's own default of `JIT_BATCH_SIZE`
 GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
 
@@ -86,7 +82,7 @@ def kernel_graph(sink: UOp) -> UOp:
         return None if renderer is None else lane_block(renderer)
 
     sink = concat.realize_concatenations(sink, on_kiln, lambda device: tiling_renderer(device) is not None)
-    return tinygrad_kernel_graph(layout.pack_contractions(sink, block_of))
+    return originals.tinygrad(originals.KERNEL_GRAPH)(layout.pack_contractions(sink, block_of))
 
 
 def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -96,6 +92,26 @@ def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
         return pool(x.contiguous() if tiling_renderer(x.device) is not None else x, *args, **kwargs)
 
     return pool_realized
+
+
+def padded_grouped_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """ONNX's `Conv`, with a grouped (depthwise) convolution's padded input padded and realized
+    first on kiln's CPU: the convolution then reads whole rows without a bounds test per tap,
+    and kiln's register tile loads them as vectors. The same zeros are multiplied in, so the
+    same bits come out."""
+
+    def conv_padded(X: Tensor, W: Tensor, B: Optional[Tensor] = None, auto_pad: str = "NOTSET", dilations: Any = 1,
+                    group: int = 1, kernel_shape: Any = None, pads: Any = 0, strides: Any = 1) -> Tensor:
+        dims = len(W.shape) - 2
+        flat = list(pads) if isinstance(pads, (list, tuple)) else [pads] * (2 * dims)
+        flat = flat * 2 if len(flat) == dims else flat
+        if group > 1 and auto_pad == "NOTSET" and len(flat) == 2 * dims and any(flat) and min(flat) >= 0 \
+                and tiling_renderer(X.device) is not None:
+            X = X.pad(((0, 0), (0, 0), *zip(flat[:dims], flat[dims:]))).contiguous()
+            pads = 0
+        return conv(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
+
+    return conv_padded
 
 
 def on_kiln_only(linear: UOp) -> bool:
@@ -116,7 +132,7 @@ def lower_and_compile(linear: UOp) -> UOp:
         programs = {c: codegen.to_program_cache.get(codegen.to_program_key(*a)) for c, a in todo.items() if a[0] is c.src[0]}
         if set(todo) <= set(linear.src) and len(programs) == len(todo) and None not in programs.values():
             return linear.replace(src=tuple(c.replace(src=(programs[c], *c.src[1:])) if c in programs else c for c in linear.src))
-    return tinygrad_lower_and_compile(linear)
+    return originals.tinygrad(originals.LOWER_AND_COMPILE)(linear)
 
 
 def graph_split(linear: UOp, max_batch_size: int = 0) -> UOp:
@@ -125,7 +141,7 @@ def graph_split(linear: UOp, max_batch_size: int = 0) -> UOp:
     chosen = "JIT_BATCH_SIZE" in os.environ or JIT_BATCH_SIZE.value != DEFAULT_JIT_BATCH_SIZE
     if not chosen and on_kiln_only(linear):
         max_batch_size = 0
-    return tinygrad_graph_split(linear, max_batch_size=max_batch_size)
+    return originals.tinygrad(originals.GRAPH_SPLIT)(linear, max_batch_size=max_batch_size)
 
 
 def open_parse_input(parse_input: Callable[..., Any]) -> Callable[..., Any]:
@@ -155,6 +171,17 @@ def parse_empty_tensors(parse: Callable[..., Any]) -> Callable[..., Any]:
     return onnx_tensors.parse_empty(parse, lambda t: onnx.OnnxDataType(t).to_dtype())
 
 
+def late(get: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+    """A function that calls what `get()` returns when it is called: the module that defines the
+    replacement may still be importing when tinygrad's import applies the table (a module of
+    `kiln.tinygrad` imported before tinygrad)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return get()(*args, **kwargs)
+
+    return call
+
+
 KILN = "KILN devices"
 KILN_CPU = "kiln's CPU devices"
 EVERY_DEVICE = "every device (a bug fix)"
@@ -175,25 +202,25 @@ class Patch:
 
 ONNX = "tinygrad.nn.onnx"
 PATCHES: tuple[Patch, ...] = (
-    Patch("tinygrad.codegen.opt.search:get_worker_pool", (), KILN,
+    Patch(originals.POOL, (), KILN,
           "BEAM compiles each round of kiln candidates in one batch (`kiln.tinygrad.beam`)",
-          lambda original: beam.KilnBeamPool),
-    Patch("tinygrad.codegen.opt.heuristic:hand_coded_optimizations", ("k",), KILN_CPU,
+          lambda original: late(lambda: beam.KilnBeamPool)),
+    Patch(originals.HEURISTIC, ("k",), KILN_CPU,
           "contractions get kiln's register tile (`kiln.tinygrad.tile`); other kernels keep tinygrad's heuristic",
-          lambda original: tile.hand_coded_optimizations),
-    Patch("tinygrad.schedule:get_kernel_graph", ("args", "kwargs"), KILN,
+          lambda original: late(lambda: tile.hand_coded_optimizations)),
+    Patch(originals.KERNEL_GRAPH, ("args", "kwargs"), KILN,
           "a concatenation's computed inputs get kernels of their own (`kiln.tinygrad.concat`), and on kiln's CPU "
           "a matrix product's right operand is copied in blocks of the tile's columns (`layout.pack_contractions`)",
-          lambda original: kernel_graph),
-    Patch("tinygrad.engine.jit:graph_split_rewrite", ("linear", "max_batch_size"), KILN,
+          lambda original: late(lambda: kernel_graph)),
+    Patch(originals.GRAPH_SPLIT, ("linear", "max_batch_size"), KILN,
           "a captured TinyJit on KILN devices is one graph batch, so one `kiln.Plan`, unless `JIT_BATCH_SIZE` is chosen",
-          lambda original: graph_split),
-    Patch("tinygrad.engine.realize:lower_and_compile", ("linear",), KILN,
+          lambda original: late(lambda: graph_split)),
+    Patch(originals.LOWER_AND_COMPILE, ("linear",), KILN,
           "an eager schedule whose programs are all lowered already is built without walking them",
-          lambda original: lower_and_compile),
-    Patch("tinygrad.engine.realize:to_program", ("ast", "renderer"), KILN_CPU,
+          lambda original: late(lambda: lower_and_compile)),
+    Patch(originals.TO_PROGRAM, ("ast", "renderer"), KILN_CPU,
           "lowered programs are kept in tinygrad's disk cache for later processes (`kiln.tinygrad.lowered`)",
-          lambda original: lowered.to_program),
+          lambda original: late(lambda: lowered.to_program)),
     Patch(f"{ONNX}:OnnxRunner._parse_input", ("self", "name", "value", "spec"), EVERY_DEVICE,
           "input dimensions of -1 and \"?\" are open ones, as onnxruntime reads them (`kiln.tinygrad.onnx_inputs`)",
           open_parse_input),
@@ -203,6 +230,10 @@ PATCHES: tuple[Patch, ...] = (
     Patch(f"{ONNX}:OnnxRunner._init_from_graph", ("self", "graph", "is_subgraph"), KILN_CPU,
           "convolution weights are stored in blocks of output channels, the register tile's lanes (`kiln.tinygrad.layout`)",
           init_with_kiln_layout),
+    Patch(f"{ONNX}:onnx_ops[Conv]",
+          ("X", "W", "B", "auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"), KILN_CPU,
+          "a grouped (depthwise) convolution's padded input is padded first, so kiln's tile reads it as whole vectors",
+          padded_grouped_input),
     *(Patch(f"{ONNX}:onnx_ops[{name}]", ("X",), KILN_CPU,
             "the input is realized first, so the convolution before it is not fused into a nested reduction "
             "that gets no register tile", realized_input) for name in GLOBAL_POOLS),
@@ -242,6 +273,7 @@ def _apply(patch: Patch) -> None:
         reason = f"not found ({type(e).__name__}: {e})"
     else:
         if params == patch.params:
+            originals.REPLACED[patch.target] = original
             APPLIED[patch.target] = replacement = patch.make(original)
             if is_key:
                 owner[name] = replacement
@@ -295,6 +327,14 @@ def report() -> str:
         state = "applied" if p.target in APPLIED else f"SKIPPED: {SKIPPED[p.target]}" if p.target in SKIPPED else "not installed"
         lines.append(f"- {p.target} [{p.scope}]: {state}\n    {p.why}")
     return "\n".join(lines)
+
+
+# tinygrad imported while this module was being imported (it was imported first) asked for the
+# table then; it is applied now that the module is whole
+READY = True
+_kiln_tinygrad_hook: Any = sys.modules.get("_kiln_tinygrad")
+if _kiln_tinygrad_hook is not None:
+    _kiln_tinygrad_hook.apply_pending()
 
 
 if __name__ == "__main__":

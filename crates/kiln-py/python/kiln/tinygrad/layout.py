@@ -81,20 +81,23 @@ def blocked_on_host(t: Tensor, axis: int, block: int) -> Tensor:
 
 
 def reorder_conv_weights(runner: Any, block: int) -> int:
-    """Stores each initializer that a `Conv` of an `OnnxRunner` reads as its weight blocked along
-    its output channels, where the block divides each group's; returns how many it reordered. A
-    weight another node also reads is the same tensor to it."""
+    """Stores each initializer or `Constant` node's value that a `Conv` of an `OnnxRunner` reads
+    as its weight blocked along its output channels, where the block divides each group's;
+    returns how many it reordered. A weight another node also reads is the same tensor to it."""
     values = runner.graph_values
+    constants = {out: node.opts for node in runner.graph_nodes if node.op == "Constant" for out in node.outputs}
     groups = {node.inputs[1]: node.opts.get("group", 1) for node in runner.graph_nodes if node.op == "Conv" and len(node.inputs) > 1}
     done = 0
     for name, group in sorted(groups.items()):
-        weight = values.get(name)
+        # where the weight is: an initializer's value, or the `value` of the Constant node making it
+        holder, key = (values, name) if name in values else (constants.get(name, {}), "value")
+        weight = holder.get(key)
         if not isinstance(weight, Tensor) or weight.ndim < 3:
             continue
         # a grouped convolution gets blocks within its groups (a depthwise one none: each output
         # channel reads its own input channel, so the image varies along the lanes too)
         if group == 1 or (isinstance(weight.shape[0], int) and (weight.shape[0] // group) % block == 0):
-            values[name] = blocked_on_host(weight, 0, block)
+            holder[key] = blocked_on_host(weight, 0, block)
             done += 1
     return done
 

@@ -34,8 +34,9 @@ from tinygrad import codegen
 from tinygrad.helpers import diskcache_get, diskcache_put
 from tinygrad.uop.ops import Ops, UOp
 
+from . import originals
+
 TABLE = "kiln_program"
-tinygrad_to_program: Any = getattr(codegen, "to_program", None)  # None: the patch is skipped
 
 
 @functools.cache
@@ -90,12 +91,12 @@ def to_program(ast: UOp, renderer: Any) -> UOp:
 
     kept = isinstance(renderer, KilnRenderer) and not renderer.has_local
     if not kept or ast.op is not Ops.SINK or getattr(ast.arg, "beam", 0):
-        return tinygrad_to_program(ast, renderer)
+        return originals.tinygrad(originals.TO_PROGRAM)(ast, renderer)
     key = disk_key(ast, renderer)
     program = diskcache_get(TABLE, key)
     if isinstance(program, UOp) and program.op is Ops.PROGRAM and len(program.src) == 4:
         renderer.compiler.compile_cached(program.src[2].arg)
         return program
-    program = tinygrad_to_program(ast, renderer)
+    program = originals.tinygrad(originals.TO_PROGRAM)(ast, renderer)
     diskcache_put(TABLE, key, kept_form(program))
     return program

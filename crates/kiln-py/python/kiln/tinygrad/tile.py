@@ -23,14 +23,15 @@ before. It reads tinygrad 0.14.0's scheduler (`Scheduler.reduceop`, `rngs`, `app
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Optional
 
-from tinygrad.codegen.opt import KernelOptError, Opt, OptOps, heuristic
+from tinygrad.codegen.opt import KernelOptError, Opt, OptOps
 from tinygrad.codegen.opt.postrange import Scheduler
 from tinygrad.renderer import Renderer
-from tinygrad.uop.ops import AxisType, Ops, UOp
+from tinygrad.uop.ops import AxisType, GroupOp, Ops, UOp
 
-tinygrad_heuristic: Any = getattr(heuristic, "hand_coded_optimizations", None)  # None: the patch is skipped
+from . import originals
+
 
 
 IRREGULAR = 1 << 40  # the "stride" of a range that the index uses other than as `range*c`
@@ -46,8 +47,20 @@ def _skip_gates(u: UOp) -> UOp:
 def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
     """The ranges the operand's buffer index (`INDEX(buf, idx)`) depends on, each with its constant
     stride where the index uses it only in terms `range` or `range*c`, else `IRREGULAR` (a strided
-    window's divisions); None if the operand is not an index."""
+    window's divisions). An elementwise expression of such operands (an image scaled per channel
+    before a 1×1 convolution: `x * min(s, 1)`) has its operands' ranges, `IRREGULAR` where their
+    strides differ. None if the operand is neither."""
     operand = _skip_gates(operand)
+    if operand.op in GroupOp.ALU or operand.op is Ops.CAST:
+        merged: dict[UOp, int] = {}
+        for src in operand.src:
+            if (s := _strides(src)) is None:
+                return None
+            for r, stride in s.items():
+                merged[r] = stride if merged.get(r, stride) == stride else IRREGULAR
+        return merged
+    if operand.op is Ops.CONST:
+        return {}
     if operand.op is not Ops.INDEX or len(operand.src) < 2:
         return None
     idx = operand.src[1].get_idx()
@@ -105,20 +118,30 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     plans = []
     for lane_side in (0, 1):
         lane_s, row_s = strides[lane_side], strides[1 - lane_side]
+        if _skip_gates(mul.src[lane_side]).op is not Ops.INDEX:  # lanes are loads; a product is broadcast
+            continue
         lane_axes = [a for a in k.upcastable_dims if lane_s.get(k.rngs[a]) == 1 and k.rngs[a] not in row_s]
         if not lane_axes:
             continue
         lane_axis = max(lane_axes, key=lambda a: math.prod(lanes_of(a)))  # the first of the best
-        row_axes = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s]
-        if not row_axes or not lanes_of(lane_axis)[0]:
+        if not lanes_of(lane_axis)[0]:
             continue
+        row_axes = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s]
         # the most rows, then the closest together (one cache line of broadcasts)
-        row_axis = max(row_axes, key=lambda a: (rows_of(a), -row_s[k.rngs[a]]))
-        if rows_of(row_axis):
-            plans.append((math.prod(lanes_of(lane_axis)), -lane_side, lane_axis, row_axis))
+        row_axis = max(row_axes, key=lambda a: (rows_of(a), -row_s[k.rngs[a]]), default=None)
+        if row_axis is not None and rows_of(row_axis):
+            plans.append((math.prod(lanes_of(lane_axis)), 1, -lane_side, lane_axis, row_axis))
+            continue
+        # no outer product (a depthwise convolution: the weights vary along no output axis the
+        # image does not): rows along an axis only the lane operand varies along, each row its
+        # own vectors of lanes against the same broadcast
+        own_rows = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in lane_s and k.rngs[a] not in row_s]
+        row_axis = max(own_rows, key=lambda a: (rows_of(a), -lane_s[k.rngs[a]]), default=None)
+        if row_axis is not None and rows_of(row_axis):
+            plans.append((math.prod(lanes_of(lane_axis)), 0, -lane_side, lane_axis, row_axis))
     # the side with the most lanes (a convolution's output channels over a 7-pixel row); the first on a tie
     unthreaded = None
-    for _, _, lane_axis, row_axis in sorted(plans, reverse=True):
+    for _, _, _, lane_axis, row_axis in sorted(plans, key=lambda p: (p[1], p[0], p[2]), reverse=True):
         (lanes, vectors), most = lanes_of(lane_axis), rows_of(row_axis)
         # the most rows, else fewer where that lets the threads split the outputs evenly
         for rows in (n for n in range(most, max(most // 2, 2) - 1, -1) if shape[row_axis] % n == 0):
@@ -162,5 +185,5 @@ def hand_coded_optimizations(k: Scheduler) -> Scheduler:
         tiled = contraction_tile(k, vector_bytes(ren), ren.global_max[0])
         if tiled is not None:
             return tiled
-    return tinygrad_heuristic(k)
+    return originals.tinygrad(originals.HEURISTIC)(k)
 
