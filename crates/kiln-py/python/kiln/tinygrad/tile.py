@@ -134,7 +134,9 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
             continue
         # no outer product (a depthwise convolution: the weights vary along no output axis the
         # image does not): rows along an axis only the lane operand varies along, each row its
-        # own vectors of lanes against the same broadcast
+        # own vectors of lanes against the same broadcast. (Not where the broadcast varies along
+        # it too, as a grouped convolution's image does by group: each row would load its own
+        # lanes, and such tiles ran slower than tinygrad's.)
         own_rows = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in lane_s and k.rngs[a] not in row_s]
         row_axis = max(own_rows, key=lambda a: (rows_of(a), -lane_s[k.rngs[a]]), default=None)
         if row_axis is not None and rows_of(row_axis):
