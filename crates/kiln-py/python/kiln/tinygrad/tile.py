@@ -82,17 +82,20 @@ def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
 def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[Scheduler]:
     """The register tile for a sum-of-products kernel, or None (then tinygrad's heuristic runs).
 
-    Lanes: an output axis along which one operand has stride 1 and the other does not vary,
-    split into a loop of two vectors' lanes (one where the axis is too short; where a vector does
-    not divide it, the largest divisor of at least 4 lanes that a vector holds: kiln splits 14
-    lanes into 8, 4, 2). Where both operands offer such an axis (a convolution: the image's width, and the
-    output channels of weights stored by `kiln.tinygrad.layout`), the one with more lanes wins.
-    Rows: an output axis the other operand varies along (through a strided window's divisions
-    too) and the lane operand does not, upcast by the largest divisor up to 8 rows (4 where
-    vectors are narrower than 64 bytes), the closest-together axis on a tie: 8×2 accumulators of
-    16 lanes, kiln's own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Then the CPU threads
-    split the first output loop that divides evenly; where none does, fewer rows (down to half)
-    may make one."""
+    Lanes: an output axis along which one operand, a load, has stride 1 and the other does not
+    vary, split into a loop of two vectors' lanes (one where the axis is too short; where a
+    vector does not divide it, the largest divisor of at least 4 lanes that a vector holds: kiln
+    splits 14 lanes into 8, 4, 2). Where both operands offer such an axis (a convolution: the
+    image's width, and the output channels of weights stored by `kiln.tinygrad.layout`), the one
+    with more lanes wins. The other operand, broadcast, may be an elementwise expression of loads
+    (`x * min(s, 1)`). Rows: an output axis the other operand varies along (through a strided
+    window's divisions too) and the lane operand does not, upcast by the largest divisor up to 8
+    rows (4 where vectors are narrower than 64 bytes), the closest-together axis on a tie: 8×2
+    accumulators of 16 lanes, kiln's own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Where
+    there is none (a depthwise convolution), rows along an axis the lane operand alone varies
+    along, each row its own lanes against the same broadcast. Then the CPU threads split the
+    first output loop that divides evenly; where none does, fewer rows (down to half) may make
+    one."""
     red = k.reduceop  # the first reduction picks the axes; the tile serves every one of them
     if red is None or red.arg[0] is not Ops.ADD:
         return None
