@@ -149,7 +149,7 @@ def test_kiln_modules_imported_before_tinygrad_apply_the_whole_table(module):
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_a_depthwise_convolution_padded_first_gives_the_same_bits(stride):
-    """`compat.padded_grouped_input` (ONNX `Conv` on kiln's CPU): the padded image is realized
+    """`compat.padded_image_input` (ONNX `Conv` on kiln's CPU): the padded image is realized
     before a grouped convolution, and the result is tinygrad's own, bit for bit."""
     import numpy as np
     from tinygrad import Tensor

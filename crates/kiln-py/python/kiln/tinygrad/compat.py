@@ -94,19 +94,23 @@ def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return pool_realized
 
 
-def padded_grouped_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """ONNX's `Conv`, with a grouped (depthwise) convolution's padded input padded and realized
-    first on kiln's CPU: the convolution then reads whole rows without a bounds test per tap,
-    and kiln's register tile loads them as vectors. The same zeros are multiplied in, so the
-    same bits come out."""
+def padded_image_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """ONNX's `Conv` on kiln's CPU, with a padded input padded and realized first where the
+    register tile's lanes will be the image's width: a depthwise or grouped convolution, or one
+    with fewer output channels per group than a block of lanes (the weights offer no lanes). The
+    convolution then reads whole rows without a bounds test per tap, and the tile loads them as
+    vectors instead of one gated lane at a time. The same zeros are multiplied in, so the same
+    bits come out."""
 
     def conv_padded(X: Tensor, W: Tensor, B: Optional[Tensor] = None, auto_pad: str = "NOTSET", dilations: Any = 1,
                     group: int = 1, kernel_shape: Any = None, pads: Any = 0, strides: Any = 1) -> Tensor:
         dims = len(W.shape) - 2
         flat = list(pads) if isinstance(pads, (list, tuple)) else [pads] * (2 * dims)
         flat = flat * 2 if len(flat) == dims else flat
-        if group > 1 and auto_pad == "NOTSET" and len(flat) == 2 * dims and any(flat) and min(flat) >= 0 \
-                and tiling_renderer(X.device) is not None:
+        renderer = tiling_renderer(X.device)
+        per_group = W.shape[0] // group if isinstance(W.shape[0], int) and group > 0 else 0
+        image_lanes = renderer is not None and (group > 1 or per_group % lane_block(renderer) != 0)
+        if image_lanes and auto_pad == "NOTSET" and len(flat) == 2 * dims and any(flat) and min(flat) >= 0:
             X = X.pad(((0, 0), (0, 0), *zip(flat[:dims], flat[dims:]))).contiguous()
             pads = 0
         return conv(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
@@ -232,8 +236,9 @@ PATCHES: tuple[Patch, ...] = (
           init_with_kiln_layout),
     Patch(f"{ONNX}:onnx_ops[Conv]",
           ("X", "W", "B", "auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"), KILN_CPU,
-          "a grouped (depthwise) convolution's padded input is padded first, so kiln's tile reads it as whole vectors",
-          padded_grouped_input),
+          "a padded input is padded first where the tile's lanes are the image's width (a depthwise or grouped "
+          "convolution, or fewer output channels than a block of lanes), so the tile reads it as whole vectors",
+          padded_image_input),
     *(Patch(f"{ONNX}:onnx_ops[{name}]", ("X",), KILN_CPU,
             "the input is realized first, so the convolution before it is not fused into a nested reduction "
             "that gets no register tile", realized_input) for name in GLOBAL_POOLS),
