@@ -1,4 +1,5 @@
-"""Registers kiln's tinygrad device (`DEV=KILN`) without importing kiln or tinygrad.
+"""Registers kiln's tinygrad device (`DEV=KILN`) without importing kiln or tinygrad, and applies
+kiln's declared changes to tinygrad (`kiln.tinygrad.compat`) when tinygrad is imported.
 
 `kiln-tinygrad.pth` calls `install()` when the interpreter starts; see `kiln.tinygrad`.
 """

@@ -12,10 +12,11 @@ TinyJit of it is one kiln plan spanning the devices (`kiln.tinygrad.device.KilnG
 Registration. tinygrad opens a device `X` by importing `tinygrad.runtime.ops_x`. kiln's wheel
 installs `kiln-tinygrad.pth`, which runs `_kiln_tinygrad.install()` at interpreter start-up:
 that puts a finder on `sys.meta_path` answering the name `tinygrad.runtime.ops_kiln` with a
-module whose `KilnDevice` is `kiln.tinygrad.device.KilnDevice`, and `tinygrad.nn.onnx` with
-tinygrad's own module plus one fix to its `OnnxRunner` (`kiln.tinygrad.onnx_inputs`); no other.
-Nothing is imported until tinygrad asks for the device, and no tinygrad file changes. Where `.pth` files are not processed
-(`python -S`), calling `kiln.tinygrad.install()` before tinygrad opens a device does the same.
+module whose `KilnDevice` is `kiln.tinygrad.device.KilnDevice`, and `tinygrad` and
+`tinygrad.nn.onnx` with tinygrad's own modules, after which kiln's declared changes to them apply
+(`kiln.tinygrad.compat.PATCHES`, acting on KILN devices only but for two ONNX loader fixes); no
+other name. Nothing of kiln is imported until tinygrad is, and no tinygrad file changes. Where
+`.pth` files are not processed (`python -S`), calling `kiln.tinygrad.install()` does the same.
 
 Saving. `save_jit(jit, path)` saves a captured TinyJit on a KILN device as a kiln plan file
 (`kiln.tinygrad.saving`), which `kiln.load_plan` runs in any process without tinygrad.
