@@ -32,8 +32,6 @@ from tinygrad.uop.ops import AxisType, GroupOp, Ops, UOp
 
 from . import originals
 
-
-
 IRREGULAR = 1 << 40  # the "stride" of a range that the index uses other than as `range*c`
 
 
@@ -144,7 +142,8 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         row_axis = max(own_rows, key=lambda a: (rows_of(a), -lane_s[k.rngs[a]]), default=None)
         if row_axis is not None and rows_of(row_axis):
             plans.append((math.prod(lanes_of(lane_axis)), 0, -lane_side, lane_axis, row_axis))
-    # the side with the most lanes (a convolution's output channels over a 7-pixel row); the first on a tie
+    # outer products first, then the side with the most lanes (a convolution's output channels
+    # over a 7-pixel row); the first on a tie
     unthreaded = None
     for _, _, _, lane_axis, row_axis in sorted(plans, key=lambda p: (p[1], p[0], p[2]), reverse=True):
         (lanes, vectors), most = lanes_of(lane_axis), rows_of(row_axis)
