@@ -96,8 +96,8 @@ def realized_input(pool: Callable[..., Tensor]) -> Callable[..., Tensor]:
 
 def padded_image_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """ONNX's `Conv` on kiln's CPU, with a padded input padded and realized first where the
-    register tile's lanes will be the image's width: a depthwise or grouped convolution, or one
-    with fewer output channels per group than a block of lanes (the weights offer no lanes). The
+    register tile's lanes will be the image's width: where a block of lanes does not divide the
+    output channels of a group (a depthwise convolution's one), so the weights offer none. The
     convolution then reads whole rows without a bounds test per tap, and the tile loads them as
     vectors instead of one gated lane at a time. The same zeros are multiplied in, so the same
     bits come out."""
@@ -109,7 +109,7 @@ def padded_image_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
         flat = flat * 2 if len(flat) == dims else flat
         renderer = tiling_renderer(X.device)
         per_group = W.shape[0] // group if isinstance(W.shape[0], int) and group > 0 else 0
-        image_lanes = renderer is not None and (group > 1 or per_group % lane_block(renderer) != 0)
+        image_lanes = renderer is not None and per_group % lane_block(renderer) != 0
         if image_lanes and auto_pad == "NOTSET" and len(flat) == 2 * dims and any(flat) and min(flat) >= 0:
             X = X.pad(((0, 0), (0, 0), *zip(flat[:dims], flat[dims:]))).contiguous()
             pads = 0
@@ -236,8 +236,8 @@ PATCHES: tuple[Patch, ...] = (
           init_with_kiln_layout),
     Patch(f"{ONNX}:onnx_ops[Conv]",
           ("X", "W", "B", "auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"), KILN_CPU,
-          "a padded input is padded first where the tile's lanes are the image's width (a depthwise or grouped "
-          "convolution, or fewer output channels than a block of lanes), so the tile reads it as whole vectors",
+          "a padded input is padded first where the tile's lanes are the image's width (a block of lanes does not "
+          "divide a group's output channels: a depthwise convolution), so the tile reads it as whole vectors",
           padded_image_input),
     *(Patch(f"{ONNX}:onnx_ops[{name}]", ("X",), KILN_CPU,
             "the input is realized first, so the convolution before it is not fused into a nested reduction "
