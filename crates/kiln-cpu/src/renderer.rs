@@ -376,8 +376,6 @@ float cosf(float); double cos(double);
 float truncf(float); double trunc(double);
 float fabsf(float); double fabs(double);
 float powf(float, float); double pow(double, double);
-float fmaxf(float, float); double fmax(double, double);
-float fminf(float, float); double fmin(double, double);
 float fmaf(float, float, float); double fma(double, double, double);
 ";
 
@@ -483,6 +481,16 @@ impl Syntax for CpuDialect {
         }
         .to_string()
     }
+
+    /// MAX/MIN of f32/f64 as `kiln_max_T`/`kiln_min_T` (`max_min`: the vector forms' rule).
+    fn scalar_op(&self, op: Op, s: Scalar, args: &[String], p: &mut Prelude) -> Option<String> {
+        match (op, s, args) {
+            (Op::Max | Op::Min, Scalar::F32 | Scalar::F64, [a, b]) => {
+                Some(format!("{}({a}, {b})", self.max_min(op, s, p)))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Dialect for CpuDialect {
@@ -541,7 +549,7 @@ impl Dialect for CpuDialect {
     /// FMA, MAX and MIN as the x86 builtins where the target has them (the compiler does not
     /// turn lane-by-lane `fmaf`/`fmaxf` into vector instructions), with a lane loop as the
     /// portable fallback; no header is needed (see `x86_fma`). MAX/MIN keep `fmax`/`fmin`
-    /// NaN semantics.
+    /// NaN semantics, and pick as the scalar ones do (`max_min`).
     ///
     /// Comparisons and WHERE stay lane by lane: gcc 12 vectorizes those lanes into mask
     /// register code (a compare into `k1`, masked moves, the bool bytes stored with `vpmovdb`),

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use kiln_cstyle::{Dialect, Prelude};
+use kiln_cstyle::{Dialect, Prelude, Syntax};
 use kiln_device::kiln_ir::{DType, Op, Scalar};
 
 use crate::renderer::{CpuDialect, tag};
@@ -25,17 +25,22 @@ impl CpuDialect {
         if let (Some(f), [x]) = (math, args) {
             return Some(format!("{}({x})", self.vmath(f, s, w, p)));
         }
-        let (fname, c) = match op {
-            Op::MulAcc => ("fma", "fma"),
-            Op::Max => ("max", "fmax"),
-            Op::Min => ("min", "fmin"),
+        let fname = match op {
+            Op::MulAcc => "fma",
+            Op::Max => "max",
+            Op::Min => "min",
             _ => return None,
         };
         let ty = self.vector_type(s, w, p);
         let it = self.vector_type(if s == Scalar::F32 { Scalar::I32 } else { Scalar::I64 }, w, p);
         let name = format!("kiln_{fname}_{}", tag(s, w));
         let def = name.clone();
-        let libm = format!("{c}{}", if s == Scalar::F32 { "f" } else { "" });
+        // a lane: libm's `fmaf`, or the scalar MAX/MIN (the same rule as the x86 forms)
+        let lane_fn = if op == Op::MulAcc {
+            format!("fma{}", if s == Scalar::F32 { "f" } else { "" })
+        } else {
+            self.max_min(op, s, p)
+        };
         // Padded widths (not a power of two) match no register size and keep the lane loop.
         let bytes = w as usize * s.size();
         if op != Op::MulAcc && bytes == 16 {
@@ -52,10 +57,26 @@ impl CpuDialect {
             } else {
                 x86_max_min(fname, s, bytes, &it, &tag(s, w))
             };
-            let lanes = format!("{ty} r;\n  for (int i = 0; i < {w}; i++) r[i] = {libm}({lane_args});\n  return r;");
+            let lanes = format!("{ty} r;\n  for (int i = 0; i < {w}; i++) r[i] = {lane_fn}({lane_args});\n  return r;");
             format!("static inline {ty} {def}({params}) {{\n{}}}\n", guarded(&cases, &lanes))
         });
         Some(format!("{name}({})", args.join(", ")))
+    }
+
+    /// `kiln_max_T`/`kiln_min_T` for scalar `s` (f32 or f64): MAX/MIN of floats on kiln's CPU,
+    /// `a` where `a > b` (`<` for MIN) or `b` is NaN, else `b`. That is `fmax`'s NaN rule with the
+    /// second operand on equal zeros, lane for lane what the x86 vector forms (`x86_max_min`)
+    /// compute, so a MAX gives the same bits as a scalar and as a lane of a vector (which lets
+    /// kiln-ir lift it into vectors). Returns the function's name.
+    pub(crate) fn max_min(&self, op: Op, s: Scalar, p: &mut Prelude) -> String {
+        let (f, cmp) = if op == Op::Max { ("max", ">") } else { ("min", "<") };
+        let ty = self.scalar_type(s, p);
+        let name = format!("kiln_{f}_{}", tag(s, 1));
+        let def = name.clone();
+        p.need(&name, move |_| {
+            format!("static inline {ty} {def}({ty} a, {ty} b) {{ return (a {cmp} b || b != b) ? a : b; }}\n")
+        });
+        name
     }
 
     /// `kiln_madd_T` (a*b + c, fused where the target has vector FMA), `kiln_any_T` (whether a

@@ -223,18 +223,21 @@ fn a_scalar_register_tile_runs_as_vector_accumulators_with_the_same_bits() {
 
 /// A tile as tinygrad hands it when kiln's tile unrolls the rows only: the lanes are a loop
 /// of up to two vectors' iterations around the reduction (nested accumulators, B's reads gated
-/// like a padded convolution's input), with a bias, a ReLU and two stores, one transposed.
-/// kiln unrolls and jams that loop into vector accumulators (28 lanes: vectors of 16, 8 and
-/// 4; 64 lanes are more than two vectors hold and stay a loop), and every pair gives the bits
-/// of the scalar fused multiply-adds, in order, on the host.
+/// like a padded convolution's input, or read through a ReLU as tinygrad fuses the layer
+/// before's), with a bias, a ReLU and two stores, one transposed. kiln unrolls and jams that
+/// loop into vector accumulators (28 lanes: vectors of 16, 8 and 4; 64 lanes are more than two
+/// vectors hold and stay a loop), and every pair gives the bits of the scalar fused
+/// multiply-adds, in order, on the host.
 #[test]
 fn a_tile_whose_lanes_are_a_loop_runs_as_vector_accumulators_with_the_same_bits() {
     for (rows, lanes, widest) in [(4usize, 32usize, Some(16)), (3, 28, Some(16)), (2, 12, Some(8)), (1, 64, None)] {
-        lane_loop_tile(rows, lanes, widest);
+        lane_loop_tile(rows, lanes, widest, false);
     }
+    lane_loop_tile(4, 32, Some(16), true);
 }
 
-fn lane_loop_tile(rows: usize, lanes: usize, widest: Option<usize>) {
+/// With `relu_read`, B is read plainly through `WHERE(0 < b, b, 0)` instead of gated.
+fn lane_loop_tile(rows: usize, lanes: usize, widest: Option<usize>, relu_read: bool) {
     let (m, n, kk) = (rows * 4, lanes * 2, 12usize);
     let mut k = KernelBuilder::new();
     let (a, b) = (k.param(0, Scalar::F32, (m * kk) as i64), k.param(1, Scalar::F32, (kk * n) as i64));
@@ -249,7 +252,13 @@ fn lane_loop_tile(rows: usize, lanes: usize, widest: Option<usize>) {
         let i = &rb * rows as i64 + row;
         let x = a.at(&(&i * kk as i64 + &r)).load();
         let gate = (&col - &col.idiv(5i64) * 5i64).ne(0i64);
-        let y = b.at(&(&r * n as i64 + &col)).load_gated(&gate, 0.0);
+        let y = match relu_read {
+            true => {
+                let read = b.at(&(&r * n as i64 + &col)).load();
+                Val::f32(0.0).lt(&read).select(&read, 0.0f32)
+            }
+            false => b.at(&(&r * n as i64 + &col)).load_gated(&gate, 0.0),
+        };
         let acc = k.acc(&Val::f32(0.0), &[&outer]);
         let inner_acc = k.acc(&acc.get(), &[&inner]);
         let sum = acc.update(&inner_acc.update(&x.mul_acc(&y, &inner_acc.get())));
@@ -276,7 +285,12 @@ fn lane_loop_tile(rows: usize, lanes: usize, widest: Option<usize>) {
     let mut want_d = vec![0f32; m * n];
     for i in 0..m {
         for j in 0..n {
-            let b_at = |r: usize| if j % 5 == 0 { 0.0 } else { y[r * n + j] };
+            let b_at = |r: usize| match relu_read {
+                true if 0.0 < y[r * n + j] => y[r * n + j],
+                true => 0.0,
+                false if j % 5 == 0 => 0.0,
+                false => y[r * n + j],
+            };
             let v = (0..kk).fold(0.0f32, |acc, r| x[i * kk + r].mul_add(b_at(r), acc)) + bv[j];
             let out = if 0.0 < v { v } else { 0.0 };
             want_c[i * n + j] = out;

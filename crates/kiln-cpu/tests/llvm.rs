@@ -149,6 +149,61 @@ fn math_matches_the_c_pair_bit_for_bit() {
     assert!(bad.is_empty(), "{} kernel(s) differ:\n{}", bad.len(), bad.join("\n"));
 }
 
+/// Float MAX and MIN pick by one rule on both pairs, for scalars and every vector width: the
+/// first operand where it is greater (less for MIN) or the second is NaN, else the second (so
+/// the second of two equal zeros). kiln-ir lifts a tile's MAX into vectors on that promise.
+#[test]
+fn max_and_min_pick_by_one_rule_in_scalars_and_vectors() {
+    let Some(dev) = device("max_and_min_pick_by_one_rule_in_scalars_and_vectors") else { return };
+    let special = [0.0, -0.0, 1.0, -1.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    let n = 240; // every pair of specials, repeated: a multiple of every width below
+    let pairs: Vec<(f64, f64)> = (0..n).map(|i| (special[i % 7], special[(i / 7) % 7])).collect();
+    let mut bad = Vec::new();
+    for s in [Scalar::F32, Scalar::F64] {
+        let bytes = |v: &mut dyn Iterator<Item = f64>| -> Vec<u8> {
+            v.flat_map(|x| if s == Scalar::F32 { (x as f32).to_le_bytes().to_vec() } else { x.to_le_bytes().to_vec() })
+                .collect()
+        };
+        let (x, z) = (bytes(&mut pairs.iter().map(|p| p.0)), bytes(&mut pairs.iter().map(|p| p.1)));
+        for op in ["max", "min"] {
+            let want = bytes(&mut pairs.iter().map(|&(a, b)| {
+                let first = if op == "max" { a > b } else { a < b };
+                if first || b.is_nan() { a } else { b }
+            }));
+            for w in [1u8, 3, 4, 8, 16] {
+                for pair in [kiln_cpu::CC_PAIR, LLVM_PAIR] {
+                    let name = format!("pick_{op}_{}x{w}", s.name());
+                    let kernel = dev
+                        .compile_with(pair, &math_kernel(s, w, n as i64, op), Some(&name))
+                        .unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let bufs: Vec<Buffer> = [&x, &x, &z]
+                        .iter()
+                        .map(|data| {
+                            let b = dev.buffer(s, n).unwrap_or_else(|e| panic!("{e}"));
+                            b.copyin(data).unwrap_or_else(|e| panic!("{e}"));
+                            b
+                        })
+                        .collect();
+                    kernel.launch(&bufs.iter().collect::<Vec<_>>(), &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+                    let mut got = vec![0u8; n * s.size()];
+                    bufs[1].copyout(&mut got).unwrap_or_else(|e| panic!("{e}"));
+                    let lane = |b: &[u8], e: usize| b[e * s.size()..][..s.size()].to_vec();
+                    // bit for bit: a NaN result is the first operand's NaN, so even the NaN's bits
+                    if let Some(e) = (0..n).find(|&e| lane(&want, e) != lane(&got, e)) {
+                        bad.push(format!(
+                            "{pair} {name}: {op}{:?}: want {:02x?}, got {:02x?}",
+                            pairs[e],
+                            lane(&want, e),
+                            lane(&got, e)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{} kernel(s) pick otherwise:\n{}", bad.len(), bad.join("\n"));
+}
+
 /// LLVM's objects (constant pools in `.rodata.cst*` sections, libm calls through PLT32
 /// relocations) load with kiln's ELF loader.
 #[test]

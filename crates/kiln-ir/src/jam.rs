@@ -12,11 +12,11 @@
 //!
 //! Which loop: an output loop (closed by a void END) of a constant extent that two vectors of
 //! the tile's dtype hold, around a MULACC whose one operand is read at `lane` (stride 1 in the
-//! loop) and whose other operand does not depend on the loop. The copies read and write the
-//! same memory as the loop's iterations did, with each lane's own ops in their order, so the
-//! result is the same bits. Jamming reorders the iterations' memory accesses, so a kernel that
-//! reads a buffer it also writes, or orders accesses explicitly (AFTER, barriers, local
-//! memory, IF blocks), is left as it is.
+//! loop), directly or under lane-wise ops (a ReLU: `MAX(x, 0)`), and whose other operand does
+//! not depend on the loop. The copies read and write the same memory as the loop's iterations
+//! did, with each lane's own ops in their order, so the result is the same bits. Jamming
+//! reorders the iterations' memory accesses, so a kernel that reads a buffer it also writes, or
+//! orders accesses explicitly (AFTER, barriers, local memory, IF blocks), is left as it is.
 
 use std::sync::Arc;
 
@@ -133,8 +133,33 @@ fn terms(addr: &Arc<UOp>) -> Vec<&Arc<UOp>> {
     out
 }
 
-/// Whether `v` is a load whose address is `range` plus terms that do not depend on it.
+/// Whether `v` is a load whose address is `range` plus terms that do not depend on it, or
+/// lane-wise ops ([`crate::epilogue::liftable`]: a ReLU, `MAX(x, 0)` or `WHERE(0 < x, x, 0)`)
+/// over one such load and values that do not depend on `range`.
 fn reads_at_lane(v: &Arc<UOp>, range: &Arc<UOp>, vary: &HashSet<*const UOp>) -> bool {
+    let mut read: Option<&Arc<UOp>> = None;
+    let (mut stack, mut ops) = (vec![v], 0);
+    while let Some(n) = stack.pop() {
+        if !vary.contains(&Arc::as_ptr(n)) {
+            continue;
+        }
+        if n.op() == Op::Load {
+            if read.is_some_and(|r| !Arc::ptr_eq(r, n)) {
+                return false;
+            }
+            read = Some(n);
+        } else if crate::epilogue::liftable(n.op()) && n.dtype().width() == 1 && ops < 16 {
+            ops += 1;
+            stack.extend(n.src());
+        } else {
+            return false;
+        }
+    }
+    read.is_some_and(|r| load_at_lane(r, range, vary))
+}
+
+/// Whether `v` is a load whose address is `range` plus terms that do not depend on it.
+fn load_at_lane(v: &Arc<UOp>, range: &Arc<UOp>, vary: &HashSet<*const UOp>) -> bool {
     let Some(index) = v.src().first().filter(|_| v.op() == Op::Load) else { return false };
     let Some(addr) = index.src().get(1).filter(|_| index.op() == Op::Index) else { return false };
     let mut lanes = 0;
@@ -302,8 +327,9 @@ mod tests {
     use crate::{KernelBuilder, Val, validate, vectorize_outer_products};
 
     /// `rows` accumulators of A[i]·B[j] over k, the lanes j a loop of `lanes` iterations
-    /// (`lanes` of a block of `blocks`); with `in_place`, the results go back into B.
-    fn rolled(rows: i64, lanes: i64, blocks: i64, in_place: bool) -> Arc<UOp> {
+    /// (`lanes` of a block of `blocks`); with `in_place`, the results go back into B; with
+    /// `relu`, B is read through tinygrad's ReLU (`WHERE(0 < b, b, 0)`).
+    fn rolled(rows: i64, lanes: i64, blocks: i64, in_place: bool, relu: bool) -> Arc<UOp> {
         let n = lanes * blocks;
         let mut k = KernelBuilder::new();
         let (a, b) = (k.param(0, Scalar::F32, rows * 16), k.param(1, Scalar::F32, 16 * n));
@@ -315,7 +341,9 @@ mod tests {
         for i in 0..rows {
             let acc = k.acc(&Val::f32(0.0), &[&r]);
             let x = a.at(&(&r + i * 16)).load();
-            let sum = acc.update(&x.mul_acc(&b.at(&(&r * n + &col)).load(), &acc.get()));
+            let read = b.at(&(&r * n + &col)).load();
+            let lane = if relu { Val::f32(0.0).lt(&read).select(&read, 0.0f32) } else { read };
+            let sum = acc.update(&x.mul_acc(&lane, &acc.get()));
             stores.push(k.store(&c.at(&(&col + i * n)), &sum));
         }
         let refs: Vec<&Val> = stores.iter().collect();
@@ -330,26 +358,31 @@ mod tests {
 
     #[test]
     fn a_lane_loop_becomes_the_scalar_tile_then_vector_accumulators() {
-        let k = rolled(4, 32, 3, false);
-        let jammed = unroll_lane_loops(&k, 64).unwrap();
-        validate(&jammed).unwrap();
-        crate::linearize(&jammed).unwrap();
-        // one reduction loop with every lane's accumulators, the lane loop gone
-        assert_eq!(count(&jammed, Op::DefineAcc), 4 * 32);
-        assert_eq!(count(&jammed, Op::Range), 2);
-        let tiled = vectorize_outer_products(&k, 64);
-        validate(&tiled).unwrap();
-        let accs: Vec<DType> = tiled.toposort().iter().filter(|n| n.op() == Op::DefineAcc).map(|n| n.dtype()).collect();
-        assert_eq!(accs, vec![DType::vec(Scalar::F32, 16); 8]);
+        // lanes read plainly, or through a ReLU
+        for relu in [false, true] {
+            let k = rolled(4, 32, 3, false, relu);
+            let jammed = unroll_lane_loops(&k, 64).unwrap();
+            validate(&jammed).unwrap();
+            crate::linearize(&jammed).unwrap();
+            // one reduction loop with every lane's accumulators, the lane loop gone
+            assert_eq!(count(&jammed, Op::DefineAcc), 4 * 32);
+            assert_eq!(count(&jammed, Op::Range), 2);
+            let tiled = vectorize_outer_products(&k, 64);
+            validate(&tiled).unwrap();
+            let accs: Vec<DType> =
+                tiled.toposort().iter().filter(|n| n.op() == Op::DefineAcc).map(|n| n.dtype()).collect();
+            assert_eq!(accs, vec![DType::vec(Scalar::F32, 16); 8]);
+            assert_eq!(count(&tiled, Op::Where), if relu { 2 } else { 0 });
+        }
     }
 
     #[test]
     fn loops_it_must_not_reorder_or_cannot_hold_stay_loops() {
         // results written into an operand: the iterations' order matters
-        assert!(unroll_lane_loops(&rolled(2, 16, 2, true), 64).is_none());
+        assert!(unroll_lane_loops(&rolled(2, 16, 2, true, false), 64).is_none());
         // 32 lanes are more than two 32-byte vectors hold
-        assert!(unroll_lane_loops(&rolled(2, 32, 2, false), 32).is_none());
-        assert!(unroll_lane_loops(&rolled(2, 16, 2, false), 32).is_some());
+        assert!(unroll_lane_loops(&rolled(2, 32, 2, false, false), 32).is_none());
+        assert!(unroll_lane_loops(&rolled(2, 16, 2, false, false), 32).is_some());
         // no contraction: a copy loop
         let mut k = KernelBuilder::new();
         let (a, c) = (k.param(0, Scalar::F32, 32), k.param(1, Scalar::F32, 32));

@@ -4,7 +4,7 @@
 //! A compiler that unrolls a contraction over two output axes (tinygrad's UPCAST) hands kiln
 //! a loop with one scalar accumulator per output element, each updated as
 //! `acc[i][j] = MULACC(a[i], b[j], acc[i][j])`, where the `b[j]` are lanes of loads at
-//! consecutive addresses. [`vectorize_outer_products`] turns every run of such accumulators
+//! consecutive addresses, or the same lane-wise ops of such loads (a ReLU of the image read). [`vectorize_outer_products`] turns every run of such accumulators
 //! that share the loop, the initial value and the `a` operand into one vector accumulator
 //! updated with one vector MULACC of the broadcast `a` and one vector load of the `b`s: the
 //! register-blocked micro-kernel of a hand-written matrix multiply (a row of the tile per
@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::lanes::{Lane, lane_of, order_with};
+use crate::lanes::{Mapped, Term, mapped_lane_of, order_with};
 use crate::{Arg, DType, Op, Scalar, UOp};
 
 /// One scalar accumulator of the pattern `END(range, ASSIGN(acc, MULACC(x, y, acc)))` with
@@ -34,12 +34,13 @@ struct Chain {
     operands: [Arc<UOp>; 2],
 }
 
-/// One accumulator of a vector: its chain, the broadcast operand and where its lane is read.
+/// One accumulator of a vector: its chain, the broadcast operand and its lane operand (where
+/// it is read, and the lane-wise ops above the read).
 #[derive(Clone)]
 struct Member {
     chain: usize,
     shared: Arc<UOp>,
-    lane: Lane,
+    lane: Mapped,
 }
 
 /// Rewrites the outer-product accumulators under `root` into vector accumulators of at most
@@ -49,7 +50,9 @@ struct Member {
 /// A tile whose lanes are still a loop (a compiler that unrolled the rows only) is first
 /// unrolled into that scalar form ([`crate::jam`]). Then the tile's epilogue, each lane's
 /// chain of scalar ops after its accumulator, is lifted into vectors where every lane does the
-/// same ([`crate::epilogue`]).
+/// same ([`crate::epilogue`]). The caller's renderer must compute a vector MAX or MIN lane for
+/// lane as its scalar one (which of two equal zeros, which of a NaN and a number), as kiln's CPU
+/// pairs do.
 pub fn vectorize_outer_products(root: &Arc<UOp>, vector_bytes: usize) -> Arc<UOp> {
     let jammed = crate::jam::unroll_lane_loops(root, vector_bytes);
     let root = jammed.as_ref().unwrap_or(root);
@@ -83,17 +86,19 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
             *sharers.entry(Arc::as_ptr(o)).or_default() += 1;
         }
     }
-    type Key = (Vec<*const UOp>, *const UOp, *const UOp, *const UOp, *const UOp);
+    type Key = (Vec<*const UOp>, *const UOp, *const UOp, *const UOp, *const UOp, Vec<Term>);
     let mut groups: HashMap<Key, Vec<Member>> = HashMap::default();
     let mut order: Vec<Key> = Vec::new();
     for (ci, c) in chains.iter().enumerate() {
         let [x, y] = &c.operands;
         let shares = |o: &Arc<UOp>| sharers.get(&Arc::as_ptr(o)).copied().unwrap_or(0);
         let (shared, lane_op) = if shares(y) > shares(x) { (y, x) } else { (x, y) };
-        let Some(lane) = lane_of(lane_op) else { continue };
-        let base = lane.base.as_ref().map_or(std::ptr::null(), Arc::as_ptr);
+        let Some(lane) = mapped_lane_of(lane_op, crate::epilogue::liftable) else { continue };
+        let read = &lane.lane;
+        let base = read.base.as_ref().map_or(std::ptr::null(), Arc::as_ptr);
         let ranges = c.ranges.iter().map(Arc::as_ptr).collect();
-        let key = (ranges, Arc::as_ptr(&c.init), Arc::as_ptr(shared), Arc::as_ptr(&lane.pointer), base);
+        let key =
+            (ranges, Arc::as_ptr(&c.init), Arc::as_ptr(shared), Arc::as_ptr(&read.pointer), base, lane.signature());
         let group = groups.entry(key.clone()).or_insert_with(|| {
             order.push(key);
             Vec::new()
@@ -108,8 +113,8 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
     for key in &order {
         let Some(group) = groups.get_mut(key) else { continue };
         let mut members = std::mem::take(group);
-        members.sort_by_key(|m| m.lane.offset);
-        members.dedup_by_key(|m| m.lane.offset);
+        members.sort_by_key(|m| m.lane.lane.offset);
+        members.dedup_by_key(|m| m.lane.lane.offset);
         let Some(scalar) = chains[members[0].chain].end.dtype().scalar() else { continue };
         let max_lanes = (vector_bytes / scalar.size()).clamp(1, 16);
         let mut run: Vec<Member> = Vec::new();
@@ -127,10 +132,10 @@ fn vectorize(root: &Arc<UOp>, vector_bytes: usize) -> Option<Arc<UOp>> {
         };
         let mut last: Option<i64> = None;
         for m in members {
-            if last.is_some_and(|l| l + 1 != m.lane.offset) {
+            if last.is_some_and(|l| l + 1 != m.lane.lane.offset) {
                 flush(&mut run);
             }
-            last = Some(m.lane.offset);
+            last = Some(m.lane.lane.offset);
             run.push(m);
         }
         flush(&mut run);
@@ -241,7 +246,8 @@ fn prev_power_of_two(n: usize) -> usize {
 fn build_vector(plan: &[Member], chains: &[Chain], memo: &HashMap<*const UOp, Arc<UOp>>, id: i64) -> Option<Arc<UOp>> {
     let get = |n: &Arc<UOp>| memo.get(&Arc::as_ptr(n)).cloned();
     let first = &chains[plan.first()?.chain];
-    let (shared, lane) = (&plan[0].shared, &plan[0].lane);
+    let (shared, mapped) = (&plan[0].shared, &plan[0].lane);
+    let lane = &mapped.lane;
     let scalar = first.end.dtype().scalar()?;
     let w = plan.len() as u8;
     let vt = DType::vec(scalar, w);
@@ -252,7 +258,7 @@ fn build_vector(plan: &[Member], chains: &[Chain], memo: &HashMap<*const UOp, Ar
         start = UOp::new(Op::DefineAcc, vt, Arg::Int(id + i), vec![start, r.clone()]);
         accs.push(start.clone());
     }
-    let lanes = if plan.iter().all(|m| m.lane.plain) {
+    let lanes = if plan.iter().all(|m| m.lane.lane.plain) {
         let addr = match (&lane.base, lane.offset) {
             (Some(b), 0) => get(b)?,
             (Some(b), c) => UOp::new(Op::Add, lane.index, Arg::None, vec![get(b)?, UOp::const_int(lane.index, c)]),
@@ -263,7 +269,9 @@ fn build_vector(plan: &[Member], chains: &[Chain], memo: &HashMap<*const UOp, Ar
             DType::Ptr { scalar, space, .. } => DType::Ptr { scalar, width: w, space },
             other => other,
         };
-        UOp::new(Op::Load, vt, Arg::None, vec![UOp::new(Op::Index, ptr_dt, Arg::None, vec![pointer, addr])])
+        let index = UOp::new(Op::Index, ptr_dt, Arg::None, vec![pointer, addr]);
+        let read = UOp::new(Op::Load, DType::vec(lane.value.dtype().scalar()?, w), Arg::None, vec![index]);
+        mapped.over(&read, w, &get)?
     } else {
         UOp::new(Op::Vectorize, vt, Arg::None, plan.iter().map(|m| get(&m.lane.value)).collect::<Option<_>>()?)
     };
@@ -334,6 +342,42 @@ mod tests {
         let mut widths: Vec<u8> = accs(&six).iter().map(|d| d.width()).collect();
         widths.sort();
         assert_eq!(widths, vec![2, 4]);
+    }
+
+    /// A tile whose lanes are a ReLU of the reads (a convolution of the previous layer's output,
+    /// its ReLU fused into the read: `MAX(b, 0)` or tinygrad's `WHERE(0 < b, b, 0)`) takes the
+    /// ReLU in vectors too; two reads under one op (`b[j] + b[j+1]`) are no lane and stay scalar.
+    #[test]
+    fn lanes_under_lane_wise_ops_are_read_and_mapped_as_vectors() {
+        for form in ["max", "where", "two reads"] {
+            let mut k = KernelBuilder::new();
+            let (a, b, c) = (k.param(0, Scalar::F32, 64), k.param(1, Scalar::F32, 1024), k.param(2, Scalar::F32, 64));
+            let r = k.range(16);
+            for i in 0..2 {
+                let x = a.at(&(&r + i * 16)).load();
+                for j in 0..16 {
+                    let read = b.at(&(&r * 32 + j)).load();
+                    let lane = match form {
+                        "max" => read.max(0.0f32),
+                        "where" => Val::f32(0.0).lt(&read).select(&read, 0.0f32),
+                        _ => &read + &b.at(&(&r * 32 + j + 1)).load(),
+                    };
+                    let acc = k.acc(&Val::f32(0.0), &[&r]);
+                    k.store(&c.at(&Val::int(i * 16 + j)), &acc.update(&x.mul_acc(&lane, &acc.get())));
+                }
+            }
+            let out = vectorize_outer_products(&k.finish().unwrap(), 64);
+            validate(&out).unwrap();
+            let vectors = |op: Op| out.toposort().iter().filter(|n| n.op() == op && n.dtype().width() == 16).count();
+            if form == "two reads" {
+                assert_eq!(accs(&out), vec![DType::F32; 32]);
+                continue;
+            }
+            assert_eq!(accs(&out), vec![DType::vec(Scalar::F32, 16); 2], "{form}");
+            // one read and one ReLU of 16 lanes, shared by both rows
+            let relu = if form == "max" { vectors(Op::Max) } else { vectors(Op::Where) };
+            assert_eq!((vectors(Op::Load), relu), (1, 1), "{form}");
+        }
     }
 
     #[test]

@@ -217,12 +217,16 @@ def test_conv2d_with_padding():
 
 @pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
 @pytest.mark.parametrize(
-    "shape", ["matmul", "conv3x3_pad1_14x14", "conv1x1", "blocked_conv3x3_pad1_7x7", "blocked_conv3x3_stride2", "blocked_conv7x7_pad3_stride2"]
+    "shape", ["matmul", "conv3x3_pad1_14x14", "conv1x1", "blocked_conv3x3_pad1_7x7", "blocked_conv3x3_stride2", "blocked_conv7x7_pad3_stride2",
+              "grouped_conv1x1", "grouped_conv1x1_of_relu", "grouped_blocked8_conv1x1_7x7"]
 )
 def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape):
     """Every contraction gets a tile, and the results stay those of the reference: convolutions
     with ONNX's weight order and with `kiln.tinygrad.layout.blocked` (output channels as
-    lanes, also where the image is 7 wide, strided, or 7×7-windowed with padding)."""
+    lanes, also where the image is 7 wide, strided, or 7×7-windowed with padding), and grouped
+    ones (ShuffleNet's: the output channels split by group, `tile._split_groups`), also of a
+    ReLU fused into the image's read (`WHERE(0 < x, x, 0)` lanes) and with weights in blocks of
+    8 within a group."""
     from kiln.tinygrad import layout, tile
 
     tiled = []
@@ -231,6 +235,15 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
     if shape == "matmul":
         a, b = rand(64, 40, seed=40), rand(40, 96, seed=41)
         run, want = lambda: (t(a) @ t(b)).numpy(), a.astype(np.float64) @ b
+    elif shape.startswith("grouped"):
+        # 4 groups of 12 output channels over 14×14 pixels, or 2 of 16 (in blocks of 8) over 7×7
+        groups, cout, hw = (2, 32, 7) if "blocked8" in shape else (4, 48, 14)
+        x, w = rand(1, 16, hw, hw, seed=44), rand(cout, 16 // groups, 1, 1, seed=45)
+        image = (lambda: t(x).relu()) if "relu" in shape else (lambda: t(x))
+        weight = (lambda: layout.blocked(t(w), 0, 8)) if "blocked8" in shape else (lambda: t(w))
+        run = lambda: image().conv2d(weight(), groups=groups).numpy()  # noqa: E731
+        xs, ws = np.split(np.maximum(x, 0) if "relu" in shape else x, groups, 1), np.split(w, groups, 0)
+        want = np.concatenate([conv2d_reference(xg, wg, 0) for xg, wg in zip(xs, ws)], 1)
     else:
         k = 7 if "7x7" in shape else 3 if "3x3" in shape else 1
         pad, stride, hw = k // 2, 2 if "stride2" in shape else 1, 7 if "_7x7" in shape else 14

@@ -64,11 +64,6 @@ impl Ty {
     pub fn padded_bytes(self) -> usize {
         (self.w as usize).next_power_of_two() * elem_bytes(self.elem)
     }
-
-    /// Bytes of the lanes themselves.
-    pub fn bytes(self) -> usize {
-        self.w as usize * elem_bytes(self.elem)
-    }
 }
 
 fn reg_elem(s: Scalar) -> &'static str {

@@ -40,9 +40,9 @@
 //! anywhere). Where the C pair calls libm (`expf`, `sinf`, `powf`, ... on scalars, and lane by
 //! lane on vectors of f16/bf16 and for SIN/COS/POW) the same function is called; f32/f64 vector
 //! EXP, EXP2, LOG and LOG2 are the C pair's vector math (`super::vmath`) with `llvm.fma`
-//! exactly where its `kiln_madd` fuses; MAX/MIN of f32/f64 vectors of 16, 32 or 64 bytes are the
-//! C pair's `maxps`/`minps` forms (the second operand on equal zeros), `llvm.maxnum`/`minnum`
-//! elsewhere, as clang makes of `fmaxf`.
+//! exactly where its `kiln_madd` fuses; MAX/MIN of f32/f64, scalar or vector, are the C pair's
+//! rule: the first operand where it is greater (less) or the second is NaN, else the second
+//! (the second on equal zeros, as `maxps`/`minps`).
 //!
 //! # Streaming stores
 //! A STORE hinted non-temporal, and every store to a buffer the kernel writes and never reads
@@ -96,7 +96,7 @@ use crate::isa::Isa;
 pub struct LlvmRenderer {
     device: DeviceSpec,
     /// The target's widest vector register in bytes: the register tiles of
-    /// [`vectorize_outer_products`] and which vector MAX/MIN take the x86 forms.
+    /// [`vectorize_outer_products`].
     vector_bytes: usize,
     /// Whether the target has vector FMA, so that the vector math fuses where the C pair's
     /// `kiln_madd` does (16- and 32-byte vectors with FMA, 64-byte ones with AVX-512).
@@ -123,12 +123,6 @@ impl LlvmRenderer {
             64 => self.fma && self.vector_bytes >= 64,
             _ => false,
         }
-    }
-
-    /// Whether the C pair computes MAX/MIN of a float vector of `bytes` bytes with `maxps`-like
-    /// instructions (else `fmaxf` lane by lane).
-    fn x86_max_min(&self, bytes: usize) -> bool {
-        bytes == 16 || (bytes == 32 && self.vector_bytes >= 32) || (bytes == 64 && self.vector_bytes >= 64)
     }
 }
 
@@ -983,16 +977,15 @@ impl<'a> Emitter<'a> {
             Op::Sin => libm(&mut self.c, "sin"),
             Op::Cos => libm(&mut self.c, "cos"),
             Op::Pow => libm(&mut self.c, "pow"),
-            Op::Max | Op::Min if vector && self.r.x86_max_min(ty.bytes()) => {
-                // maxps(a, b) = a > b ? a : b (minps: <), then a where b is NaN.
+            Op::Max | Op::Min => {
+                // The C pair's rule (`max_min`), scalar or vector: a > b ? a : b (MIN: <), then a
+                // where b is NaN; on x86 one `maxps`/`minps` and a blend.
                 let cmp = if op == Op::Max { "ogt" } else { "olt" };
                 let pick = self.c.ins(format!("fcmp {cmp} {t} {}, {}", a[0], a[1]));
                 let m = self.c.select(&pick, ty, &a[0], &a[1]);
                 let nan = self.c.ins(format!("fcmp uno {t} {}, {}", a[1], a[1]));
                 self.c.select(&nan, ty, &a[0], &m)
             }
-            Op::Max => self.c.intrinsic("maxnum", ty, &[&a[0], &a[1]]),
-            Op::Min => self.c.intrinsic("minnum", ty, &[&a[0], &a[1]]),
             Op::MulAcc => self.c.intrinsic("fma", ty, &[&a[0], &a[1], &a[2]]),
             Op::Lt => bin(&mut self.c, "fcmp olt"),
             Op::Le => bin(&mut self.c, "fcmp ole"),

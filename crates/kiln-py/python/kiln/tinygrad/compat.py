@@ -111,7 +111,9 @@ def padded_image_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
         per_group = W.shape[0] // group if isinstance(W.shape[0], int) and group > 0 else 0
         image_lanes = renderer is not None and per_group % lane_block(renderer) != 0
         if image_lanes and auto_pad == "NOTSET" and len(flat) == 2 * dims and any(flat) and min(flat) >= 0:
-            X = X.pad(((0, 0), (0, 0), *zip(flat[:dims], flat[dims:]))).contiguous()
+            # the image realized first: a convolution producing it then writes it unpadded,
+            # reading whole rows too (fused with the pad, its lanes would be gated reads)
+            X = X.contiguous().pad(((0, 0), (0, 0), *zip(flat[:dims], flat[dims:]))).contiguous()
             pads = 0
         return conv(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
 

@@ -11,7 +11,8 @@ stay in L1. `blocked` stores the operand with the lane axis split into blocks of
 lanes, the block outermost and its lanes innermost: a panel is then one contiguous run.
 
 - `reorder_conv_weights` (ONNX models: `OnnxRunner._init_from_graph`): the weights of convolutions
-  (ungrouped, or with a multiple of the block per group), `[cout, cin, kh, kw]` in ONNX, are stored `[cout/32, cin, kh, kw, 32]`. The output
+  (ungrouped, or with a multiple of 32, 16 or 8 per group), `[cout, cin, kh, kw]` in ONNX, are
+  stored `[cout/32, cin, kh, kw, 32]` (the block of a group's). The output
   channels become the lanes of every convolution (a 7×7 image gives whole vectors, a strided
   window a tile at all), and ONNX initializers are constants, so the copy is made once, on the
   first call, and later calls read it.
@@ -94,10 +95,14 @@ def reorder_conv_weights(runner: Any, block: int) -> int:
         weight = holder.get(key)
         if not isinstance(weight, Tensor) or weight.ndim < 3:
             continue
-        # a grouped convolution gets blocks within its groups (a depthwise one none: each output
-        # channel reads its own input channel, so the image varies along the lanes too)
-        if group == 1 or (isinstance(weight.shape[0], int) and (weight.shape[0] // group) % block == 0):
-            holder[key] = blocked_on_host(weight, 0, block)
+        # a grouped convolution gets blocks within its groups, of one vector or half of one
+        # where two do not divide a group's channels (ShuffleNet's 136: 8 lanes over 7 pixels
+        # rows beat 7 pixels as lanes); a depthwise one none (each output channel reads its own
+        # input channel, so the image varies along the lanes too)
+        per_group = weight.shape[0] // group if isinstance(weight.shape[0], int) and group > 0 else 0
+        fits = [b for b in (block, block // 2, block // 4) if group == 1 or (per_group and per_group % b == 0)]
+        if fits:
+            holder[key] = blocked_on_host(weight, 0, fits[0])
             done += 1
     return done
 

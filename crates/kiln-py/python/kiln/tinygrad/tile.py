@@ -61,7 +61,7 @@ def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
         return {}
     if operand.op is not Ops.INDEX or len(operand.src) < 2:
         return None
-    idx = operand.src[1].get_idx()
+    idx = operand.src[1].get_idx().simplify()  # a split axis's `(g*n + c) // n` is `g`
     if idx.op in (Ops.FLOORMOD, Ops.CMOD) and idx.src[1].op is Ops.CONST:  # a strided window's `% numel`
         idx = idx.src[0]
     strides: dict[UOp, int] = {}
@@ -77,11 +77,58 @@ def _strides(operand: UOp) -> Optional[dict[UOp, int]]:
     return strides
 
 
+# the ops above a lane operand's read that kiln-ir maps lane by lane (`mapped_lane_of`: its
+# `liftable` ops; MAX reaches kiln as a WHERE of a comparison)
+LANE_WISE = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.SQRT, Ops.MULACC, Ops.MAX, Ops.WHERE, Ops.CMPLT,
+             Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+
+
+def _reads_lanes(operand: UOp, lane: UOp) -> bool:
+    """Whether `operand` is a read (an INDEX) that varies along `lane`, or lane-wise ops over
+    exactly one such read and values without one (a ReLU of the image: `MAX(x, 0)`): what
+    kiln-ir loads as one vector of lanes."""
+    reads, stack, seen = set(), [operand], set()
+    while stack:
+        if (u := stack.pop()) in seen:
+            continue
+        seen.add(u)
+        if u.op is Ops.INDEX:
+            reads.add(u)
+        elif u.op in LANE_WISE:
+            stack.extend(u.src)
+        elif any(x.op is Ops.INDEX for x in u.toposort()):  # a read under another op (a CAST)
+            return False
+    return len(reads) == 1 and lane in next(iter(reads)).toposort()
+
+
+def _split_groups(k: Scheduler, mul: UOp) -> Optional[Scheduler]:
+    """`k` with an output axis that an operand reads by group (`axis // n`, a grouped
+    convolution's output channels, `n` of them per group, dividing the axis) split into groups
+    and the `n` within one (`Scheduler.shift_to`): the inner axis is then one the weights vary
+    along and the image does not, a row axis for the tile. None if there is none."""
+    for operand in mul.src:
+        for u in _skip_gates(operand).toposort():
+            if u.op not in (Ops.FLOORDIV, Ops.CDIV) or u.src[0].op is not Ops.RANGE or u.src[1].op is not Ops.CONST:
+                continue
+            rng, n = u.src[0], int(u.src[1].arg)
+            if rng not in k.rngs or (a := k.rngs.index(rng)) not in k.upcastable_dims or not 1 < n < k.full_shape[a]:
+                continue
+            tk = k.copy()
+            try:
+                tk.shift_to(tk.rngs[a], n, AxisType.WEAK)
+            except KernelOptError:
+                continue
+            return tk
+    return None
+
+
 def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[Scheduler]:
     """The register tile for a sum-of-products kernel, or None (then tinygrad's heuristic runs).
 
-    Lanes: an output axis along which one operand, a load, has stride 1 and the other does not
-    vary, split into a loop of two vectors' lanes (one where the axis is too short; where a
+    A grouped convolution's output channels, which the image reads by group, are first split
+    into groups and the channels of one (`_split_groups`). Lanes: an output axis along which one
+    operand, a load (or lane-wise ops of one: the ReLU of the layer before, `MAX(x, 0)`), has
+    stride 1 and the other does not vary, split into a loop of two vectors' lanes (one where the axis is too short; where a
     vector does not divide it, the largest divisor of at least 4 lanes that a vector holds: kiln
     splits 14 lanes into 8, 4, 2). Where both operands offer such an axis (a convolution: the
     image's width, and the output channels of weights stored by `kiln.tinygrad.layout`), the one
@@ -103,6 +150,8 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     strides = [_strides(s) for s in mul.src]
     if strides[0] is None or strides[1] is None:
         return None
+    if (split := _split_groups(k, mul)) is not None:
+        return contraction_tile(split, vector_bytes, threads)
     lanes_max = max(vector_bytes // mul.dtype.itemsize, 4)
     rows_max = 8 if vector_bytes >= 64 else 4
     shape = k.full_shape
@@ -119,9 +168,8 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     plans = []
     for lane_side in (0, 1):
         lane_s, row_s = strides[lane_side], strides[1 - lane_side]
-        if _skip_gates(mul.src[lane_side]).op is not Ops.INDEX:  # lanes are loads; a product is broadcast
-            continue
-        lane_axes = [a for a in k.upcastable_dims if lane_s.get(k.rngs[a]) == 1 and k.rngs[a] not in row_s]
+        lane_axes = [a for a in k.upcastable_dims if lane_s.get(k.rngs[a]) == 1 and k.rngs[a] not in row_s
+                     and _reads_lanes(mul.src[lane_side], k.rngs[a])]  # lanes are reads; a product is broadcast
         if not lane_axes:
             continue
         lane_axis = max(lane_axes, key=lambda a: math.prod(lanes_of(a)))  # the first of the best
