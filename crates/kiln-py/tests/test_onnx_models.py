@@ -85,7 +85,7 @@ def test_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, m
 
     reordered, tiles = [], []
     reorder, choose = layout.reorder_conv_weights, tile.contraction_tile
-    monkeypatch.setattr(layout, "reorder_conv_weights", lambda r, b: reordered.append(reorder(r, b)))
+    monkeypatch.setattr(layout, "reorder_conv_weights", lambda r, b, **kw: reordered.append(reorder(r, b, **kw)))
     monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
     rng = np.random.default_rng(48)
     weights = {"w": (64, 4, 3, 3), "gw": (64, 32, 3, 3), "dw": (64, 1, 3, 3)}
@@ -115,6 +115,47 @@ def test_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, m
         # realized 64×7×7 output
         assert [tiled for _, _, tiled in kernels] == [True, True, True, False], kernels
         assert kernels[-1][:2] == ([64, 49], Ops.MAX), kernels
+
+
+def test_output_channels_are_padded_to_whole_blocks_and_cut_back(tmp_path, monkeypatch):
+    """On kiln's CPU: an ungrouped Conv with 1000 output channels (SqueezeNet's last) gets weights
+    and bias padded with zeros to 1024 (`layout.padded_outputs`), so its tile's lanes are whole
+    vectors; the output keeps ONNX's 1000 channels and onnxruntime's values. One with 48 (a third
+    more to pad) keeps its own."""
+    import numpy as np
+    import onnx
+    from kiln.tinygrad import tile
+    from onnx import TensorProto, helper, numpy_helper
+    from tinygrad import Device, Tensor
+    from tinygrad.nn.onnx import OnnxRunner
+
+    tiles = []
+    choose = tile.contraction_tile
+    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
+    rng = np.random.default_rng(49)
+    arrays = {"w": (1000, 8, 1, 1), "b": (1000,), "v": (48, 1000, 1, 1)}
+    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in arrays.items()]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Conv", ["r", "v"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 13, 13])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48, 13, 13])
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=init)
+    path = tmp_path / "wide.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    data = rng.standard_normal((1, 8, 13, 13)).astype(np.float32)
+    _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
+    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
+        got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
+        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
+    np.testing.assert_allclose(got, want["y"], rtol=1e-3, atol=1e-3)
+    if cpu:
+        shapes = [k.full_shape for k, r in tiles if k.reduceop is not None and r is not None]
+        # the first convolution's 1024 output channels (in blocks of 32) over 169 pixels, summing 8
+        assert any(s[-2:] == [169, 8] and np.prod(s[:-2]) == 1024 for s in shapes), shapes
+        assert [48, 169, 1000] in shapes, shapes
 
 
 def test_empty_constant_tensors_load(tmp_path):

@@ -103,7 +103,8 @@ def padded_image_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
     bits come out."""
 
     def conv_padded(X: Tensor, W: Tensor, B: Optional[Tensor] = None, auto_pad: str = "NOTSET", dilations: Any = 1,
-                    group: int = 1, kernel_shape: Any = None, pads: Any = 0, strides: Any = 1) -> Tensor:
+                    group: int = 1, kernel_shape: Any = None, pads: Any = 0, strides: Any = 1,
+                    kiln_out_channels: Optional[int] = None) -> Tensor:
         dims = len(W.shape) - 2
         flat = list(pads) if isinstance(pads, (list, tuple)) else [pads] * (2 * dims)
         flat = flat * 2 if len(flat) == dims else flat
@@ -115,7 +116,10 @@ def padded_image_input(conv: Callable[..., Tensor]) -> Callable[..., Tensor]:
             # reading whole rows too (fused with the pad, its lanes would be gated reads)
             X = X.contiguous().pad(((0, 0), (0, 0), *zip(flat[:dims], flat[dims:]))).contiguous()
             pads = 0
-        return conv(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
+        out = conv(X, W, B, auto_pad, dilations, group, kernel_shape, pads, strides)
+        # weights padded with zero output channels (`layout.reorder_conv_weights`): the channels
+        # kept, of the whole output realized (a slice alone would be computed as one)
+        return out if kiln_out_channels is None else out.contiguous()[:, :kiln_out_channels]
 
     return conv_padded
 
@@ -167,7 +171,9 @@ def init_with_kiln_layout(init_from_graph: Callable[..., Any]) -> Callable[..., 
         init_from_graph(self, graph, *args, **kwargs)
         renderer = tiling_renderer(Device.DEFAULT)
         if renderer is not None:
-            layout.reorder_conv_weights(self, lane_block(renderer))
+            # output channels padded only where kiln's `Conv` (which keeps the node's) is in place
+            conv_applied = f"{ONNX}:onnx_ops[Conv]" in APPLIED
+            layout.reorder_conv_weights(self, lane_block(renderer), pad_outputs=conv_applied)
 
     return init
 

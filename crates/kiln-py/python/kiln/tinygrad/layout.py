@@ -81,13 +81,33 @@ def blocked_on_host(t: Tensor, axis: int, block: int) -> Tensor:
     return Tensor(host, device=t.device).permute(inverse).reshape(t.shape)
 
 
-def reorder_conv_weights(runner: Any, block: int) -> int:
+OUT_CHANNELS = "kiln_out_channels"  # the option of a `Conv` node whose weights `reorder_conv_weights` padded
+
+
+def padded_outputs(cout: int, block: int) -> int:
+    """The output channels an ungrouped convolution's weights are padded to with zeros: the next
+    multiple of the block, where that adds at most a sixteenth (SqueezeNet's 1000 to 1024: lanes of
+    two whole vectors, and output channels that the CPU threads split evenly); else `cout`."""
+    padded = -(-cout // block) * block
+    return padded if cout > block and (padded - cout) * 16 <= cout else cout
+
+
+def reorder_conv_weights(runner: Any, block: int, pad_outputs: bool = False) -> int:
     """Stores each initializer or `Constant` node's value that a `Conv` of an `OnnxRunner` reads
     as its weight blocked along its output channels, where the block divides each group's;
-    returns how many it reordered. A weight another node also reads is the same tensor to it."""
+    returns how many it reordered. A weight another node also reads is the same tensor to it.
+    With `pad_outputs`, the weights (and bias) of an ungrouped convolution that only `Conv`
+    nodes read are padded with zero output channels first (`padded_outputs`), and each such node
+    gets the option `OUT_CHANNELS`: the channels of its output to keep (ONNX's `Conv` on kiln's
+    CPU, `kiln.tinygrad.compat`, takes it)."""
     values = runner.graph_values
     constants = {out: node.opts for node in runner.graph_nodes if node.op == "Constant" for out in node.outputs}
-    groups = {node.inputs[1]: node.opts.get("group", 1) for node in runner.graph_nodes if node.op == "Conv" and len(node.inputs) > 1}
+    convs = [node for node in runner.graph_nodes if node.op == "Conv" and len(node.inputs) > 1]
+    groups = {node.inputs[1]: node.opts.get("group", 1) for node in convs}
+    readers: dict[str, set[str]] = {}
+    for node in runner.graph_nodes:
+        for name in node.inputs:
+            readers.setdefault(name, set()).add(node.op)
     done = 0
     for name, group in sorted(groups.items()):
         # where the weight is: an initializer's value, or the `value` of the Constant node making it
@@ -95,6 +115,10 @@ def reorder_conv_weights(runner: Any, block: int) -> int:
         weight = holder.get(key)
         if not isinstance(weight, Tensor) or weight.ndim < 3:
             continue
+        cout = weight.shape[0]
+        if pad_outputs and group == 1 and isinstance(cout, int) and readers.get(name) == {"Conv"}:
+            if (padded := padded_outputs(cout, block)) != cout and _pad_convs(runner, name, cout, padded):
+                weight = weight.pad(((0, padded - cout), *((0, 0),) * (weight.ndim - 1)))
         # a grouped convolution gets blocks within its groups, of one vector or half of one
         # where two do not divide a group's channels (ShuffleNet's 136: 8 lanes over 7 pixels
         # rows beat 7 pixels as lanes); a depthwise one none (each output channel reads its own
@@ -105,6 +129,24 @@ def reorder_conv_weights(runner: Any, block: int) -> int:
             holder[key] = blocked_on_host(weight, 0, fits[0])
             done += 1
     return done
+
+
+def _pad_convs(runner: Any, weight: str, cout: int, padded: int) -> bool:
+    """Gives every `Conv` node reading `weight` the option `OUT_CHANNELS` (`cout`) and pads the
+    bias it reads, an initializer only convolutions read, to `padded` zeros; False (nothing
+    changed) where a bias is anything else."""
+    nodes = [n for n in runner.graph_nodes if n.op == "Conv" and n.inputs[1] == weight]
+    biases = {n.inputs[2] for n in nodes if len(n.inputs) > 2 and n.inputs[2]}
+    for bias in biases:
+        value = runner.graph_values.get(bias)
+        only_convs = all(bias not in n.inputs or n.op == "Conv" for n in runner.graph_nodes)
+        if not isinstance(value, Tensor) or value.shape != (cout,) or not only_convs:
+            return False
+    for bias in biases:
+        runner.graph_values[bias] = runner.graph_values[bias].pad(((0, padded - cout),)).realize()
+    for n in nodes:
+        n.opts[OUT_CHANNELS] = cout
+    return True
 
 
 def _moved_to_front(reduce: UOp) -> tuple[UOp, int]:

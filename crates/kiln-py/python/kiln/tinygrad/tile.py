@@ -132,11 +132,13 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     vector does not divide it, the largest divisor of at least 4 lanes that a vector holds: kiln
     splits 14 lanes into 8, 4, 2). Where both operands offer such an axis (a convolution: the
     image's width, and the output channels of weights stored by `kiln.tinygrad.layout`), the one
-    with more lanes wins. The other operand, broadcast, may be an elementwise expression of loads
-    (`x * min(s, 1)`). Rows: an output axis the other operand varies along (through a strided
-    window's divisions too) and the lane operand does not, upcast by the largest divisor up to 8
-    rows (4 where vectors are narrower than 64 bytes), the closest-together axis on a tie: 8×2
-    accumulators of 16 lanes, kiln's own AVX-512 tile, or 4×2 of 8 (AVX2's 16 registers). Where
+    with more multiply-adds per instruction wins (`score`). The other operand, broadcast, may be
+    an elementwise expression of loads (`x * min(s, 1)`). Rows: an output axis the other operand
+    varies along (through a strided window's divisions too) and the lane operand does not,
+    upcast by the largest divisor up to 8 rows (4 where vectors are narrower than 64 bytes), the
+    closest-together axis on a tie: 8×2 accumulators of 16 lanes, kiln's own AVX-512 tile, or
+    4×2 of 8 (AVX2's 16 registers); an axis without such a divisor (13) whole, where the
+    registers hold it. Where
     there is none (a depthwise convolution), rows along an axis the lane operand alone varies
     along, each row its own lanes against the same broadcast. Then the CPU threads split the
     first output loop that divides evenly; where none does, fewer rows (down to half) may make
@@ -154,6 +156,7 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         return contraction_tile(split, vector_bytes, threads)
     lanes_max = max(vector_bytes // mul.dtype.itemsize, 4)
     rows_max = 8 if vector_bytes >= 64 else 4
+    registers = 32 if vector_bytes >= 64 else 16  # AVX-512's vector registers, else AVX2's
     shape = k.full_shape
 
     def lanes_of(a: int) -> tuple[int, int]:
@@ -162,8 +165,25 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         n = next((n for n in (lanes_max, 8, *range(lanes_max - 1, 3, -1)) if n <= lanes_max and shape[a] % n == 0), 0)
         return n, (2 if n and (shape[a] // n) % 2 == 0 else 1)
 
-    def rows_of(a: int) -> int:
-        return next((n for n in range(rows_max, 1, -1) if shape[a] % n == 0), 0)
+    def pieces(lane_axis: int) -> int:
+        """The vectors a row's lanes take: kiln splits lanes that a vector does not hold whole
+        into powers of two (13 into 8, 4 and 1)."""
+        n, v = lanes_of(lane_axis)
+        return v * bin(n).count("1")
+
+    def rows_of(a: int, lane_axis: int) -> int:
+        """The largest divisor up to `rows_max`; else, for an axis with none (a 13×13 image's
+        rows, or its 169 pixels), the largest divisor whose rows' accumulators the registers
+        hold besides the lanes' loads and one broadcast (14 rows of two vectors with AVX-512's
+        32)."""
+        most = (registers - 1) // pieces(lane_axis) - 1
+        return next((n for n in (*range(rows_max, 1, -1), *range(most, rows_max, -1)) if shape[a] % n == 0), 0)
+
+    def score(lane_axis: int, row_axis: int) -> float:
+        """Multiply-adds per instruction of one reduction step: rows × lanes over the vector
+        FMAs, the lanes' loads and the rows' broadcasts."""
+        rows, p = rows_of(row_axis, lane_axis), pieces(lane_axis)
+        return math.prod(lanes_of(lane_axis)) * rows / (rows * p + p + rows)
 
     plans = []
     for lane_side in (0, 1):
@@ -177,9 +197,9 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
             continue
         row_axes = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in row_s and k.rngs[a] not in lane_s]
         # the most rows, then the closest together (one cache line of broadcasts)
-        row_axis = max(row_axes, key=lambda a: (rows_of(a), -row_s[k.rngs[a]]), default=None)
-        if row_axis is not None and rows_of(row_axis):
-            plans.append((math.prod(lanes_of(lane_axis)), 1, -lane_side, lane_axis, row_axis))
+        row_axis = max(row_axes, key=lambda a: (rows_of(a, lane_axis), -row_s[k.rngs[a]]), default=None)
+        if row_axis is not None and rows_of(row_axis, lane_axis):
+            plans.append((score(lane_axis, row_axis), 1, -lane_side, lane_axis, row_axis))
             continue
         # no outer product (a depthwise convolution: the weights vary along no output axis the
         # image does not): rows along an axis only the lane operand varies along, each row its
@@ -187,14 +207,14 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         # it too, as a grouped convolution's image does by group: each row would load its own
         # lanes, and such tiles ran slower than tinygrad's.)
         own_rows = [a for a in k.upcastable_dims if a != lane_axis and k.rngs[a] in lane_s and k.rngs[a] not in row_s]
-        row_axis = max(own_rows, key=lambda a: (rows_of(a), -lane_s[k.rngs[a]]), default=None)
-        if row_axis is not None and rows_of(row_axis):
-            plans.append((math.prod(lanes_of(lane_axis)), 0, -lane_side, lane_axis, row_axis))
-    # outer products first, then the side with the most lanes (a convolution's output channels
-    # over a 7-pixel row); the first on a tie
+        row_axis = max(own_rows, key=lambda a: (rows_of(a, lane_axis), -lane_s[k.rngs[a]]), default=None)
+        if row_axis is not None and rows_of(row_axis, lane_axis):
+            plans.append((score(lane_axis, row_axis), 0, -lane_side, lane_axis, row_axis))
+    # outer products first, then the most multiply-adds per instruction (a convolution's output
+    # channels over a 7-pixel row); the first on a tie
     unthreaded = None
     for _, _, _, lane_axis, row_axis in sorted(plans, key=lambda p: (p[1], p[0], p[2]), reverse=True):
-        (lanes, vectors), most = lanes_of(lane_axis), rows_of(row_axis)
+        (lanes, vectors), most = lanes_of(lane_axis), rows_of(row_axis, lane_axis)
         # the most rows, else fewer where that lets the threads split the outputs evenly
         for rows in (n for n in range(most, max(most // 2, 2) - 1, -1) if shape[row_axis] % n == 0):
             tk = k.copy()
