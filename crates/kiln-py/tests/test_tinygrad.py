@@ -218,13 +218,13 @@ def test_conv2d_with_padding():
 @pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
 @pytest.mark.parametrize(
     "shape", ["matmul", "conv3x3_pad1_14x14", "conv1x1", "blocked_conv3x3_pad1_7x7", "blocked_conv3x3_stride2", "blocked_conv7x7_pad3_stride2",
-              "blocked_conv3x3_pad1_13x13", "grouped_conv1x1", "grouped_conv1x1_of_relu", "grouped_blocked8_conv1x1_7x7"]
+              "blocked_conv3x3_pad1_13x13", "blocked_conv3x3_pad1_57x57", "grouped_conv1x1", "grouped_conv1x1_of_relu", "grouped_blocked8_conv1x1_7x7"]
 )
 def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape):
     """Every contraction gets a tile, and the results stay those of the reference: convolutions
     with ONNX's weight order and with `kiln.tinygrad.layout.blocked` (output channels as
-    lanes, also where the image is 7 wide, strided, 7×7-windowed with padding, or 13 wide: its 13
-    rows whole), and grouped
+    lanes, also where the image is 7 wide, strided, 7×7-windowed with padding, 13 wide (its 13
+    rows whole) or 57 wide (its rows padded to 64), and grouped
     ones (ShuffleNet's: the output channels split by group, `tile._split_groups`), also of a
     ReLU fused into the image's read (`WHERE(0 < x, x, 0)` lanes) and with weights in blocks of
     8 within a group."""
@@ -247,7 +247,7 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
         want = np.concatenate([conv2d_reference(xg, wg, 0) for xg, wg in zip(xs, ws)], 1)
     else:
         k = 7 if "7x7" in shape else 3 if "3x3" in shape else 1
-        pad, stride, hw = k // 2, 2 if "stride2" in shape else 1, 7 if "_7x7" in shape else 13 if "13x13" in shape else 14
+        pad, stride, hw = k // 2, 2 if "stride2" in shape else 1, int(shape.rsplit("x", 1)[1]) if "pad1_" in shape else 7 if "_7x7" in shape else 14
         x, w = rand(1, 8, hw, hw, seed=42), rand(64, 8, k, k, seed=43)
         blocked = shape.startswith("blocked")
         weight = (lambda: layout.blocked(t(w), 0, 32)) if blocked else (lambda: t(w))
@@ -263,6 +263,9 @@ def test_contractions_get_kilns_register_tile_and_stay_exact(monkeypatch, shape)
     assert upcasts and lanes and min(lanes) >= 4, f"no register tile: {[r.applied_opts for r in tiles]}, lanes {lanes}"
     if "13x13" in shape:  # 13 rows of the image (no divisor up to 8) by 32 output channels, not 13 lanes
         assert (upcasts, lanes) == ([13], [32]), (upcasts, lanes)
+    if "57x57" in shape:  # 57 rows padded to 64 (3 divide them at most): tiles of 8
+        pads = [o.arg for r in tiles for o in r.applied_opts if o.op.name == "PADTO"]
+        assert (pads, upcasts, lanes) == ([8], [8], [32]), (pads, upcasts, lanes)
 
 
 @pytest.mark.parametrize("on_host", [False, True])

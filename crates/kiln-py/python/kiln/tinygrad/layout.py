@@ -134,8 +134,11 @@ def reorder_conv_weights(runner: Any, block: int, pad_outputs: bool = False) -> 
 def _pad_convs(runner: Any, weight: str, cout: int, padded: int) -> bool:
     """Gives every `Conv` node reading `weight` the option `OUT_CHANNELS` (`cout`) and pads the
     bias it reads, an initializer only convolutions read, to `padded` zeros; False (nothing
-    changed) where a bias is anything else."""
+    changed) where a bias is anything else, or a node's output is the graph's (which must be a
+    whole tensor, not the view of the channels kept)."""
     nodes = [n for n in runner.graph_nodes if n.op == "Conv" and n.inputs[1] == weight]
+    if any(out in runner.graph_outputs for n in nodes for out in n.outputs):
+        return False
     biases = {n.inputs[2] for n in nodes if len(n.inputs) > 2 and n.inputs[2]}
     for bias in biases:
         value = runner.graph_values.get(bias)

@@ -138,7 +138,8 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     upcast by the largest divisor up to 8 rows (4 where vectors are narrower than 64 bytes), the
     closest-together axis on a tie: 8×2 accumulators of 16 lanes, kiln's own AVX-512 tile, or
     4×2 of 8 (AVX2's 16 registers); an axis without such a divisor (13) whole, where the
-    registers hold it. Where
+    registers hold it, or padded to whole tiles (57 to 64: PADTO) where that adds an eighth at
+    most. Where
     there is none (a depthwise convolution), rows along an axis the lane operand alone varies
     along, each row its own lanes against the same broadcast. Then the CPU threads split the
     first output loop that divides evenly; where none does, fewer rows (down to half) may make
@@ -177,7 +178,14 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
         hold besides the lanes' loads and one broadcast (14 rows of two vectors with AVX-512's
         32)."""
         most = (registers - 1) // pieces(lane_axis) - 1
-        return next((n for n in (*range(rows_max, 1, -1), *range(most, rows_max, -1)) if shape[a] % n == 0), 0)
+        n = next((n for n in (*range(rows_max, 1, -1), *range(most, rows_max, -1)) if shape[a] % n == 0), 0)
+        return rows_max if n < rows_max // 2 and padded(a) else n
+
+    def padded(a: int) -> bool:
+        """Whether rounding axis `a` up to whole tiles of `rows_max` rows (tinygrad's PADTO: the
+        rows past its end read zeros and store nothing) adds at most an eighth of its work (a
+        57-pixel image's rows, which 3 divide at most, padded to 64)."""
+        return (-shape[a] % rows_max) * 8 <= shape[a]
 
     def score(lane_axis: int, row_axis: int) -> float:
         """Multiply-adds per instruction of one reduction step: rows × lanes over the vector
@@ -216,10 +224,13 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     for _, _, _, lane_axis, row_axis in sorted(plans, key=lambda p: (p[1], p[0], p[2]), reverse=True):
         (lanes, vectors), most = lanes_of(lane_axis), rows_of(row_axis, lane_axis)
         # the most rows, else fewer where that lets the threads split the outputs evenly
-        for rows in (n for n in range(most, max(most // 2, 2) - 1, -1) if shape[row_axis] % n == 0):
+        fewer = (n for n in range(most - 1, max(most // 2, 2) - 1, -1) if shape[row_axis] % n == 0)
+        for rows in (most, *fewer):
             tk = k.copy()
             try:
                 lane_rng = tk.rngs[lane_axis]  # the row upcast renumbers the axes, not this range
+                if shape[row_axis] % rows:
+                    tk.apply_opt(Opt(OptOps.PADTO, row_axis, rows))
                 tk.apply_opt(Opt(OptOps.UPCAST, row_axis, rows))
                 tk.shift_to(lane_rng, lanes * vectors, AxisType.LOOP)
             except KernelOptError:
