@@ -158,6 +158,45 @@ def test_output_channels_are_padded_to_whole_blocks_and_cut_back(tmp_path, monke
         assert any(s[-2:] == [169, 1000] and np.prod(s[:-2]) == 1000 for s in shapes), shapes
 
 
+@pytest.mark.parametrize("form", ["kernel_is_stride", "overlapping"])
+def test_transposed_convolutions_match_onnxruntime(tmp_path, monkeypatch, form):
+    """On kiln's CPU a ConvTranspose whose kernel is its stride (PP-OCR's 2×2 by 2) is a 1×1
+    convolution with a register tile, its channels spread over the pixels
+    (`compat.strided_transpose_as_product`); one whose taps overlap (3×3 by 2) keeps tinygrad's
+    form. Both give onnxruntime's values."""
+    import numpy as np
+    import onnx
+    from kiln.tinygrad import tile
+    from onnx import TensorProto, helper, numpy_helper
+    from tinygrad import Device, Tensor
+    from tinygrad.nn.onnx import OnnxRunner
+
+    tiles = []
+    choose = tile.contraction_tile
+    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
+    k = 2 if form == "kernel_is_stride" else 3
+    rng = np.random.default_rng(50)
+    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+            for n, s in {"w": (16, 24, k, k), "b": (24,)}.items()]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])
+    out = 2 * 10 if k == 2 else 2 * 9 + 3
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, out, out])
+    graph = helper.make_graph([node], "g", [x], [y], initializer=init)
+    path = tmp_path / "up.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    data = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
+    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
+        got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
+        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
+    np.testing.assert_allclose(got, want["y"], rtol=1e-4, atol=1e-4)
+    if cpu:
+        # the product: 16 input channels summed into 24·2·2 channels of 100 pixels, tiled
+        products = [k.full_shape for k, r in tiles if r is not None and k.full_shape[-1] == 16]
+        assert bool(products) == (form == "kernel_is_stride"), products
+
+
 def test_empty_constant_tensors_load(tmp_path):
     """`kiln.tinygrad.onnx_tensors`: a tensor with no elements and no data field (as paddle2onnx
     writes PP-OCRv4's detector) loads as an empty tensor."""
