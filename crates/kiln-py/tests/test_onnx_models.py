@@ -70,43 +70,58 @@ def test_inputs_with_unknown_dimensions_take_any_size(tmp_path):
     np.testing.assert_array_equal(got, np.maximum(data, 0))
 
 
+def run_graph(tmp_path, monkeypatch, nodes, arrays, x_shape, y_shape, seed):
+    """A one-input, one-output ONNX graph (`arrays`: its initializers' shapes, random values) run
+    on onnxruntime and on `DEV` (kernels compiled here, by kiln's tile heuristic); returns
+    (tinygrad's output, onnxruntime's, the tiles chosen as (scheduler, tile or None), whether the
+    device tiles contractions: kiln's CPU)."""
+    import numpy as np
+    import onnx
+    from kiln.tinygrad import tile
+    from onnx import TensorProto, helper, numpy_helper
+    from tinygrad import Device, Tensor
+    from tinygrad.nn.onnx import OnnxRunner
+
+    tiles = []
+    choose = tile.contraction_tile
+    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
+    rng = np.random.default_rng(seed)
+    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in arrays.items()]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=init)
+    path = tmp_path / "graph.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    data = rng.standard_normal(x_shape).astype(np.float32)
+    _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
+    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
+        got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
+        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
+    return got, want["y"], tiles, cpu
+
+
 def test_convolution_weights_are_stored_in_blocks_of_output_channels(tmp_path, monkeypatch):
     """On kiln's CPU: `kiln.tinygrad.layout` stores the weights of an ungrouped Conv and of one
     with 32 output channels per group in blocks of output channels (a depthwise one keeps ONNX's
     order), and both get register tiles; a GlobalMaxPool's input is realized, so the convolution
     before it is not fused into the pooling. The results stay onnxruntime's."""
     import numpy as np
-    import onnx
-    from kiln.tinygrad import layout, tile
-    from onnx import TensorProto, helper, numpy_helper
-    from tinygrad import Device, Tensor
-    from tinygrad.nn.onnx import OnnxRunner
+    from kiln.tinygrad import layout
+    from onnx import helper
     from tinygrad.uop.ops import Ops
 
-    reordered, tiles = [], []
-    reorder, choose = layout.reorder_conv_weights, tile.contraction_tile
+    reordered = []
+    reorder = layout.reorder_conv_weights
     monkeypatch.setattr(layout, "reorder_conv_weights", lambda r, b, **kw: reordered.append(reorder(r, b, **kw)))
-    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
-    rng = np.random.default_rng(48)
-    weights = {"w": (64, 4, 3, 3), "gw": (64, 32, 3, 3), "dw": (64, 1, 3, 3)}
-    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in weights.items()]
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("Conv", ["h", "gw"], ["g"], pads=[1, 1, 1, 1], group=2),
         helper.make_node("Conv", ["g", "dw"], ["d"], pads=[1, 1, 1, 1], group=64),
         helper.make_node("GlobalMaxPool", ["d"], ["y"]),
     ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 14, 14])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 1, 1])
-    graph = helper.make_graph(nodes, "g", [x], [y], initializer=init)
-    path = tmp_path / "convs.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    data = rng.standard_normal((1, 4, 14, 14)).astype(np.float32)
-    _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
-    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
-        got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
-        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
-    np.testing.assert_allclose(got, want["y"], rtol=1e-4, atol=1e-4)
+    weights = {"w": (64, 4, 3, 3), "gw": (64, 32, 3, 3), "dw": (64, 1, 3, 3)}
+    got, want, tiles, cpu = run_graph(tmp_path, monkeypatch, nodes, weights, (1, 4, 14, 14), (1, 64, 1, 1), 48)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     if cpu:
         assert reordered == [2]
         kernels = [(k.full_shape, k.reduceop.arg[0], r is not None) for k, r in tiles if k.reduceop is not None]
@@ -123,34 +138,16 @@ def test_output_channels_are_padded_to_whole_blocks_and_cut_back(tmp_path, monke
     vectors; the output keeps ONNX's 1000 channels and onnxruntime's values. One whose output is
     the graph's (which must be a whole tensor) keeps its own 1000."""
     import numpy as np
-    import onnx
-    from kiln.tinygrad import tile
-    from onnx import TensorProto, helper, numpy_helper
-    from tinygrad import Device, Tensor
-    from tinygrad.nn.onnx import OnnxRunner
+    from onnx import helper
 
-    tiles = []
-    choose = tile.contraction_tile
-    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
-    rng = np.random.default_rng(49)
-    arrays = {"w": (1000, 8, 1, 1), "b": (1000,), "v": (1000, 1000, 1, 1)}
-    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in arrays.items()]
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["h"]),
         helper.make_node("Relu", ["h"], ["r"]),
         helper.make_node("Conv", ["r", "v"], ["y"]),
     ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 13, 13])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1000, 13, 13])
-    graph = helper.make_graph(nodes, "g", [x], [y], initializer=init)
-    path = tmp_path / "wide.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    data = rng.standard_normal((1, 8, 13, 13)).astype(np.float32)
-    _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
-    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
-        got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
-        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
-    np.testing.assert_allclose(got, want["y"], rtol=1e-3, atol=1e-3)
+    arrays = {"w": (1000, 8, 1, 1), "b": (1000,), "v": (1000, 1000, 1, 1)}
+    got, want, tiles, cpu = run_graph(tmp_path, monkeypatch, nodes, arrays, (1, 8, 13, 13), (1, 1000, 13, 13), 49)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
     if cpu:
         shapes = [k.full_shape for k, r in tiles if k.reduceop is not None and r is not None]
         # the first convolution's 1024 output channels (in blocks of 32) over 169 pixels, summing 8
@@ -165,32 +162,14 @@ def test_transposed_convolutions_match_onnxruntime(tmp_path, monkeypatch, form):
     (`compat.strided_transpose_as_product`); one whose taps overlap (3×3 by 2) keeps tinygrad's
     form. Both give onnxruntime's values."""
     import numpy as np
-    import onnx
-    from kiln.tinygrad import tile
-    from onnx import TensorProto, helper, numpy_helper
-    from tinygrad import Device, Tensor
-    from tinygrad.nn.onnx import OnnxRunner
+    from onnx import helper
 
-    tiles = []
-    choose = tile.contraction_tile
-    monkeypatch.setattr(tile, "contraction_tile", lambda k, *a: tiles.append((k, r := choose(k, *a))) or r)
     k = 2 if form == "kernel_is_stride" else 3
-    rng = np.random.default_rng(50)
-    init = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
-            for n, s in {"w": (16, 24, k, k), "b": (24,)}.items()]
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])
     out = 2 * 10 if k == 2 else 2 * 9 + 3
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, out, out])
-    graph = helper.make_graph([node], "g", [x], [y], initializer=init)
-    path = tmp_path / "up.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    data = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
-    _, want = onnx_models.run_onnxruntime(str(path), {"x": data}, iters=1)
-    with Context(DEV=DEV, CACHELEVEL=0, PARALLEL=0):
-        got = OnnxRunner(str(path))({"x": Tensor(data)})["y"].numpy()
-        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
-    np.testing.assert_allclose(got, want["y"], rtol=1e-4, atol=1e-4)
+    arrays = {"w": (16, 24, k, k), "b": (24,)}
+    got, want, tiles, cpu = run_graph(tmp_path, monkeypatch, [node], arrays, (1, 16, 10, 10), (1, 24, out, out), 50)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     if cpu:
         # the product: 16 input channels summed into 24·2·2 channels of 100 pixels, tiled
         products = [k.full_shape for k, r in tiles if r is not None and k.full_shape[-1] == 16]
