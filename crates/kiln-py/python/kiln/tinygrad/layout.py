@@ -15,7 +15,9 @@ lanes, the block outermost and its lanes innermost: a panel is then one contiguo
   stored `[cout/32, cin, kh, kw, 32]` (the block of a group's). The output
   channels become the lanes of every convolution (a 7×7 image gives whole vectors, a strided
   window a tile at all), and ONNX initializers are constants, so the copy is made once, on the
-  first call, and later calls read it.
+  first call, and later calls read it. An ungrouped convolution's output channels a sixteenth or
+  less short of a whole block are padded with zero channels, cut off again after it
+  (`padded_outputs`).
 - `pack_contractions` (every schedule on kiln's CPU: `tinygrad.schedule.get_kernel_graph`): the
   right operand of a matrix product with at least `MIN_ROWS` rows on the left, `[K, N]`, is
   copied `[N/32, K, 32]` inside the schedule that computes the product (a copy per schedule: K·N

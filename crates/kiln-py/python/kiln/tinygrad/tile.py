@@ -128,9 +128,9 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     A grouped convolution's output channels, which the image reads by group, are first split
     into groups and the channels of one (`_split_groups`). Lanes: an output axis along which one
     operand, a load (or lane-wise ops of one: the ReLU of the layer before, `MAX(x, 0)`), has
-    stride 1 and the other does not vary, split into a loop of two vectors' lanes (one where the axis is too short; where a
-    vector does not divide it, the largest divisor of at least 4 lanes that a vector holds: kiln
-    splits 14 lanes into 8, 4, 2). Where both operands offer such an axis (a convolution: the
+    stride 1 and the other does not vary, split into a loop of two vectors' lanes (one where the
+    axis is too short; where a vector does not divide it, the largest divisor of at least 4 lanes
+    that a vector holds: kiln splits 14 lanes into 8, 4, 2). Where both operands offer such an axis (a convolution: the
     image's width, and the output channels of weights stored by `kiln.tinygrad.layout`), the one
     with more multiply-adds per instruction wins (`score`). The other operand, broadcast, may be
     an elementwise expression of loads (`x * min(s, 1)`). Rows: an output axis the other operand
@@ -139,9 +139,8 @@ def contraction_tile(k: Scheduler, vector_bytes: int, threads: int) -> Optional[
     closest-together axis on a tie: 8×2 accumulators of 16 lanes, kiln's own AVX-512 tile, or
     4×2 of 8 (AVX2's 16 registers); an axis without such a divisor (13) whole, where the
     registers hold it, or padded to whole tiles (57 to 64: PADTO) where that adds an eighth at
-    most. Where
-    there is none (a depthwise convolution), rows along an axis the lane operand alone varies
-    along, each row its own lanes against the same broadcast. Then the CPU threads split the
+    most. Where there is none (a depthwise convolution), rows along an axis the lane operand
+    alone varies along, each row its own lanes against the same broadcast. Then the CPU threads split the
     first output loop that divides evenly; where none does, fewer rows (down to half) may make
     one."""
     red = k.reduceop  # the first reduction picks the axes; the tile serves every one of them
