@@ -245,9 +245,13 @@ fn jam(root: &Arc<UOp>, topo: &[Arc<UOp>], range: &Arc<UOp>, vector_bytes: usize
         let is_end = n.op() == Op::End && n.dtype() == DType::Void && !n.src().is_empty();
         let first = usize::from(is_end);
         if is_end || n.op() == Op::Sink {
-            for lane in 0..lanes {
-                for e in &n.src()[first..] {
-                    let k = Arc::as_ptr(e);
+            // effect by effect, each one's lanes together: a tile's rows in turn, so that the
+            // vector FMAs of one row come together and its broadcast dies before the next row's
+            // (lane by lane, every row's broadcast stayed live across all vectors of lanes, and
+            // a 13-row tile spilled)
+            for e in &n.src()[first..] {
+                let k = Arc::as_ptr(e);
+                for lane in 0..lanes {
                     match (per_lane.get(&k), &unrolled) {
                         (Some(c), _) => push(c.get(lane).cloned()?),
                         (None, Some((u, es))) if *u == k => es.iter().for_each(|e| push(e.clone())),
@@ -373,6 +377,25 @@ mod tests {
                 tiled.toposort().iter().filter(|n| n.op() == Op::DefineAcc).map(|n| n.dtype()).collect();
             assert_eq!(accs, vec![DType::vec(Scalar::F32, 16); 8]);
             assert_eq!(count(&tiled, Op::Where), if relu { 2 } else { 0 });
+        }
+    }
+
+    /// The unrolled lanes' effects come row by row, so a row's vector FMAs are linearized
+    /// together and its broadcast dies before the next row's (lane by lane, all 13 broadcasts of
+    /// a 13-row tile stayed live across both vectors of lanes, and LLVM spilled 8 accumulators).
+    #[test]
+    fn a_rows_vector_fmas_are_linearized_together() {
+        let tiled = vectorize_outer_products(&rolled(13, 32, 1, false, false), 64);
+        let linear = crate::linearize(&tiled).unwrap();
+        let broadcasts: Vec<*const UOp> = linear
+            .iter()
+            .filter(|n| n.op() == Op::MulAcc && n.dtype().width() == 16)
+            .map(|n| Arc::as_ptr(&n.src()[0]))
+            .collect();
+        assert_eq!(broadcasts.len(), 26);
+        // each row's two FMAs are adjacent: its broadcast is used, then dead
+        for pair in broadcasts.chunks(2) {
+            assert_eq!(pair[0], pair[1], "{broadcasts:?}");
         }
     }
 
