@@ -6,8 +6,8 @@
 //! launches from several threads at once proceed independently.
 //!
 //! Workers start at the first launch with chunks to share (a process whose launches are all
-//! small starts none), spin briefly after their last chunk (a launch that follows soon finds
-//! them awake) and then sleep on a condition variable.
+//! small starts none), spin for up to a millisecond after their last chunk (a launch that
+//! follows soon finds them awake) and then sleep on a condition variable.
 
 use std::any::Any;
 use std::collections::VecDeque;
@@ -20,8 +20,13 @@ use std::time::{Duration, Instant};
 /// Environment variable overriding the number of threads of the process-wide pool.
 pub const THREADS_ENV: &str = "KILN_CPU_THREADS";
 
-/// How long an idle worker spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long an idle worker spins before it sleeps, and a caller waiting for the last chunks
+/// before it parks. A model's kernels follow each other within microseconds, but a kernel that
+/// runs on the caller alone (a small elementwise one) can take a few hundred: with 50 µs, the
+/// worker slept through it, and the next launch's second chunk waited on its wake-up (on a
+/// virtual machine about as long as the chunk, so the caller ran both: some of Inception v2's
+/// tiled kernels ran at half speed, at the same call sites every run).
+const SPIN: Duration = Duration::from_millis(1);
 
 /// The chunk function with its lifetime erased (see the SAFETY note in [`Pool::run`]).
 type ChunkFn = dyn Fn(usize) + Sync;
