@@ -287,6 +287,58 @@ def test_blocked_weights_keep_their_values_in_blocks_of_output_channels(cout, bl
     np.testing.assert_array_equal(np.frombuffer(stored.uop.base.buffer.as_memoryview(), np.float32), order)
 
 
+class _Node:
+    """An `OnnxRunner` graph node, as `layout.reorder_conv_weights` reads it."""
+
+    def __init__(self, op, inputs, outputs, **opts):
+        self.op, self.inputs, self.outputs, self.opts = op, inputs, outputs, opts
+
+
+@pytest.mark.parametrize("cout,group,block", [(64, 1, 32), (48, 1, 32), (2 * 48, 2, 16), (4 * 136, 4, 8),
+                                              (64, 64, None), (3 * 20, 3, None)])
+def test_conv_weights_get_the_largest_block_that_divides_each_group(monkeypatch, cout, group, block):
+    """`layout.reorder_conv_weights` blocks an ungrouped convolution's weights by two vectors of
+    lanes (all of `cout` innermost where that does not divide it); a grouped one's by the largest
+    of two vectors, one, or half of one that divides each group's channels (ShuffleNet's 136 per
+    group: 8), and leaves a depthwise one, and one whose groups none divides, in ONNX's order."""
+    from kiln.tinygrad import layout
+
+    calls = []
+    monkeypatch.setattr(layout, "blocked_on_host", lambda w, axis, b: calls.append((axis, b)) or w)
+    runner = type("Runner", (), {})()
+    runner.graph_values = {"w": Tensor.empty(cout, cout // group, 3, 3)}
+    runner.graph_nodes = [_Node("Conv", ["x", "w"], ["y"], group=group)]
+    runner.graph_outputs = ["y"]
+    assert layout.reorder_conv_weights(runner, 32) == (0 if block is None else 1)
+    assert calls == ([] if block is None else [(0, block)])
+
+
+def test_padded_output_channels_reach_the_conv_replacement_by_name():
+    """`layout.reorder_conv_weights(pad_outputs=True)` pads a 1000-channel convolution's weights
+    and bias to 1024 and gives the node the option `layout.OUT_CHANNELS`; ONNX's `Conv` on kiln
+    (`compat.padded_image_input`) takes that option by the same name. A convolution whose output
+    is the graph's keeps its 1000."""
+    import inspect
+
+    from kiln.tinygrad import compat, layout
+
+    def runner_with(output):
+        runner = type("Runner", (), {})()
+        runner.graph_values = {"w": Tensor.empty(1000, 8, 1, 1), "b": Tensor.zeros(1000).contiguous().realize()}
+        runner.graph_nodes = [_Node("Conv", ["x", "w", "b"], ["h"]), _Node("Relu", ["h"], ["r"])]
+        runner.graph_outputs = [output]
+        return runner
+
+    inner = runner_with("r")
+    assert layout.reorder_conv_weights(inner, 32, pad_outputs=True) == 1
+    assert inner.graph_nodes[0].opts == {layout.OUT_CHANNELS: 1000}
+    assert inner.graph_values["w"].shape == (1024, 8, 1, 1) and inner.graph_values["b"].shape == (1024,)
+    assert layout.OUT_CHANNELS in inspect.signature(compat.padded_image_input(lambda *a: None)).parameters
+    last = runner_with("h")
+    assert layout.reorder_conv_weights(last, 32, pad_outputs=True) == 1
+    assert last.graph_nodes[0].opts == {} and last.graph_values["w"].shape == (1000, 8, 1, 1)
+
+
 @pytest.mark.skipif(BACKEND != "CPU", reason="kiln's register tile is for its CPU")
 @pytest.mark.parametrize("rows,packed", [(64, True), (4, False)])
 def test_a_matrix_products_right_operand_is_packed_in_column_blocks(monkeypatch, rows, packed):
