@@ -241,7 +241,7 @@ macro_rules! backends {
     };
 }
 
-/// The fault scenarios, on the CPU, OpenCL and CUDA backends (each on a fresh device of its
+/// The fault scenarios, on the CPU, OpenCL, CUDA and WebGPU backends (each on a fresh device of its
 /// own; the injected faults leave the CUDA context healthy, so a reset there keeps it).
 #[cfg(feature = "fault-injection")]
 macro_rules! faults {

@@ -315,7 +315,7 @@ pub trait Dialect: Syntax {
     fn local_memory(&self, _name: &str, _s: Scalar, _len: usize, _p: &mut Prelude) -> Result<Option<String>> {
         Err(Error::Render(
             "work-group local memory (DEFINE_LOCAL) needs a backend with work groups, which this one is not: \
-             run the kernel on OpenCL or CUDA"
+             run the kernel on OpenCL, CUDA or WebGPU"
                 .into(),
         ))
     }
@@ -332,7 +332,7 @@ pub trait Dialect: Syntax {
     fn barrier(&self, _p: &mut Prelude) -> Result<String> {
         Err(Error::Render(
             "a work-group barrier (BARRIER) needs a backend with work groups, which this one is not: \
-             run the kernel on OpenCL or CUDA"
+             run the kernel on OpenCL, CUDA or WebGPU"
                 .into(),
         ))
     }

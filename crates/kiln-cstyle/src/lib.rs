@@ -3,7 +3,7 @@
 //! [`CStyle`] turns a kernel (a SINK) into C-like source plus its [`ProgramSpec`]. Everything
 //! that is the same in every language lives here: naming, scoping, loops, blocks,
 //! accumulators and carried values, the meaning of every op. A dialect (C for the CPU, OpenCL
-//! C, CUDA C) only says how things are *spelled*: type names, vector syntax, the kernel
+//! C, CUDA C, WGSL) only says how things are *spelled*: type names, vector syntax, the kernel
 //! signature, how launch indices come into being, math function names, conversions, loads
 //! and stores. Its [`Syntax`] writes the statements and the few expressions whose form
 //! differs between languages; C's is the default, and a language that is not C overrides it on

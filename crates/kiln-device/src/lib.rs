@@ -2,7 +2,7 @@
 //! that is backend-independent (launch checks, buffers, signals, queues, the kernel cache).
 //!
 //! It sits between [`kiln_ir`] (the kernels) and the backend crates (`kiln-cpu`,
-//! `kiln-opencl`, `kiln-cuda`), which implement its traits; `kiln-runtime`'s execution plans
+//! `kiln-opencl`, `kiln-cuda`, `kiln-webgpu`), which implement its traits; `kiln-runtime`'s execution plans
 //! and the `kiln` command line are written against it alone. A kernel goes down the layers
 //! (see `docs/architecture.md`):
 //!

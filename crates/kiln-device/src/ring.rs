@@ -1,5 +1,5 @@
 //! The timeline signal of GPU backends: a ring of (value, device event) slots in front of a
-//! host [`CpuTimelineSignal`]. One generic ring serves OpenCL and CUDA.
+//! host [`CpuTimelineSignal`]. One generic ring serves OpenCL, CUDA and WebGPU.
 //!
 //! A queue that signals `value` records a device event after its work and calls
 //! [`RingSignal::record`]. The timeline reaches `value` when that event completes, not when

@@ -1,4 +1,5 @@
-//! The stream-queue skeleton of GPU-like backends (OpenCL in-order queues, CUDA streams).
+//! The stream-queue skeleton of GPU-like backends (OpenCL in-order queues, CUDA streams, wgpu's
+//! device queue).
 //!
 //! [`StreamQueue`] implements [`HardwareQueue`] for a backend `B` ([`AccelBackend`]) over the
 //! native operations of its stream, [`AccelStream`]: enqueue a kernel, enqueue a copy, record

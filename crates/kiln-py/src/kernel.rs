@@ -203,8 +203,8 @@ fn buffer_arg<'a>(py: Python<'_>, b: &'a Bound<'_, PyAny>) -> PyResult<&'a Buffe
 #[pymethods]
 impl PyKernel {
     /// Launches the kernel on `buffers` (in slot order) with its variables by keyword. On a
-    /// host device (the CPU) it has run when the call returns; on OpenCL and CUDA it is
-    /// queued, and reading a buffer or `Device.synchronize()` waits for it.
+    /// host device (the CPU) it has run when the call returns; on OpenCL, CUDA and WebGPU it
+    /// is queued, and reading a buffer or `Device.synchronize()` waits for it.
     #[pyo3(signature = (*buffers, **vars))]
     fn __call__(&self, py: Python<'_>, buffers: &Bound<'_, PyTuple>, vars: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
         let items: Vec<Bound<'_, PyAny>> = buffers.iter().collect();

@@ -1,4 +1,4 @@
-//! Asynchronous launches on devices whose memory the host does not address (OpenCL, CUDA):
+//! Asynchronous launches on devices whose memory the host does not address (OpenCL, CUDA, WebGPU):
 //! [`LaunchStream::launch`] records a launch on the device's in-order queue and returns at
 //! once, and a caller about to touch that device's memory from the host (reading a buffer,
 //! copying into it, a plan run) first calls [`LaunchStream::wait`]. Host devices (the CPU)

@@ -10,10 +10,10 @@ use crate::show::bytes;
 /// `kiln devices [--verbose]`.
 #[derive(Debug, Default, clap::Args)]
 #[command(after_help = "Lists every device of every backend this kiln registers (the CPU; OPENCL:n when an OpenCL \
-driver is present; CUDA:n when the NVIDIA driver is present), with each open device's compiler pairs, the default \
+driver is present; CUDA:n when the NVIDIA driver is present; WEBGPU:n, one per wgpu adapter), with each open device's compiler pairs, the default \
 first (the CPU's: llvm, LLVM 16 in process for the host's instruction set, the default where libLLVM 16 is installed and KILN_CC is unset; cc, the C compiler for the same set; cc-avx2 and cc-sse2 for older ones; pick one with --compiler, or the default with KILN_CPU_COMPILER); a pair a device cannot offer on this machine is listed as not offered, with the reason. \
 A backend that cannot be used is listed as unavailable with the reason. \
-The CPU row names the C compiler its kernels are built with and why that one: KILN_CC when set, \
+The CPU row names its default pair, and the C compiler its C pairs run and why that one: KILN_CC when set, \
 else clang when it is on PATH, else cc.")]
 pub struct DevicesArgs {
     /// Also open each device and show its allocator counters and the kernel cache

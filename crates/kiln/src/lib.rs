@@ -9,9 +9,9 @@
 //! `error: <message>` with its cause chain, exit status 2 for usage errors and 1 otherwise.
 //!
 //! The crate is the top of kiln (see `docs/architecture.md`): it opens devices through
-//! `kiln-device`'s registry (the backends are the features `cpu`, `opencl` and `cuda`),
-//! replays plans with `kiln-runtime`, and adds what only a command line needs: kernel files
-//! and `--var` values ([`session`]), `.npy` arrays ([`npy`]), human-readable views
+//! `kiln-device`'s registry (the backends are `kiln-backends`' features `cpu`, `opencl`,
+//! `cuda` and `webgpu`), replays plans with `kiln-runtime`, and adds what only a command line
+//! needs: kernel files and `--var` values ([`session`]), `.npy` arrays ([`npy`]), human-readable views
 //! ([`show`]), Chrome traces ([`trace`]) and the benchmark suite ([`bench`](mod@bench)).
 //! The binary only calls [`main`] (on a thread with a big stack), so the library runs the
 //! same command lines a shell does:

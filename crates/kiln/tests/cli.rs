@@ -985,7 +985,7 @@ fn counting_cc(s: &Scratch) -> (String, PathBuf) {
     (cc, log)
 }
 
-/// The CPU row names the C compiler kernels are built with and why: `KILN_CC` when set, else
+/// The CPU row names the C compiler of its C pairs and why: `KILN_CC` when set, else
 /// clang when it is on `PATH`, else `cc`. Saying so starts no compiler.
 #[test]
 fn devices_name_the_c_compiler_and_why() {

@@ -1,5 +1,5 @@
 """kiln from Python: compile kernels written in kiln's text format and launch them on CPU,
-OpenCL and CUDA devices, with numpy and DLPack interop, typed exceptions, replayable plans,
+OpenCL, CUDA and WebGPU devices, with numpy and DLPack interop, typed exceptions, replayable plans,
 collectives between devices (``Channel``), and saved plans (``Plan.save``, ``load_plan``): a
 model in one file that loads and runs on any device without the compiler that made it.
 

@@ -168,7 +168,7 @@ class Device:
     def properties(self) -> dict[str, Any]:
         """``isa``, ``vector_bytes``, ``l1d_bytes``, ``l2_bytes``, ``l3_bytes``;
         ``max_work_group_size``, ``max_work_group_dims`` (x, y, z) and ``local_memory_bytes`` on
-        devices with work groups (OpenCL, CUDA). Each is ``None`` when unknown or absent.
+        devices with work groups (OpenCL, CUDA, WebGPU). Each is ``None`` when unknown or absent.
         ``wmma``: the matrix-multiply-accumulate forms (kiln's ``WMMA`` op) the device renders,
         each ``(m, n, k, input dtype, accumulator dtype, threads)``, e.g.
         ``(16, 8, 16, "f16", "f32", 32)`` on CUDA sm_80+; empty where it has none."""
@@ -260,7 +260,7 @@ class Buffer:
 class Kernel:
     """A compiled kernel. Call it with its buffers in slot order and its variables by name:
     ``kernel(a, b, out, n=1024)``. On a host device (the CPU) it has run when the call
-    returns; on OpenCL and CUDA it is queued, and reading a buffer (``numpy()``,
+    returns; on OpenCL, CUDA and WebGPU it is queued, and reading a buffer (``numpy()``,
     ``copy_from``, DLPack), a plan run or ``Device.synchronize()`` waits for it. Argument
     errors are raised by the call; failures while running by the next wait."""
 
