@@ -3,7 +3,7 @@ own CPU runtime (`DEV=CPU`), against onnxruntime's CPU execution provider, one r
 
     pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt   # the OCR and magika models
     python crates/kiln-py/bench/onnx_models.py [--models resnet50,magika] [--devices KILN,CPU]
-                                               [--iters 10] [--plan-runs 3] [--json results.json]
+                                               [--iters 10] [--rounds 3] [--plan-runs 3] [--json results.json]
 
 The models, batch 1, nothing downloaded:
 - PP-OCRv4 text recognition (`ppocrv4_rec`, input 1x3x48x320), detection (`ppocrv4_det`, 1x3x640x640)
@@ -27,15 +27,18 @@ The models, batch 1, nothing downloaded:
   and ones), and the modified model saved to a temporary folder. All runtimes run that file.
 
 For each model, every runtime runs in its own process with `--timeout` (tinygrad's `DEV` is
-process-wide), onnxruntime first (the reference), on the same inputs (numpy, fixed seed). The
-first call is timed on its own: onnxruntime's first run, and for tinygrad the kernels' compilation,
-with empty kernel caches (each process gets its own `KILN_CACHE_DIR` and tinygrad `CACHEDB`;
-`--warm-caches` keeps the user's). tinygrad runs the model inside a `TinyJit` (`prune=True`, as
-tinygrad's ONNX examples): after the first call, its capture and first replay are warm-up calls
-(onnxruntime gets two as well), all three on other inputs (the checked ones reversed along their
-last axis), so that a replay that ignored its inputs would fail the check; then `--iters` calls on
-the checked inputs are timed, each ending with the device's synchronize, and their median is
-reported.
+process-wide), on the same inputs (numpy, fixed seed), and the processes take turns: onnxruntime
+(the reference) starts first, then each tinygrad device, each while the ones before it wait idle
+on a pipe. The first call is timed on its own: onnxruntime's first run, and for tinygrad the
+kernels' compilation, with empty kernel caches (each process gets its own `KILN_CACHE_DIR` and
+tinygrad `CACHEDB`; `--warm-caches` keeps the user's). tinygrad runs the model inside a `TinyJit`
+(`prune=True`, as tinygrad's ONNX examples): after the first call, its capture and first replay
+are warm-up calls (onnxruntime gets two as well), all three on other inputs (the checked ones
+reversed along their last axis), so that a replay that ignored its inputs would fail the check.
+Then come `--rounds` rounds: in each, every runtime in turn makes `--iters` timed calls on the
+checked inputs, each ending with the device's synchronize, while the others wait. The median of
+all of a runtime's timed calls is reported: a slow spell of a shared machine (this kind of host
+has slowed one runtime's separate run by 2x) then falls on every runtime alike.
 
 Before any time is printed, each tinygrad runtime's outputs are checked against onnxruntime's
 (`np.testing.assert_allclose`: the model's rtol of each element plus its atol of the output's
@@ -68,10 +71,12 @@ import json
 import math
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +93,8 @@ if TYPE_CHECKING:
 ORT = "onnxruntime"
 ORT_START = "onnxruntime-start"  # a process that only creates the session and runs once
 PLAN = "plan"  # a process that only loads a saved plan and runs it once
+READY = "ready"  # a runtime's process, to `run_children`: its calls so far are done; it waits for its turn
+PAUSE_S = 0.05  # between one runtime's timed calls and the next's
 WARMUP = 2  # untimed calls after the first: tinygrad's JIT capture and its first replay
 SEED = 0
 Feed = TypeVar("Feed")
@@ -251,7 +258,8 @@ def make_inputs(path: Path, model: Model, seed: int) -> dict[str, np.ndarray]:
     return inputs
 
 
-def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int) -> tuple[dict, dict[str, np.ndarray]]:
+def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int, rounds: int = 1,
+                    turn: Callable[[], None] = lambda: None) -> tuple[dict, dict[str, np.ndarray]]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -265,14 +273,14 @@ def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int) 
     def call(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         return session.run(names, feed)
 
-    first_s, times, outs = timed_calls(call, warmup_inputs(inputs), inputs, iters)
+    first_s, times, outs = timed_calls(call, warmup_inputs(inputs), inputs, iters, rounds=rounds, turn=turn)
     info = {"threads": options.intra_op_num_threads, "providers": session.get_providers(),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
     return info, dict(zip(names, outs))
 
 
-def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int,
-                 plan_path: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int, plan_path: str | None = None,
+                 rounds: int = 1, turn: Callable[[], None] = lambda: None) -> tuple[dict, dict[str, np.ndarray]]:
     from tinygrad import Device, Tensor, TinyJit
     from tinygrad.nn.onnx import OnnxRunner
 
@@ -292,7 +300,7 @@ def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int,
 
     warmup, timed = on_device(warmup_inputs(inputs)), on_device(inputs)
     dev.synchronize()
-    first_s, times, outs = timed_calls(lambda feed: forward(**feed), warmup, timed, iters, dev.synchronize)
+    first_s, times, outs = timed_calls(lambda feed: forward(**feed), warmup, timed, iters, dev.synchronize, rounds, turn)
     info = {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__,
             "compiler": compiler_used(), "kernels": kernels_per_call(forward),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
@@ -348,16 +356,34 @@ def warmup_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def timed_calls(call: Callable[[Feed], Any], warmup: Feed, timed: Feed, iters: int,
-                synchronize: Callable[[], None] = lambda: None) -> tuple[float, list[float], Any]:
-    """The seconds of the first call and of `iters` calls after `WARMUP` more (the first ones on
-    `warmup`, the `iters` on `timed`), and the last call's result."""
+                synchronize: Callable[[], None] = lambda: None, rounds: int = 1,
+                turn: Callable[[], None] = lambda: None) -> tuple[float, list[float], Any]:
+    """The seconds of the first call and of `rounds` batches of `iters` calls after `WARMUP` more
+    (the first ones on `warmup`, the timed ones on `timed`), and the last call's result. `turn`
+    runs before each batch and after the last: it waits for this runtime's turn."""
     times = []
-    for i in range(1 + WARMUP + iters):
+    for i in range(1 + WARMUP):
         start = time.perf_counter()
-        out = call(warmup if i <= WARMUP else timed)
+        out = call(warmup)
         synchronize()
         times.append(time.perf_counter() - start)
+    for _ in range(rounds):
+        turn()
+        for _ in range(iters):
+            start = time.perf_counter()
+            out = call(timed)
+            synchronize()
+            times.append(time.perf_counter() - start)
+    turn()
     return times[0], times[1 + WARMUP:], out
+
+
+def wait_for_turn() -> None:
+    """In a child process of `run_children`: says the calls so far are done ("ready" on stdout),
+    then waits for its next turn (a line on stdin)."""
+    print(READY, flush=True)
+    if not sys.stdin.readline():
+        raise SystemExit("the benchmark stopped before this runtime's turn")
 
 
 def child(args: argparse.Namespace) -> int:
@@ -369,24 +395,25 @@ def child(args: argparse.Namespace) -> int:
     elif args.child == ORT_START:
         info, outs = run_onnxruntime_start(args.model_path, inputs)
     elif args.child == ORT:
-        info, outs = run_onnxruntime(args.model_path, inputs, args.iters)
+        info, outs = run_onnxruntime(args.model_path, inputs, args.iters, args.rounds, wait_for_turn)
     else:
-        info, outs = run_tinygrad(args.model_path, inputs, args.iters, args.plan)
+        info, outs = run_tinygrad(args.model_path, inputs, args.iters, args.plan, args.rounds, wait_for_turn)
     np.savez(args.outputs, **outs)
     print(json.dumps(info))
     return 0
 
 
-def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace,
-              plan: Path | None = None, plan_device: str = "", kiln_cache: Path | None = None) -> dict:
-    """Runs `runtime` (onnxruntime, or a tinygrad `DEV`; `ORT_START` and `PLAN` for the start-up
-    measures) on one model in its own process: its timings, or {"error": ...} with the end of its
-    stderr. Unless `--warm-caches`, a tinygrad process gets empty kernel caches of its own (kiln's
+def child_command(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace,
+                  plan: Path | None = None, plan_device: str = "", kiln_cache: Path | None = None,
+                  ) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a process that runs `runtime` (onnxruntime, or a
+    tinygrad `DEV`; `ORT_START` and `PLAN` for the start-up measures) on one model. Unless
+    `--warm-caches`, a tinygrad process gets empty kernel caches of its own (kiln's
     `KILN_CACHE_DIR`, tinygrad's `CACHEDB`), so its first call compiles every kernel, and saves its
     JIT as the plan file `plan`. A `PLAN` process loads `plan` on kiln device `plan_device` with
     kiln's kernel cache in `kiln_cache` (empty, or left by an earlier one)."""
     cmd = [sys.executable, __file__, "--child", runtime, "--model-path", str(model_path), "--inputs", str(inputs),
-           "--outputs", str(outputs), "--iters", str(args.iters)]
+           "--outputs", str(outputs), "--iters", str(args.iters), "--rounds", str(args.rounds)]
     if plan is not None:
         cmd += ["--plan", str(plan), "--plan-device", plan_device]
     env = dict(os.environ)
@@ -397,6 +424,14 @@ def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args:
         if not args.warm_caches:
             caches = Path(tempfile.mkdtemp(prefix=f"{runtime.replace(':', '_')}-caches-", dir=outputs.parent))
             env.update(KILN_CACHE_DIR=str(caches / "kiln"), CACHEDB=str(caches / "tinygrad.db"))
+    return cmd, env
+
+
+def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args: argparse.Namespace,
+              plan: Path | None = None, plan_device: str = "", kiln_cache: Path | None = None) -> dict:
+    """Runs a start-up measure (`ORT_START`, `PLAN`) in its own process (`child_command`): its
+    timings, or {"error": ...} with the end of its stderr."""
+    cmd, env = child_command(runtime, model_path, inputs, outputs, args, plan, plan_device, kiln_cache)
     try:
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -404,6 +439,97 @@ def run_child(runtime: str, model_path: Path, inputs: Path, outputs: Path, args:
     if out.returncode != 0:
         return {"error": f"exit status {out.returncode}:\n{out.stderr[-3000:]}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class Child:
+    """A runtime's process that waits for its turns (`wait_for_turn`), as `run_children` runs it."""
+
+    def __init__(self, runtime: str, cmd: list[str], env: dict[str, str], timeout: float):
+        self.runtime, self.error = runtime, ""
+        self.deadline, self.timeout = time.monotonic() + timeout, timeout
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _line(self) -> str | None:
+        """Its next line of output; None when it has ended or ran out of time (then killed)."""
+        try:
+            return self.lines.get(timeout=max(self.deadline - time.monotonic(), 0))
+        except queue.Empty:
+            self.error = f"timed out after {self.timeout} s"
+            self.proc.kill()
+            return None
+
+    def ready(self) -> bool:
+        """Waits until it has done its calls so far and waits for its turn; False if it failed."""
+        while (line := self._line()) is not None:
+            if line == READY:
+                return True
+        self.error = self.error or self._exit_error() or "ended before its timed calls"
+        return False
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def _exit_error(self) -> str:
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        return f"exit status {code}:\n{self.stderr.read()[-3000:]}" if code else ""
+
+    def result(self) -> dict:
+        """After its last turn: its timings (its last line), or {"error": ...}."""
+        lines = []
+        while not self.error and (line := self._line()) is not None:
+            lines.append(line)
+        self.error = self.error or self._exit_error()
+        self.stderr.close()
+        if self.error or not lines:
+            return {"error": self.error or "printed no timings"}
+        return json.loads(lines[-1])
+
+
+def run_children(runs: list[tuple[str, Path, Path | None]], model_path: Path, inputs: Path,
+                 args: argparse.Namespace) -> dict[str, dict]:
+    """Runs onnxruntime and the tinygrad devices (`runs`: each runtime with its outputs file and
+    plan file) on one model, each in its own process (`child_command`), taking turns: one after
+    another, each starts (its session or JIT, the first call, the warm-ups) while the ones before
+    it wait; then `--rounds` times, each runtime in turn makes `--iters` timed calls while the
+    others wait on a pipe, idle; then each in turn writes its outputs (and saves its plan). A slow
+    spell of the machine then falls on every runtime's calls alike, and no runtime computes while
+    another is timed. Returns each runtime's timings, or {"error": ...}; after onnxruntime fails,
+    none other starts."""
+    waiting: list[Child] = []
+    results: dict[str, dict] = {}
+    for runtime, outputs, plan in runs:
+        cmd, env = child_command(runtime, model_path, inputs, outputs, args, plan)
+        child = Child(runtime, cmd, env, args.timeout)
+        if child.ready():
+            waiting.append(child)
+            continue
+        results[runtime] = child.result()
+        if runtime == ORT:
+            break
+    for _ in range(args.rounds):
+        for child in list(waiting):
+            time.sleep(PAUSE_S)  # the last runtime's spinning threads go to sleep
+            child.go()
+            if not child.ready():
+                waiting.remove(child)
+                results[child.runtime] = child.result()
+    for child in waiting:
+        child.go()
+        results[child.runtime] = child.result()
+    return results
 
 
 def last_error_line(error: str) -> str:
@@ -455,7 +581,12 @@ def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.N
                               "atol": model.atol, "random_weights": model.random_weights,
                               "inputs": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()}}
     ref_file = folder / f"{model.name}.{ORT}.npz"
-    ort = run_child(ORT, path, inputs_file, ref_file, args)
+    out_files = {dev: folder / f"{model.name}.{dev.replace(':', '_')}.npz" for dev in devices}
+    plan_files = {dev: folder / f"{model.name}.{dev.replace(':', '_')}.kplan" if args.plan_runs and dev.startswith("KILN")
+                  else None for dev in devices}
+    ran = run_children([(ORT, ref_file, None), *((dev, out_files[dev], plan_files[dev]) for dev in devices)], path,
+                       inputs_file, args)
+    ort = ran[ORT]
     record["runtimes"] = {ORT: ort}
     if "error" in ort:
         print(f"{model.name}: onnxruntime FAILED: {ort['error']}", file=sys.stderr)
@@ -465,9 +596,8 @@ def bench_model(model: Model, devices: list[str], folder: Path, args: argparse.N
     with np.load(ref_file) as data:
         refs = {name: data[name] for name in data.files}
     for dev in devices:
-        out_file = folder / f"{model.name}.{dev.replace(':', '_')}.npz"
-        plan_file = folder / f"{model.name}.{dev.replace(':', '_')}.kplan" if args.plan_runs and dev.startswith("KILN") else None
-        result = check_device(model, dev, run_child(dev, path, inputs_file, out_file, args, plan=plan_file), out_file, refs)
+        out_file, plan_file = out_files[dev], plan_files[dev]
+        result = check_device(model, dev, ran[dev], out_file, refs)
         record["runtimes"][dev] = result
         if "error" in result:
             record["status"] = "failed"
@@ -650,7 +780,10 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(m.name for m in all_models),
                     help=f"comma-separated, of: {', '.join(m.name for m in all_models)}")
     ap.add_argument("--devices", default="KILN,CPU", help="tinygrad DEV values (onnxruntime always runs)")
-    ap.add_argument("--iters", type=int, default=10, help="timed calls per model and runtime (median)")
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per model, runtime and round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of timed calls: in each, every runtime in turn makes --iters calls (the median "
+                         "is over all rounds)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per model and runtime")
     ap.add_argument("--json", type=Path, help="write every result here")
     ap.add_argument("--warm-caches", action="store_true",
@@ -668,6 +801,8 @@ def main() -> int:
     if args.child:
         return child(args)
 
+    if args.iters < 1 or args.rounds < 1:
+        ap.error("--iters and --rounds must be at least 1")
     by_name = {m.name: m for m in all_models}
     chosen = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in by_name]
@@ -694,7 +829,7 @@ def main() -> int:
     caches = "kiln's and tinygrad's kernel caches as earlier runs left them" if args.warm_caches else \
         "empty kernel caches: includes compiling every kernel"
     print(f"ort = onnxruntime {versions()['onnxruntime']} (CPUExecutionProvider, {os.cpu_count()} intra-op threads); "
-          f"ms = median of {args.iters} calls; ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
+          f"ms = median of {args.rounds} rounds of {args.iters} calls, the runtimes taking turns; ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
           f"1st = the first call (tinygrad: {caches})")
     geomeans = print_table(results, devices)
     print_plan_table(results, devices, args.plan_runs)
@@ -713,7 +848,7 @@ def main() -> int:
               "pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt")
     if args.json:
         report = {"command": [sys.executable, *sys.argv], "machine": machine, "versions": versions(),
-                  "compilers": compilers, "iters": args.iters, "warmup": WARMUP, "seed": SEED, "first_call": caches,
+                  "compilers": compilers, "iters": args.iters, "rounds": args.rounds, "warmup": WARMUP, "seed": SEED, "first_call": caches,
                   "onnxruntime": {"provider": "CPUExecutionProvider", "intra_op_num_threads": os.cpu_count(),
                                   "inter_op_num_threads": 1},
                   "geomean_ort_over_device": geomeans, "failed": failed, "models": results}
