@@ -204,6 +204,87 @@ fn max_and_min_pick_by_one_rule_in_scalars_and_vectors() {
     assert!(bad.is_empty(), "{} kernel(s) pick otherwise:\n{}", bad.len(), bad.join("\n"));
 }
 
+/// `out[i] = lo < x[i] && x[i] < hi` over `n` values of `t`, the two compares in the order
+/// given (`swapped`: the upper bound first).
+fn bounds_test_kernel(t: Scalar, n: usize, lo: &str, hi: &str, swapped: bool) -> Arc<kiln_device::kiln_ir::UOp> {
+    let (a, b) = if swapped { ("%8", "%7") } else { ("%7", "%8") };
+    let t = t.name();
+    let text = format!(
+        "%0 = CONST i32 {n}\n%1 = RANGE i32 0 (%0)\n%2 = PARAM ptr<{t}> 0 (%0)\n%3 = INDEX ptr<{t}> (%2, %1)\n\
+         %4 = LOAD {t} (%3)\n%5 = CONST {t} {lo}\n%6 = CONST {t} {hi}\n%7 = CMPLT bool (%5, %4)\n\
+         %8 = CMPLT bool (%4, %6)\n%9 = AND bool ({a}, {b})\n%10 = PARAM ptr<i32> 1 (%0)\n\
+         %11 = INDEX ptr<i32> (%10, %1)\n%12 = CONST i32 1\n%13 = CONST i32 0\n%14 = WHERE i32 (%9, %12, %13)\n\
+         %15 = STORE void (%11, %14)\n%16 = END void (%1, %15)\nSINK void (%16)\n"
+    );
+    kiln_device::kiln_ir::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// A two-sided bounds test of one integer, `lo < x && x < hi` (a padded image's gate), is one
+/// unsigned compare in the LLVM pair's IR (as two, LLVM made them a switch, which its loop
+/// vectorizer refuses), with the same truth as the C pair's two compares for every `x`: the
+/// bounds' neighbours, the type's extremes, either order of the compares, signed and unsigned
+/// types, bounds across the whole range and an empty range.
+#[test]
+fn two_sided_bounds_tests_are_one_unsigned_compare_with_the_same_truth() {
+    let Some(dev) = device("two_sided_bounds_tests_are_one_unsigned_compare_with_the_same_truth") else { return };
+    let cases: [(Scalar, i128, i128); 7] = [
+        (Scalar::I32, 0, 57),
+        (Scalar::I32, -3, 4),
+        (Scalar::I32, i32::MIN as i128, i32::MAX as i128),
+        (Scalar::I32, 5, 6),
+        (Scalar::I64, -(1 << 40), 1 << 40),
+        (Scalar::U32, 0, u32::MAX as i128),
+        (Scalar::U32, 7, 300),
+    ];
+    let mut bad = Vec::new();
+    for (t, lo, hi) in cases {
+        let (min, max) = match t {
+            Scalar::I32 => (i32::MIN as i128, i32::MAX as i128),
+            Scalar::I64 => (i64::MIN as i128, i64::MAX as i128),
+            _ => (0, u32::MAX as i128),
+        };
+        let mut xs: Vec<i128> = [lo - 1, lo, lo + 1, lo + 2, hi - 2, hi - 1, hi, hi + 1, min, min + 1, max - 1, max, 0]
+            .into_iter()
+            .filter(|x| (min..=max).contains(x))
+            .collect();
+        xs.resize(16, 0);
+        let bytes: Vec<u8> = xs
+            .iter()
+            .flat_map(|&x| {
+                if t == Scalar::I64 { (x as i64).to_le_bytes().to_vec() } else { (x as u32).to_le_bytes().to_vec() }
+            })
+            .collect();
+        let want: Vec<i32> = xs.iter().map(|&x| i32::from(lo < x && x < hi)).collect();
+        for swapped in [false, true] {
+            let kernel = bounds_test_kernel(t, xs.len(), &lo.to_string(), &hi.to_string(), swapped);
+            let r = kiln_cpu::llvm::LlvmRenderer::for_isa(kiln_cpu::IsaTarget::native().isa);
+            let src = kiln_device::Renderer::render(&r, &kernel, Some("bounds")).unwrap_or_else(|e| panic!("{e}")).src;
+            if src.contains("icmp ult") != (lo + 1 < hi) {
+                bad.push(format!(
+                    "{} {lo} < x < {hi}: one unsigned compare only where the range is not empty:\n{src}",
+                    t.name()
+                ));
+            }
+            for pair in [kiln_cpu::CC_PAIR, LLVM_PAIR] {
+                let compiled =
+                    dev.compile_with(pair, &kernel, Some("bounds")).unwrap_or_else(|e| panic!("{pair}: {e}"));
+                let x = dev.buffer(t, xs.len()).unwrap_or_else(|e| panic!("{e}"));
+                x.copyin(&bytes).unwrap_or_else(|e| panic!("{e}"));
+                let out = Buffer::from_slice(dev.allocator(), &vec![-1i32; xs.len()]).unwrap_or_else(|e| panic!("{e}"));
+                compiled.launch(&[&x, &out], &[]).unwrap_or_else(|e| panic!("{pair}: {e}"));
+                let got = out.to_vec::<i32>().unwrap_or_else(|e| panic!("{e}"));
+                if got != want {
+                    bad.push(format!(
+                        "{pair} {} {lo} < x < {hi} (swapped {swapped}) on {xs:?}: {got:?}, want {want:?}",
+                        t.name()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// LLVM's objects (constant pools in `.rodata.cst*` sections, libm calls through PLT32
 /// relocations) load with kiln's ELF loader.
 #[test]

@@ -714,6 +714,10 @@ impl<'a> Emitter<'a> {
                 }
                 self.values.insert(n.content_hash(), value);
             }
+            Op::And if let Some((x, s, lo, hi)) = range_test(n) => {
+                let r = self.range_check(&x, s, lo, hi)?;
+                self.values.insert(n.content_hash(), Value::Reg(r));
+            }
             op if op.is_alu() => {
                 let mut args = Vec::with_capacity(src.len());
                 for s in src {
@@ -934,6 +938,19 @@ impl<'a> Emitter<'a> {
             return self.float_op(n, op, Ty::reg(s, w), &a, w > 1);
         }
         self.int_op(n, op, s, w, &a)
+    }
+
+    /// `lo < x && x < hi` ([`range_test`]) as one unsigned compare, `x - (lo + 1) <u hi - (lo + 1)`:
+    /// the same truth for every `x`. Written as two compares, LLVM's range analysis turns each
+    /// into an inequality (`x != 0`, `x != 57` where `x` counts 0..58) and their conjunction into
+    /// a switch, and its loop vectorizer takes no loop with a switch: a padding copy's gated load
+    /// stayed scalar.
+    fn range_check(&mut self, x: &Arc<UOp>, s: Scalar, lo: i128, hi: i128) -> Result<String> {
+        let t = Ty::reg(s, 1).name();
+        let v = self.operand(x)?;
+        let (from, width) = (lo + 1, hi - lo - 1);
+        let d = self.c.ins(format!("sub {t} {v}, {}", int_lit(from as i64, s)));
+        Ok(self.c.ins(format!("icmp ult {t} {d}, {}", int_lit(width as i64, s))))
     }
 
     /// ALU `op` on f32/f64 values of `ty`; `vector`: with the C pair's whole-vector forms (an
@@ -1244,6 +1261,45 @@ fn const_int_operand(n: &UOp) -> Option<i64> {
         _ => n,
     };
     if c.op() == Op::Const { c.arg_int() } else { None }
+}
+
+/// `(x, its type, lo, hi)` where `n` is `AND(CMPLT(lo, x), CMPLT(x, hi))`, in either order, of a
+/// scalar integer `x` and constants with `lo + 1 < hi`, so that `x - (lo + 1)` taken modulo the
+/// type's width is below `hi - lo - 1` exactly where `lo < x < hi` (a padded image's bounds test).
+fn range_test(n: &UOp) -> Option<(Arc<UOp>, Scalar, i128, i128)> {
+    if n.dtype() != DType::Scalar(Scalar::Bool) || n.src().len() != 2 {
+        return None;
+    }
+    // (x, its type, the constant, whether x is above it) of one CMPLT with a constant side
+    let side = |c: &Arc<UOp>| -> Option<(Arc<UOp>, Scalar, i128, bool)> {
+        let [a, b] = c.src() else { return None };
+        let DType::Scalar(s) = a.dtype() else { return None };
+        if c.op() != Op::Lt || !s.is_int() || b.dtype() != a.dtype() {
+            return None;
+        }
+        let value = |k: &Arc<UOp>| {
+            let v = k.arg_int()?;
+            Some(if s.is_signed() { v as i128 } else { unsigned(v, s) })
+        };
+        match (a.op() == Op::Const, b.op() == Op::Const) {
+            (true, false) => Some((b.clone(), s, value(a)?, true)),
+            (false, true) => Some((a.clone(), s, value(b)?, false)),
+            _ => None,
+        }
+    };
+    let (first, second) = (side(&n.src()[0])?, side(&n.src()[1])?);
+    let ((x, s, lo, _), (y, _, hi, _)) = match (first.3, second.3) {
+        (true, false) => (first, second),
+        (false, true) => (second, first),
+        _ => return None,
+    };
+    (Arc::ptr_eq(&x, &y) && lo + 1 < hi).then_some((x, s, lo, hi))
+}
+
+/// The unsigned value of an integer constant of `s` held in `v`'s low bits.
+fn unsigned(v: i64, s: Scalar) -> i128 {
+    let bits = 8 * s.size() as u32;
+    if bits >= 64 { v as u64 as i128 } else { (v as u64 & ((1u64 << bits) - 1)) as i128 }
 }
 
 /// The DEFINE_ACC a valued END (or ASSIGN/AFTER) stands for, if any.
