@@ -196,3 +196,51 @@ def test_empty_constant_tensors_load(tmp_path):
     with Context(DEV=DEV):
         got = OnnxRunner(str(tmp_path / "empty.onnx"))({"x": Tensor(data)})["y"].numpy()
     np.testing.assert_array_equal(got, data)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+    ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 2, 1, 0], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 2, 1, 0])),
+    ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1)),
+])
+def test_padded_pools_compute_tinygrads_bits(tmp_path, monkeypatch, op, attrs):
+    """On kiln's CPU, ONNX's MaxPool, and AveragePool with `count_include_pad=1`, of stride 1
+    pad a padded input first (`compat._pool_padding`: not with `ceil_mode`); every pool gives
+    tinygrad's CPU device's bits, and onnxruntime's values."""
+    import numpy as np
+    import onnx
+    from kiln.tinygrad import compat
+    from onnx import TensorProto, helper
+    from tinygrad import Tensor
+    from tinygrad.nn.onnx import OnnxRunner
+
+    padded = []
+    padding = compat._pool_padding
+    monkeypatch.setattr(compat, "_pool_padding", lambda *a: padded.append(r := padding(*a)) or r)
+    shape = (1, 4, 9, 20)  # rows of 20: more than a vector's lanes
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs)], "g", [x], [y])
+    path = str(tmp_path / "pool.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    data = np.random.default_rng(51).standard_normal(shape).astype(np.float32)
+    data[0, 0, :3] = -np.abs(data[0, 0, :3])  # windows of negatives only, at the padded edge
+    outs = {}
+    for dev in (DEV, "CPU"):
+        with Context(DEV=dev):
+            outs[dev] = OnnxRunner(path)({"x": Tensor(data)})["y"].numpy()
+    _, want = onnx_models.run_onnxruntime(path, {"x": data}, iters=1)
+    np.testing.assert_allclose(outs[DEV], want["y"], rtol=1e-6, atol=1e-6)
+    assert outs[DEV].tobytes() == outs["CPU"].tobytes()
+    from tinygrad import Device
+    with Context(DEV=DEV):
+        cpu = getattr(Device[Device.DEFAULT].renderer, "contraction_tiles", False)
+    if cpu:
+        first = (not attrs.get("ceil_mode") and "strides" not in attrs
+                 and (op == "MaxPool" or attrs.get("count_include_pad") == 1))
+        assert any(p is not None for p in padded) == first, padded
