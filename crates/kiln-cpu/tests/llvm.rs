@@ -285,6 +285,59 @@ fn two_sided_bounds_tests_are_one_unsigned_compare_with_the_same_truth() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// A register tile of `rows` vectors of 16 f32 lanes over a 3-step reduction (a convolution's
+/// taps of one row): `out[j] = Σ_t a[t] · b[t·rows + j]`, `a[t]` a vector, `b[..]` broadcast.
+fn tile_kernel(rows: usize) -> Arc<kiln_device::kiln_ir::UOp> {
+    let vector = kiln_device::kiln_ir::DType::Vector(Scalar::F32, 16);
+    let mut k = KernelBuilder::new();
+    let a = k.param(0, Scalar::F32, 3 * 16);
+    let b = k.param(1, Scalar::F32, 3 * rows as i64);
+    let out = k.param(2, Scalar::F32, 16 * rows as i64);
+    let t = k.range(3);
+    let lanes = a.at_vec(&(&t * 16), 16).load();
+    for j in 0..rows {
+        let acc = k.acc(&Val::constant(vector, 0.0), &[&t]);
+        let pixel = b.at(&(&t * rows as i64 + j as i64)).load().broadcast(16);
+        let total = acc.update(&lanes.mul_acc(&pixel, &acc.get()));
+        k.store(&out.at_vec(&Val::int(16 * j as i64), 16), &total);
+    }
+    k.finish().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A loop whose body holds a register tile with accumulators in three quarters of the vector
+/// registers or more (13 rows of two AVX-512 vectors, 24 of 32) is marked not to be unrolled:
+/// unrolled, LLVM kept pixel broadcasts live across taps and the tile spilled. A smaller tile's
+/// loop is not marked; both give the C pair's bits.
+#[test]
+fn loops_of_register_tiles_that_fill_the_registers_are_not_unrolled() {
+    let Some(dev) = device("loops_of_register_tiles_that_fill_the_registers_are_not_unrolled") else { return };
+    let isa = kiln_cpu::IsaTarget::native().isa;
+    let registers = if isa.vector_bytes().unwrap_or(16) >= 64 { 32 } else { 16 };
+    for rows in [8usize, 26] {
+        let kernel = tile_kernel(rows);
+        let r = kiln_cpu::llvm::LlvmRenderer::for_isa(isa);
+        let src = kiln_device::Renderer::render(&r, &kernel, Some("tile")).unwrap_or_else(|e| panic!("{e}")).src;
+        let marked = src.contains("llvm.loop.unroll.disable");
+        assert_eq!(marked, rows * 4 >= registers * 3, "{rows} rows, {registers} registers:\n{src}");
+        let inputs = [inputs(Scalar::F32, 48, 7), inputs(Scalar::F32, 3 * rows, 8)];
+        let mut outs = Vec::new();
+        for pair in [kiln_cpu::CC_PAIR, LLVM_PAIR] {
+            let compiled = dev.compile_with(pair, &kernel, Some("tile")).unwrap_or_else(|e| panic!("{pair}: {e}"));
+            let bufs: Vec<Buffer> = [&inputs[0][..], &inputs[1][..], &vec![0u8; 64 * rows][..]]
+                .iter()
+                .map(|data| {
+                    let b = dev.buffer(Scalar::F32, data.len() / 4).unwrap_or_else(|e| panic!("{e}"));
+                    b.copyin(data).unwrap_or_else(|e| panic!("{e}"));
+                    b
+                })
+                .collect();
+            compiled.launch(&bufs.iter().collect::<Vec<_>>(), &[]).unwrap_or_else(|e| panic!("{pair}: {e}"));
+            outs.push(bufs[2].to_vec::<f32>().unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert!(outs[0].iter().zip(&outs[1]).all(|(x, y)| x.to_bits() == y.to_bits()), "{rows} rows: the pairs differ");
+    }
+}
+
 /// LLVM's objects (constant pools in `.rodata.cst*` sections, libm calls through PLT32
 /// relocations) load with kiln's ELF loader.
 #[test]
