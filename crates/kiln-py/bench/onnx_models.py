@@ -3,7 +3,8 @@ own CPU runtime (`DEV=CPU`), against onnxruntime's CPU execution provider, one r
 
     pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt   # the OCR and magika models
     python crates/kiln-py/bench/onnx_models.py [--models resnet50,magika] [--devices KILN,CPU]
-                                               [--iters 10] [--rounds 3] [--plan-runs 3] [--json results.json]
+                                               [--iters 10] [--rounds 3] [--round-s 0.5] [--plan-runs 3]
+                                               [--json results.json]
 
 The models, batch 1, nothing downloaded:
 - PP-OCRv4 text recognition (`ppocrv4_rec`, input 1x3x48x320), detection (`ppocrv4_det`, 1x3x640x640)
@@ -36,9 +37,10 @@ tinygrad `CACHEDB`; `--warm-caches` keeps the user's). tinygrad runs the model i
 are warm-up calls (onnxruntime gets two as well), all three on other inputs (the checked ones
 reversed along their last axis), so that a replay that ignored its inputs would fail the check.
 Then come `--rounds` rounds: in each, every runtime in turn makes `--iters` timed calls on the
-checked inputs, each ending with the device's synchronize, while the others wait. The median of
-all of a runtime's timed calls is reported: a slow spell of a shared machine (this kind of host
-has slowed one runtime's separate run by 2x) then falls on every runtime alike.
+checked inputs, and more until they took `--round-s` seconds, each ending with the device's
+synchronize, while the others wait. The median of all of a runtime's timed calls is reported: a
+slow spell of a shared machine (this kind of host has slowed one runtime's separate run by 2x)
+then falls on every runtime alike, and a brief one on few calls.
 
 Before any time is printed, each tinygrad runtime's outputs are checked against onnxruntime's
 (`np.testing.assert_allclose`: the model's rtol of each element plus its atol of the output's
@@ -259,7 +261,8 @@ def make_inputs(path: Path, model: Model, seed: int) -> dict[str, np.ndarray]:
 
 
 def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int, rounds: int = 1,
-                    turn: Callable[[], None] = lambda: None) -> tuple[dict, dict[str, np.ndarray]]:
+                    turn: Callable[[], None] = lambda: None,
+                    min_round_s: float = 0.0) -> tuple[dict, dict[str, np.ndarray]]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -273,14 +276,16 @@ def run_onnxruntime(model_path: str, inputs: dict[str, np.ndarray], iters: int, 
     def call(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         return session.run(names, feed)
 
-    first_s, times, outs = timed_calls(call, warmup_inputs(inputs), inputs, iters, rounds=rounds, turn=turn)
+    first_s, times, outs = timed_calls(call, warmup_inputs(inputs), inputs, iters, rounds=rounds, turn=turn,
+                                       min_round_s=min_round_s)
     info = {"threads": options.intra_op_num_threads, "providers": session.get_providers(),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
     return info, dict(zip(names, outs))
 
 
 def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int, plan_path: str | None = None,
-                 rounds: int = 1, turn: Callable[[], None] = lambda: None) -> tuple[dict, dict[str, np.ndarray]]:
+                 rounds: int = 1, turn: Callable[[], None] = lambda: None,
+                 min_round_s: float = 0.0) -> tuple[dict, dict[str, np.ndarray]]:
     from tinygrad import Device, Tensor, TinyJit
     from tinygrad.nn.onnx import OnnxRunner
 
@@ -300,7 +305,8 @@ def run_tinygrad(model_path: str, inputs: dict[str, np.ndarray], iters: int, pla
 
     warmup, timed = on_device(warmup_inputs(inputs)), on_device(inputs)
     dev.synchronize()
-    first_s, times, outs = timed_calls(lambda feed: forward(**feed), warmup, timed, iters, dev.synchronize, rounds, turn)
+    first_s, times, outs = timed_calls(lambda feed: forward(**feed), warmup, timed, iters, dev.synchronize, rounds, turn,
+                                       min_round_s)
     info = {"device": os.environ.get("DEV", Device.DEFAULT), "renderer": type(dev.renderer).__name__,
             "compiler": compiler_used(), "kernels": kernels_per_call(forward),
             "load_ms": 1e3 * load_s, "first_ms": 1e3 * first_s, "times_ms": [1e3 * t for t in times]}
@@ -357,10 +363,11 @@ def warmup_inputs(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def timed_calls(call: Callable[[Feed], Any], warmup: Feed, timed: Feed, iters: int,
                 synchronize: Callable[[], None] = lambda: None, rounds: int = 1,
-                turn: Callable[[], None] = lambda: None) -> tuple[float, list[float], Any]:
-    """The seconds of the first call and of `rounds` batches of `iters` calls after `WARMUP` more
-    (the first ones on `warmup`, the timed ones on `timed`), and the last call's result. `turn`
-    runs before each batch and after the last: it waits for this runtime's turn."""
+                turn: Callable[[], None] = lambda: None, min_round_s: float = 0.0) -> tuple[float, list[float], Any]:
+    """The seconds of the first call and of `rounds` batches of at least `iters` calls, and of at
+    least `min_round_s` seconds, after `WARMUP` more (the first ones on `warmup`, the timed ones
+    on `timed`), and the last call's result. `turn` runs before each batch and after the last:
+    it waits for this runtime's turn."""
     times = []
     for i in range(1 + WARMUP):
         start = time.perf_counter()
@@ -369,11 +376,13 @@ def timed_calls(call: Callable[[Feed], Any], warmup: Feed, timed: Feed, iters: i
         times.append(time.perf_counter() - start)
     for _ in range(rounds):
         turn()
-        for _ in range(iters):
+        calls, began = 0, time.perf_counter()
+        while calls < iters or time.perf_counter() - began < min_round_s:
             start = time.perf_counter()
             out = call(timed)
             synchronize()
             times.append(time.perf_counter() - start)
+            calls += 1
     turn()
     return times[0], times[1 + WARMUP:], out
 
@@ -395,9 +404,10 @@ def child(args: argparse.Namespace) -> int:
     elif args.child == ORT_START:
         info, outs = run_onnxruntime_start(args.model_path, inputs)
     elif args.child == ORT:
-        info, outs = run_onnxruntime(args.model_path, inputs, args.iters, args.rounds, wait_for_turn)
+        info, outs = run_onnxruntime(args.model_path, inputs, args.iters, args.rounds, wait_for_turn, args.round_s)
     else:
-        info, outs = run_tinygrad(args.model_path, inputs, args.iters, args.plan, args.rounds, wait_for_turn)
+        info, outs = run_tinygrad(args.model_path, inputs, args.iters, args.plan, args.rounds, wait_for_turn,
+                                  args.round_s)
     np.savez(args.outputs, **outs)
     print(json.dumps(info))
     return 0
@@ -413,7 +423,8 @@ def child_command(runtime: str, model_path: Path, inputs: Path, outputs: Path, a
     JIT as the plan file `plan`. A `PLAN` process loads `plan` on kiln device `plan_device` with
     kiln's kernel cache in `kiln_cache` (empty, or left by an earlier one)."""
     cmd = [sys.executable, __file__, "--child", runtime, "--model-path", str(model_path), "--inputs", str(inputs),
-           "--outputs", str(outputs), "--iters", str(args.iters), "--rounds", str(args.rounds)]
+           "--outputs", str(outputs), "--iters", str(args.iters), "--rounds", str(args.rounds),
+           "--round-s", str(args.round_s)]
     if plan is not None:
         cmd += ["--plan", str(plan), "--plan-device", plan_device]
     env = dict(os.environ)
@@ -784,6 +795,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of timed calls: in each, every runtime in turn makes --iters calls (the median "
                          "is over all rounds)")
+    ap.add_argument("--round-s", type=float, default=0.5,
+                    help="seconds a runtime's calls of one round take at least (more calls than --iters where they "
+                         "are short, so that a brief slow spell of the machine falls on few of them)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per model and runtime")
     ap.add_argument("--json", type=Path, help="write every result here")
     ap.add_argument("--warm-caches", action="store_true",
@@ -801,8 +815,8 @@ def main() -> int:
     if args.child:
         return child(args)
 
-    if args.iters < 1 or args.rounds < 1:
-        ap.error("--iters and --rounds must be at least 1")
+    if args.iters < 1 or args.rounds < 1 or not args.round_s >= 0:
+        ap.error("--iters and --rounds must be at least 1, and --round-s at least 0")
     by_name = {m.name: m for m in all_models}
     chosen = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in by_name]
@@ -829,7 +843,8 @@ def main() -> int:
     caches = "kiln's and tinygrad's kernel caches as earlier runs left them" if args.warm_caches else \
         "empty kernel caches: includes compiling every kernel"
     print(f"ort = onnxruntime {versions()['onnxruntime']} (CPUExecutionProvider, {os.cpu_count()} intra-op threads); "
-          f"ms = median of {args.rounds} rounds of {args.iters} calls, the runtimes taking turns; ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
+          f"ms = median of {args.rounds} rounds of {args.iters} calls or more ({args.round_s} s at least), the runtimes "
+          f"taking turns; ort/DEV = ort ms / DEV ms (above 1: DEV is faster); "
           f"1st = the first call (tinygrad: {caches})")
     geomeans = print_table(results, devices)
     print_plan_table(results, devices, args.plan_runs)
@@ -848,7 +863,8 @@ def main() -> int:
               "pip install --no-deps -r crates/kiln-py/bench/requirements-models.txt")
     if args.json:
         report = {"command": [sys.executable, *sys.argv], "machine": machine, "versions": versions(),
-                  "compilers": compilers, "iters": args.iters, "rounds": args.rounds, "warmup": WARMUP, "seed": SEED, "first_call": caches,
+                  "compilers": compilers, "iters": args.iters, "rounds": args.rounds, "round_s": args.round_s,
+                  "warmup": WARMUP, "seed": SEED, "first_call": caches,
                   "onnxruntime": {"provider": "CPUExecutionProvider", "intra_op_num_threads": os.cpu_count(),
                                   "inter_op_num_threads": 1},
                   "geomean_ort_over_device": geomeans, "failed": failed, "models": results}
